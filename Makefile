@@ -1,0 +1,41 @@
+# hutch — every target bootstraps what it needs (virtualenv, PyPI and Debian packages).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: install run run-node test test-fast test-unit test-integration lint bench conformance soak check-demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v java >/dev/null 2>&1 || { echo "installing a Java runtime for PySpark (apt-get)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless) >/dev/null; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,pipeline]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+# The main job: a hutch node on 5672 with its data under ./var/.
+run: install
+	$(BIN)/hutch server --node-name hutch@localhost --amqp-port 5672 --data-dir ./var/hutch --log-level info
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test-unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/sim
+
+lint: install
+	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports
+
+bench: install
+	$(BIN)/python bench/compare
+
+conformance: install
+	$(BIN)/python -m tests.conformance.run --both
+
+clean:
+	rm -rf var .pytest_cache build *.egg-info
