@@ -1,0 +1,3 @@
+from hutch.main import main
+
+main()
