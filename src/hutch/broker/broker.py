@@ -1,0 +1,458 @@
+"""The broker of one node: vhosts, users, sessions, and the work done once per loop iteration.
+
+Handling a socket read only records what must happen: queues that got messages or
+consumer capacity are marked dirty, sessions with bytes to send are listed. `run()` —
+called by the runtime once per event-loop iteration when anything is pending — dispatches
+dirty queues, sends batched publisher confirms, and hands each session's frames to its
+transport in one write. So a read of many publishes becomes one write of many deliveries.
+
+Resource alarms follow RabbitMQ: above the memory high watermark every connection that
+publishes is sent `connection.blocked` (when its client announced the capability) and is
+no longer read from until the alarm clears, when it gets `connection.unblocked`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import ipaddress
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pamqp import commands
+
+from hutch import __version__
+from hutch.amqp import codec, spec
+from hutch.amqp.spec import AMQPError
+from hutch.broker import arguments as qargs
+from hutch.broker.exchanges import QUEUE, Exchange
+from hutch.broker.vhost import VHost
+from hutch.queues.classic import ClassicQueue
+from hutch.queues.message import Message
+from hutch.queues.state import REJECT_PUBLISH_DLX, Entry
+
+log = logging.getLogger("hutch.broker")
+
+
+@dataclass
+class Config:
+    node_name: str = "hutch@localhost"
+    amqp_host: str = "0.0.0.0"
+    amqp_port: int = 5672
+    data_dir: str = "./var/hutch"
+    log_level: str = "info"
+    channel_max: int = 2047
+    frame_max: int = 131072
+    heartbeat_s: int = 60
+    max_message_size: int = 128 * 1024 * 1024
+    vm_memory_high_watermark: float = 0.4  # of total memory, as RabbitMQ's relative watermark
+    vm_memory_high_watermark_bytes: int | None = None  # absolute, overrides the relative one
+    memory_check_interval_ms: int = 1000
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    default_vhost: str = "/"
+    loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    socket_write_buffer_high_bytes: int = 4 * 1024 * 1024
+    cluster_name: str = ""
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return list(cls.__dataclass_fields__)
+
+
+def hash_password(password: str, salt: bytes | None = None) -> str:
+    """RabbitMQ's rabbit_password_hashing_sha256: base64(salt(4) + sha256(salt + password))."""
+    salt = salt if salt is not None else os.urandom(4)
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def check_password(password: str, password_hash: str) -> bool:
+    raw = base64.b64decode(password_hash)
+    salt = raw[:4]
+    return hashlib.sha256(salt + password.encode()).digest() == raw[4:]
+
+
+class User:
+    __slots__ = ("name", "password_hash", "tags", "permissions")
+
+    def __init__(self, name: str, password_hash: str, tags: list[str]):
+        self.name = name
+        self.password_hash = password_hash
+        self.tags = tags
+        self.permissions: dict[str, tuple[re.Pattern, re.Pattern, re.Pattern]] = {}
+
+    def set_permissions(self, vhost: str, configure: str, write: str, read: str) -> None:
+        self.permissions[vhost] = (re.compile(configure), re.compile(write), re.compile(read))
+
+
+_PERM_INDEX = {"configure": 0, "write": 1, "read": 2}
+
+
+class Broker:
+    def __init__(self, config: Config, schedule: Callable[[], None] | None = None,
+                 clock_ms: Callable[[], int] | None = None):
+        self.config = config
+        self._schedule_cb = schedule or (lambda: None)
+        self.now_ms = clock_ms or (lambda: int(time.monotonic() * 1000))
+        self.vhosts: dict[str, VHost] = {}
+        self.users: dict[str, User] = {}
+        self.sessions: set = set()
+        self.dirty_queues: set[ClassicQueue] = set()
+        self._outputs: list = []
+        self._scheduled = False
+        self.alarms: set[str] = set()
+        self.blocking = False
+        self._blocked_sessions: set = set()
+        self.ttl_queues: set[ClassicQueue] = set()
+        self.started_ms = self.now_ms()
+        self.add_vhost(config.default_vhost)
+        if config.default_user:
+            u = self.add_user(config.default_user, config.default_pass, ["administrator"])
+            u.set_permissions(config.default_vhost, ".*", ".*", ".*")
+
+    # ---------------------------------------------------------------- scheduling
+
+    def schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._schedule_cb()
+
+    def output_due(self, session) -> None:
+        self._outputs.append(session)
+        self.schedule()
+
+    def run(self) -> None:
+        """One iteration's deferred work: dispatch, confirms, then one write per session."""
+        self._scheduled = False
+        dirty = self.dirty_queues
+        rounds = 0
+        while dirty and rounds < 64:
+            rounds += 1
+            batch = list(dirty)
+            dirty.clear()
+            for q in batch:
+                if q.deleted:
+                    continue
+                if q.message_ttl_ms is not None or q in self.ttl_queues:
+                    self.expire_queue(q)
+                q.dispatch()
+        outputs = self._outputs
+        if outputs:
+            self._outputs = []
+            for s in outputs:
+                s.flush_confirms()
+                out = s.take_output()
+                if out and s.transport_hooks is not None:
+                    s.transport_hooks.write(out)
+        if dirty:
+            self.schedule()
+
+    # ---------------------------------------------------------------- sessions
+
+    def server_properties(self) -> dict[str, Any]:
+        return {
+            "product": "hutch",
+            "version": __version__,
+            "platform": "Python",
+            "copyright": "hutch contributors",
+            "information": "Licensed under the Apache License 2.0",
+            "cluster_name": self.config.cluster_name or self.config.node_name,
+            "capabilities": {
+                "publisher_confirms": True,
+                "exchange_exchange_bindings": True,
+                "basic.nack": True,
+                "consumer_cancel_notify": True,
+                "connection.blocked": True,
+                "consumer_priorities": True,
+                "authentication_failure_close": True,
+                "per_consumer_qos": True,
+                "direct_reply_to": False,
+            },
+        }
+
+    def session_opened(self, session) -> None:
+        self.sessions.add(session)
+
+    def session_gone(self, session) -> None:
+        self.sessions.discard(session)
+        self._blocked_sessions.discard(session)
+        self.schedule()
+
+    def authenticate(self, username: str, password: str, peer: str) -> User | None:
+        user = self.users.get(username)
+        if user is None or not check_password(password, user.password_hash):
+            return None
+        if username in self.config.loopback_users and not _is_loopback(peer):
+            log.error("User '%s' can only connect via localhost", username)
+            return None
+        return user
+
+    def may_access_vhost(self, user: User, vhost: str) -> bool:
+        return vhost in user.permissions
+
+    def check_permission(self, user: User, vhost: str, perm: str, kind: str, name: str) -> None:
+        perms = user.permissions.get(vhost)
+        resource = "amq.default" if kind == "exchange" and name == "" else name
+        if perms is None or not perms[_PERM_INDEX[perm]].fullmatch(resource) and \
+                not perms[_PERM_INDEX[perm]].match(resource):
+            raise AMQPError(spec.ACCESS_REFUSED, f"access to {kind} '{name}' in vhost '{vhost}' refused for "
+                            f"user '{user.name}'")
+
+    # ---------------------------------------------------------------- definitions
+
+    def add_vhost(self, name: str) -> VHost:
+        v = self.vhosts.get(name)
+        if v is None:
+            v = self.vhosts[name] = VHost(name)
+        return v
+
+    def add_user(self, name: str, password: str, tags: list[str]) -> User:
+        u = User(name, hash_password(password), tags)
+        self.users[name] = u
+        return u
+
+    def add_exchange(self, vhost: VHost, x: Exchange) -> None:
+        vhost.exchanges[x.name] = x
+        vhost.topology_changed()
+
+    def delete_exchange(self, vhost: VHost, x: Exchange) -> None:
+        for touched in vhost.remove_exchange(x.name):
+            self._maybe_auto_delete_exchange(vhost, touched)
+
+    def bind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str, args: dict) -> None:
+        vhost.bind(source, kind, destination, routing_key, args)
+
+    def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str, args: dict) -> None:
+        x = vhost.unbind(source, kind, destination, routing_key, args)
+        if x is not None:
+            self._maybe_auto_delete_exchange(vhost, x)
+
+    def _maybe_auto_delete_exchange(self, vhost: VHost, x: Exchange) -> None:
+        if x.auto_delete and not x.bindings and x.name in vhost.exchanges:
+            self.delete_exchange(vhost, x)
+
+    def declare_queue(self, vhost: VHost, name: str, *, durable: bool, exclusive: bool, auto_delete: bool,
+                      arguments: dict, owner) -> ClassicQueue:
+        s = qargs.queue_settings(arguments, name, vhost.name)
+        q = ClassicQueue(name, vhost.name, durable=durable, auto_delete=auto_delete,
+                         exclusive_owner=owner if exclusive else None, arguments=dict(arguments), limits=s.limits,
+                         single_active=s.single_active, message_ttl_ms=s.message_ttl_ms, expires_ms=s.expires_ms,
+                         dead_letter_exchange=s.dead_letter_exchange,
+                         dead_letter_routing_key=s.dead_letter_routing_key, home_node=self.config.node_name)
+        q.last_used_ms = self.now_ms()
+        vhost.queues[name] = q
+        vhost.topology_changed()
+        if exclusive:
+            owner.exclusive_queues.append(q)
+        if s.expires_ms is not None or s.message_ttl_ms is not None:
+            self.ttl_queues.add(q)
+        return q
+
+    def delete_queue(self, q: ClassicQueue) -> None:
+        if q.deleted:
+            return
+        q.deleted = True
+        vhost = self.vhosts.get(q.vhost)
+        if vhost is None:
+            return
+        if vhost.queues.get(q.name) is q:
+            del vhost.queues[q.name]
+        for x in vhost.remove_bindings_of_queue(q.name):
+            self._maybe_auto_delete_exchange(vhost, x)
+        self.ttl_queues.discard(q)
+        self.dirty_queues.discard(q)
+        for c in q.consumers():
+            ch = c.channel
+            q.remove_consumer(c)
+            if ch.consumers.pop(c.tag, None) is not None and not ch.closed:
+                session = ch.session
+                if session.proto.capabilities.get("consumer_cancel_notify"):
+                    session.send_method(ch.number, commands.Basic.Cancel(consumer_tag=c.tag, nowait=True))
+        owner = q.exclusive_owner
+        if owner is not None and q in owner.exclusive_queues:
+            owner.exclusive_queues.remove(q)
+
+    def purge_queue(self, q: ClassicQueue) -> int:
+        return q.purge()
+
+    def consumer_gone(self, q: ClassicQueue) -> None:
+        q.last_used_ms = self.now_ms()
+        if q.auto_delete and q.consumer_count == 0 and q.ever_consumed and not q.deleted:
+            self.delete_queue(q)
+        else:
+            self.dirty_queues.add(q)
+            self.schedule()
+
+    def queue_used(self, q: ClassicQueue) -> None:
+        q.last_used_ms = self.now_ms()
+
+    def kick_consumers_of(self, channel) -> None:
+        for c in channel.consumers.values():
+            self.dirty_queues.add(c.queue)
+        self.schedule()
+
+    def kick_session(self, session) -> None:
+        for ch in session.channels.values():
+            for c in ch.consumers.values():
+                self.dirty_queues.add(c.queue)
+        self.schedule()
+
+    # ---------------------------------------------------------------- messages
+
+    def enqueue(self, queues: tuple[ClassicQueue, ...], msg: Message, channel, seq: int) -> bool:
+        """Put a routed message on its queues. True when a queue refused it (overflow)."""
+        refused = False
+        dirty = self.dirty_queues
+        now = self.now_ms() if msg.expiration_ms is not None or self.ttl_queues else 0
+        for q in queues:
+            entry, dropped = q.publish(msg, now)
+            if entry is None:
+                refused = True
+                if q.state.limits.overflow == REJECT_PUBLISH_DLX:
+                    self.dead_letter(q, [Entry(0, msg, None)], "maxlen")
+                continue
+            if dropped:
+                self.dead_letter(q, dropped, "maxlen")
+            if msg.expiration_ms is not None:
+                self.ttl_queues.add(q)
+            dirty.add(q)
+        self.schedule()
+        return refused
+
+    def settled(self, q: ClassicQueue, entry: Entry) -> None:
+        """A message left its queue for good (ack, or no-ack delivery)."""
+
+    def expire_queue(self, q: ClassicQueue) -> None:
+        now = self.now_ms()
+        expired = q.expire(now)
+        if expired:
+            self.dead_letter(q, expired, "expired")
+
+    def tick(self) -> None:
+        """Timers: message expiry at queue heads, and queue expiry (x-expires)."""
+        now = self.now_ms()
+        for q in list(self.ttl_queues):
+            if q.deleted:
+                self.ttl_queues.discard(q)
+                continue
+            self.expire_queue(q)
+            if q.expires_ms is not None and q.consumer_count == 0 and now - q.last_used_ms >= q.expires_ms:
+                log.info("queue '%s' in vhost '%s' expired (x-expires %s ms)", q.name, q.vhost, q.expires_ms)
+                self.delete_queue(q)
+                continue
+            if q.state.head() is not None:
+                self.dirty_queues.add(q)
+        if self.dirty_queues:
+            self.schedule()
+
+    def dead_letter(self, q: ClassicQueue, entries: list[Entry], reason: str) -> None:
+        """Republish discarded messages to the queue's dead-letter exchange, with x-death."""
+        dlx_name = q.dead_letter_exchange
+        if dlx_name is None:
+            return
+        vhost = self.vhosts.get(q.vhost)
+        if vhost is None:
+            return
+        dlx = vhost.exchanges.get(dlx_name)
+        if dlx is None:
+            log.warning("Dead-letter exchange '%s' for queue '%s' in vhost '%s' does not exist; %d message(s) "
+                        "dropped", dlx_name, q.name, q.vhost, len(entries))
+            return
+        for e in entries:
+            m = e.message
+            props = codec.decode_properties(m.props)
+            headers = dict(props.headers or {})
+            rks = [m.routing_key]
+            deaths = list(headers.get("x-death") or [])
+            stamp = datetime.datetime.fromtimestamp(int(time.time()), tz=datetime.UTC)
+            for d in deaths:
+                if isinstance(d, dict) and d.get("queue") == q.name and d.get("reason") == reason:
+                    d["count"] = int(d.get("count", 1)) + 1
+                    d["time"] = stamp
+                    deaths.remove(d)
+                    deaths.insert(0, d)
+                    break
+            else:
+                death = {"count": 1, "reason": reason, "queue": q.name, "time": stamp, "exchange": m.exchange,
+                         "routing-keys": rks}
+                if reason == "expired" and props.expiration:
+                    death["original-expiration"] = props.expiration
+                deaths.insert(0, death)
+            headers["x-death"] = deaths
+            if "x-first-death-reason" not in headers:
+                headers["x-first-death-reason"] = reason
+                headers["x-first-death-queue"] = q.name
+                headers["x-first-death-exchange"] = m.exchange
+            headers["x-last-death-reason"] = reason
+            headers["x-last-death-queue"] = q.name
+            headers["x-last-death-exchange"] = m.exchange
+            props.headers = headers
+            if reason == "expired":
+                props.expiration = None
+            new_props = codec.encode_properties(props)
+            rk = q.dead_letter_routing_key if q.dead_letter_routing_key is not None else m.routing_key
+            dm = Message(dlx_name, rk, codec.route_encoding(dlx_name, rk), new_props, m.body, m.persistent,
+                         m.priority, None)
+            # a message dead-lettered back to the queue it left is a cycle, unless it was rejected
+            targets = [t for t in vhost.route(dlx, rk, headers if dlx.type == "headers" else None)
+                       if not (t is q and reason != "rejected")]
+            for t in targets:
+                entry, dropped = t.publish(dm, self.now_ms())
+                if dropped and t is not q:
+                    self.dead_letter(t, dropped, "maxlen")
+                self.dirty_queues.add(t)
+        self.schedule()
+
+    # ---------------------------------------------------------------- alarms
+
+    def memory_check(self, rss_bytes: int, total_bytes: int) -> None:
+        limit = self.config.vm_memory_high_watermark_bytes or int(total_bytes * self.config.vm_memory_high_watermark)
+        if rss_bytes > limit and "memory" not in self.alarms:
+            log.warning("vm_memory_high_watermark set. Memory used:%d allowed:%d", rss_bytes, limit)
+            log.warning("memory resource limit alarm set on node %s.\n\n"
+                        "**********************************************************\n"
+                        "*** Publishers will be blocked until this alarm clears ***\n"
+                        "**********************************************************", self.config.node_name)
+            self.alarms.add("memory")
+            self.blocking = True
+        elif rss_bytes <= limit and "memory" in self.alarms:
+            log.warning("vm_memory_high_watermark clear. Memory used:%d allowed:%d", rss_bytes, limit)
+            log.warning("memory resource limit alarm cleared on node %s", self.config.node_name)
+            self.alarms.discard("memory")
+            self.blocking = bool(self.alarms)
+            if not self.blocking:
+                self._unblock_all()
+
+    def block_publisher(self, session) -> None:
+        session.blocked = True
+        self._blocked_sessions.add(session)
+        if session.proto.capabilities.get("connection.blocked"):
+            session.send_method(0, commands.Connection.Blocked(reason="low on memory"))
+        if session.transport_hooks is not None:
+            session.transport_hooks.pause_reading()
+
+    def _unblock_all(self) -> None:
+        for s in list(self._blocked_sessions):
+            s.blocked = False
+            if s.proto.capabilities.get("connection.blocked"):
+                s.send_method(0, commands.Connection.Unblocked())
+            if s.transport_hooks is not None:
+                s.transport_hooks.resume_reading()
+        self._blocked_sessions.clear()
+
+
+def _is_loopback(peer: str) -> bool:
+    host = peer.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host in ("localhost", "")
+
+
+__all__ = ["Broker", "Config", "User", "hash_password", "check_password", "QUEUE"]

@@ -1,0 +1,245 @@
+"""A channel's semantics: consumers, prefetch, acknowledgements, confirms and transactions.
+
+Delivery tags count per channel from 1. Unacknowledged deliveries are kept in tag order;
+`basic.ack`/`nack`/`reject` settle, requeue or discard them in their queues, and closing the
+channel requeues whatever is left (redelivered set). Prefetch is RabbitMQ's: `basic.qos` with
+global=false limits each consumer created afterwards, global=true limits the channel as a
+whole; both may apply at once.
+
+Publisher confirms are counted per channel from 1 and sent batched: after a loop iteration's
+publishes, one `basic.ack` with multiple=true covers every sequence number up to the lowest
+one still waiting (a message that must reach disk, or a replica, waits). A refused message
+gets `basic.nack`. In transactional mode, publishes and acknowledgements are held until
+`tx.commit` and dropped by `tx.rollback`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+from hutch.amqp import codec, spec
+from hutch.amqp.spec import AMQPError, precondition_failed
+from hutch.queues.classic import ClassicQueue
+from hutch.queues.state import Entry
+
+if TYPE_CHECKING:
+    from hutch.broker.session import Session
+
+
+class ChannelConsumer:
+    """A basic.consume: the queue calls `can_take` and `deliver`."""
+
+    __slots__ = ("tag", "ctag_enc", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
+                 "unacked", "arguments")
+
+    def __init__(self, tag: str, queue: ClassicQueue, channel: Channel, no_ack: bool, exclusive: bool,
+                 priority: int, prefetch: int, arguments: dict[str, Any]):
+        self.tag = tag
+        self.ctag_enc = codec.shortstr(tag)
+        self.queue = queue
+        self.channel = channel
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.arguments = arguments
+
+    def __repr__(self) -> str:
+        return f"ChannelConsumer({self.tag!r} on {self.queue.name!r})"
+
+    def can_take(self) -> bool:
+        ch = self.channel
+        if not ch.deliverable:
+            return False
+        if self.no_ack:
+            return True
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return not (ch.global_prefetch and len(ch.unacked) >= ch.global_prefetch)
+
+    def deliver(self, queue: ClassicQueue, entry: Entry) -> None:
+        ch = self.channel
+        ch.delivery_tag += 1
+        tag = ch.delivery_tag
+        if not self.no_ack:
+            ch.unacked[tag] = (queue, entry, self)
+            self.unacked += 1
+        m = entry.message
+        ch.session.send_frames(codec.deliver_frames(ch.number, self.ctag_enc, tag, entry.delivery_count > 1,
+                                                    m.route_enc, m.props, m.body, ch.session.frame_max))
+
+
+class Channel:
+    def __init__(self, session: Session, number: int):
+        self.session = session
+        self.number = number
+        self.consumers: dict[str, ChannelConsumer] = {}
+        self.unacked: OrderedDict[int, tuple[ClassicQueue, Entry, ChannelConsumer | None]] = OrderedDict()
+        self.delivery_tag = 0
+        self.prefetch = 0  # for consumers created from now on
+        self.global_prefetch = 0
+        self.flow_active = True
+        self.closed = False
+        # confirms
+        self.confirm = False
+        self.publish_seq = 0
+        self.confirm_waiting: deque[int] = deque()  # seqs that wait for an accept, in order
+        self.confirm_wait_count: dict[int, int] = {}
+        self.confirm_acked = 0  # highest seq covered by an ack already sent
+        self.confirm_dirty = False
+        # transactions
+        self.tx: list[tuple] | None = None
+
+    @property
+    def deliverable(self) -> bool:
+        return self.flow_active and self.session.writable
+
+    # ---------------------------------------------------------------- consumers
+
+    def consumer_tag(self) -> str:
+        return self.session.new_consumer_tag()
+
+    def add_consumer(self, c: ChannelConsumer) -> None:
+        self.consumers[c.tag] = c
+        c.queue.add_consumer(c)
+
+    def remove_consumer(self, tag: str) -> ChannelConsumer | None:
+        c = self.consumers.pop(tag, None)
+        if c is not None:
+            c.queue.remove_consumer(c)
+        return c
+
+    # ---------------------------------------------------------------- acknowledgements
+
+    def _take_unacked(self, tag: int, multiple: bool) -> list[tuple[ClassicQueue, Entry, ChannelConsumer | None]]:
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
+            if tag not in unacked and (not unacked or tag < next(iter(unacked))):
+                raise precondition_failed(f"unknown delivery tag {tag}")
+            taken = []
+            while unacked:
+                first = next(iter(unacked))
+                if first > tag:
+                    break
+                taken.append(unacked.popitem(last=False)[1])
+            return taken
+        item = unacked.pop(tag, None)
+        if item is None:
+            raise precondition_failed(f"unknown delivery tag {tag}")
+        return [item]
+
+    def check_tag(self, tag: int, multiple: bool) -> None:
+        if multiple and tag == 0:
+            return
+        if tag in self.unacked:
+            return
+        if multiple and self.unacked and tag > next(iter(self.unacked)):
+            return
+        raise precondition_failed(f"unknown delivery tag {tag}")
+
+    def ack(self, tag: int, multiple: bool) -> None:
+        dirty = self.session.broker.dirty_queues
+        for queue, entry, consumer in self._take_unacked(tag, multiple):
+            if consumer is not None:
+                consumer.unacked -= 1
+            if not queue.deleted:
+                queue.settle(entry.seq)
+                self.session.broker.settled(queue, entry)
+                dirty.add(queue)
+
+    def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
+        dirty = self.session.broker.dirty_queues
+        dead = []
+        for queue, entry, consumer in self._take_unacked(tag, multiple):
+            if consumer is not None:
+                consumer.unacked -= 1
+            if queue.deleted:
+                continue
+            if requeue:
+                queue.requeue(entry.seq)
+            else:
+                queue.discard(entry.seq)
+                dead.append((queue, entry))
+            dirty.add(queue)
+        for queue, entry in dead:
+            self.session.broker.dead_letter(queue, [entry], "rejected")
+
+    def requeue_all(self) -> None:
+        """Return every unacknowledged delivery to its queue (channel closed, basic.recover)."""
+        dirty = self.session.broker.dirty_queues
+        items = list(self.unacked.values())
+        self.unacked.clear()
+        for queue, entry, consumer in reversed(items):
+            if consumer is not None:
+                consumer.unacked -= 1
+            if not queue.deleted:
+                queue.requeue(entry.seq)
+                dirty.add(queue)
+
+    # ---------------------------------------------------------------- confirms
+
+    def next_publish_seq(self) -> int:
+        self.publish_seq += 1
+        return self.publish_seq
+
+    def confirm_later(self, seq: int, waits: int) -> None:
+        """The publish `seq` is confirmed after `waits` accepts (disk, replicas)."""
+        self.confirm_waiting.append(seq)
+        self.confirm_wait_count[seq] = waits
+
+    def accepted(self, seq: int) -> None:
+        n = self.confirm_wait_count.get(seq)
+        if n is None:
+            return
+        if n > 1:
+            self.confirm_wait_count[seq] = n - 1
+            return
+        del self.confirm_wait_count[seq]
+        self.session.confirms_due(self)
+
+    def nack_publish(self, seq: int) -> None:
+        """Send basic.nack for one publish, after acks for everything before it."""
+        self.flush_confirms(upto=seq - 1)
+        self.session.send_bytes(codec.confirm_frame(self.number, seq, False, nack=True))
+        if self.confirm_acked == seq - 1:
+            self.confirm_acked = seq
+
+    def flush_confirms(self, upto: int | None = None) -> None:
+        """Ack (multiple) every publish up to the lowest one still waiting."""
+        waiting = self.confirm_waiting
+        counts = self.confirm_wait_count
+        while waiting and waiting[0] not in counts:
+            waiting.popleft()
+        limit = (waiting[0] - 1) if waiting else self.publish_seq
+        if upto is not None:
+            limit = min(limit, upto)
+        if limit > self.confirm_acked:
+            multiple = limit - self.confirm_acked > 1
+            self.session.send_bytes(codec.confirm_frame(self.number, limit, multiple))
+            self.confirm_acked = limit
+        self.confirm_dirty = False
+
+    # ---------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        """Tear down: consumers leave their queues, unacked deliveries are requeued."""
+        if self.closed:
+            return
+        self.closed = True
+        broker = self.session.broker
+        for tag in list(self.consumers):
+            c = self.remove_consumer(tag)
+            if c is not None:
+                broker.consumer_gone(c.queue)
+        self.requeue_all()
+        self.tx = None
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise AMQPError(spec.CHANNEL_ERROR, "channel is closed")

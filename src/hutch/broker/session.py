@@ -1,0 +1,669 @@
+"""One client connection as the broker sees it: authentication, vhost, channels and methods.
+
+The runtime feeds the protocol core's events to `Session.handle`; the session checks them
+against the vhost's exchanges and queues and answers through the core. Errors are
+`AMQPError`s with RabbitMQ's codes and texts: channel errors close the channel (its
+consumers leave, its unacknowledged messages are requeued), connection errors close the
+connection. Nothing here touches a socket: the runtime flushes `take_output()`.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from hutch.amqp import codec, events, spec
+from hutch.amqp.connection import Connection
+from hutch.amqp.spec import AMQPError, access_refused, not_found, precondition_failed
+from hutch.broker import arguments as qargs
+from hutch.broker.channel import Channel, ChannelConsumer
+from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from hutch.queues.message import Message
+
+if TYPE_CHECKING:
+    from hutch.broker.broker import Broker
+    from hutch.broker.vhost import VHost
+
+log = logging.getLogger("hutch.connection")
+
+_NO_PROPS = b"\x00\x00"
+
+
+def _bool_text(v: bool) -> str:
+    return "true" if v else "false"
+
+
+class Session:
+    def __init__(self, broker: Broker, peer: str, local: str):
+        self.broker = broker
+        self.peer = peer
+        self.local = local
+        self.name = f"{peer} -> {local}"
+        self.proto = Connection(broker.server_properties(), channel_max=broker.config.channel_max,
+                                frame_max=broker.config.frame_max, heartbeat_s=broker.config.heartbeat_s,
+                                message_bytes_max=broker.config.max_message_size)
+        self.user = None
+        self.username = ""
+        self.vhost: VHost | None = None
+        self.channels: dict[int, Channel] = {}
+        self.writable = True
+        self.blocked = False  # connection.blocked sent
+        self.closed = False
+        self.exclusive_queues: list = []
+        self._ctag_counter = 0
+        self._confirm_channels: set[Channel] = set()
+        self.output_pending = False
+        self.transport_hooks: Any = None  # set by the runtime: pause/resume reading, close
+        self.stats_recv_msgs = 0
+        self.stats_send_msgs = 0
+        self.connected_at_ms = broker.now_ms()
+
+    def __repr__(self) -> str:
+        return f"Session({self.name})"
+
+    # ---------------------------------------------------------------- output
+
+    @property
+    def frame_max(self) -> int:
+        return self.proto.frame_max
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        self.proto._out += frames
+        if not self.output_pending:
+            self.output_pending = True
+            self.broker.output_due(self)
+
+    def send_bytes(self, data: bytes) -> None:
+        self.proto._out.append(data)
+        if not self.output_pending:
+            self.output_pending = True
+            self.broker.output_due(self)
+
+    def send_method(self, channel: int, method) -> None:
+        self.send_bytes(codec.method_frame(channel, method))
+
+    def take_output(self) -> list[bytes]:
+        self.output_pending = False
+        return self.proto.take_output()
+
+    def confirms_due(self, ch: Channel) -> None:
+        self._confirm_channels.add(ch)
+        if not self.output_pending:
+            self.output_pending = True
+            self.broker.output_due(self)
+
+    def flush_confirms(self) -> None:
+        if self._confirm_channels:
+            for ch in self._confirm_channels:
+                if not ch.closed:
+                    ch.flush_confirms()
+            self._confirm_channels.clear()
+
+    def new_consumer_tag(self) -> str:
+        self._ctag_counter += 1
+        return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+    # ---------------------------------------------------------------- input
+
+    def receive(self, data: bytes) -> None:
+        """Feed bytes from the socket; handle every event they make."""
+        handle = self.handle
+        for ev in self.proto.receive_data(data):
+            handle(ev)
+        if self.proto.has_output and not self.output_pending:
+            self.output_pending = True
+            self.broker.output_due(self)
+
+    def handle(self, ev: events.Event) -> None:
+        t = type(ev)
+        try:
+            if t is events.Publish:
+                ch = self.channels.get(ev.channel)
+                if ch is not None:
+                    self.on_publish(ch, ev)
+            elif t is events.Ack:
+                ch = self.channels.get(ev.channel)
+                if ch is not None:
+                    if ch.tx is not None:
+                        ch.check_tag(ev.delivery_tag, ev.multiple)
+                        ch.tx.append(("ack", ev.delivery_tag, ev.multiple))
+                    else:
+                        ch.ack(ev.delivery_tag, ev.multiple)
+            elif t is events.Method:
+                self.on_method(ev.channel, ev.method)
+            elif t is events.Nack or t is events.Reject:
+                ch = self.channels.get(ev.channel)
+                if ch is not None:
+                    multiple = ev.multiple if t is events.Nack else False
+                    if ch.tx is not None:
+                        ch.check_tag(ev.delivery_tag, multiple)
+                        ch.tx.append(("reject", ev.delivery_tag, multiple, ev.requeue))
+                    else:
+                        ch.reject(ev.delivery_tag, multiple, ev.requeue)
+            elif t is events.ChannelOpened:
+                if self.vhost is not None:
+                    self.channels[ev.channel] = Channel(self, ev.channel)
+            elif t is events.ChannelClosed:
+                ch = self.channels.pop(ev.channel, None)
+                if ch is not None:
+                    ch.close()
+            elif t is events.ChannelFlow:
+                ch = self.channels.get(ev.channel)
+                if ch is not None:
+                    ch.flow_active = ev.active
+                    if ev.active:
+                        self.broker.kick_consumers_of(ch)
+            elif t is events.Authenticate:
+                self.on_authenticate(ev)
+            elif t is events.OpenVhost:
+                self.on_open(ev.vhost)
+            elif t is events.ConnectionClosed:
+                self.on_closed(ev)
+            elif t is events.HeartbeatTimeout:
+                log.warning("closing AMQP connection (%s): missed heartbeats from client, timeout: %ss",
+                            self.name, ev.timeout_s)
+                self.teardown()
+                if self.transport_hooks is not None:
+                    self.transport_hooks.abort()
+        except AMQPError as err:
+            self.fail(getattr(ev, "channel", 0), err, ev)
+
+    def fail(self, channel: int, err: AMQPError, ev: events.Event | None = None) -> None:
+        if not err.class_id and ev is not None:
+            if type(ev) is events.Method:
+                err.on(*divmod(ev.method.index, 0x10000))
+            elif type(ev) is events.Publish:
+                err.on(60, 40)
+            elif type(ev) is events.Ack:
+                err.on(60, 80)
+            elif type(ev) is events.Nack:
+                err.on(60, 120)
+            elif type(ev) is events.Reject:
+                err.on(60, 90)
+        if err.connection_level or channel == 0:
+            log.error("Error on AMQP connection %s (%s, vhost: '%s', user: '%s', state: running), channel %s:\n"
+                      " operation %s caused a connection exception %s: \"%s\"", id(self), self.name,
+                      self.vhost.name if self.vhost else "", self.username, channel,
+                      _method_name(err), spec.REPLY_NAMES.get(err.code), err.reply_text)
+            self.proto.close(err.code, err.text, err.class_id, err.method_id)
+            self.teardown()
+        else:
+            log.warning("Channel error on connection %s (%s, vhost: '%s', user: '%s'), channel %s:\n"
+                        " operation %s caused a channel exception %s: %s", id(self), self.name,
+                        self.vhost.name if self.vhost else "", self.username, channel,
+                        _method_name(err), spec.REPLY_NAMES.get(err.code), err.reply_text)
+            ch = self.channels.pop(channel, None)
+            if ch is not None:
+                ch.close()
+            self.proto.close_channel(channel, err.code, err.text, err.class_id, err.method_id)
+        if not self.output_pending:
+            self.output_pending = True
+            self.broker.output_due(self)
+
+    # ---------------------------------------------------------------- connection level
+
+    def on_authenticate(self, ev: events.Authenticate) -> None:
+        user = self.broker.authenticate(ev.username, ev.password, self.peer)
+        if user is None:
+            log.error("Error on AMQP connection %s (%s, state: starting):\n%s login refused: user '%s' - "
+                      "invalid credentials", id(self), self.name, ev.mechanism, ev.username)
+            self.proto.login_refused(f"Login was refused using authentication mechanism {ev.mechanism}. "
+                                     "For details see the broker logfile.")
+            return
+        self.user = user
+        self.username = ev.username
+        self.proto.login_ok()
+
+    def on_open(self, vhost_name: str) -> None:
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is None:
+            log.error("Error on AMQP connection %s (%s, user: '%s', state: opening):\nvhost %s not found",
+                      id(self), self.name, self.username, vhost_name)
+            self.proto.close(spec.NOT_ALLOWED, f"vhost {vhost_name} not found", 10, 40)
+            return
+        if not self.broker.may_access_vhost(self.user, vhost_name):
+            self.proto.close(spec.NOT_ALLOWED, f"access to vhost '{vhost_name}' refused for user "
+                             f"'{self.username}'", 10, 40)
+            return
+        self.vhost = vhost
+        self.proto.open_ok()
+        log.info("connection %s (%s): user '%s' authenticated and granted access to vhost '%s'",
+                 id(self), self.name, self.username, vhost_name)
+        if self.broker.alarms and self.proto.capabilities.get("connection.blocked"):
+            pass  # blocked is sent when this connection publishes (as RabbitMQ does)
+
+    def on_closed(self, ev: events.ConnectionClosed) -> None:
+        if ev.by_client:
+            log.info("closing AMQP connection %s (%s, vhost: '%s', user: '%s')", id(self), self.name,
+                     self.vhost.name if self.vhost else "", self.username)
+        self.teardown()
+        if self.transport_hooks is not None:
+            self.transport_hooks.close_after_flush()
+
+    def teardown(self) -> None:
+        """The connection is gone or going: channels close, exclusive queues are deleted."""
+        if self.closed:
+            return
+        self.closed = True
+        for ch in list(self.channels.values()):
+            ch.close()
+        self.channels.clear()
+        for q in list(self.exclusive_queues):
+            self.broker.delete_queue(q)
+        self.exclusive_queues.clear()
+        self.broker.session_gone(self)
+
+    def connection_lost(self) -> None:
+        if not self.closed:
+            if self.proto.state == "open":
+                log.warning("closing AMQP connection %s (%s, vhost: '%s', user: '%s'):\nclient unexpectedly "
+                            "closed TCP connection", id(self), self.name,
+                            self.vhost.name if self.vhost else "", self.username)
+            self.teardown()
+
+    # ---------------------------------------------------------------- publish
+
+    def on_publish(self, ch: Channel, ev: events.Publish) -> None:
+        if ev.immediate:
+            raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        vhost = self.vhost
+        x = vhost.exchanges.get(ev.exchange)
+        if x is None:
+            raise not_found(f"no exchange '{ev.exchange}' in vhost '{vhost.name}'")
+        if x.internal:
+            raise access_refused(f"cannot publish to internal exchange '{ev.exchange}' in vhost '{vhost.name}'")
+        self.stats_recv_msgs += 1
+        broker = self.broker
+        if broker.blocking and not self.blocked:
+            broker.block_publisher(self)
+        props = ev.props
+        if props == _NO_PROPS:
+            persistent = False
+            priority = 0
+            expiration_ms = None
+            headers = None
+        else:
+            s = codec.summarize_properties(props)
+            if s.user_id is not None and s.user_id != self.username:
+                raise precondition_failed(f"user_id property set to '{s.user_id}' but authenticated user "
+                                          f"was '{self.username}'")
+            persistent = s.delivery_mode == 2
+            priority = s.priority
+            expiration_ms = qargs.parse_expiration(s.expiration) if s.expiration is not None else None
+            headers = codec.decode_headers(props, s.headers_span) if x.type == "headers" else None
+        msg = Message(ev.exchange, ev.routing_key, ev.route_enc, props, ev.body, persistent, priority,
+                      expiration_ms)
+        if ch.tx is not None:
+            ch.tx.append(("publish", x, msg, headers, ev.mandatory))
+            return
+        self.deliver_publish(ch, x, msg, headers, ev.mandatory)
+
+    def deliver_publish(self, ch: Channel, x: Exchange, msg: Message, headers: dict | None, mandatory: bool) -> None:
+        broker = self.broker
+        seq = ch.next_publish_seq() if ch.confirm else 0
+        queues = self.vhost.route(x, msg.routing_key, headers)
+        if queues:
+            refused = broker.enqueue(queues, msg, ch, seq)
+            if refused and seq:
+                ch.nack_publish(seq)
+                return
+        elif mandatory:
+            self.send_frames(codec.return_frames(ch.number, spec.NO_ROUTE, "NO_ROUTE", msg.route_enc, msg.props,
+                                                 msg.body, self.frame_max))
+        if seq:
+            self.confirms_due(ch)
+
+    # ---------------------------------------------------------------- methods
+
+    def channel(self, number: int) -> Channel:
+        ch = self.channels.get(number)
+        if ch is None:
+            raise AMQPError(spec.CHANNEL_ERROR, f"no channel {number}")
+        return ch
+
+    def on_method(self, channel: int, m) -> None:
+        if channel == 0:
+            self.on_connection_method(m)
+            return
+        ch = self.channels.get(channel)
+        if ch is None:
+            return  # closed by us; the core drops the rest
+        handler = _HANDLERS.get(m.name)
+        if handler is None:
+            raise AMQPError(spec.NOT_IMPLEMENTED, f"{m.name} is not implemented")
+        handler(self, ch, m)
+
+    def on_connection_method(self, m) -> None:
+        name = m.name
+        if name == "Connection.UpdateSecret":
+            user = self.broker.authenticate(self.username, m.new_secret if isinstance(m.new_secret, str)
+                                            else m.new_secret.decode(), self.peer)
+            if user is None:
+                raise AMQPError(spec.ACCESS_REFUSED, "new secret was refused")  # pragma: no cover
+            self.send_method(0, commands.Connection.UpdateSecretOk())
+            return
+        if name in ("Connection.Blocked", "Connection.Unblocked"):
+            return
+        raise AMQPError(spec.COMMAND_INVALID, f"unexpected {name} on channel 0")
+
+    # -- exchange
+
+    def exchange_declare(self, ch: Channel, m) -> None:
+        vhost = self.vhost
+        name = m.exchange
+        if m.passive:
+            vhost.exchange(name)
+            if not m.nowait:
+                self.send_method(ch.number, commands.Exchange.DeclareOk())
+            return
+        if name == "":
+            raise access_refused("operation not permitted on the default exchange")
+        self.broker.check_permission(self.user, vhost.name, "configure", "exchange", name)
+        xtype = m.exchange_type
+        existing = vhost.exchanges.get(name)
+        if xtype not in EXCHANGE_TYPES:
+            if xtype.startswith("x-"):
+                raise AMQPError(spec.COMMAND_INVALID, f"invalid exchange type '{xtype}'")
+            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{xtype}'")
+        args = m.arguments or {}
+        if existing is None:
+            if name.startswith("amq."):
+                raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            qargs.validate_exchange_args(args, name, vhost.name)
+            x = Exchange(name, xtype, durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
+                         arguments=args)
+            self.broker.add_exchange(vhost, x)
+        else:
+            def ineq(arg: str, got: str, cur: str) -> AMQPError:
+                return precondition_failed(f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
+                                           f"'{vhost.name}': received '{got}' but current is '{cur}'")
+            if existing.type != xtype:
+                raise ineq("type", xtype, existing.type)
+            if existing.durable != bool(m.durable):
+                raise ineq("durable", _bool_text(m.durable), _bool_text(existing.durable))
+            if existing.auto_delete != bool(m.auto_delete):
+                raise ineq("auto_delete", _bool_text(m.auto_delete), _bool_text(existing.auto_delete))
+            if existing.internal != bool(m.internal):
+                raise ineq("internal", _bool_text(m.internal), _bool_text(existing.internal))
+            qargs.check_equivalent_args("exchange", name, vhost.name, existing.arguments, args,
+                                        ("alternate-exchange",))
+        if not m.nowait:
+            self.send_method(ch.number, commands.Exchange.DeclareOk())
+
+    def exchange_delete(self, ch: Channel, m) -> None:
+        vhost = self.vhost
+        name = m.exchange
+        if name == "":
+            raise access_refused("operation not permitted on the default exchange")
+        if name.startswith("amq.") and name in vhost.exchanges:
+            raise access_refused(f"deletion of system exchange '{name}' in vhost '{vhost.name}' not allowed")
+        self.broker.check_permission(self.user, vhost.name, "configure", "exchange", name)
+        x = vhost.exchanges.get(name)
+        if x is not None:
+            if m.if_unused and vhost.exchange_in_use(x):
+                raise precondition_failed(f"exchange '{name}' in vhost '{vhost.name}' in use")
+            self.broker.delete_exchange(vhost, x)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Exchange.DeleteOk())
+
+    def exchange_bind(self, ch: Channel, m) -> None:
+        self._bind(ch, m.source, EXCHANGE, m.destination, m.routing_key, m.arguments, True)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Exchange.BindOk())
+
+    def exchange_unbind(self, ch: Channel, m) -> None:
+        self._bind(ch, m.source, EXCHANGE, m.destination, m.routing_key, m.arguments, False)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Exchange.UnbindOk())
+
+    def _bind(self, ch: Channel, source: str, kind: str, destination: str, routing_key: str,
+              arguments: dict | None, bind: bool) -> None:
+        vhost = self.vhost
+        if source == "" or (kind == EXCHANGE and destination == ""):
+            raise access_refused("operation not permitted on the default exchange")
+        if kind == QUEUE:
+            if destination == "":
+                raise not_found(f"no queue '' in vhost '{vhost.name}'")
+            vhost.queue(destination, owner=self)
+        elif destination not in vhost.exchanges:
+            raise not_found(f"no exchange '{destination}' in vhost '{vhost.name}'")
+        if source not in vhost.exchanges:
+            raise not_found(f"no exchange '{source}' in vhost '{vhost.name}'")
+        self.broker.check_permission(self.user, vhost.name, "write", kind, destination)
+        self.broker.check_permission(self.user, vhost.name, "read", "exchange", source)
+        if bind:
+            self.broker.bind(vhost, source, kind, destination, routing_key, arguments or {})
+        else:
+            self.broker.unbind(vhost, source, kind, destination, routing_key, arguments or {})
+
+    # -- queue
+
+    def queue_declare(self, ch: Channel, m) -> None:
+        vhost = self.vhost
+        name = m.queue
+        if m.passive:
+            if name == "":
+                raise not_found(f"no queue '' in vhost '{vhost.name}'")
+            q = vhost.queue(name, owner=self)
+            if not m.nowait:
+                self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
+                                                                     consumer_count=q.consumer_count))
+            return
+        if name == "":
+            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        self.broker.check_permission(self.user, vhost.name, "configure", "queue", name)
+        args = m.arguments or {}
+        q = vhost.queues.get(name)
+        if q is None:
+            if name.startswith("amq.") and not name.startswith("amq.gen-"):
+                raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+            q = self.broker.declare_queue(vhost, name, durable=bool(m.durable), exclusive=bool(m.exclusive),
+                                          auto_delete=bool(m.auto_delete), arguments=args, owner=self)
+        else:
+            vhost.queue(name, owner=self)  # 405 for another connection's exclusive queue
+
+            def ineq(arg: str, got: bool, cur: bool) -> AMQPError:
+                return precondition_failed(f"inequivalent arg '{arg}' for queue '{name}' in vhost '{vhost.name}'"
+                                           f": received '{_bool_text(got)}' but current is '{_bool_text(cur)}'")
+            if q.durable != bool(m.durable):
+                raise ineq("durable", bool(m.durable), q.durable)
+            if (q.exclusive_owner is not None) != bool(m.exclusive):
+                raise AMQPError(spec.RESOURCE_LOCKED, f"cannot obtain exclusive access to locked queue '{name}' "
+                                f"in vhost '{vhost.name}'. It could be originally declared on another connection "
+                                "or the exclusive property value does not match that of the original declaration.")
+            if q.auto_delete != bool(m.auto_delete):
+                raise ineq("auto_delete", bool(m.auto_delete), q.auto_delete)
+            qargs.check_equivalent_args("queue", name, vhost.name, q.arguments, args, qargs.QUEUE_ARGS_COMPARED)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
+                                                                 consumer_count=q.consumer_count))
+
+    def queue_bind(self, ch: Channel, m) -> None:
+        self._bind(ch, m.exchange, QUEUE, self._queue_name(m.queue), m.routing_key, m.arguments, True)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Queue.BindOk())
+
+    def queue_unbind(self, ch: Channel, m) -> None:
+        self._bind(ch, m.exchange, QUEUE, self._queue_name(m.queue), m.routing_key, m.arguments, False)
+        self.send_method(ch.number, commands.Queue.UnbindOk())
+
+    def queue_purge(self, ch: Channel, m) -> None:
+        vhost = self.vhost
+        q = vhost.queue(self._queue_name(m.queue), owner=self)
+        self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        count = self.broker.purge_queue(q)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Queue.PurgeOk(message_count=count))
+
+    def queue_delete(self, ch: Channel, m) -> None:
+        vhost = self.vhost
+        name = self._queue_name(m.queue)
+        q = vhost.queues.get(name)
+        count = 0
+        if q is not None:
+            vhost.queue(name, owner=self)
+            self.broker.check_permission(self.user, vhost.name, "configure", "queue", name)
+            if m.if_unused and q.consumer_count:
+                raise precondition_failed(f"queue '{name}' in vhost '{vhost.name}' in use")
+            if m.if_empty and q.message_count:
+                raise precondition_failed(f"queue '{name}' in vhost '{vhost.name}' not empty")
+            count = q.message_count
+            self.broker.delete_queue(q)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Queue.DeleteOk(message_count=count))
+
+    def _queue_name(self, name: str) -> str:
+        return name
+
+    # -- basic
+
+    def basic_qos(self, ch: Channel, m) -> None:
+        if m.prefetch_size:
+            raise AMQPError(spec.NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
+        if m.global_:
+            ch.global_prefetch = m.prefetch_count
+        else:
+            ch.prefetch = m.prefetch_count
+        self.send_method(ch.number, commands.Basic.QosOk())
+        self.broker.kick_consumers_of(ch)
+
+    def basic_consume(self, ch: Channel, m) -> None:
+        vhost = self.vhost
+        if m.queue == "":
+            raise not_found(f"no queue '' in vhost '{vhost.name}'")
+        q = vhost.queue(m.queue, owner=self)
+        self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        tag = m.consumer_tag or self.new_consumer_tag()
+        if tag in ch.consumers:
+            raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        if q.has_exclusive_consumer() or (m.exclusive and q.consumer_count):
+            raise access_refused(f"queue '{q.name}' in vhost '{vhost.name}' in exclusive use")
+        args = m.arguments or {}
+        priority = qargs.consumer_priority(args)
+        c = ChannelConsumer(tag, q, ch, bool(m.no_ack), bool(m.exclusive), priority, ch.prefetch, args)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
+        ch.add_consumer(c)
+        self.broker.dirty_queues.add(q)
+        self.broker.schedule()
+
+    def basic_cancel(self, ch: Channel, m) -> None:
+        c = ch.remove_consumer(m.consumer_tag)
+        if not m.nowait:
+            self.send_method(ch.number, commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+        if c is not None:
+            self.broker.consumer_gone(c.queue)
+
+    def basic_get(self, ch: Channel, m) -> None:
+        vhost = self.vhost
+        q = vhost.queue(m.queue, owner=self)
+        self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        self.broker.expire_queue(q)
+        entry = q.get(bool(m.no_ack))
+        if entry is None:
+            self.send_method(ch.number, commands.Basic.GetEmpty())
+            return
+        ch.delivery_tag += 1
+        tag = ch.delivery_tag
+        if not m.no_ack:
+            ch.unacked[tag] = (q, entry, None)
+        msg = entry.message
+        self.send_frames(codec.get_ok_frames(ch.number, tag, entry.delivery_count > 1, msg.route_enc,
+                                             q.message_count, msg.props, msg.body, self.frame_max))
+        if m.no_ack:
+            self.broker.settled(q, entry)
+        self.broker.queue_used(q)
+
+    def basic_recover(self, ch: Channel, m) -> None:
+        if not m.requeue:
+            raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
+        ch.requeue_all()
+        self.send_method(ch.number, commands.Basic.RecoverOk())
+        self.broker.schedule()
+
+    def basic_recover_async(self, ch: Channel, m) -> None:
+        if not m.requeue:
+            raise AMQPError(spec.NOT_IMPLEMENTED, "requeue=false")
+        ch.requeue_all()
+        self.broker.schedule()
+
+    # -- confirm / tx
+
+    def confirm_select(self, ch: Channel, m) -> None:
+        if ch.tx is not None:
+            raise precondition_failed("cannot switch from tx to confirm mode")
+        ch.confirm = True
+        if not m.nowait:
+            self.send_method(ch.number, commands.Confirm.SelectOk())
+
+    def tx_select(self, ch: Channel, m) -> None:
+        if ch.confirm:
+            raise precondition_failed("cannot switch from confirm to tx mode")
+        if ch.tx is None:
+            ch.tx = []
+        self.send_method(ch.number, commands.Tx.SelectOk())
+
+    def tx_commit(self, ch: Channel, m) -> None:
+        if ch.tx is None:
+            raise precondition_failed("channel is not transactional")
+        ops, ch.tx = ch.tx, []
+        for op in ops:
+            if op[0] == "publish":
+                _, x, msg, headers, mandatory = op
+                self.deliver_publish(ch, x, msg, headers, mandatory)
+            elif op[0] == "ack":
+                ch.ack(op[1], op[2])
+            else:
+                ch.reject(op[1], op[2], op[3])
+        self.send_method(ch.number, commands.Tx.CommitOk())
+
+    def tx_rollback(self, ch: Channel, m) -> None:
+        if ch.tx is None:
+            raise precondition_failed("channel is not transactional")
+        ch.tx = []
+        self.send_method(ch.number, commands.Tx.RollbackOk())
+
+    def channel_flow_ok(self, ch: Channel, m) -> None:
+        return None
+
+    def access_request(self, ch: Channel, m) -> None:
+        self.send_method(ch.number, commands.Access.RequestOk())
+
+
+def _method_name(err: AMQPError) -> str:
+    idx = (err.class_id << 16) | err.method_id
+    cls = codec.METHODS.get(idx)
+    if cls is None:
+        return "none"
+    cname, mname = cls.name.split(".")
+    snake = "".join("_" + c.lower() if c.isupper() else c for c in mname).lstrip("_")
+    return f"'{cname.lower()}.{snake}'"
+
+
+_HANDLERS = {
+    "Exchange.Declare": Session.exchange_declare,
+    "Exchange.Delete": Session.exchange_delete,
+    "Exchange.Bind": Session.exchange_bind,
+    "Exchange.Unbind": Session.exchange_unbind,
+    "Queue.Declare": Session.queue_declare,
+    "Queue.Bind": Session.queue_bind,
+    "Queue.Unbind": Session.queue_unbind,
+    "Queue.Purge": Session.queue_purge,
+    "Queue.Delete": Session.queue_delete,
+    "Basic.Qos": Session.basic_qos,
+    "Basic.Consume": Session.basic_consume,
+    "Basic.Cancel": Session.basic_cancel,
+    "Basic.Get": Session.basic_get,
+    "Basic.Recover": Session.basic_recover,
+    "Basic.RecoverAsync": Session.basic_recover_async,
+    "Confirm.Select": Session.confirm_select,
+    "Tx.Select": Session.tx_select,
+    "Tx.Commit": Session.tx_commit,
+    "Tx.Rollback": Session.tx_rollback,
+    "Channel.FlowOk": Session.channel_flow_ok,
+    "Access.Request": Session.access_request,
+}

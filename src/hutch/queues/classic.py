@@ -1,0 +1,191 @@
+"""A classic queue on its home node: the state machine plus consumers and dispatch.
+
+The queue owns its `QueueState` and the list of consumers attached to it, and decides who
+gets the next message: consumers of the highest priority (`x-priority`) first, round-robin
+among equals, skipping any that cannot take more (prefetch reached, flow stopped, socket
+backed up). With `x-single-active-consumer` only the first registered consumer receives.
+Every decision it makes is one of the state machine's operations, so a replicated queue can
+send the same operations to its copies.
+
+Consumers are the broker's objects; the queue needs only `can_take()` and
+`deliver(queue, entry)` from them (and `no_ack`, `priority`, `tag`). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Protocol
+
+from hutch.queues.message import Message
+from hutch.queues.state import Entry, QueueLimits, QueueState, Refused
+
+
+class Consumer(Protocol):
+    tag: str
+    no_ack: bool
+    priority: int
+    exclusive: bool
+
+    def can_take(self) -> bool: ...
+
+    def deliver(self, queue: ClassicQueue, entry: Entry) -> None: ...
+
+
+class ClassicQueue:
+    __slots__ = ("name", "vhost", "durable", "auto_delete", "exclusive_owner", "arguments", "state",
+                 "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
+                 "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
+                 "deleted", "home_node", "_registered", "stats_published", "stats_delivered", "stats_acked", "dispatch_blocked")
+
+    def __init__(self, name: str, vhost: str, *, durable: bool = False, auto_delete: bool = False,
+                 exclusive_owner: Any = None, arguments: dict[str, Any] | None = None,
+                 limits: QueueLimits | None = None, single_active: bool = False,
+                 message_ttl_ms: int | None = None, expires_ms: int | None = None,
+                 dead_letter_exchange: str | None = None, dead_letter_routing_key: str | None = None,
+                 home_node: str = ""):
+        self.name = name
+        self.vhost = vhost
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.exclusive_owner = exclusive_owner
+        self.arguments = arguments or {}
+        self.state = QueueState(limits)
+        self._groups: list[tuple[int, deque]] = []  # (priority, consumers), highest priority first
+        self._registered: list[Any] = []  # consumers in the order they registered
+        self.consumer_count = 0
+        self.single_active = single_active
+        self.ever_consumed = False
+        self.message_ttl_ms = message_ttl_ms
+        self.expires_ms = expires_ms
+        self.dead_letter_exchange = dead_letter_exchange
+        self.dead_letter_routing_key = dead_letter_routing_key
+        self.last_used_ms = 0
+        self.deleted = False
+        self.home_node = home_node
+        self.stats_published = 0
+        self.stats_delivered = 0
+        self.stats_acked = 0
+        self.dispatch_blocked = False  # set while something (e.g. a sync) holds the queue
+
+    def __repr__(self) -> str:
+        return f"ClassicQueue({self.vhost!r}, {self.name!r})"
+
+    # ---------------------------------------------------------------- consumers
+
+    def consumers(self) -> list[Any]:
+        return [c for _p, group in self._groups for c in group]
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.consumers())
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        for prio, group in self._groups:
+            if prio == consumer.priority:
+                group.append(consumer)
+                break
+        else:
+            self._groups.append((consumer.priority, deque([consumer])))
+            self._groups.sort(key=lambda g: -g[0])
+        self._registered.append(consumer)
+        self.consumer_count += 1
+        self.ever_consumed = True
+
+    def remove_consumer(self, consumer: Consumer) -> bool:
+        """Detach a consumer. True if it was attached."""
+        for i, (_prio, group) in enumerate(self._groups):
+            try:
+                group.remove(consumer)
+            except ValueError:
+                continue
+            if not group:
+                del self._groups[i]
+            self._registered.remove(consumer)
+            self.consumer_count -= 1
+            return True
+        return False
+
+    def active_consumer(self) -> Any | None:
+        """With single-active-consumer: the one consumer that receives."""
+        if self.single_active and self._registered:
+            return self._registered[0]
+        return None
+
+    # ---------------------------------------------------------------- messages
+
+    def publish(self, message: Message, now_ms: int) -> tuple[Entry | None, list[Entry]]:
+        """Enqueue; returns (entry or None when refused by overflow, dropped heads)."""
+        ttl = message.expiration_ms
+        if self.message_ttl_ms is not None:
+            ttl = self.message_ttl_ms if ttl is None else min(ttl, self.message_ttl_ms)
+        expires = None if ttl is None else now_ms + ttl
+        try:
+            entry, dropped = self.state.enqueue(message, expires)
+        except Refused:
+            return None, []
+        self.stats_published += 1
+        return entry, dropped
+
+    def next_consumer(self) -> Consumer | None:
+        if self.single_active:
+            c = self.active_consumer()
+            return c if c is not None and c.can_take() else None
+        for _prio, group in self._groups:
+            for _ in range(len(group)):
+                c = group[0]
+                group.rotate(-1)
+                if c.can_take():
+                    return c
+        return None
+
+    def dispatch(self) -> int:
+        """Deliver ready messages to consumers that can take them. Returns how many."""
+        if self.dispatch_blocked or not self._groups:
+            return 0
+        st = self.state
+        n = 0
+        while st.ready_count:
+            c = self.next_consumer()
+            if c is None:
+                break
+            entry = st.take() if c.no_ack else st.checkout()
+            c.deliver(self, entry)
+            n += 1
+        self.stats_delivered += n
+        return n
+
+    def get(self, no_ack: bool) -> Entry | None:
+        entry = self.state.take() if no_ack else self.state.checkout()
+        if entry is not None:
+            self.stats_delivered += 1
+        return entry
+
+    def settle(self, seq: int) -> Entry:
+        self.stats_acked += 1
+        return self.state.settle(seq)
+
+    def requeue(self, seq: int) -> Entry:
+        return self.state.return_(seq)
+
+    def discard(self, seq: int) -> Entry:
+        return self.state.discard(seq)
+
+    def purge(self) -> int:
+        return len(self.state.purge())
+
+    def expire(self, now_ms: int) -> list[Entry]:
+        """Discard expired messages at the head (the owner's decision, made explicit)."""
+        out = []
+        st = self.state
+        while True:
+            h = st.expired_head(now_ms)
+            if h is None:
+                return out
+            out.append(st.discard(h.seq))
+
+    @property
+    def message_count(self) -> int:
+        return self.state.ready_count
+
+    @property
+    def unacked_count(self) -> int:
+        return self.state.unacked_count

@@ -1,0 +1,47 @@
+"""`hutch server`: run one node."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from hutch.broker.broker import Config
+from hutch.server.config import ConfigError, apply_file, parse_bytes
+
+
+@click.command(name="server")
+@click.option("--node-name", default=None, help="Node name, NAME@HOST (default hutch@localhost).")
+@click.option("--amqp-port", type=int, default=None, help="AMQP listener port (default 5672).")
+@click.option("--amqp-host", default=None, help="Address to listen on (default all interfaces).")
+@click.option("--data-dir", default=None, help="Where the node keeps its data (default ./var/hutch).")
+@click.option("--log-level", default=None,
+              type=click.Choice(["debug", "info", "warning", "error", "critical", "none"], case_sensitive=False))
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="A configuration file in rabbitmq.conf's key = value format.")
+@click.option("--heartbeat", type=int, default=None, help="Heartbeat timeout offered to clients, seconds.")
+@click.option("--vm-memory-high-watermark-bytes", default=None,
+              help="Memory alarm threshold, absolute (e.g. 2GB); overrides the relative one.")
+def cli(node_name, amqp_port, amqp_host, data_dir, log_level, config_file, heartbeat,
+        vm_memory_high_watermark_bytes) -> None:
+    """Run a hutch node."""
+    from hutch.server.runtime import run_node
+
+    cfg = Config()
+    try:
+        if config_file:
+            apply_file(cfg, config_file)
+        if vm_memory_high_watermark_bytes is not None:
+            cfg.vm_memory_high_watermark_bytes = parse_bytes(vm_memory_high_watermark_bytes)
+    except (ConfigError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    for attr, value in (("node_name", node_name), ("amqp_port", amqp_port), ("amqp_host", amqp_host),
+                        ("data_dir", data_dir), ("log_level", log_level), ("heartbeat_s", heartbeat)):
+        if value is not None:
+            setattr(cfg, attr, value)
+    if "@" not in cfg.node_name:
+        raise click.ClickException(f"node name '{cfg.node_name}' must be NAME@HOST")
+    try:
+        sys.exit(run_node(cfg))
+    except OSError as e:
+        raise click.ClickException(f"cannot start node {cfg.node_name}: {e}") from None

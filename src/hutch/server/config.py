@@ -1,0 +1,93 @@
+"""Node configuration: a file in rabbitmq.conf's `key = value` format, then command-line options.
+
+Known keys (RabbitMQ's names where RabbitMQ has the setting):
+
+    listeners.tcp.default = 5672            heartbeat = 60
+    frame_max = 131072                      channel_max = 2047
+    max_message_size = 134217728            cluster_name = my-cluster
+    vm_memory_high_watermark.relative = 0.4 vm_memory_high_watermark.absolute = 2GB
+    default_user = guest                    default_pass = guest
+    default_vhost = /                       loopback_users.guest = true | false
+    log.console.level = info                node_name = hutch@localhost
+    data_dir = ./var/hutch
+
+An unknown key or a bad value is an error that names the line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hutch.broker.broker import Config
+
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3,
+          "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _listener_port(value: str) -> tuple[str | None, int]:
+    if ":" in value:
+        host, port = value.rsplit(":", 1)
+        return host.strip("[]"), int(port)
+    return None, int(value)
+
+
+def apply_file(cfg: Config, path: str | Path) -> Config:
+    for lineno, raw in enumerate(Path(path).read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if "=" not in line:
+            raise ConfigError(f"{path}:{lineno}: expected 'key = value', got {raw!r}")
+        key, value = (p.strip() for p in line.split("=", 1))
+        try:
+            _apply(cfg, key, value)
+        except ConfigError as e:
+            raise ConfigError(f"{path}:{lineno}: {e}") from None
+        except ValueError as e:
+            raise ConfigError(f"{path}:{lineno}: bad value for '{key}': {e}") from None
+    return cfg
+
+
+def _apply(cfg: Config, key: str, value: str) -> None:
+    if key == "listeners.tcp.default":
+        host, port = _listener_port(value)
+        cfg.amqp_port = port
+        if host is not None:
+            cfg.amqp_host = host
+    elif key in ("heartbeat", "frame_max", "channel_max"):
+        setattr(cfg, "heartbeat_s" if key == "heartbeat" else key, int(value))
+    elif key == "max_message_size":
+        cfg.max_message_size = parse_bytes(value)
+    elif key == "vm_memory_high_watermark.relative":
+        cfg.vm_memory_high_watermark = float(value)
+    elif key == "vm_memory_high_watermark.absolute":
+        cfg.vm_memory_high_watermark_bytes = parse_bytes(value)
+    elif key in ("default_user", "default_pass", "default_vhost", "cluster_name", "node_name", "data_dir"):
+        setattr(cfg, key, value)
+    elif key.startswith("loopback_users."):
+        user = key.split(".", 1)[1]
+        if value.lower() in ("true", "yes"):
+            if user not in cfg.loopback_users:
+                cfg.loopback_users.append(user)
+        elif value.lower() in ("false", "no"):
+            cfg.loopback_users = [u for u in cfg.loopback_users if u != user]
+        else:
+            raise ValueError("expected true or false")
+    elif key == "loopback_users" and value.lower() == "none":
+        cfg.loopback_users = []
+    elif key == "log.console.level":
+        cfg.log_level = value
+    else:
+        raise ConfigError(f"unknown configuration key '{key}'")

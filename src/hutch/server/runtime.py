@@ -1,0 +1,269 @@
+"""The asyncio runtime of one node: listeners, sockets, timers; no protocol decisions of its own.
+
+Each client socket gets an `AMQPProtocol` that feeds bytes to its broker `Session` and writes
+what the broker hands back. The broker's per-iteration work (`Broker.run`) is scheduled with
+`loop.call_soon` at most once per iteration, so every socket gets at most one write per loop
+iteration carrying all its frames. Transport flow control maps onto the broker: a socket whose
+send buffer passes the high-water mark stops receiving deliveries until it drains, and a blocked
+publisher's socket is not read from.
+
+Timers: heartbeats per connection (every heartbeat/2 s), the broker's expiry tick (100 ms while
+any queue has a TTL), and the memory check (1 s) that raises and clears the memory alarm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+
+import psutil
+from pamqp import commands
+
+from hutch import __version__
+from hutch.amqp import connection as amqp_conn
+from hutch.amqp import spec
+from hutch.broker.broker import Broker, Config
+from hutch.broker.session import Session
+
+log = logging.getLogger("hutch.node")
+
+CLOSE_OK_WAIT_S = 3.0
+
+
+class AMQPProtocol(asyncio.Protocol):
+    __slots__ = ("node", "transport", "session", "_hb_handle", "_closing")
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self._hb_handle: asyncio.TimerHandle | None = None
+        self._closing = False
+
+    # -- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        local = transport.get_extra_info("sockname") or ("?", 0)
+        high = self.node.config.socket_write_buffer_high_bytes
+        transport.set_write_buffer_limits(high=high, low=high // 4)
+        s = Session(self.node.broker, f"{peer[0]}:{peer[1]}", f"{local[0]}:{local[1]}")
+        s.transport_hooks = self
+        self.session = s
+        self.node.broker.session_opened(s)
+        log.info("accepting AMQP connection %s (%s)", id(s), s.name)
+
+    def data_received(self, data: bytes) -> None:
+        s = self.session
+        s.receive(data)
+        state = s.proto.state
+        if state == amqp_conn.OPEN:
+            if self._hb_handle is None and s.proto.heartbeat_s:
+                self._schedule_heartbeat()
+            return
+        if state == amqp_conn.CLOSED:
+            self.close_after_flush()
+        elif state == amqp_conn.CLOSING and not self._closing:
+            self._closing = True
+            self.node.loop.call_later(CLOSE_OK_WAIT_S, self._close_wait_over)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._hb_handle is not None:
+            self._hb_handle.cancel()
+        if self.session is not None:
+            self.session.connection_lost()
+        self.node.protocols.discard(self)
+
+    def pause_writing(self) -> None:
+        self.session.writable = False
+
+    def resume_writing(self) -> None:
+        self.session.writable = True
+        self.node.broker.kick_session(self.session)
+
+    # -- hooks the broker calls
+
+    def write(self, chunks: list[bytes]) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.writelines(chunks)
+
+    def close_after_flush(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        out = self.session.take_output()
+        if out:
+            t.writelines(out)
+        t.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    # -- timers
+
+    def _schedule_heartbeat(self) -> None:
+        interval = max(self.session.proto.heartbeat_s / 2, 0.25)
+        self._hb_handle = self.node.loop.call_later(interval, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        s = self.session
+        self._hb_handle = None
+        if s.proto.state != amqp_conn.OPEN:
+            return
+        for ev in s.proto.tick():
+            s.handle(ev)
+        if s.proto.state == amqp_conn.CLOSED:
+            self.abort()
+            return
+        if s.proto.has_output and not s.output_pending:
+            s.output_pending = True
+            self.node.broker.output_due(s)
+        self._schedule_heartbeat()
+
+    def _close_wait_over(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.close_after_flush()
+
+
+class Node:
+    def __init__(self, config: Config):
+        self.config = config
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.broker: Broker | None = None
+        self.protocols: set[AMQPProtocol] = set()
+        self.servers: list[asyncio.base_events.Server] = []
+        self._stopping: asyncio.Event | None = None
+        self._proc = psutil.Process()
+        self._total_mem = psutil.virtual_memory().total
+
+    def _schedule_run(self) -> None:
+        self.loop.call_soon(self.broker.run)
+
+    def _protocol(self) -> AMQPProtocol:
+        p = AMQPProtocol(self)
+        self.protocols.add(p)
+        return p
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self.broker = Broker(self.config, schedule=self._schedule_run,
+                             clock_ms=lambda: int(self.loop.time() * 1000))
+        os.makedirs(self.config.data_dir, exist_ok=True)
+        log.info("\n Starting hutch %s on Python %s\n node           : %s\n data dir       : %s\n",
+                 __version__, sys.version.split()[0], self.config.node_name, os.path.abspath(self.config.data_dir))
+        server = await self.loop.create_server(self._protocol, host=self.config.amqp_host or None,
+                                               port=self.config.amqp_port, reuse_address=True, backlog=1024)
+        self.servers.append(server)
+        for sock in server.sockets:
+            addr = sock.getsockname()
+            log.info("started TCP listener on %s:%s", addr[0], addr[1])
+        self._tick_task = self.loop.call_later(0.1, self._tick)
+        self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
+        log.info("Server startup complete; node %s is ready to accept connections", self.config.node_name)
+
+    def _tick(self) -> None:
+        if self.broker.ttl_queues:
+            self.broker.tick()
+        self._tick_task = self.loop.call_later(0.1, self._tick)
+
+    def _memory_check(self) -> None:
+        try:
+            rss = self._proc.memory_info().rss
+        except psutil.Error:  # pragma: no cover
+            rss = 0
+        self.broker.memory_check(rss, self._total_mem)
+        self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
+
+    async def serve_forever(self) -> None:
+        await self._stopping.wait()
+        await self.shutdown()
+
+    def request_stop(self) -> None:
+        log.info("hutch is asked to stop...")
+        self._stopping.set()
+
+    async def shutdown(self) -> None:
+        for server in self.servers:
+            server.close()
+        for p in list(self.protocols):
+            s = p.session
+            if s is not None and s.proto.state == amqp_conn.OPEN:
+                s.proto.close(spec.CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'")
+                out = s.take_output()
+                if out:
+                    p.write(out)
+        await asyncio.sleep(0)
+        for p in list(self.protocols):
+            if p.transport is not None:
+                p.transport.close()
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 2)
+        log.info("Successfully stopped hutch node %s", self.config.node_name)
+
+
+def setup_logging(level: str, data_dir: str, node_name: str) -> None:
+    fmt = logging.Formatter("%(asctime)s.%(msecs)03d+00:00 [%(levelname)s] <%(name)s> %(message)s",
+                            datefmt="%Y-%m-%d %H:%M:%S")
+    import time as _time
+    fmt.converter = _time.gmtime
+    root = logging.getLogger()
+    root.handlers.clear()
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(fmt)
+    root.addHandler(h)
+    os.makedirs(os.path.join(data_dir, "log"), exist_ok=True)
+    fh = logging.FileHandler(os.path.join(data_dir, "log", f"{node_name}.log"))
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    lvl = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+           "critical": logging.CRITICAL, "none": logging.CRITICAL + 10}.get(level.lower(), logging.INFO)
+    root.setLevel(lvl)
+    for name, lvl_name in (("debug", "debug"), ("warning", "warning"), ("error", "error"), ("info", "info"),
+                           ("critical", "critical")):
+        logging.addLevelName(getattr(logging, name.upper()), lvl_name)
+
+
+def run_node(config: Config) -> int:
+    setup_logging(config.log_level, config.data_dir, config.node_name)
+    try:
+        import uvloop
+        loop_factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        loop_factory = None
+
+    async def main() -> None:
+        node = Node(config)
+        await node.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, node.request_stop)
+        await node.serve_forever()
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
+    return 0
+
+
+__all__ = ["Node", "run_node", "commands"]
