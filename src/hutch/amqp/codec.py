@@ -130,7 +130,8 @@ def decode_method(payload: bytes) -> PamqpMethod:
     method = cls()
     try:
         method.unmarshal(payload[4:])
-    except (struct.error, ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError) as e:
+    except (struct.error, ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError, RecursionError) as e:
+        # RecursionError: tables nested deeper than pamqp's recursive decoder can follow
         raise spec.AMQPError(spec.SYNTAX_ERROR, f"malformed {cls.name}: {e}",
                              index >> 16, index & 0xFFFF) from None
     return method
@@ -142,11 +143,16 @@ def decode_publish(payload: bytes) -> tuple[str, str, bytes, bool, bool]:
     `route_enc` is the exchange and routing key exactly as encoded on the wire, reused
     verbatim in basic.deliver."""
     # payload: class(2) method(2) reserved(2) exchange(shortstr) routing-key(shortstr) bits(1)
+    n = len(payload)
+    if n < 9:  # the shortest publish: ids, reserved short, two empty short strings, the bits
+        raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed basic.publish", 60, 40)
     elen = payload[6]
     rk_at = 7 + elen
+    if rk_at >= n:
+        raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed basic.publish", 60, 40)
     rlen = payload[rk_at]
     end = rk_at + 1 + rlen
-    if end >= len(payload):
+    if end >= n:
         raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed basic.publish", 60, 40)
     bits = payload[end]
     try:

@@ -71,6 +71,13 @@ CLOSING = "closing"  # we sent connection.close and wait for close-ok
 CLOSED = "closed"
 
 
+def _tag_and_bits(payload: bytes, idx: int) -> tuple[int, int]:
+    """delivery-tag and flag bits of basic.ack / basic.nack / basic.reject."""
+    if len(payload) < 13:
+        raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed method frame: arguments truncated", 60, idx & 0xFFFF)
+    return _qb.unpack_from(payload, 4)
+
+
 class _Channel:
     __slots__ = ("closing", "publish", "props", "body_size", "parts", "received")
 
@@ -161,8 +168,13 @@ class Connection:
                                                      heartbeat=self.heartbeat_s))
 
     def login_refused(self, text: str) -> None:
-        """Refuse the login: connection.close 403 ACCESS_REFUSED (authentication_failure_close)."""
-        self.close(spec.ACCESS_REFUSED, text, 10, 11)
+        """Refuse the login: connection.close 403 ACCESS_REFUSED to clients that announced the
+        authentication_failure_close capability; the others just lose the socket (spec 0-9-1)."""
+        if self.capabilities.get("authentication_failure_close"):
+            self.close(spec.ACCESS_REFUSED, text, 10, 11)
+        else:
+            self.state = CLOSED
+            self.close_reason = (spec.ACCESS_REFUSED, text)
 
     def open_ok(self) -> None:
         assert self.state == OPENING, self.state
@@ -173,7 +185,7 @@ class Connection:
         """Start closing the connection from the server side (connection.close)."""
         if self.state in (CLOSING, CLOSED):
             return
-        reply = f"{spec.REPLY_NAMES.get(code, str(code))} - {text}"[:spec.SHORTSTR_MAX]
+        reply = spec.reply_text(code, text)
         if self.state == AWAIT_HEADER:
             self.state = CLOSED
             self.close_reason = (code, reply)
@@ -198,7 +210,7 @@ class Connection:
         c.closing = True
         c.publish = None
         c.parts = []
-        reply = f"{spec.REPLY_NAMES.get(code, str(code))} - {text}"[:spec.SHORTSTR_MAX]
+        reply = spec.reply_text(code, text)
         self.send_method(channel, commands.Channel.Close(reply_code=code, reply_text=reply, class_id=class_id,
                                                          method_id=method_id))
 
@@ -297,15 +309,15 @@ class Connection:
                     c = channels.get(ch)
                     if c is None:
                         if ftype == spec.FRAME_METHOD and len(payload) >= 4 and _i.unpack_from(payload)[0] == _CHANNEL_OPEN:
-                            if ch > self.channel_max:
-                                raise spec.AMQPError(spec.NOT_ALLOWED, f"channel number {ch} exceeds the negotiated "
-                                                     f"channel_max ({self.channel_max})", 20, 10)
+                            if ch > self.channel_max or len(channels) >= self.channel_max:
+                                raise spec.AMQPError(spec.NOT_ALLOWED, f"number of channels opened ({len(channels)}) has "
+                                                     f"reached the negotiated channel_max ({self.channel_max})", 20, 10)
                             channels[ch] = _Channel()
                             self._out.append(codec.method_frame(ch, commands.Channel.OpenOk()))
                             yield ChannelOpened(ch)
                             continue
                         if ftype == spec.FRAME_HEARTBEAT:
-                            raise spec.AMQPError(spec.FRAME_ERROR, f"heartbeat frame on channel {ch}")
+                            raise spec.AMQPError(spec.UNEXPECTED_FRAME, f"heartbeat frame on channel {ch}")
                         raise spec.AMQPError(spec.CHANNEL_ERROR, "expected 'channel.open'")
                     if c.closing:
                         if ftype == spec.FRAME_METHOD and len(payload) >= 4:
@@ -326,13 +338,13 @@ class Connection:
                             c.publish = codec.decode_publish(payload)
                             c.body_size = -1
                         elif idx == _BASIC_ACK:
-                            tag, bits = _qb.unpack_from(payload, 4)
+                            tag, bits = _tag_and_bits(payload, idx)
                             yield Ack(ch, tag, bool(bits & 1))
                         elif idx == _BASIC_NACK:
-                            tag, bits = _qb.unpack_from(payload, 4)
+                            tag, bits = _tag_and_bits(payload, idx)
                             yield Nack(ch, tag, bool(bits & 1), bool(bits & 2))
                         elif idx == _BASIC_REJECT:
-                            tag, bits = _qb.unpack_from(payload, 4)
+                            tag, bits = _tag_and_bits(payload, idx)
                             yield Reject(ch, tag, bool(bits & 1))
                         else:
                             ev = self._channel_method(ch, c, idx, payload)
@@ -345,9 +357,9 @@ class Connection:
                             raise spec.AMQPError(spec.UNEXPECTED_FRAME, "expected method frame, got non method "
                                                  "frame instead")
                         class_id, body_size, props = codec.decode_content_header(payload)
-                        if class_id != 60:
-                            raise spec.AMQPError(spec.FRAME_ERROR, f"content header for class {class_id}, "
-                                                 "expected class 60")
+                        if class_id != 60:  # RabbitMQ's command assembler: unexpected_frame
+                            raise spec.AMQPError(spec.UNEXPECTED_FRAME, "expected content header for class 60, "
+                                                 f"got one for class {class_id} instead", 60, 40)
                         if body_size > self.message_bytes_max:
                             c.publish = None
                             self.close_channel(ch, spec.PRECONDITION_FAILED, f"message size {body_size} is larger "
@@ -389,7 +401,7 @@ class Connection:
                             c.parts.append(payload)
                             c.received = got
                     elif ftype == spec.FRAME_HEARTBEAT:
-                        raise spec.AMQPError(spec.FRAME_ERROR, f"heartbeat frame on channel {ch}")
+                        raise spec.AMQPError(spec.UNEXPECTED_FRAME, f"heartbeat frame on channel {ch}")
                     else:
                         raise spec.AMQPError(spec.FRAME_ERROR, f"unknown frame type {ftype}")
             except spec.AMQPError as err:
@@ -443,9 +455,11 @@ class Connection:
         mech = m.mechanism
         self.mechanism = mech
         if mech not in self.mechanisms:
-            self.state = AUTHENTICATING
-            self.close(spec.ACCESS_REFUSED, f"unsupported authentication mechanism '{mech}'", 10, 11)
-            return ConnectionClosed(spec.ACCESS_REFUSED, "unsupported mechanism", by_client=False)
+            # RabbitMQ drops the socket: the client named a mechanism the server never offered
+            self.state = CLOSED
+            self.close_reason = (spec.COMMAND_INVALID, f"unknown authentication mechanism '{mech}'")
+            return ConnectionClosed(spec.COMMAND_INVALID, f"unknown authentication mechanism '{mech}'",
+                                    by_client=False)
         response = m.response
         if isinstance(response, str):
             response = response.encode("utf-8", "surrogateescape")
@@ -463,7 +477,7 @@ class Connection:
                     username = table["LOGIN"].decode()
                 if isinstance(table.get("PASSWORD"), bytes):
                     password = table["PASSWORD"].decode()
-        except (ValueError, UnicodeDecodeError, struct.error):
+        except (ValueError, UnicodeDecodeError, struct.error, RecursionError):
             self.state = AUTHENTICATING
             self.close(spec.ACCESS_REFUSED, f"{mech} login refused: malformed response", 10, 11)
             return ConnectionClosed(spec.ACCESS_REFUSED, "malformed login", by_client=False)
@@ -492,7 +506,7 @@ class Connection:
             raise spec.AMQPError(spec.UNEXPECTED_FRAME, f"frame type {ftype} on channel 0")
         method = codec.decode_method(payload)
         if method.index >> 16 != _CONNECTION_CLASS:
-            raise spec.AMQPError(spec.COMMAND_INVALID, f"{method.name} on channel 0",
+            raise spec.AMQPError(spec.CHANNEL_ERROR, "unexpected method in connection state running",
                                  *divmod(method.index, 0x10000))
         if method.name == "Connection.Close":
             self.send_method(0, commands.Connection.CloseOk())
@@ -514,11 +528,13 @@ class Connection:
             raise spec.AMQPError(spec.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
         if idx == _CHANNEL_FLOW:
             method = codec.decode_method(payload)
-            self._out.append(codec.method_frame(ch, commands.Channel.FlowOk(active=method.active)))
-            return ChannelFlow(ch, bool(method.active))
+            if not method.active:
+                # RabbitMQ 3.x refuses client-initiated flow control; so does hutch
+                raise spec.AMQPError(spec.NOT_IMPLEMENTED, "active=false", 20, 20)
+            self._out.append(codec.method_frame(ch, commands.Channel.FlowOk(active=True)))
+            return ChannelFlow(ch, True)
         if idx >> 16 == _CONNECTION_CLASS:
-            raise spec.AMQPError(spec.COMMAND_INVALID, "connection method on a non-zero channel",
-                                 *divmod(idx, 0x10000))
+            raise spec.AMQPError(spec.COMMAND_INVALID, "unimplemented method", *divmod(idx, 0x10000))
         return Method(ch, codec.decode_method(payload))
 
     def _while_closing(self, ftype: int, ch: int, payload: bytes) -> Event | None:

@@ -75,6 +75,15 @@ BASIC_GET_OK = (60, 71)
 SHORTSTR_MAX = 255
 
 
+def reply_text(code: int, text: str) -> str:
+    """"CODE_NAME - text", cut to a short string's 255 bytes with "..." as RabbitMQ does."""
+    full = f"{REPLY_NAMES.get(code, str(code))} - {text}"
+    raw = full.encode()
+    if len(raw) <= SHORTSTR_MAX:
+        return full
+    return raw[:SHORTSTR_MAX - 3].decode(errors="ignore") + "..."
+
+
 def is_connection_error(code: int) -> bool:
     return code in CONNECTION_ERRORS
 
@@ -96,7 +105,7 @@ class AMQPError(Exception):
 
     @property
     def reply_text(self) -> str:
-        return f"{REPLY_NAMES.get(self.code, str(self.code))} - {self.text}"[:SHORTSTR_MAX]
+        return reply_text(self.code, self.text)
 
     @property
     def connection_level(self) -> bool:

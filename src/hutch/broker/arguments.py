@@ -56,11 +56,11 @@ def check_equivalent_args(kind: str, name: str, vhost: str, current: dict, recei
         if _text(a) == _text(b) and not (isinstance(a, bool) != isinstance(b, bool) and a is not None
                                          and b is not None):
             continue
-        if b is None:
-            got = "none"
+        if a is not None and b is not None and _type_name(a) == _type_name(b):
+            got, cur = f"'{_show(b)}'", f"'{_show(a)}'"
         else:
-            got = f"the value '{_show(b)}' of type '{_type_name(b)}'"
-        cur = "none" if a is None else f"the value '{_show(a)}' of type '{_type_name(a)}'"
+            got = "none" if b is None else f"the value '{_show(b)}' of type '{_type_name(b)}'"
+            cur = "none" if a is None else f"the value '{_show(a)}' of type '{_type_name(a)}'"
         raise precondition_failed(f"inequivalent arg '{key}' for {kind} '{name}' in vhost '{vhost}': "
                                   f"received {got} but current is {cur}")
 

@@ -411,7 +411,22 @@ class Broker:
 
     # ---------------------------------------------------------------- alarms
 
-    def memory_check(self, rss_bytes: int, total_bytes: int) -> None:
+    MESSAGE_OVERHEAD_BYTES = 200  # bookkeeping per queued message besides its body
+
+    def accounted_bytes(self) -> int:
+        """Memory held by messages in queues (bodies and bookkeeping). The memory alarm compares
+        the node's idle footprint plus this figure with the watermark, so freeing messages (a
+        purge, consumers catching up) clears the alarm at once, whatever the allocator keeps."""
+        total = 0
+        per = self.MESSAGE_OVERHEAD_BYTES
+        for v in self.vhosts.values():
+            for q in v.queues.values():
+                st = q.state
+                total += st.ready_bytes + st.unacked_bytes + per * (st.ready_count + len(st.unacked))
+        return total
+
+    def memory_check(self, used_bytes: int, total_bytes: int) -> None:
+        rss_bytes = used_bytes
         limit = self.config.vm_memory_high_watermark_bytes or int(total_bytes * self.config.vm_memory_high_watermark)
         if rss_bytes > limit and "memory" not in self.alarms:
             log.warning("vm_memory_high_watermark set. Memory used:%d allowed:%d", rss_bytes, limit)

@@ -78,6 +78,7 @@ class Channel:
         self.consumers: dict[str, ChannelConsumer] = {}
         self.unacked: OrderedDict[int, tuple[ClassicQueue, Entry, ChannelConsumer | None]] = OrderedDict()
         self.delivery_tag = 0
+        self.last_queue = ""  # the queue most recently declared on this channel (spec: "" means it)
         self.prefetch = 0  # for consumers created from now on
         self.global_prefetch = 0
         self.flow_active = True
@@ -152,6 +153,9 @@ class Channel:
                 queue.settle(entry.seq)
                 self.session.broker.settled(queue, entry)
                 dirty.add(queue)
+        if self.global_prefetch:
+            self.session.broker.kick_consumers_of(self)
+        self.session.broker.schedule()
 
     def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
         dirty = self.session.broker.dirty_queues
@@ -169,6 +173,7 @@ class Channel:
             dirty.add(queue)
         for queue, entry in dead:
             self.session.broker.dead_letter(queue, [entry], "rejected")
+        self.session.broker.schedule()
 
     def requeue_all(self) -> None:
         """Return every unacknowledged delivery to its queue (channel closed, basic.recover)."""
@@ -181,6 +186,7 @@ class Channel:
             if not queue.deleted:
                 queue.requeue(entry.seq)
                 dirty.add(queue)
+        self.session.broker.schedule()
 
     # ---------------------------------------------------------------- confirms
 

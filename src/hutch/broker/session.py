@@ -449,6 +449,7 @@ class Session:
             if name == "":
                 raise not_found(f"no queue '' in vhost '{vhost.name}'")
             q = vhost.queue(name, owner=self)
+            ch.last_queue = name
             if not m.nowait:
                 self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
                                                                      consumer_count=q.consumer_count))
@@ -478,22 +479,23 @@ class Session:
             if q.auto_delete != bool(m.auto_delete):
                 raise ineq("auto_delete", bool(m.auto_delete), q.auto_delete)
             qargs.check_equivalent_args("queue", name, vhost.name, q.arguments, args, qargs.QUEUE_ARGS_COMPARED)
+        ch.last_queue = name
         if not m.nowait:
             self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
                                                                  consumer_count=q.consumer_count))
 
     def queue_bind(self, ch: Channel, m) -> None:
-        self._bind(ch, m.exchange, QUEUE, self._queue_name(m.queue), m.routing_key, m.arguments, True)
+        self._bind(ch, m.exchange, QUEUE, self._queue_name(ch, m.queue), m.routing_key, m.arguments, True)
         if not m.nowait:
             self.send_method(ch.number, commands.Queue.BindOk())
 
     def queue_unbind(self, ch: Channel, m) -> None:
-        self._bind(ch, m.exchange, QUEUE, self._queue_name(m.queue), m.routing_key, m.arguments, False)
+        self._bind(ch, m.exchange, QUEUE, self._queue_name(ch, m.queue), m.routing_key, m.arguments, False)
         self.send_method(ch.number, commands.Queue.UnbindOk())
 
     def queue_purge(self, ch: Channel, m) -> None:
         vhost = self.vhost
-        q = vhost.queue(self._queue_name(m.queue), owner=self)
+        q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
         count = self.broker.purge_queue(q)
         if not m.nowait:
@@ -501,7 +503,7 @@ class Session:
 
     def queue_delete(self, ch: Channel, m) -> None:
         vhost = self.vhost
-        name = self._queue_name(m.queue)
+        name = self._queue_name(ch, m.queue)
         q = vhost.queues.get(name)
         count = 0
         if q is not None:
@@ -516,8 +518,13 @@ class Session:
         if not m.nowait:
             self.send_method(ch.number, commands.Queue.DeleteOk(message_count=count))
 
-    def _queue_name(self, name: str) -> str:
-        return name
+    def _queue_name(self, ch: Channel, name: str) -> str:
+        """An empty queue name means the channel's most recently declared queue (spec 1.7.2.x)."""
+        if name:
+            return name
+        if ch.last_queue:
+            return ch.last_queue
+        raise not_found("no previously declared queue")
 
     # -- basic
 
@@ -533,9 +540,7 @@ class Session:
 
     def basic_consume(self, ch: Channel, m) -> None:
         vhost = self.vhost
-        if m.queue == "":
-            raise not_found(f"no queue '' in vhost '{vhost.name}'")
-        q = vhost.queue(m.queue, owner=self)
+        q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
         tag = m.consumer_tag or self.new_consumer_tag()
         if tag in ch.consumers:
@@ -560,7 +565,7 @@ class Session:
 
     def basic_get(self, ch: Channel, m) -> None:
         vhost = self.vhost
-        q = vhost.queue(m.queue, owner=self)
+        q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
         self.broker.expire_queue(q)
         entry = q.get(bool(m.no_ack))

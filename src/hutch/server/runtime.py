@@ -178,6 +178,7 @@ class Node:
         for sock in server.sockets:
             addr = sock.getsockname()
             log.info("started TCP listener on %s:%s", addr[0], addr[1])
+        self._baseline_rss = self._proc.memory_info().rss
         self._tick_task = self.loop.call_later(0.1, self._tick)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
         log.info("Server startup complete; node %s is ready to accept connections", self.config.node_name)
@@ -188,11 +189,7 @@ class Node:
         self._tick_task = self.loop.call_later(0.1, self._tick)
 
     def _memory_check(self) -> None:
-        try:
-            rss = self._proc.memory_info().rss
-        except psutil.Error:  # pragma: no cover
-            rss = 0
-        self.broker.memory_check(rss, self._total_mem)
+        self.broker.memory_check(self._baseline_rss + self.broker.accounted_bytes(), self._total_mem)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
 
     async def serve_forever(self) -> None:
