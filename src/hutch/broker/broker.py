@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,10 @@ from hutch import __version__
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
+from hutch.broker import definitions
+from hutch.broker.definitions import DefinitionsFile
 from hutch.broker.exchanges import QUEUE, Exchange
+from hutch.broker.journal import Journal
 from hutch.broker.vhost import VHost
 from hutch.queues.classic import ClassicQueue
 from hutch.queues.message import Message
@@ -58,7 +62,7 @@ class Config:
     default_pass: str = "guest"
     default_vhost: str = "/"
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
-    socket_write_buffer_high_bytes: int = 4 * 1024 * 1024
+    socket_write_buffer_high_bytes: int = 1024 * 1024
     cluster_name: str = ""
 
     @classmethod
@@ -110,6 +114,11 @@ class Broker:
         self.blocking = False
         self._blocked_sessions: set = set()
         self.ttl_queues: set[ClassicQueue] = set()
+        self.policies: list[dict[str, Any]] = []
+        self.journal: Journal | None = None
+        self.definitions_file: DefinitionsFile | None = None
+        self.request_sync: Callable[[], None] = lambda: None  # set by the runtime
+        self._sync_waiters: deque[tuple[int, Callable, Any]] = deque()  # (log seq, fn, arg), in seq order
         self.started_ms = self.now_ms()
         self.add_vhost(config.default_vhost)
         if config.default_user:
@@ -142,6 +151,9 @@ class Broker:
                 if q.message_ttl_ms is not None or q in self.ttl_queues:
                     self.expire_queue(q)
                 q.dispatch()
+                self._flow_check(q)
+        if self.journal is not None and self.journal.unsynced:
+            self.request_sync()
         outputs = self._outputs
         if outputs:
             self._outputs = []
@@ -152,6 +164,64 @@ class Broker:
                     s.transport_hooks.write(out)
         if dirty:
             self.schedule()
+
+    # ---------------------------------------------------------------- storage
+
+    def open_storage(self, data_dir: str) -> None:
+        """Load durable definitions and recover journalled messages (start-up)."""
+        self.definitions_file = DefinitionsFile(data_dir)
+        doc = self.definitions_file.load()
+        if doc is not None:
+            definitions.apply(self, doc)
+        self.journal = Journal(os.path.join(data_dir, "msgs"))
+        queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values() if q.journal_id}
+        recovered = self.journal.recover(queues)
+        total = 0
+        for qid, msgs in recovered.items():
+            q = queues[qid]
+            now = self.now_ms()
+            for m in msgs:
+                msg = Message(m.exchange, m.routing_key, codec.route_encoding(m.exchange, m.routing_key), m.props,
+                              m.body, True, _priority_of(m.props))
+                entry, _dropped = q.publish(msg, now)
+                if entry is None:
+                    continue
+                entry.log_seq = m.log_seq
+                if m.delivered:
+                    entry.delivery_count = 1
+            total += len(msgs)
+            log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)", q.name, q.vhost, len(msgs))
+        if doc is None:
+            self.persist_definitions()
+        log.info("recovered %d queue(s) and %d persistent message(s)", len(queues), total)
+
+    def persist_definitions(self) -> None:
+        if self.definitions_file is not None:
+            self.definitions_file.save(definitions.export(self, durable_only=True, internal=True))
+
+    def durable_done(self, seq: int) -> None:
+        """An fsync covered the journal up to `seq`: confirm what waited for it."""
+        self.journal.synced_seq = max(self.journal.synced_seq, seq)
+        waiters = self._sync_waiters
+        while waiters and waiters[0][0] <= seq:
+            _s, fn, arg = waiters.popleft()
+            fn(arg)
+        self.journal.collect()
+        self.schedule()
+
+    def after_sync(self, fn: Callable, arg: Any) -> None:
+        """Call fn(arg) once everything journalled so far is on disk (now, if nothing waits)."""
+        j = self.journal
+        if j is None or not j.unsynced:
+            fn(arg)
+            return
+        self._sync_waiters.append((j.log.last_seq, fn, arg))
+        self.schedule()
+
+    def close_storage(self) -> None:
+        if self.journal is not None:
+            self.journal.sync()
+            self.journal.close()
 
     # ---------------------------------------------------------------- sessions
 
@@ -182,6 +252,10 @@ class Broker:
     def session_gone(self, session) -> None:
         self.sessions.discard(session)
         self._blocked_sessions.discard(session)
+        for q in session.flow_queues:
+            if q.flow_waiters is not None:
+                q.flow_waiters.discard(session)
+        session.flow_queues.clear()
         self.schedule()
 
     def authenticate(self, username: str, password: str, peer: str) -> User | None:
@@ -217,28 +291,42 @@ class Broker:
         self.users[name] = u
         return u
 
-    def add_exchange(self, vhost: VHost, x: Exchange) -> None:
+    def add_exchange(self, vhost: VHost, x: Exchange, persist: bool = True) -> None:
         vhost.exchanges[x.name] = x
         vhost.topology_changed()
+        if persist and x.durable:
+            self.persist_definitions()
 
     def delete_exchange(self, vhost: VHost, x: Exchange) -> None:
         for touched in vhost.remove_exchange(x.name):
             self._maybe_auto_delete_exchange(vhost, touched)
+        if x.durable:
+            self.persist_definitions()
+
+    def _durable_binding(self, vhost: VHost, source: str, kind: str, destination: str) -> bool:
+        x = vhost.exchanges.get(source)
+        d = vhost.queues.get(destination) if kind == QUEUE else vhost.exchanges.get(destination)
+        return x is not None and x.durable and d is not None and d.durable
 
     def bind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str, args: dict) -> None:
-        vhost.bind(source, kind, destination, routing_key, args)
+        if vhost.bind(source, kind, destination, routing_key, args) and \
+                self._durable_binding(vhost, source, kind, destination):
+            self.persist_definitions()
 
     def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str, args: dict) -> None:
+        durable = self._durable_binding(vhost, source, kind, destination)
         x = vhost.unbind(source, kind, destination, routing_key, args)
         if x is not None:
             self._maybe_auto_delete_exchange(vhost, x)
+            if durable:
+                self.persist_definitions()
 
     def _maybe_auto_delete_exchange(self, vhost: VHost, x: Exchange) -> None:
         if x.auto_delete and not x.bindings and x.name in vhost.exchanges:
             self.delete_exchange(vhost, x)
 
     def declare_queue(self, vhost: VHost, name: str, *, durable: bool, exclusive: bool, auto_delete: bool,
-                      arguments: dict, owner) -> ClassicQueue:
+                      arguments: dict, owner, persist: bool = True) -> ClassicQueue:
         s = qargs.queue_settings(arguments, name, vhost.name)
         q = ClassicQueue(name, vhost.name, durable=durable, auto_delete=auto_delete,
                          exclusive_owner=owner if exclusive else None, arguments=dict(arguments), limits=s.limits,
@@ -252,6 +340,10 @@ class Broker:
             owner.exclusive_queues.append(q)
         if s.expires_ms is not None or s.message_ttl_ms is not None:
             self.ttl_queues.add(q)
+        if durable and not exclusive:
+            q.journal_id = int.from_bytes(os.urandom(8), "big") >> 1 or 1
+            if persist:
+                self.persist_definitions()
         return q
 
     def delete_queue(self, q: ClassicQueue) -> None:
@@ -277,9 +369,18 @@ class Broker:
         owner = q.exclusive_owner
         if owner is not None and q in owner.exclusive_queues:
             owner.exclusive_queues.remove(q)
+        if q.journal_id and self.journal is not None:
+            st = q.state
+            self.journal.purged(q.journal_id, [e.log_seq for e in list(st.ready()) + list(st.unacked.values())
+                                               if e.log_seq])
+        if q.durable and q.exclusive_owner is None:
+            self.persist_definitions()
 
     def purge_queue(self, q: ClassicQueue) -> int:
-        return q.purge()
+        removed = q.state.purge()
+        if q.journal_id and self.journal is not None:
+            self.journal.purged(q.journal_id, [e.log_seq for e in removed if e.log_seq])
+        return len(removed)
 
     def consumer_gone(self, q: ClassicQueue) -> None:
         q.last_used_ms = self.now_ms()
@@ -308,25 +409,89 @@ class Broker:
     def enqueue(self, queues: tuple[ClassicQueue, ...], msg: Message, channel, seq: int) -> bool:
         """Put a routed message on its queues. True when a queue refused it (overflow)."""
         refused = False
-        dirty = self.dirty_queues
+        journalled = 0
         now = self.now_ms() if msg.expiration_ms is not None or self.ttl_queues else 0
         for q in queues:
-            entry, dropped = q.publish(msg, now)
+            entry, dropped = self._put(q, msg, now)
             if entry is None:
                 refused = True
                 if q.state.limits.overflow == REJECT_PUBLISH_DLX:
                     self.dead_letter(q, [Entry(0, msg, None)], "maxlen")
                 continue
-            if dropped:
-                self.dead_letter(q, dropped, "maxlen")
-            if msg.expiration_ms is not None:
-                self.ttl_queues.add(q)
-            dirty.add(q)
+            if entry.log_seq:
+                journalled = entry.log_seq
+            if q.flow_waiters is not None:
+                self._flow_wait(q, channel.session)
+        if journalled and seq and not refused:
+            channel.confirm_later(seq, 1)
+            self._sync_waiters.append((journalled, channel.accepted, seq))
         self.schedule()
         return refused
 
+    def _put(self, q: ClassicQueue, msg: Message, now: int) -> tuple[Entry | None, list[Entry]]:
+        """Enqueue on one queue, journalling persistent messages of durable queues; dead-letter
+        what drop-head overflow pushed out."""
+        entry, dropped = q.publish(msg, now)
+        if entry is None:
+            return None, dropped
+        if msg.persistent and q.journal_id and self.journal is not None:
+            if dropped and dropped[-1] is entry:
+                pass  # dropped on arrival: never stored
+            else:
+                entry.log_seq = self.journal.enqueue(q.journal_id, msg.exchange, msg.routing_key, msg.props,
+                                                     msg.body)
+        if dropped:
+            self.dead_letter(q, dropped, "maxlen")
+        if msg.expiration_ms is not None:
+            self.ttl_queues.add(q)
+        self.dirty_queues.add(q)
+        return entry, dropped
+
+    # ---------------------------------------------------------------- flow control
+
+    FLOW_READY_HIGH = 2000  # ready messages behind a consumer whose socket is backed up
+    FLOW_READY_LOW = 500
+
+    def _flow_check(self, q: ClassicQueue) -> None:
+        """Backpressure from consumers to publishers.
+
+        A queue whose consumers' sockets are backed up while messages pile up ready is
+        flow-limited: sessions that publish into it stop being read until its backlog falls
+        below the low-water mark or its consumers can take messages again. A consumer that is
+        merely at its prefetch limit does not limit publishers (the queue simply grows, up to
+        the memory alarm), so a slow acker can never deadlock a publisher."""
+        st = q.state
+        if q.flow_waiters is None:
+            if st.ready_count > self.FLOW_READY_HIGH and q.consumer_count and any(
+                    not c.channel.session.writable for c in q.consumers()):
+                q.flow_waiters = set()
+            return
+        if st.ready_count <= self.FLOW_READY_LOW or not q.consumer_count or all(
+                c.channel.session.writable for c in q.consumers()):
+            waiters, q.flow_waiters = q.flow_waiters, None
+            for s in waiters:
+                s.flow_queues.discard(q)
+                if not s.flow_queues and not s.blocked and not s.closed and s.transport_hooks is not None:
+                    s.transport_hooks.resume_reading()
+
+    def _flow_wait(self, q: ClassicQueue, session) -> None:
+        if session in q.flow_waiters:
+            return
+        q.flow_waiters.add(session)
+        if not session.flow_queues and session.transport_hooks is not None:
+            session.transport_hooks.pause_reading()
+        session.flow_queues.add(q)
+
     def settled(self, q: ClassicQueue, entry: Entry) -> None:
-        """A message left its queue for good (ack, or no-ack delivery)."""
+        """A message left its queue for good (ack, no-ack delivery, discard)."""
+        if entry.log_seq and self.journal is not None:
+            self.journal.settled(q.journal_id, entry.log_seq)
+            entry.log_seq = 0
+
+    def delivered(self, q: ClassicQueue, entry: Entry) -> None:
+        """First delivery of a journalled message: remember it, so it comes back `redelivered`."""
+        if entry.log_seq and entry.delivery_count == 1 and self.journal is not None:
+            self.journal.delivered(q.journal_id, entry.log_seq)
 
     def expire_queue(self, q: ClassicQueue) -> None:
         now = self.now_ms()
@@ -353,6 +518,8 @@ class Broker:
 
     def dead_letter(self, q: ClassicQueue, entries: list[Entry], reason: str) -> None:
         """Republish discarded messages to the queue's dead-letter exchange, with x-death."""
+        for e in entries:
+            self.settled(q, e)
         dlx_name = q.dead_letter_exchange
         if dlx_name is None:
             return
@@ -403,10 +570,7 @@ class Broker:
             targets = [t for t in vhost.route(dlx, rk, headers if dlx.type == "headers" else None)
                        if not (t is q and reason != "rejected")]
             for t in targets:
-                entry, dropped = t.publish(dm, self.now_ms())
-                if dropped and t is not q:
-                    self.dead_letter(t, dropped, "maxlen")
-                self.dirty_queues.add(t)
+                self._put(t, dm, self.now_ms())
         self.schedule()
 
     # ---------------------------------------------------------------- alarms
@@ -457,9 +621,16 @@ class Broker:
             s.blocked = False
             if s.proto.capabilities.get("connection.blocked"):
                 s.send_method(0, commands.Connection.Unblocked())
-            if s.transport_hooks is not None:
+            if s.transport_hooks is not None and not s.flow_queues:
                 s.transport_hooks.resume_reading()
         self._blocked_sessions.clear()
+
+
+def _priority_of(props: bytes) -> int:
+    try:
+        return codec.summarize_properties(props).priority
+    except AMQPError:
+        return 0
 
 
 def _is_loopback(peer: str) -> bool:

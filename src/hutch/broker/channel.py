@@ -66,6 +66,10 @@ class ChannelConsumer:
         if not self.no_ack:
             ch.unacked[tag] = (queue, entry, self)
             self.unacked += 1
+            if entry.log_seq:
+                ch.session.broker.delivered(queue, entry)
+        elif entry.log_seq:
+            ch.session.broker.settled(queue, entry)
         m = entry.message
         ch.session.send_frames(codec.deliver_frames(ch.number, self.ctag_enc, tag, entry.delivery_count > 1,
                                                     m.route_enc, m.props, m.body, ch.session.frame_max))

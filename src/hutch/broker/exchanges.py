@@ -76,6 +76,16 @@ def topic_matches(pattern: list[str], key: list[str]) -> bool:
     return p == np_
 
 
+def _same_header_value(bound: Any, sent: Any) -> bool:
+    """Equal values of the same type class, as RabbitMQ compares them: integers of any width
+    are one class, floats another, booleans their own (so 1 matches neither 1.0 nor true)."""
+    if isinstance(bound, bool) or isinstance(sent, bool):
+        return type(bound) is type(sent) and bound == sent
+    if isinstance(bound, float) != isinstance(sent, float):
+        return False
+    return bound == sent
+
+
 def headers_match(binding_args: dict[str, Any], headers: dict[str, Any]) -> bool:
     mode = binding_args.get("x-match", "all")
     if isinstance(mode, bytes):
@@ -86,7 +96,7 @@ def headers_match(binding_args: dict[str, Any], headers: dict[str, Any]) -> bool
         if k == "x-match" or (k.startswith("x-") and not with_x):
             continue
         present = k in headers
-        ok = present and (v is None or headers[k] == v)
+        ok = present and (v is None or _same_header_value(v, headers[k]))
         if any_mode and ok:
             return True
         if not any_mode and not ok:

@@ -52,6 +52,7 @@ class Session:
         self.channels: dict[int, Channel] = {}
         self.writable = True
         self.blocked = False  # connection.blocked sent
+        self.flow_queues: set = set()  # flow-limited queues this session is held back by
         self.closed = False
         self.exclusive_queues: list = []
         self._ctag_counter = 0
@@ -576,6 +577,7 @@ class Session:
         tag = ch.delivery_tag
         if not m.no_ack:
             ch.unacked[tag] = (q, entry, None)
+            self.broker.delivered(q, entry)
         msg = entry.message
         self.send_frames(codec.get_ok_frames(ch.number, tag, entry.delivery_count > 1, msg.route_enc,
                                              q.message_count, msg.props, msg.body, self.frame_max))
@@ -624,7 +626,12 @@ class Session:
                 ch.ack(op[1], op[2])
             else:
                 ch.reject(op[1], op[2], op[3])
-        self.send_method(ch.number, commands.Tx.CommitOk())
+        # commit-ok once what the transaction journalled is on disk
+        self.broker.after_sync(self._commit_ok, ch)
+
+    def _commit_ok(self, ch: Channel) -> None:
+        if not ch.closed and not self.closed:
+            self.send_method(ch.number, commands.Tx.CommitOk())
 
     def tx_rollback(self, ch: Channel, m) -> None:
         if ch.tx is None:

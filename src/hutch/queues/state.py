@@ -42,13 +42,14 @@ OVERFLOW_MODES = (DROP_HEAD, REJECT_PUBLISH, REJECT_PUBLISH_DLX)
 class Entry:
     """One message in one queue."""
 
-    __slots__ = ("seq", "message", "delivery_count", "expires_at_ms")
+    __slots__ = ("seq", "message", "delivery_count", "expires_at_ms", "log_seq")
 
     def __init__(self, seq: int, message: Message, expires_at_ms: int | None):
         self.seq = seq
         self.message = message
         self.delivery_count = 0
         self.expires_at_ms = expires_at_ms
+        self.log_seq = 0  # where a durable copy of this entry lives in the node's log (0: none)
 
     @property
     def redelivered(self) -> bool:
@@ -172,25 +173,22 @@ class QueueState:
         dropped: list[Entry] = []
         lim = self.limits
         size = len(message.body)
-        if lim.max_length is not None or lim.max_length_bytes is not None:
-            if lim.overflow != DROP_HEAD:
-                if self.would_overflow(size):
-                    raise Refused()
-            else:
-                while self.ready_count and self.would_overflow(size):
-                    dropped.append(self._pop_head())
-                if lim.max_length == 0 or (lim.max_length_bytes is not None and size > lim.max_length_bytes):
-                    # cannot hold even this one message: it is dropped as it arrives
-                    entry = Entry(self.next_seq, message, expires_at_ms)
-                    self.next_seq += 1
-                    dropped.append(entry)
-                    return entry, dropped
+        limited = lim.max_length is not None or lim.max_length_bytes is not None
+        if limited and lim.overflow != DROP_HEAD and self.would_overflow(size):
+            raise Refused()
         entry = Entry(self.next_seq, message, expires_at_ms)
         self.next_seq += 1
         level = self._single if self._single is not None else self._level_of(message)
         level.fifo.append(entry)
         self.ready_count += 1
         self.ready_bytes += size
+        if limited and lim.overflow == DROP_HEAD:
+            # as RabbitMQ's maybe_drop_head: the message joins, then heads leave while the queue
+            # is over a limit. With priorities the head may be the new message itself; a message
+            # larger than x-max-length-bytes empties the queue and leaves too.
+            while self.ready_count and ((lim.max_length is not None and self.ready_count > lim.max_length) or (
+                    lim.max_length_bytes is not None and self.ready_bytes > lim.max_length_bytes)):
+                dropped.append(self._pop_head())
         return entry, dropped
 
     def checkout(self) -> Entry | None:
