@@ -1,0 +1,755 @@
+"""A node's append-only segment log: opaque records in bounded segment files, group
+commit, whole-segment deletion and rewrite of settled records, and recovery after any
+stop, kill -9 included.
+
+The log knows nothing of queues or Raft. A record is an opaque payload with a stream
+key (a small integer the user chooses: a queue id, a Raft group id) and a log-wide
+sequence number (seq) that the log assigns and that names the record for as long as it
+exists: compaction never changes it. The users are durable classic queues (enqueue and
+settle operations) and, later, the one Raft WAL that all of a node's Raft groups share.
+
+Group commit. `append()` encodes a record into a memory buffer and returns its seq;
+`flush()` hands the buffer to the OS in one write; `sync()` flushes, then makes one
+fdatasync (plus one per segment sealed since the last sync, plus the directory when a
+segment was created or removed) and returns the highest *durable* seq: every record up
+to it survives a crash. The runtime calls `sync()` in a worker thread once per loop
+iteration while the loop thread keeps appending; the number it returns covers only
+records whose bytes were written before the fsync began.
+
+Settling. The user calls `release(seq)` when a record is no longer needed. A sealed
+segment whose records are all released is deleted at once; `compact()` rewrites sealed
+segments that are mostly released, keeping the live records (same seqs, new offsets)
+and swapping the file atomically. Releases are not written down: after a restart every
+record still on disk is live again and the user, replaying, releases what its own
+state says is settled (as RabbitMQ rebuilds its message store's reference counts from
+the queue indices). So deletion can never resurrect a record: what was deleted is gone,
+and what survives is re-judged by its owner.
+
+What it must never do: report a record durable before its bytes were fsynced; return a
+record whose CRC does not match; lose an intact record because a neighbour is damaged;
+grow a buffer, a record or a segment past its limit.
+
+On-disk layout: see `hutch.store.format` and docs/design/store.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import logging
+import os
+import re
+import threading
+import time
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from . import format as fmt
+
+log = logging.getLogger("hutch.store")
+
+KiB = 1024
+MiB = 1024 * KiB
+
+SEGMENT_BYTES_MAX_DEFAULT = 64 * MiB
+RECORD_BYTES_MAX_DEFAULT = 16 * MiB
+WRITE_BUFFER_BYTES_MAX_DEFAULT = 1 * MiB
+SEGMENT_BYTES_MAX_LIMIT = 1024 * MiB  # offsets are kept as u32
+SEGMENT_BYTES_MAX_MIN = 256
+
+SEGMENT_SUFFIX = ".hseg"
+COMPACT_SUFFIX = ".compact"
+LOCK_FILE = "LOCK"
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.hseg$")
+
+# Per-record state in a segment's index.
+_ABSENT = 0    # no record with this seq in the file (damaged, or removed by a rewrite)
+_LIVE = 1
+_RELEASED = 2  # settled by the user, still on disk until its segment goes
+
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
+class StoreError(Exception):
+    """The segment log could not do what was asked."""
+
+
+class RecordTooLarge(StoreError, ValueError):
+    """A payload over `record_bytes_max`."""
+
+
+class UnknownRecord(StoreError, KeyError):
+    """No live record with this seq (never appended, already released, or deleted)."""
+
+
+class StoreFailed(StoreError):
+    """A write or fsync failed. The log refuses further writes; reopen it to recover."""
+
+
+class StoreClosed(StoreError):
+    pass
+
+
+class Record(NamedTuple):
+    seq: int
+    key: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class CorruptRegion:
+    segment: str  # file name
+    offset: int
+    length: int
+
+
+@dataclass
+class RecoveryReport:
+    segments: int = 0
+    records: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+    torn_tail: CorruptRegion | None = None  # truncated away
+    corrupt: list[CorruptRegion] = field(default_factory=list)  # skipped, left in place
+    damaged_headers: list[str] = field(default_factory=list)
+    removed_files: list[str] = field(default_factory=list)  # unfinished compaction output
+    duration_ms: float = 0.0
+
+
+@dataclass
+class CompactionReport:
+    segments_rewritten: int = 0
+    records_kept: int = 0
+    bytes_reclaimed: int = 0
+
+
+def segment_name(base_seq: int) -> str:
+    return f"{base_seq:020d}{SEGMENT_SUFFIX}"
+
+
+class _Segment:
+    """The in-memory index of one segment file: where each seq's record is, and its state."""
+
+    __slots__ = ("base_seq", "path", "size_bytes", "offsets", "lengths", "states",
+                 "live_count", "live_bytes", "read_fd", "compacting", "unsynced")
+
+    def __init__(self, base_seq: int, path: Path, size_bytes: int):
+        self.base_seq = base_seq
+        self.path = path
+        self.size_bytes = size_bytes        # including bytes still in the write buffer
+        self.offsets = array("I")           # by seq - base_seq
+        self.lengths = array("I")           # payload bytes, by seq - base_seq
+        self.states = bytearray()           # _ABSENT / _LIVE / _RELEASED, by seq - base_seq
+        self.live_count = 0
+        self.live_bytes = 0                 # on-disk bytes of live records
+        self.read_fd: int | None = None
+        self.compacting = False
+        self.unsynced = False               # sealed, its write fd not yet fsynced
+
+    @property
+    def end_seq(self) -> int:
+        """One past the highest seq this segment indexes."""
+        return self.base_seq + len(self.states)
+
+    def add(self, seq: int, offset: int, length: int) -> None:
+        gap = seq - self.end_seq
+        assert gap >= 0, (seq, self.end_seq)
+        if gap:
+            self.offsets.extend([0] * gap)
+            self.lengths.extend([0] * gap)
+            self.states.extend(bytes(gap))
+        self.offsets.append(offset)
+        self.lengths.append(length)
+        self.states.append(_LIVE)
+        self.live_count += 1
+        self.live_bytes += fmt.RECORD_HEADER_BYTES + length
+
+
+class SegmentLog:
+    """One directory of segment files. Opening it recovers it (see `recovery`)."""
+
+    def __init__(self, directory: str | os.PathLike, *,
+                 segment_bytes_max: int = SEGMENT_BYTES_MAX_DEFAULT,
+                 record_bytes_max: int | None = None,
+                 write_buffer_bytes_max: int = WRITE_BUFFER_BYTES_MAX_DEFAULT):
+        if not SEGMENT_BYTES_MAX_MIN <= segment_bytes_max <= SEGMENT_BYTES_MAX_LIMIT:
+            raise ValueError(f"segment_bytes_max={segment_bytes_max} is outside "
+                             f"[{SEGMENT_BYTES_MAX_MIN}, {SEGMENT_BYTES_MAX_LIMIT}]")
+        room = segment_bytes_max - fmt.SEGMENT_HEADER_BYTES - fmt.RECORD_HEADER_BYTES
+        if record_bytes_max is None:  # the default, or all an empty segment can hold
+            record_bytes_max = min(RECORD_BYTES_MAX_DEFAULT, room)
+        if not 0 <= record_bytes_max <= room:
+            raise ValueError(f"record_bytes_max={record_bytes_max} must fit an empty segment: "
+                             f"at most {room} with segment_bytes_max={segment_bytes_max}")
+        if write_buffer_bytes_max < 1:
+            raise ValueError("write_buffer_bytes_max must be positive")
+        self.directory = Path(directory)
+        self.segment_bytes_max = segment_bytes_max
+        self.record_bytes_max = record_bytes_max
+        self.write_buffer_bytes_max = write_buffer_bytes_max
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StoreError(f"Segment log {self.directory}: in use by another process") from None
+        self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+        # _lock guards everything below; _sync_lock makes syncs one at a time;
+        # _compact_lock makes compactions one at a time. Order: sync/compact, then _lock.
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._compact_lock = threading.Lock()
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []          # base_seq of each segment, for bisect
+        self._buf = bytearray()
+        self._buf_last_seq = 0
+        self._next_seq = 1
+        self._written_seq = 0                # highest seq whose bytes the OS has
+        self._durable_seq = 0                # highest seq fsynced
+        self._active: _Segment | None = None
+        self._active_fd = -1
+        self._sealed_unsynced: list[tuple[_Segment, int]] = []  # sealed segments' write fds
+        self._dir_dirty = False
+        self._failed: BaseException | None = None
+        self._closed = False
+        self.fsync_count = 0                 # syncs that reached the disk (a metric)
+        try:
+            self.recovery = self._recover()
+        except BaseException:
+            self._close_fds()
+            raise
+
+    # -- recovery -----------------------------------------------------------------
+
+    def _recover(self) -> RecoveryReport:
+        started = time.monotonic()
+        report = RecoveryReport()
+        entries: list[tuple[int, str]] = []
+        for name in sorted(os.listdir(self.directory)):
+            m = _SEGMENT_NAME.match(name)
+            if m:
+                entries.append((int(m.group(1)), name))
+            elif name.endswith(SEGMENT_SUFFIX + COMPACT_SUFFIX):
+                os.unlink(self.directory / name)
+                report.removed_files.append(name)
+                log.warning("Segment log %s: removed %s, the output of a compaction that did not finish",
+                            self.directory, name)
+            elif name != LOCK_FILE:
+                log.warning("Segment log %s: ignoring unknown file %s", self.directory, name)
+        entries.sort()
+
+        for i, (base_seq, name) in enumerate(entries):
+            last = i == len(entries) - 1
+            seq_limit = fmt.SEQ_MAX + 1 if last else entries[i + 1][0]
+            self._recover_segment(base_seq, name, seq_limit, last, report)
+
+        if not self._segments:
+            os.close(self._create_segment(1))
+        os.fsync(self._dir_fd)
+        self._dir_dirty = False
+        active = self._segments[-1]
+        self._active = active
+        self._active_fd = os.open(active.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._next_seq = active.end_seq
+        self._written_seq = self._durable_seq = self._buf_last_seq = self._next_seq - 1
+
+        report.segments = len(self._segments)
+        report.duration_ms = (time.monotonic() - started) * 1000
+        if report.records:
+            log.info("Segment log %s: recovered %d records in %d segments (seq %d..%d) in %.1f ms",
+                     self.directory, report.records, report.segments, report.first_seq, report.last_seq,
+                     report.duration_ms)
+        return report
+
+    def _recover_segment(self, base_seq: int, name: str, seq_limit: int, last: bool,
+                         report: RecoveryReport) -> None:
+        path = self.directory / name
+        data = path.read_bytes()
+        header_base = fmt.decode_segment_header(data)
+        header_ok = header_base == base_seq
+        if not header_ok:
+            report.damaged_headers.append(name)
+            log.warning("Segment log %s: segment %s has a damaged header (%d bytes in file); "
+                        "scanning it for records", self.directory, name, len(data))
+        start = min(fmt.SEGMENT_HEADER_BYTES, len(data))
+        records, damage = fmt.scan_segment(data, start, self.record_bytes_max, base_seq, seq_limit)
+
+        valid_end = len(data)
+        if last and damage and damage[-1].offset + damage[-1].length == len(data):
+            torn = damage.pop()
+            valid_end = torn.offset
+            report.torn_tail = CorruptRegion(name, torn.offset, torn.length)
+        for d in damage:
+            region = CorruptRegion(name, d.offset, d.length)
+            report.corrupt.append(region)
+            if d.offset + d.length == len(data):
+                log.error("Segment log %s: corrupt data in segment %s from offset %d to its end "
+                          "(%d bytes skipped)", self.directory, name, d.offset, d.length)
+            else:
+                log.error("Segment log %s: corrupt data in segment %s at offset %d (%d bytes skipped); "
+                          "resynchronised at offset %d, the records after it are recovered",
+                          self.directory, name, d.offset, d.length, d.offset + d.length)
+
+        if last:
+            # The active segment: make it a clean append point.
+            if not header_ok and not records:
+                with open(path, "r+b") as f:
+                    f.truncate(0)
+                    f.write(fmt.encode_segment_header(base_seq))
+                    f.flush()
+                    os.fsync(f.fileno())
+                valid_end = fmt.SEGMENT_HEADER_BYTES
+            else:
+                if not header_ok:
+                    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                    try:
+                        os.pwrite(fd, fmt.encode_segment_header(base_seq), 0)
+                    finally:
+                        os.close(fd)
+                if report.torn_tail is not None:
+                    os.truncate(path, valid_end)
+            if report.torn_tail is not None:
+                log.warning("Segment log %s: truncated torn tail at offset %d (%d bytes) in segment %s",
+                            self.directory, report.torn_tail.offset, report.torn_tail.length, name)
+
+        seg = _Segment(base_seq, path, valid_end)
+        for rec in records:
+            seg.add(rec.seq, rec.offset, rec.length)
+        # Records read back from the page cache after a kill -9 may not be on the disk yet:
+        # make them so before anyone relies on them.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._segments.append(seg)
+        self._bases.append(base_seq)
+        if records:
+            report.records += len(records)
+            if report.first_seq is None:
+                report.first_seq = records[0].seq
+            report.last_seq = records[-1].seq
+
+    def _create_segment(self, base_seq: int) -> int:
+        """Create an empty segment file; return its write fd. Caller holds _lock (or is __init__)."""
+        path = self.directory / segment_name(base_seq)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            _write_all(fd, fmt.encode_segment_header(base_seq))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._segments.append(_Segment(base_seq, path, fmt.SEGMENT_HEADER_BYTES))
+        self._bases.append(base_seq)
+        self._dir_dirty = True
+        return fd
+
+    # -- writing --------------------------------------------------------------------
+
+    def append(self, payload: bytes | bytearray | memoryview, key: int = 0) -> int:
+        """Buffer one record and return its seq. Nothing is written to the OS yet unless
+        the buffer is full; nothing is durable until a `sync()` returns a seq >= this one."""
+        length = len(payload)
+        if length > self.record_bytes_max:
+            raise RecordTooLarge(f"Segment log {self.directory}: record of {length} bytes is over "
+                                 f"record_bytes_max={self.record_bytes_max}")
+        if not 0 <= key <= fmt.KEY_MAX:
+            raise ValueError(f"key {key} is outside [0, 2**64)")
+        size = fmt.RECORD_HEADER_BYTES + length
+        with self._lock:
+            self._check_writable()
+            seg = self._active
+            if seg.size_bytes + size > self.segment_bytes_max and seg.states:
+                self._roll()
+                seg = self._active
+            seq = self._next_seq
+            assert seq == seg.end_seq, (seq, seg.end_seq)
+            header = fmt.encode_record_header(seq, key, payload)
+            buf = self._buf
+            buf += header
+            buf += payload
+            seg.add(seq, seg.size_bytes, length)
+            seg.size_bytes += size
+            self._next_seq = seq + 1
+            self._buf_last_seq = seq
+            if len(buf) >= self.write_buffer_bytes_max:
+                self._write_buffer()
+            return seq
+
+    def flush(self) -> int:
+        """Hand buffered records to the OS (one write). Returns the highest written seq."""
+        with self._lock:
+            self._check_writable()
+            self._write_buffer()
+            return self._written_seq
+
+    def sync(self) -> int:
+        """Make every record written so far durable; return the highest durable seq.
+
+        Safe to call from a worker thread while another thread appends. One sync runs at
+        a time. The returned seq covers only records whose bytes were written before the
+        fsync started; records appended meanwhile wait for the next sync.
+        """
+        with self._sync_lock:
+            with self._lock:
+                self._check_writable()
+                self._write_buffer()
+                upto = self._written_seq
+                sealed, self._sealed_unsynced = self._sealed_unsynced, []
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
+                active_fd = self._active_fd
+                if upto == self._durable_seq and not sealed and not dir_dirty:
+                    return upto
+            try:
+                for _seg, fd in sealed:
+                    _fdatasync(fd)
+                _fdatasync(active_fd)
+                if dir_dirty:
+                    os.fsync(self._dir_fd)
+                self.fsync_count += 1
+            except OSError as e:
+                with self._lock:
+                    self._fail(e, "fsync")
+                raise StoreFailed(f"Segment log {self.directory}: fsync failed: {e}") from e
+            finally:
+                for _seg, fd in sealed:
+                    os.close(fd)
+            with self._lock:
+                for seg, _fd in sealed:
+                    seg.unsynced = False
+                if upto > self._durable_seq:
+                    self._durable_seq = upto
+                return self._durable_seq
+
+    def _write_buffer(self) -> None:
+        """Caller holds _lock."""
+        buf = self._buf
+        if not buf:
+            return
+        try:
+            _write_all(self._active_fd, buf)
+        except OSError as e:
+            self._fail(e, "write")
+            raise StoreFailed(f"Segment log {self.directory}: write failed: {e}") from e
+        buf.clear()
+        self._written_seq = self._buf_last_seq
+
+    def _roll(self) -> None:
+        """Seal the active segment and start a new one. Caller holds _lock."""
+        self._write_buffer()
+        old = self._active
+        old.unsynced = True
+        self._sealed_unsynced.append((old, self._active_fd))
+        try:
+            self._active_fd = self._create_segment(self._next_seq)
+        except OSError as e:
+            self._active_fd = -1
+            self._fail(e, "segment creation")
+            raise StoreFailed(f"Segment log {self.directory}: could not create a segment: {e}") from e
+        self._active = self._segments[-1]
+        if old.live_count == 0 and not old.compacting:
+            self._delete(old)
+
+    def _fail(self, e: BaseException, what: str) -> None:
+        if self._failed is None:
+            self._failed = e
+            log.error("Segment log %s: %s failed (%s); refusing further writes until the log is reopened "
+                      "and recovered", self.directory, what, e)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StoreClosed(f"Segment log {self.directory}: closed")
+        if self._failed is not None:
+            raise StoreFailed(f"Segment log {self.directory}: failed earlier ({self._failed}); reopen it")
+
+    # -- settling ---------------------------------------------------------------------
+
+    def release(self, seq: int) -> None:
+        """The record `seq` is settled: the log may drop it. A sealed segment whose records
+        are all released is deleted now. Releases are not persisted (see the module doc)."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosed(f"Segment log {self.directory}: closed")
+            seg, i = self._locate(seq)
+            if seg.states[i] != _LIVE:
+                what = "already released" if seg.states[i] == _RELEASED else "not in the log"
+                raise UnknownRecord(f"record {seq} is {what}")
+            seg.states[i] = _RELEASED
+            seg.live_count -= 1
+            seg.live_bytes -= fmt.RECORD_HEADER_BYTES + seg.lengths[i]
+            if seg.live_count == 0 and seg is not self._active and not seg.compacting:
+                self._delete(seg)
+
+    def contains(self, seq: int) -> bool:
+        """True while the record `seq` is on disk (live, or released but not yet removed)."""
+        with self._lock:
+            try:
+                seg, i = self._locate(seq)
+            except UnknownRecord:
+                return False
+            return seg.states[i] != _ABSENT
+
+    def is_live(self, seq: int) -> bool:
+        with self._lock:
+            try:
+                seg, i = self._locate(seq)
+            except UnknownRecord:
+                return False
+            return seg.states[i] == _LIVE
+
+    def _locate(self, seq: int) -> tuple[_Segment, int]:
+        j = bisect.bisect_right(self._bases, seq) - 1
+        if j >= 0:
+            seg = self._segments[j]
+            if seq < seg.end_seq:
+                return seg, seq - seg.base_seq
+        raise UnknownRecord(f"record {seq} is not in the log")
+
+    def _delete(self, seg: _Segment) -> None:
+        """Remove a sealed segment's file and index. Caller holds _lock. A write fd still
+        waiting for its fsync is left to sync(), which closes it."""
+        assert seg is not self._active
+        j = self._segments.index(seg)
+        del self._segments[j]
+        del self._bases[j]
+        if seg.read_fd is not None:
+            os.close(seg.read_fd)
+            seg.read_fd = None
+        try:
+            os.unlink(seg.path)
+        except FileNotFoundError:
+            pass
+        self._dir_dirty = True
+        log.debug("Segment log %s: deleted segment %s, all its records settled", self.directory, seg.path.name)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def read(self, seq: int) -> Record:
+        """The record `seq`, read from its segment and checked against its CRC."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosed(f"Segment log {self.directory}: closed")
+            seg, i = self._locate(seq)
+            if seg.states[i] == _ABSENT:
+                raise UnknownRecord(f"record {seq} is not in the log")
+            if seg is self._active and seq > self._written_seq:
+                self._check_writable()
+                self._write_buffer()
+            offset, length = seg.offsets[i], seg.lengths[i]
+            data = os.pread(self._read_fd(seg), fmt.RECORD_HEADER_BYTES + length, offset)
+        rec = fmt.decode_record_at(data, 0, self.record_bytes_max)
+        if rec is None or rec.seq != seq or rec.length != length:
+            log.error("Segment log %s: record %d in segment %s at offset %d fails its check",
+                      self.directory, seq, seg.path.name, offset)
+            raise StoreError(f"Segment log {self.directory}: record {seq} in segment {seg.path.name} "
+                             f"at offset {offset} is corrupt")
+        return Record(seq, rec.key, data[fmt.RECORD_HEADER_BYTES:])
+
+    def _read_fd(self, seg: _Segment) -> int:
+        if seg.read_fd is None:
+            seg.read_fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+        return seg.read_fd
+
+    def replay(self, key: int | None = None) -> Iterator[Record]:
+        """Every live record in seq order (only those with `key`, when given). Meant for
+        start-up, after recovery; it reads one segment at a time."""
+        with self._lock:
+            segments = list(self._segments)
+        for seg in segments:
+            with self._lock:
+                if self._closed:
+                    raise StoreClosed(f"Segment log {self.directory}: closed")
+                if seg.base_seq not in self._bases or seg.live_count == 0:
+                    continue
+                if seg is self._active:
+                    self._check_writable()
+                    self._write_buffer()
+                entries = [(seg.base_seq + i, seg.offsets[i], seg.lengths[i])
+                           for i, st in enumerate(seg.states) if st == _LIVE]
+                size = seg.size_bytes
+                data = os.pread(self._read_fd(seg), size, 0)
+            view = memoryview(data)
+            for seq, offset, length in entries:
+                _seq, rec_key = fmt.record_seq_key(data, offset)
+                if key is not None and rec_key != key:
+                    continue
+                start = offset + fmt.RECORD_HEADER_BYTES
+                yield Record(seq, rec_key, bytes(view[start:start + length]))
+
+    # -- compaction ---------------------------------------------------------------------
+
+    def compact(self, live_ratio_max: float = 0.5, rewrite_bytes_max: int | None = None) -> CompactionReport:
+        """Rewrite sealed segments whose live bytes are under `live_ratio_max` of their
+        records' bytes, keeping only the live records (same seqs). At most
+        `rewrite_bytes_max` live bytes are copied per call (default: one segment's worth).
+        Safe to call from a worker thread; appends, releases and reads go on meanwhile.
+        """
+        budget = self.segment_bytes_max if rewrite_bytes_max is None else rewrite_bytes_max
+        report = CompactionReport()
+        with self._compact_lock:
+            with self._lock:
+                if self._closed or self._failed is not None:
+                    return report
+                candidates = []
+                for seg in self._segments:
+                    body = seg.size_bytes - fmt.SEGMENT_HEADER_BYTES
+                    if (seg is self._active or seg.unsynced or seg.compacting or body <= 0
+                            or seg.live_bytes >= live_ratio_max * body):
+                        continue
+                    candidates.append((seg.live_bytes / body, seg))
+                candidates.sort(key=lambda c: c[0])
+                chosen = []
+                for _ratio, seg in candidates:
+                    if chosen and seg.live_bytes > budget:
+                        break
+                    budget -= seg.live_bytes
+                    seg.compacting = True
+                    live = [(i, seg.offsets[i], seg.lengths[i])
+                            for i, st in enumerate(seg.states) if st == _LIVE]
+                    chosen.append((seg, live))
+            try:
+                for seg, live in chosen:
+                    kept, reclaimed = self._rewrite(seg, live)
+                    report.segments_rewritten += 1
+                    report.records_kept += kept
+                    report.bytes_reclaimed += reclaimed
+            finally:
+                with self._lock:
+                    for seg, _live in chosen:
+                        seg.compacting = False
+                        if seg.live_count == 0 and seg.base_seq in self._bases and not self._closed:
+                            self._delete(seg)
+                if chosen and not self._closed:
+                    os.fsync(self._dir_fd)
+        return report
+
+    def _rewrite(self, seg: _Segment, live: list[tuple[int, int, int]]) -> tuple[int, int]:
+        """Write the live records of a sealed segment to a new file and swap it in."""
+        src = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.pread(src, seg.size_bytes, 0)
+        finally:
+            os.close(src)
+        out = bytearray(fmt.encode_segment_header(seg.base_seq))
+        new_offsets: list[tuple[int, int]] = []
+        for i, offset, length in live:
+            end = offset + fmt.RECORD_HEADER_BYTES + length
+            rec = fmt.decode_record_at(data, offset, self.record_bytes_max)
+            if rec is None or rec.seq != seg.base_seq + i:
+                raise StoreError(f"Segment log {self.directory}: record {seg.base_seq + i} in segment "
+                                 f"{seg.path.name} at offset {offset} is corrupt; not compacting it")
+            new_offsets.append((i, len(out)))
+            out += data[offset:end]
+        tmp = seg.path.with_name(seg.path.name + COMPACT_SUFFIX)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            _write_all(fd, out)
+            _fdatasync(fd)
+        finally:
+            os.close(fd)
+        with self._lock:
+            if self._closed or seg.base_seq not in self._bases:
+                os.unlink(tmp)
+                return 0, 0
+            os.rename(tmp, seg.path)
+            kept = {i for i, _ in new_offsets}
+            for i, st in enumerate(seg.states):
+                if st == _RELEASED and i not in kept:
+                    seg.states[i] = _ABSENT  # released before the copy: not in the new file
+            for i, offset in new_offsets:
+                seg.offsets[i] = offset
+            reclaimed = seg.size_bytes - len(out)
+            seg.size_bytes = len(out)
+            if seg.read_fd is not None:
+                os.close(seg.read_fd)
+                seg.read_fd = None
+        log.info("Segment log %s: compacted segment %s: kept %d records, reclaimed %d bytes",
+                 self.directory, seg.path.name, len(new_offsets), reclaimed)
+        return len(new_offsets), reclaimed
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def last_seq(self) -> int:
+        """The highest seq appended (0 when none ever was)."""
+        return self._next_seq - 1
+
+    @property
+    def written_seq(self) -> int:
+        return self._written_seq
+
+    @property
+    def durable_seq(self) -> int:
+        return self._durable_seq
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def live_records(self) -> int:
+        with self._lock:
+            return sum(s.live_count for s in self._segments)
+
+    def segment_names(self) -> list[str]:
+        with self._lock:
+            return [s.path.name for s in self._segments]
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync what was appended (unless the log failed) and release the files."""
+        if self._closed:
+            return
+        if self._failed is None:
+            self.sync()
+        with self._compact_lock, self._sync_lock, self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close_fds()
+
+    def _close_fds(self) -> None:
+        for _seg, fd in self._sealed_unsynced:
+            os.close(fd)
+        self._sealed_unsynced = []
+        for seg in self._segments:
+            if seg.read_fd is not None:
+                os.close(seg.read_fd)
+                seg.read_fd = None
+        if self._active_fd >= 0:
+            os.close(self._active_fd)
+            self._active_fd = -1
+        if getattr(self, "_dir_fd", -1) >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    def __enter__(self) -> SegmentLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    written = os.write(fd, data)
+    if written == len(data):
+        return
+    view = memoryview(data)
+    try:
+        while written < len(data):
+            n = os.write(fd, view[written:])
+            if n == 0:
+                raise OSError("write returned 0")
+            written += n
+    finally:
+        view.release()
