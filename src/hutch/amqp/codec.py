@@ -132,7 +132,7 @@ def decode_method(payload: bytes) -> PamqpMethod:
         method.unmarshal(payload[4:])
     except (struct.error, ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError, RecursionError) as e:
         # RecursionError: tables nested deeper than pamqp's recursive decoder can follow
-        raise spec.AMQPError(spec.SYNTAX_ERROR, f"malformed {cls.name}: {e}",
+        raise spec.AMQPError(spec.FRAME_ERROR, f"cannot decode the arguments of {cls.name}: {e}",
                              index >> 16, index & 0xFFFF) from None
     return method
 

@@ -430,7 +430,7 @@ class Connection:
 
     def _handshake(self, ftype: int, ch: int, payload: bytes) -> Event | None:
         if ftype != spec.FRAME_METHOD or ch != 0:
-            raise spec.AMQPError(spec.COMMAND_INVALID, f"frame type {ftype} on channel {ch} before the "
+            raise spec.AMQPError(spec.UNEXPECTED_FRAME, f"frame type {ftype} on channel {ch} before the "
                                  "connection is open")
         method = codec.decode_method(payload)
         name = method.name

@@ -271,11 +271,14 @@ class Broker:
         return vhost in user.permissions
 
     def check_permission(self, user: User, vhost: str, perm: str, kind: str, name: str) -> None:
+        """RabbitMQ's rule: the permission's regex must match somewhere in the resource name
+        (an unanchored search; write ^...$ to anchor), and the empty regex grants nothing. The
+        default exchange is named 'amq.default' for this check."""
         perms = user.permissions.get(vhost)
         resource = "amq.default" if kind == "exchange" and name == "" else name
-        if perms is None or not perms[_PERM_INDEX[perm]].fullmatch(resource) and \
-                not perms[_PERM_INDEX[perm]].match(resource):
-            raise AMQPError(spec.ACCESS_REFUSED, f"access to {kind} '{name}' in vhost '{vhost}' refused for "
+        pattern = perms[_PERM_INDEX[perm]] if perms is not None else None
+        if pattern is None or not pattern.pattern or pattern.search(resource) is None:
+            raise AMQPError(spec.ACCESS_REFUSED, f"access to {kind} '{resource}' in vhost '{vhost}' refused for "
                             f"user '{user.name}'")
 
     # ---------------------------------------------------------------- definitions

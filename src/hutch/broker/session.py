@@ -57,6 +57,7 @@ class Session:
         self.exclusive_queues: list = []
         self._ctag_counter = 0
         self._confirm_channels: set[Channel] = set()
+        self._write_ok: set[str] = set()  # exchanges this user may publish to (checked once)
         self.output_pending = False
         self.transport_hooks: Any = None  # set by the runtime: pause/resume reading, close
         self.stats_recv_msgs = 0
@@ -277,6 +278,9 @@ class Session:
             raise not_found(f"no exchange '{ev.exchange}' in vhost '{vhost.name}'")
         if x.internal:
             raise access_refused(f"cannot publish to internal exchange '{ev.exchange}' in vhost '{vhost.name}'")
+        if ev.exchange not in self._write_ok:
+            self.broker.check_permission(self.user, vhost.name, "write", "exchange", ev.exchange)
+            self._write_ok.add(ev.exchange)
         self.stats_recv_msgs += 1
         broker = self.broker
         if broker.blocking and not self.blocked:

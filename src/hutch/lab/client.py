@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -239,7 +238,6 @@ class Channel:
         self._rpc: tuple[tuple[type, ...], asyncio.Future] | None = None
         self._rpc_lock = asyncio.Lock()
         self._ack_upto = 0
-        self._ack_header = _frame_header.pack(FRAME_METHOD, number, 13)
 
     # -- synchronous methods ---------------------------------------------------------
 
@@ -567,10 +565,11 @@ class Connection(asyncio.Protocol):
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         if self._pending_acks:
+            self._flush_scheduled = True  # the acks below join this write, not a new one
             for ch in list(self._pending_acks):
                 ch._flush_ack()
+        self._flush_scheduled = False
         if self._out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(self._out)
             self._tx_count += 1
@@ -876,7 +875,3 @@ def _negotiate(server: int, client: int) -> int:
         return max(server, client)
     return min(server, client)
 
-
-def now_ns() -> int:
-    """The clock stamped into message bodies: wall-clock ns, comparable across processes."""
-    return time.time_ns()

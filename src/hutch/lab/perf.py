@@ -162,8 +162,11 @@ class Client:
     def name(self) -> str:
         return f"{self.cfg.run_id}-{self.kind}-{self.index}"
 
-    async def connect(self, first: bool) -> Connection:
-        """Connect to this client's URI; with reconnect on, try them all in turn with backoff."""
+    async def connect(self, first: bool) -> Connection | None:
+        """Connect to this client's URI; with reconnect on, try them all in turn with backoff.
+
+        None when the run stopped before a connection could be made.
+        """
         uris = self.cfg.uris
         if not self.cfg.reconnect:
             conn = await Connection.connect(uris[self.uri_index], heartbeat_s=self.cfg.heartbeat_s,
@@ -181,14 +184,17 @@ class Client:
                 attempt += 1
                 if attempt % len(uris) == 0:
                     if await self.worker.stopped_within(delay_s):
-                        raise asyncio.CancelledError from None
+                        return None
                     delay_s = min(delay_s * 2, RECONNECT_DELAY_MAX_S)
                 continue
-            self.node = client_node(uris[i])
+            node = client_node(uris[i])
             if self.history is not None:
-                self.history.node = self.node
+                if node != self.node:
+                    self.history.flush()  # the rows so far were recorded on the old node
+                    self.history.node = node
                 if not first:
-                    self.history.record("reconnect", self.queue, detail=self.node)
+                    self.history.record("reconnect", self.queue, detail=node)
+            self.node = node
             self.connection = conn
             return conn
 
@@ -199,9 +205,8 @@ class Client:
     async def run(self) -> None:
         first = True
         while not self.worker.stopping.done():
-            try:
-                conn = await self.connect(first)
-            except asyncio.CancelledError:
+            conn = await self.connect(first)
+            if conn is None:
                 return
             first = False
             try:
