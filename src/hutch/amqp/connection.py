@@ -470,6 +470,8 @@ class Connection:
                 if len(parts) != 3:
                     raise ValueError
                 username, password = parts[1].decode(), parts[2].decode()
+            elif mech == "EXTERNAL":
+                pass  # the identity comes from the TLS client certificate, not the response
             elif mech == "AMQPLAIN":
                 _n, table = decode.field_table(_i.pack(len(response)) + response)
                 username, password = str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))

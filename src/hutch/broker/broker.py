@@ -63,6 +63,15 @@ class Config:
     default_vhost: str = "/"
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
     socket_write_buffer_high_bytes: int = 1024 * 1024
+    auth_mechanisms: list[str] = field(default_factory=lambda: ["PLAIN", "AMQPLAIN"])
+    # TLS (AMQPS): a listener starts when a certificate and key are configured
+    amqps_port: int = 5671
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    tls_cacertfile: str | None = None
+    tls_verify_peer: bool = False
+    tls_fail_if_no_peer_cert: bool = False
+    ssl_cert_login_from: str = "distinguished_name"  # or common_name (EXTERNAL mechanism)
     cluster_name: str = ""
 
     @classmethod
@@ -266,6 +275,19 @@ class Broker:
             log.error("User '%s' can only connect via localhost", username)
             return None
         return user
+
+    def authenticate_external(self, cert: dict | None) -> tuple[str, User | None]:
+        """EXTERNAL: the identity is the client certificate's subject (its DN, or its CN)."""
+        if not cert:
+            return "", None
+        subject = [rdn for rdns in cert.get("subject", ()) for rdn in rdns]
+        if self.config.ssl_cert_login_from == "common_name":
+            name = next((v for k, v in subject if k == "commonName"), "")
+        else:
+            short = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+                     "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST"}
+            name = ",".join(f"{short.get(k, k)}={v}" for k, v in reversed(subject))
+        return name, self.users.get(name)
 
     def may_access_vhost(self, user: User, vhost: str) -> bool:
         return vhost in user.permissions

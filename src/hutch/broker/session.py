@@ -38,14 +38,18 @@ def _bool_text(v: bool) -> str:
 
 
 class Session:
-    def __init__(self, broker: Broker, peer: str, local: str):
+    def __init__(self, broker: Broker, peer: str, local: str, tls: bool = False, peer_cert: dict | None = None):
         self.broker = broker
         self.peer = peer
         self.local = local
         self.name = f"{peer} -> {local}"
-        self.proto = Connection(broker.server_properties(), channel_max=broker.config.channel_max,
-                                frame_max=broker.config.frame_max, heartbeat_s=broker.config.heartbeat_s,
-                                message_bytes_max=broker.config.max_message_size)
+        self.tls = tls
+        self.peer_cert = peer_cert
+        cfg = broker.config
+        mechanisms = tuple(m for m in cfg.auth_mechanisms if m != "EXTERNAL" or tls)
+        self.proto = Connection(broker.server_properties(), channel_max=cfg.channel_max,
+                                frame_max=cfg.frame_max, heartbeat_s=cfg.heartbeat_s,
+                                message_bytes_max=cfg.max_message_size, mechanisms=mechanisms)
         self.user = None
         self.username = ""
         self.vhost: VHost | None = None
@@ -209,7 +213,10 @@ class Session:
     # ---------------------------------------------------------------- connection level
 
     def on_authenticate(self, ev: events.Authenticate) -> None:
-        user = self.broker.authenticate(ev.username, ev.password, self.peer)
+        if ev.mechanism == "EXTERNAL":
+            ev.username, user = self.broker.authenticate_external(self.peer_cert)
+        else:
+            user = self.broker.authenticate(ev.username, ev.password, self.peer)
         if user is None:
             log.error("Error on AMQP connection %s (%s, state: starting):\n%s login refused: user '%s' - "
                       "invalid credentials", id(self), self.name, ev.mechanism, ev.username)

@@ -20,10 +20,17 @@ from hutch.server.config import ConfigError, apply_file, parse_bytes
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="A configuration file in rabbitmq.conf's key = value format.")
 @click.option("--heartbeat", type=int, default=None, help="Heartbeat timeout offered to clients, seconds.")
+@click.option("--amqps-port", type=int, default=None, help="AMQPS (TLS) listener port (default 5671).")
+@click.option("--tls-cert", default=None, help="Server certificate (PEM); enables the AMQPS listener.")
+@click.option("--tls-key", default=None, help="Server private key (PEM).")
+@click.option("--tls-ca", default=None, help="CA certificates (PEM) to verify client certificates.")
+@click.option("--tls-verify-peer/--no-tls-verify-peer", default=None, help="Ask clients for a certificate.")
+@click.option("--tls-fail-if-no-peer-cert/--no-tls-fail-if-no-peer-cert", default=None,
+              help="With --tls-verify-peer: refuse clients without a certificate.")
 @click.option("--vm-memory-high-watermark-bytes", default=None,
               help="Memory alarm threshold, absolute (e.g. 2GB); overrides the relative one.")
-def cli(node_name, amqp_port, amqp_host, data_dir, log_level, config_file, heartbeat,
-        vm_memory_high_watermark_bytes) -> None:
+def cli(node_name, amqp_port, amqp_host, data_dir, log_level, config_file, heartbeat, amqps_port, tls_cert,
+        tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, vm_memory_high_watermark_bytes) -> None:
     """Run a hutch node."""
     from hutch.server.runtime import run_node
 
@@ -36,7 +43,10 @@ def cli(node_name, amqp_port, amqp_host, data_dir, log_level, config_file, heart
     except (ConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     for attr, value in (("node_name", node_name), ("amqp_port", amqp_port), ("amqp_host", amqp_host),
-                        ("data_dir", data_dir), ("log_level", log_level), ("heartbeat_s", heartbeat)):
+                        ("data_dir", data_dir), ("log_level", log_level), ("heartbeat_s", heartbeat),
+                        ("amqps_port", amqps_port), ("tls_certfile", tls_cert), ("tls_keyfile", tls_key),
+                        ("tls_cacertfile", tls_ca), ("tls_verify_peer", tls_verify_peer),
+                        ("tls_fail_if_no_peer_cert", tls_fail_if_no_peer_cert)):
         if value is not None:
             setattr(cfg, attr, value)
     if "@" not in cfg.node_name:

@@ -10,6 +10,11 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     default_vhost = /                       loopback_users.guest = true | false
     log.console.level = info                node_name = hutch@localhost
     data_dir = ./var/hutch
+    listeners.ssl.default = 5671            ssl_options.certfile = server.pem
+    ssl_options.keyfile = server.key        ssl_options.cacertfile = ca.pem
+    ssl_options.verify = verify_peer        ssl_options.fail_if_no_peer_cert = true
+    auth_mechanisms.1 = PLAIN               auth_mechanisms.2 = EXTERNAL
+    ssl_cert_login_from = common_name
 
 An unknown key or a bad value is an error that names the line.
 """
@@ -34,6 +39,14 @@ def parse_bytes(text: str) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"not a size: {text!r}")
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("true", "yes"):
+        return True
+    if value.lower() in ("false", "no"):
+        return False
+    raise ValueError("expected true or false")
 
 
 def _listener_port(value: str) -> tuple[str | None, int]:
@@ -87,6 +100,32 @@ def _apply(cfg: Config, key: str, value: str) -> None:
             raise ValueError("expected true or false")
     elif key == "loopback_users" and value.lower() == "none":
         cfg.loopback_users = []
+    elif key == "listeners.ssl.default":
+        host, port = _listener_port(value)
+        cfg.amqps_port = port
+    elif key == "ssl_options.certfile":
+        cfg.tls_certfile = value
+    elif key == "ssl_options.keyfile":
+        cfg.tls_keyfile = value
+    elif key == "ssl_options.cacertfile":
+        cfg.tls_cacertfile = value
+    elif key == "ssl_options.verify":
+        if value not in ("verify_peer", "verify_none"):
+            raise ValueError("expected verify_peer or verify_none")
+        cfg.tls_verify_peer = value == "verify_peer"
+    elif key == "ssl_options.fail_if_no_peer_cert":
+        cfg.tls_fail_if_no_peer_cert = _bool(value)
+    elif key == "ssl_cert_login_from":
+        if value not in ("distinguished_name", "common_name"):
+            raise ValueError("expected distinguished_name or common_name")
+        cfg.ssl_cert_login_from = value
+    elif key.startswith("auth_mechanisms."):
+        if value not in ("PLAIN", "AMQPLAIN", "EXTERNAL"):
+            raise ValueError(f"unknown mechanism {value}")
+        if key == "auth_mechanisms.1":
+            cfg.auth_mechanisms = []
+        if value not in cfg.auth_mechanisms:
+            cfg.auth_mechanisms.append(value)
     elif key == "log.console.level":
         cfg.log_level = value
     else:

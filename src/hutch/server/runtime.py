@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 
 import psutil
@@ -36,10 +37,11 @@ CLOSE_OK_WAIT_S = 3.0
 
 
 class AMQPProtocol(asyncio.Protocol):
-    __slots__ = ("node", "transport", "session", "_hb_handle", "_closing")
+    __slots__ = ("node", "transport", "session", "_hb_handle", "_closing", "tls")
 
-    def __init__(self, node: Node):
+    def __init__(self, node: Node, tls: bool = False):
         self.node = node
+        self.tls = tls
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self._hb_handle: asyncio.TimerHandle | None = None
@@ -57,7 +59,12 @@ class AMQPProtocol(asyncio.Protocol):
         local = transport.get_extra_info("sockname") or ("?", 0)
         high = self.node.config.socket_write_buffer_high_bytes
         transport.set_write_buffer_limits(high=high, low=high // 4)
-        s = Session(self.node.broker, f"{peer[0]}:{peer[1]}", f"{local[0]}:{local[1]}")
+        cert = None
+        if self.tls:
+            ssl_obj = transport.get_extra_info("ssl_object")
+            cert = ssl_obj.getpeercert() if ssl_obj is not None else None
+        s = Session(self.node.broker, f"{peer[0]}:{peer[1]}", f"{local[0]}:{local[1]}", tls=self.tls,
+                    peer_cert=cert)
         s.transport_hooks = self
         self.session = s
         self.node.broker.session_opened(s)
@@ -165,6 +172,27 @@ class Node:
         self.protocols.add(p)
         return p
 
+    def _tls_protocol(self) -> AMQPProtocol:
+        p = AMQPProtocol(self, tls=True)
+        self.protocols.add(p)
+        return p
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The AMQPS listener's context, from ssl_options (None when no certificate is set)."""
+        cfg = self.config
+        if not cfg.tls_certfile or not cfg.tls_keyfile:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(cfg.tls_certfile, cfg.tls_keyfile)
+        if cfg.tls_cacertfile:
+            ctx.load_verify_locations(cfg.tls_cacertfile)
+        if cfg.tls_verify_peer:
+            ctx.verify_mode = ssl.CERT_REQUIRED if cfg.tls_fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+        else:
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
@@ -182,6 +210,15 @@ class Node:
         for sock in server.sockets:
             addr = sock.getsockname()
             log.info("started TCP listener on %s:%s", addr[0], addr[1])
+        ctx = self.tls_context()
+        if ctx is not None:
+            tls_server = await self.loop.create_server(self._tls_protocol, host=self.config.amqp_host or None,
+                                                       port=self.config.amqps_port, reuse_address=True,
+                                                       backlog=1024, ssl=ctx)
+            self.servers.append(tls_server)
+            for sock in tls_server.sockets:
+                addr = sock.getsockname()
+                log.info("started TLS (SSL) listener on %s:%s", addr[0], addr[1])
         self._baseline_rss = self._proc.memory_info().rss
         self._tick_task = self.loop.call_later(0.1, self._tick)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
