@@ -116,10 +116,17 @@ class Session:
     # ---------------------------------------------------------------- input
 
     def receive(self, data: bytes) -> None:
-        """Feed bytes from the socket; handle every event they make."""
+        """Feed bytes from the socket; handle every event they make. A fault in hutch itself
+        closes this connection with 541 INTERNAL_ERROR and is logged; the node carries on."""
         handle = self.handle
-        for ev in self.proto.receive_data(data):
-            handle(ev)
+        try:
+            for ev in self.proto.receive_data(data):
+                handle(ev)
+        except Exception:
+            log.exception("Error on AMQP connection %s (%s): internal error; closing the connection",
+                          id(self), self.name)
+            self.proto.close(spec.INTERNAL_ERROR, "internal error")
+            self.teardown()
         if self.proto.has_output and not self.output_pending:
             self.output_pending = True
             self.broker.output_due(self)
