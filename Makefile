@@ -34,6 +34,9 @@ lint: install
 bench: install
 	$(BIN)/python bench/compare
 
+soak: install
+	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000
+
 conformance: install
 	$(BIN)/python -m tests.conformance.run --both
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import results as R
@@ -84,7 +85,7 @@ def print_run(run: list[R.SuiteResult], title: str, failures_shown_max: int = 8)
     console.print("passing* = passed and not on flaky.txt")
     for res in run:
         if res.status != R.RAN and res.note:
-            console.print(f"[bold]{res.suite}[/]: {res.status}: {res.note}", markup=False)
+            console.print(f"[bold]{res.suite}[/]: {escape(res.status)}: {escape(res.note)}")
         bad = [t for t, o in res.tests.items() if o in ("failed", "error")]
         for t in bad[:failures_shown_max]:
             first = (res.messages.get(t, "").strip().splitlines() or [""])[-1]

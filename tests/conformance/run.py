@@ -6,7 +6,7 @@
     python -m tests.conformance.run --both                # RabbitMQ, then hutch; writes docs/compatibility.md
     python -m tests.conformance.run --broker hutch --update-expected
     python -m tests.conformance.run --broker hutch --check-expected   # exit 1 if an expected test failed
-    python -m tests.conformance.run --doc-only
+    python -m tests.conformance.run --doc-only [--update-expected]  # from the recorded results
 
 Each suite gets a fresh node (hutch and RabbitMQ targets), its outcomes go to
 tests/conformance/results/<broker>.json (merged suite by suite), and a table of counts is
@@ -38,7 +38,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="rewrite expected/<suite>.txt from this hutch run (passed, less flaky)")
     p.add_argument("--check-expected", action="store_true",
                    help="exit 1 when a test on expected/<suite>.txt did not pass against hutch")
-    p.add_argument("--doc-only", action="store_true", help="only regenerate docs/compatibility.md")
+    p.add_argument("--doc-only", action="store_true",
+                   help="run nothing: regenerate docs/compatibility.md (and, with --update-expected,"
+                        " the expected lists) from results/")
     p.add_argument("--no-save", action="store_true", help="do not write results/<broker>.json")
     args = p.parse_args(argv)
     args.suite_names = [s.strip() for s in args.suites.split(",") if s.strip()]
@@ -94,6 +96,8 @@ def check_expected(run: list[R.SuiteResult]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.doc_only:
+        if args.update_expected:
+            update_expected([r for name, r in R.load_results("hutch").items() if name in args.suite_names])
         print(f"wrote {report.write_doc()}")
         return 0
     plan = [("rabbitmq", None), ("hutch", None)] if args.both else [(args.broker, args.mgmt_url)]

@@ -10,14 +10,17 @@ not start is reported with the end of its log, never as a test failure of the su
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from tests.support.brokers import HutchNode, RabbitMQNode
 
 from .suites import Endpoint, Suite
 
+NODE_LOGS = Path(__file__).resolve().parent / "cache" / "reports"
 LOG_TAIL_CHARS = 3000
 HUTCH_START_TIMEOUT_S = 30.0
 RABBITMQ_START_TIMEOUT_S = 120.0
@@ -58,6 +61,13 @@ def describe(host: str, port: int) -> str:
     return f"{props.get('product', '?')} {props.get('version', '?')}".strip()
 
 
+def _keep_log(path: Path, name: str) -> None:
+    """Keep a node's log beside the suite's reports: the node's own directory is removed."""
+    with contextlib.suppress(OSError):
+        NODE_LOGS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, NODE_LOGS / name)
+
+
 class HutchTarget:
     name = "hutch"
 
@@ -78,6 +88,8 @@ class HutchTarget:
             yield Endpoint(host=node.host, port=node.port,
                            mgmt_url=f"http://{node.host}:{http_port}" if http_port else None)
         finally:
+            node.stop()
+            _keep_log(node.log_path, f"hutch-{suite.name}.node.log")
             node.cleanup()
 
 

@@ -593,3 +593,32 @@ def test_content_header_bytes_come_back_unchanged(broker):
         c.expect(commands.Basic.GetOk)
         got = c.expect(ContentHeader)
     assert got.marshal() == sent.marshal()
+
+
+# -- direct reply-to ---------------------------------------------------------------------------
+
+def test_direct_reply_to_routes_the_reply_to_the_requesting_channel(conn, ch):
+    replies = Recorder()
+    ch.basic_consume("amq.rabbitmq.reply-to", replies, auto_ack=True)
+    server_q = ch.queue_declare("", exclusive=True).method.queue
+    ch.basic_publish("", server_q, b"request", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    _, props, _ = ch.basic_get(server_q, auto_ack=True)
+    assert props.reply_to.startswith("amq.rabbitmq.reply-to.")
+    conn.channel().basic_publish("", props.reply_to, b"response")
+    drain(conn, lambda: replies.deliveries, what="reply")
+    method, _, body = replies.deliveries[0]
+    assert (body, method.routing_key) == (b"response", props.reply_to)
+
+
+def test_direct_reply_to_needs_a_no_ack_consumer(conn):
+    ch = conn.channel()
+    code, text = channel_error(ch.basic_consume, "amq.rabbitmq.reply-to", Recorder(), auto_ack=False)
+    assert (code, text) == (406, "PRECONDITION_FAILED - reply consumer cannot acknowledge")
+
+
+def test_publishing_with_direct_reply_to_without_consuming_it_is_406(conn):
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.basic_publish("", q, b"request", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    code, text = channel_error(ch.queue_declare, "", exclusive=True)
+    assert (code, text) == (406, "PRECONDITION_FAILED - fast reply consumer does not exist")

@@ -376,3 +376,52 @@ def test_overflowed_message_is_dead_lettered_with_reason_maxlen(ch, names):
                                 what="dead-lettered message")
     assert body == b"old"
     assert props.headers["x-death"][0]["reason"] == "maxlen"
+
+
+def test_dead_lettering_without_a_routing_key_keeps_the_original_one(ch, names):
+    q, x = names.queue("work"), names.exchange("dlx")
+    ch.exchange_declare(x, "direct")
+    dlq = names.queue("dead")
+    ch.queue_declare(dlq)
+    ch.queue_bind(dlq, x, routing_key="orig.key")
+    ch.queue_declare(q, arguments={"x-dead-letter-exchange": x})
+    ch.queue_bind(q, "amq.direct", routing_key="orig.key")
+    ch.basic_publish("amq.direct", "orig.key", b"m")
+    method, _, _ = ch.basic_get(q)
+    ch.basic_nack(method.delivery_tag, requeue=False)
+    method, props, _ = drain(ch.connection, lambda: (r := ch.basic_get(dlq, auto_ack=True))[0] and r,
+                             what="dead-lettered message")
+    assert method.routing_key == "orig.key"
+    death = props.headers["x-death"][0]
+    assert (death["exchange"], death["routing-keys"], death["reason"]) == ("amq.direct", ["orig.key"], "rejected")
+
+
+def test_max_length_bytes_counts_body_bytes(ch, names):
+    q = names.queue()
+    ch.queue_declare(q, arguments={"x-max-length-bytes": 10})
+    for body in (b"aaaa", b"bbbb", b"cccc"):
+        ch.basic_publish("", q, body)
+    assert ch.queue_declare(q, passive=True).method.message_count == 2
+    assert ch.basic_get(q, auto_ack=True)[2] == b"bbbb"
+
+
+def test_queue_expires_after_being_unused(broker, ch, names):
+    q = names.queue()
+    ch.queue_declare(q, arguments={"x-expires": 200})
+    # a passive declare counts as use and renews the lease: look less often than it expires
+    wait_until(lambda: not queue_exists(broker, q), timeout_s=5, interval_s=0.5, what="queue expired")
+
+
+def test_single_active_consumer_gets_everything_until_it_cancels(conn, ch, names):
+    q = names.queue()
+    ch.queue_declare(q, arguments={"x-single-active-consumer": True})
+    first, second = [], []
+    t1 = ch.basic_consume(q, lambda c, m, _p, b: first.append(b), auto_ack=True)
+    ch.basic_consume(q, lambda c, m, _p, b: second.append(b), auto_ack=True)
+    for i in range(4):
+        ch.basic_publish("", q, str(i).encode())
+    drain(conn, lambda: len(first) == 4)
+    assert second == []
+    ch.basic_cancel(t1)
+    ch.basic_publish("", q, b"after")
+    drain(conn, lambda: second == [b"after"])

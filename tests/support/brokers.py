@@ -53,6 +53,14 @@ def amqp_ready(host: str, port: int) -> bool:
         return False
 
 
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def wait_until(cond, timeout_s: float, what: str, interval_s: float = 0.05, proc: subprocess.Popen | None = None):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -73,9 +81,10 @@ class HutchNode:
 
     def __init__(self, name: str = "hutch@localhost", amqp_port: int | None = None,
                  data_dir: str | os.PathLike | None = None, log_level: str = "info",
-                 extra_args: list[str] | None = None, env: dict | None = None):
+                 extra_args: list[str] | None = None, env: dict | None = None, mgmt_port: int | None = None):
         self.name = name
         self.amqp_port = amqp_port or free_port()
+        self.mgmt_port = free_port() if mgmt_port is None else mgmt_port  # 0: no management HTTP API
         self._tmp = None
         if data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="hutch-test-")
@@ -99,11 +108,19 @@ class HutchNode:
     def port(self) -> int:
         return self.amqp_port
 
+    @property
+    def http_port(self) -> int | None:
+        return self.mgmt_port or None
+
+    @property
+    def mgmt_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.mgmt_port}" if self.mgmt_port else None
+
     def start(self, timeout_s: float = 20.0) -> HutchNode:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "hutch", "server", "--node-name", self.name,
                "--amqp-port", str(self.amqp_port), "--data-dir", str(self.data_dir),
-               "--log-level", self.log_level, *self.extra_args]
+               "--log-level", self.log_level, "--mgmt-port", str(self.mgmt_port), *self.extra_args]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
         if self.env:
@@ -114,6 +131,9 @@ class HutchNode:
         logf.close()
         wait_until(lambda: amqp_ready("127.0.0.1", self.amqp_port), timeout_s,
                    f"hutch node {self.name} on {self.amqp_port}", proc=self.proc)
+        if self.mgmt_port:
+            wait_until(lambda: port_open("127.0.0.1", self.mgmt_port), timeout_s,
+                       f"hutch node {self.name} HTTP API on {self.mgmt_port}", proc=self.proc)
         return self
 
     def log(self) -> str:

@@ -23,7 +23,10 @@ from pamqp import header as pheader
 from hutch.amqp import codec, spec
 from hutch.amqp.events import Method
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# basic.recover-async is deprecated in 0-9-1 and pamqp says so each time one is built
+pytestmark = pytest.mark.filterwarnings("ignore:This command is deprecated in AMQP 0-9-1:DeprecationWarning")
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # ------------------------------------------------------------------ strategies
 
@@ -121,7 +124,7 @@ def test_codec_method_table_is_pamqps_whole_table():
 
 
 @pytest.mark.parametrize("index,cls", ALL_METHODS, ids=[c.name for _i, c in ALL_METHODS])
-@FAST
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_method_round_trips_through_method_frame_and_decode_method(index, cls, data):
     method = build(cls, data.draw(method_strategy(cls)))
@@ -158,18 +161,18 @@ def test_unknown_method_index_is_command_invalid():
     assert e.value.code == spec.COMMAND_INVALID
 
 
-def test_truncated_method_arguments_fail_only_as_syntax_errors():
+def test_truncated_method_arguments_fail_only_as_frame_errors():
     raw = codec.method_frame(1, commands.Queue.Declare(queue="q", arguments={"x-max-length": 10}))
     payload = raw[7:-1]
     for cut in range(4, len(payload)):
         try:
             codec.decode_method(payload[:cut])
-        except spec.AMQPError as e:
-            assert e.code == spec.SYNTAX_ERROR
+        except spec.AMQPError as e:  # RabbitMQ: frame_error "cannot decode"
+            assert e.code == spec.FRAME_ERROR
             assert (e.class_id, e.method_id) == (50, 10)
 
 
-def test_deeply_nested_table_is_a_syntax_error_not_a_crash():
+def test_deeply_nested_table_is_a_frame_error_not_a_crash():
     inner = b"V"
     for _ in range(3000):  # far deeper than any recursive decoder can follow
         inner = b"F" + struct.pack(">I", len(inner) + 2) + b"\x01k" + inner
@@ -177,7 +180,7 @@ def test_deeply_nested_table_is_a_syntax_error_not_a_crash():
     payload = struct.pack(">HHH", 50, 10, 0) + b"\x01q" + b"\x00" + table
     with pytest.raises(spec.AMQPError) as e:
         codec.decode_method(payload)
-    assert e.value.code == spec.SYNTAX_ERROR
+    assert e.value.code == spec.FRAME_ERROR
 
 
 # ------------------------------------------------------------------ content framing (spec 4.2.6)
@@ -292,14 +295,14 @@ def test_decode_publish_refuses_every_truncation_with_an_amqp_error():
     for cut in range(0, len(payload)):
         with pytest.raises(spec.AMQPError) as e:
             codec.decode_publish(payload[:cut])
-        assert e.value.code == spec.SYNTAX_ERROR and (e.value.class_id, e.value.method_id) == (60, 40)
+        assert e.value.code == spec.FRAME_ERROR and (e.value.class_id, e.value.method_id) == (60, 40)
 
 
 def test_decode_publish_refuses_invalid_utf8_routing_key():
     payload = struct.pack(">HHH", 60, 40, 0) + b"\x00" + b"\x02\xff\xfe" + b"\x00"
     with pytest.raises(spec.AMQPError) as e:
         codec.decode_publish(payload)
-    assert e.value.code == spec.SYNTAX_ERROR
+    assert e.value.code == spec.FRAME_ERROR
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -223,18 +223,21 @@ def _tuned(amqp) -> Connection:
     return conn
 
 
-@pytest.mark.parametrize("frame", [
-    codec.method_frame(1, commands.Channel.Open()),  # a channel before the connection is open
-    codec.method_frame(0, commands.Connection.Open(virtual_host="/")),  # open before start-ok
-    codec.method_frame(0, commands.Connection.TuneOk(channel_max=0, frame_max=0, heartbeat=0)),
-    codec.method_frame(0, commands.Queue.Declare(queue="q")),
-    struct.pack(">BHI", 2, 0, 14) + struct.pack(">HHQ", 60, 0, 0) + b"\x00\x00" + b"\xce",  # content header
-    struct.pack(">BHI", 3, 0, 1) + b"x" + b"\xce",  # content body
+@pytest.mark.parametrize("frame,code", [
+    # methods out of the handshake's order
+    (codec.method_frame(0, commands.Connection.Open(virtual_host="/")), spec.COMMAND_INVALID),
+    (codec.method_frame(0, commands.Connection.TuneOk(channel_max=0, frame_max=0, heartbeat=0)),
+     spec.COMMAND_INVALID),
+    (codec.method_frame(0, commands.Queue.Declare(queue="q")), spec.COMMAND_INVALID),
+    # anything but a method on channel 0
+    (codec.method_frame(1, commands.Channel.Open()), spec.UNEXPECTED_FRAME),
+    (struct.pack(">BHI", 2, 0, 14) + struct.pack(">HHQ", 60, 0, 0) + b"\x00\x00" + b"\xce", spec.UNEXPECTED_FRAME),
+    (struct.pack(">BHI", 3, 0, 1) + b"x" + b"\xce", spec.UNEXPECTED_FRAME),
 ])
-def test_frames_before_start_ok_are_command_invalid(amqp, frame):
+def test_frames_before_start_ok_are_refused(amqp, frame, code):
     conn = _started(amqp)
     assert amqp.feed(conn, frame) == []
-    assert_connection_closed_by_server(amqp, conn, spec.COMMAND_INVALID)
+    assert_connection_closed_by_server(amqp, conn, code)
 
 
 def test_methods_out_of_handshake_order_are_command_invalid(amqp):
@@ -253,7 +256,7 @@ def test_methods_out_of_handshake_order_are_command_invalid(amqp):
     amqp.feed(conn, codec.method_frame(0, commands.Connection.Open(virtual_host="/")))
     assert conn.state == OPENING
     amqp.feed(conn, codec.method_frame(1, commands.Channel.Open()))
-    assert_connection_closed_by_server(amqp, conn, spec.COMMAND_INVALID)
+    assert_connection_closed_by_server(amqp, conn, spec.UNEXPECTED_FRAME)
 
 
 def test_heartbeats_during_the_handshake_are_ignored(amqp):
@@ -411,10 +414,12 @@ def test_acks_nacks_and_rejects_become_their_own_events(amqp):
 
 
 @pytest.mark.parametrize("index", [0x003C0028, 0x003C0050, 0x003C0078, 0x003C005A])
-def test_truncated_hot_path_methods_are_syntax_errors(amqp, index):
+def test_truncated_hot_path_methods_are_frame_errors(amqp, index):
+    # RabbitMQ: frame_error "cannot decode", as for any method whose arguments do not parse
     conn = amqp.open_connection()
     assert amqp.feed(conn, amqp.frame(1, 1, struct.pack(">I", index) + b"\x00")) == []
-    assert_connection_closed_by_server(amqp, conn, spec.SYNTAX_ERROR, divmod(index, 0x10000))
+    m = assert_connection_closed_by_server(amqp, conn, spec.FRAME_ERROR, divmod(index, 0x10000))
+    assert "cannot decode" in m.reply_text
 
 
 def test_connection_methods_on_a_non_zero_channel_are_command_invalid(amqp):
@@ -444,10 +449,10 @@ def test_other_connection_methods_on_channel_zero_go_to_the_broker(amqp):
     assert isinstance(ev, Method) and ev.channel == 0 and ev.method.name == "Connection.UpdateSecret"
 
 
-def test_heartbeat_on_a_non_zero_channel_is_a_frame_error(amqp):
+def test_heartbeat_on_a_non_zero_channel_is_unexpected_frame(amqp):
     conn = amqp.open_connection()
     amqp.feed(conn, amqp.frame(spec.FRAME_HEARTBEAT, 1, b""))
-    assert_connection_closed_by_server(amqp, conn, spec.FRAME_ERROR)
+    assert_connection_closed_by_server(amqp, conn, spec.UNEXPECTED_FRAME)
 
 
 def test_unknown_frame_type_is_a_frame_error(amqp):

@@ -37,7 +37,7 @@ from hutch.amqp.events import (
 FRAME_MAX = 4096
 MESSAGE_BYTES_MAX = 20_000
 
-FUZZ = settings(max_examples=250, deadline=None, derandomize=False, database=None,
+FUZZ = settings(max_examples=150, deadline=None, derandomize=False, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture])
 

@@ -1,7 +1,7 @@
 """`hutch perf` and its client against a real broker: counts add up, limits stop exactly, histories record.
 
-The broker is chosen by HUTCH_TEST_BROKER: `rabbitmq` (a private RabbitMQ node, the
-reference behaviour) or `hutch` (a hutch node). Faults are real: a TCP proxy between
+The broker is chosen by HUTCH_TEST_BROKER: `hutch` (a hutch node, the default) or
+`rabbitmq` (a private RabbitMQ node: the reference behaviour). Faults are real: a TCP proxy between
 the clients and the broker cuts every connection at once.
 """
 
@@ -26,7 +26,7 @@ from hutch.lab.client import ChannelClosed, Connection, Publisher, run
 from hutch.lab.perf import PerfConfig, run_perf
 from hutch.pipeline.history import SCHEMA, publisher_of, read_history, seq_of
 
-TEST_BROKER = os.environ.get("HUTCH_TEST_BROKER", "rabbitmq")
+TEST_BROKER = os.environ.get("HUTCH_TEST_BROKER", "hutch")
 
 
 @pytest.fixture(scope="module")

@@ -145,21 +145,22 @@ def decode_publish(payload: bytes) -> tuple[str, str, bytes, bool, bool]:
     # payload: class(2) method(2) reserved(2) exchange(shortstr) routing-key(shortstr) bits(1)
     n = len(payload)
     if n < 9:  # the shortest publish: ids, reserved short, two empty short strings, the bits
-        raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed basic.publish", 60, 40)
+        raise spec.AMQPError(spec.FRAME_ERROR, "cannot decode the arguments of Basic.Publish", 60, 40)
     elen = payload[6]
     rk_at = 7 + elen
     if rk_at >= n:
-        raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed basic.publish", 60, 40)
+        raise spec.AMQPError(spec.FRAME_ERROR, "cannot decode the arguments of Basic.Publish", 60, 40)
     rlen = payload[rk_at]
     end = rk_at + 1 + rlen
     if end >= n:
-        raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed basic.publish", 60, 40)
+        raise spec.AMQPError(spec.FRAME_ERROR, "cannot decode the arguments of Basic.Publish", 60, 40)
     bits = payload[end]
     try:
         exchange = payload[7:rk_at].decode() if elen else ""
         routing_key = payload[rk_at + 1:end].decode()
     except UnicodeDecodeError:
-        raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed basic.publish: invalid UTF-8", 60, 40) from None
+        raise spec.AMQPError(spec.FRAME_ERROR, "cannot decode the arguments of Basic.Publish: invalid UTF-8",
+                             60, 40) from None
     return exchange, routing_key, payload[6:end], bool(bits & 1), bool(bits & 2)
 
 

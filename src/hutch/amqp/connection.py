@@ -74,7 +74,8 @@ CLOSED = "closed"
 def _tag_and_bits(payload: bytes, idx: int) -> tuple[int, int]:
     """delivery-tag and flag bits of basic.ack / basic.nack / basic.reject."""
     if len(payload) < 13:
-        raise spec.AMQPError(spec.SYNTAX_ERROR, "malformed method frame: arguments truncated", 60, idx & 0xFFFF)
+        name = {_BASIC_ACK: "Basic.Ack", _BASIC_NACK: "Basic.Nack"}.get(idx, "Basic.Reject")
+        raise spec.AMQPError(spec.FRAME_ERROR, f"cannot decode the arguments of {name}", 60, idx & 0xFFFF)
     return _qb.unpack_from(payload, 4)
 
 

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from hutch.amqp.spec import PRECONDITION_FAILED, AMQPError, precondition_failed
-from hutch.queues.state import OVERFLOW_MODES, QueueLimits
+from hutch.queues.state import DROP_HEAD, OVERFLOW_MODES, QueueLimits
 
 QUEUE_ARGS_COMPARED = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
                        "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
@@ -69,16 +69,37 @@ def _invalid(key: str, name: str, vhost: str, why: str) -> AMQPError:
     return AMQPError(PRECONDITION_FAILED, f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': {why}")
 
 
-def _int_arg(args: dict, key: str, name: str, vhost: str, minimum: int) -> int | None:
+EXPIRY_MS_MAX = 315_360_000_000  # ten years: RabbitMQ's largest x-message-ttl / x-expires
+PRIORITY_MAX = 255
+QUEUE_MODES = ("default", "lazy")
+QUEUE_TYPES_KNOWN = ("classic", "quorum", "stream")
+
+
+def _int_arg(args: dict, key: str, name: str, vhost: str, minimum: int, maximum: int | None = None,
+             too_large: str = "value_too_large") -> int | None:
+    """An integer argument checked as RabbitMQ does: AMQP integer types only (no bool, float or
+    decimal), then the range: {value_negative,N} / {value_zero,N} / {value_too_large,N}."""
     v = args.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, Decimal)) and not (isinstance(v, float) and v.is_integer()):
-        raise _invalid(key, name, vhost, f"{{unacceptable_type,{_type_name(v)}}}")
-    v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _invalid(key, name, vhost, f'"expected integer, got {_type_name(v)}"')
+    if v < 0:
+        raise _invalid(key, name, vhost, f"{{value_negative,{v}}}")
     if v < minimum:
-        raise _invalid(key, name, vhost, f"{{value_{'negative' if minimum == 0 else 'zero'},{v}}}")
+        raise _invalid(key, name, vhost, f"{{value_zero,{v}}}")
+    if maximum is not None and v > maximum:
+        raise _invalid(key, name, vhost, f"{{{too_large},{v}}}")
     return v
+
+
+def _str_arg(args: dict, key: str, name: str, vhost: str) -> str | None:
+    v = args.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, (str, bytes)):
+        raise _invalid(key, name, vhost, f"{{unacceptable_type,{_type_name(v)}}}")
+    return _text(v)
 
 
 class QueueSettings:
@@ -98,38 +119,40 @@ class QueueSettings:
 
 
 def queue_settings(args: dict[str, Any], name: str, vhost: str) -> QueueSettings:
+    """Validate a queue's arguments in the order RabbitMQ 3.10 checks them; the first bad one
+    fails the declare with its text."""
     s = QueueSettings()
-    s.message_ttl_ms = _int_arg(args, "x-message-ttl", name, vhost, 0)
-    s.expires_ms = _int_arg(args, "x-expires", name, vhost, 1)
+    dlx = args.get("x-dead-letter-exchange")
+    if dlx is not None and not isinstance(dlx, (str, bytes)):  # checked first, with its own wording
+        raise precondition_failed(f"invalid type '{_type_name(dlx)}' for arg 'x-dead-letter-exchange' in "
+                                  f"queue '{name}' in vhost '{vhost}'")
+    s.expires_ms = _int_arg(args, "x-expires", name, vhost, 1, EXPIRY_MS_MAX)
+    s.message_ttl_ms = _int_arg(args, "x-message-ttl", name, vhost, 0, EXPIRY_MS_MAX)
+    s.dead_letter_exchange = _text(dlx) if dlx is not None else None
+    dlrk = _str_arg(args, "x-dead-letter-routing-key", name, vhost)
+    if dlrk is not None:
+        if dlx is None:
+            raise _invalid("x-dead-letter-routing-key", name, vhost, "routing_key_but_no_dlx_defined")
+        s.dead_letter_routing_key = dlrk
     max_length = _int_arg(args, "x-max-length", name, vhost, 0)
     max_bytes = _int_arg(args, "x-max-length-bytes", name, vhost, 0)
-    overflow = _text(args.get("x-overflow", "drop-head"))
+    max_priority = _int_arg(args, "x-max-priority", name, vhost, 0, PRIORITY_MAX, "max_value_exceeded")
+    overflow = _str_arg(args, "x-overflow", name, vhost) or DROP_HEAD
     if overflow not in OVERFLOW_MODES:
-        raise _invalid("x-overflow", name, vhost, f"{{unacceptable_value,<<\"{overflow}\">>}}")
-    max_priority = _int_arg(args, "x-max-priority", name, vhost, 0)
-    if max_priority is not None and max_priority > 255:
-        raise _invalid("x-max-priority", name, vhost, f"{{value_too_large,{max_priority},255}}")
+        raise _invalid("x-overflow", name, vhost, "invalid_overflow")
     s.limits = QueueLimits(max_length, max_bytes, overflow, max_priority or 0)
-    dlx = args.get("x-dead-letter-exchange")
-    if dlx is not None:
-        if not isinstance(dlx, (str, bytes)):
-            raise _invalid("x-dead-letter-exchange", name, vhost, f"{{unacceptable_type,{_type_name(dlx)}}}")
-        s.dead_letter_exchange = _text(dlx)
-    dlrk = args.get("x-dead-letter-routing-key")
-    if dlrk is not None:
-        if not isinstance(dlrk, (str, bytes)):
-            raise _invalid("x-dead-letter-routing-key", name, vhost, f"{{unacceptable_type,{_type_name(dlrk)}}}")
-        if dlx is None:
-            raise _invalid("x-dead-letter-routing-key", name, vhost,
-                           "Key x-dead-letter-exchange must be specified if x-dead-letter-routing-key is set")
-        s.dead_letter_routing_key = _text(dlrk)
+    mode = _str_arg(args, "x-queue-mode", name, vhost)
+    if mode is not None and mode not in QUEUE_MODES:
+        raise _invalid("x-queue-mode", name, vhost, f'"unsupported queue mode \'{mode}\'"')
     sac = args.get("x-single-active-consumer")
     if sac is not None:
         if not isinstance(sac, bool):
             raise _invalid("x-single-active-consumer", name, vhost, f"{{unacceptable_type,{_type_name(sac)}}}")
         s.single_active = sac
-    qtype = _text(args.get("x-queue-type", "classic"))
-    if qtype not in ("classic",):
+    qtype = _str_arg(args, "x-queue-type", name, vhost) or "classic"
+    if qtype not in QUEUE_TYPES_KNOWN:
+        raise _invalid("x-queue-type", name, vhost, f'"unsupported queue type \'{qtype}\'"')
+    if qtype != "classic":
         raise _invalid("x-queue-type", name, vhost, f"{{unacceptable_value,<<\"{qtype}\">>}} "
                        "(this node serves classic queues)")
     s.queue_type = qtype

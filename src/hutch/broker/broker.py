@@ -73,6 +73,7 @@ class Config:
     tls_fail_if_no_peer_cert: bool = False
     ssl_cert_login_from: str = "distinguished_name"  # or common_name (EXTERNAL mechanism)
     cluster_name: str = ""
+    mgmt_port: int = 15672  # management HTTP API; 0: no HTTP listener
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -560,20 +561,19 @@ class Broker:
             m = e.message
             props = codec.decode_properties(m.props)
             headers = dict(props.headers or {})
-            rks = [m.routing_key]
             deaths = list(headers.get("x-death") or [])
-            stamp = datetime.datetime.fromtimestamp(int(time.time()), tz=datetime.UTC)
             for d in deaths:
                 if isinstance(d, dict) and d.get("queue") == q.name and d.get("reason") == reason:
+                    # as RabbitMQ: the same queue and reason again counts up; the entry moves first
                     d["count"] = int(d.get("count", 1)) + 1
-                    d["time"] = stamp
                     deaths.remove(d)
                     deaths.insert(0, d)
                     break
             else:
+                stamp = datetime.datetime.fromtimestamp(int(time.time()), tz=datetime.UTC)
                 death = {"count": 1, "reason": reason, "queue": q.name, "time": stamp, "exchange": m.exchange,
-                         "routing-keys": rks}
-                if reason == "expired" and props.expiration:
+                         "routing-keys": [m.routing_key]}
+                if props.expiration is not None:
                     death["original-expiration"] = props.expiration
                 deaths.insert(0, death)
             headers["x-death"] = deaths
@@ -581,19 +581,15 @@ class Broker:
                 headers["x-first-death-reason"] = reason
                 headers["x-first-death-queue"] = q.name
                 headers["x-first-death-exchange"] = m.exchange
-            headers["x-last-death-reason"] = reason
-            headers["x-last-death-queue"] = q.name
-            headers["x-last-death-exchange"] = m.exchange
             props.headers = headers
-            if reason == "expired":
-                props.expiration = None
+            props.expiration = None  # whatever the reason: a dead letter does not expire again by it
             new_props = codec.encode_properties(props)
             rk = q.dead_letter_routing_key if q.dead_letter_routing_key is not None else m.routing_key
             dm = Message(dlx_name, rk, codec.route_encoding(dlx_name, rk), new_props, m.body, m.persistent,
                          m.priority, None)
-            # a message dead-lettered back to the queue it left is a cycle, unless it was rejected
-            targets = [t for t in vhost.route(dlx, rk, headers if dlx.type == "headers" else None)
-                       if not (t is q and reason != "rejected")]
+            targets = vhost.route(dlx, rk, headers if dlx.type == "headers" else None)
+            if reason != "rejected":
+                targets = [t for t in targets if not _dead_letter_cycle(t.name, deaths)]
             for t in targets:
                 self._put(t, dm, self.now_ms())
         self.schedule()
@@ -649,6 +645,18 @@ class Broker:
             if s.transport_hooks is not None and not s.flow_queues:
                 s.transport_hooks.resume_reading()
         self._blocked_sessions.clear()
+
+
+def _dead_letter_cycle(queue: str, deaths: list) -> bool:
+    """RabbitMQ's cycle rule: a dead letter would return to a queue it already died in, and no
+    death since then (that one included) was a rejection, so nothing but timers and limits
+    would move it round again. Such targets are dropped."""
+    for d in deaths:
+        if not isinstance(d, dict) or d.get("reason") == "rejected":
+            return False
+        if d.get("queue") == queue:
+            return True
+    return False
 
 
 def _priority_of(props: bytes) -> int:

@@ -41,10 +41,12 @@ def queue_figure(findings: Findings, run_id: str, queue: str, width_in: float = 
 
     fig, (ax_t, ax_l) = plt.subplots(2, 1, figsize=(width_in, 5.6), sharex=True,
                                      gridspec_kw={"height_ratios": [1, 1]}, constrained_layout=True)
+    t_last = max(seconds) if seconds else 0
     for op, (colour, label) in OP_STYLE.items():
-        pts = sorted((r["second"] - t0, r["count"]) for r in thr if r["op"] == op)
-        if pts:
-            ax_t.step([p[0] for p in pts], [p[1] for p in pts], where="post", color=colour, label=label, lw=1.3)
+        counts = {r["second"]: r["count"] for r in thr if r["op"] == op}
+        if counts:  # seconds without an event of this kind are zeros, not missing
+            xs = list(range(t_last - t0 + 2))
+            ax_t.step(xs, [counts.get(t0 + x, 0) for x in xs], where="post", color=colour, label=label, lw=1.3)
     ax_t.set_ylabel("messages per second")
     ax_t.set_title(f"queue {queue}  (run {run_id})", loc="left", fontsize=11)
     for kind, colour in (("confirm", "#2ca02c"), ("e2e", "#ff7f0e")):
@@ -75,13 +77,13 @@ def queue_figure(findings: Findings, run_id: str, queue: str, width_in: float = 
         y = 0.02 if g.kind == "deliver" else 0.06
         ax_t.plot([(g.start_ns - t0_ns) / NS_PER_S, (g.end_ns - t0_ns) / NS_PER_S], [y, y], transform=ax_t.get_xaxis_transform(),
                   color="#ff7f0e" if g.kind == "deliver" else "#2ca02c", lw=4, solid_capstyle="butt",
-                  label=f"no {g.kind} for {g.gap_ms / 1000:.1f} s")
+                  label="deliveries stalled" if g.kind == "deliver" else "confirms stalled")
     for ax in (ax_t, ax_l):
         ax.grid(True, alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
         uniq = dict(zip(labels, handles, strict=True))
         if uniq:
-            ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper right", ncol=2)
+            ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 

@@ -14,6 +14,8 @@ from hutch.server.config import ConfigError, apply_file, parse_bytes
 @click.option("--node-name", default=None, help="Node name, NAME@HOST (default hutch@localhost).")
 @click.option("--amqp-port", type=int, default=None, help="AMQP listener port (default 5672).")
 @click.option("--amqp-host", default=None, help="Address to listen on (default all interfaces).")
+@click.option("--mgmt-port", type=int, default=None,
+              help="Management HTTP API port (default 15672; 0 disables it).")
 @click.option("--data-dir", default=None, help="Where the node keeps its data (default ./var/hutch).")
 @click.option("--log-level", default=None,
               type=click.Choice(["debug", "info", "warning", "error", "critical", "none"], case_sensitive=False))
@@ -29,7 +31,7 @@ from hutch.server.config import ConfigError, apply_file, parse_bytes
               help="With --tls-verify-peer: refuse clients without a certificate.")
 @click.option("--vm-memory-high-watermark-bytes", default=None,
               help="Memory alarm threshold, absolute (e.g. 2GB); overrides the relative one.")
-def cli(node_name, amqp_port, amqp_host, data_dir, log_level, config_file, heartbeat, amqps_port, tls_cert,
+def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_file, heartbeat, amqps_port, tls_cert,
         tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, vm_memory_high_watermark_bytes) -> None:
     """Run a hutch node."""
     from hutch.server.runtime import run_node
@@ -43,6 +45,7 @@ def cli(node_name, amqp_port, amqp_host, data_dir, log_level, config_file, heart
     except (ConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     for attr, value in (("node_name", node_name), ("amqp_port", amqp_port), ("amqp_host", amqp_host),
+                        ("mgmt_port", mgmt_port),
                         ("data_dir", data_dir), ("log_level", log_level), ("heartbeat_s", heartbeat),
                         ("amqps_port", amqps_port), ("tls_certfile", tls_cert), ("tls_keyfile", tls_key),
                         ("tls_cacertfile", tls_ca), ("tls_verify_peer", tls_verify_peer),

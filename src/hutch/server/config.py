@@ -9,7 +9,7 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     default_user = guest                    default_pass = guest
     default_vhost = /                       loopback_users.guest = true | false
     log.console.level = info                node_name = hutch@localhost
-    data_dir = ./var/hutch
+    data_dir = ./var/hutch                  management.tcp.port = 15672 (0: no HTTP API)
     listeners.ssl.default = 5671            ssl_options.certfile = server.pem
     ssl_options.keyfile = server.key        ssl_options.cacertfile = ca.pem
     ssl_options.verify = verify_peer        ssl_options.fail_if_no_peer_cert = true
@@ -126,6 +126,8 @@ def _apply(cfg: Config, key: str, value: str) -> None:
             cfg.auth_mechanisms = []
         if value not in cfg.auth_mechanisms:
             cfg.auth_mechanisms.append(value)
+    elif key == "management.tcp.port":
+        cfg.mgmt_port = int(value)
     elif key == "log.console.level":
         cfg.log_level = value
     else:

@@ -30,6 +30,7 @@ from hutch.amqp import connection as amqp_conn
 from hutch.amqp import spec
 from hutch.broker.broker import Broker, Config
 from hutch.broker.session import Session
+from hutch.control.app import HttpListener
 
 log = logging.getLogger("hutch.node")
 
@@ -161,6 +162,7 @@ class Node:
         self.protocols: set[AMQPProtocol] = set()
         self.servers: list[asyncio.base_events.Server] = []
         self._stopping: asyncio.Event | None = None
+        self.http: HttpListener | None = None  # the management HTTP API
         self._proc = psutil.Process()
         self._total_mem = psutil.virtual_memory().total
 
@@ -219,6 +221,10 @@ class Node:
             for sock in tls_server.sockets:
                 addr = sock.getsockname()
                 log.info("started TLS (SSL) listener on %s:%s", addr[0], addr[1])
+        if self.config.mgmt_port:
+            self.http = HttpListener(self.broker)
+            for host, port in await self.http.start(self.config.amqp_host or None, self.config.mgmt_port):
+                log.info("started HTTP listener on %s:%s", host, port)
         self._baseline_rss = self._proc.memory_info().rss
         self._tick_task = self.loop.call_later(0.1, self._tick)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
@@ -263,6 +269,8 @@ class Node:
         self._stopping.set()
 
     async def shutdown(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
         for server in self.servers:
             server.close()
         for p in list(self.protocols):

@@ -1,0 +1,279 @@
+"""Users, vhosts and permissions.
+
+    GET /api/users                        administrator
+    GET|PUT|DELETE /api/users/{name}      PUT {"password" | "password_hash", "tags"}
+    GET /api/users/{name}/permissions
+    GET /api/users/without-permissions
+    POST /api/users/bulk-delete           {"users": [...]}
+    GET /api/vhosts                       the vhosts the user may see
+    GET|PUT|DELETE /api/vhosts/{name}     PUT {"description", "tags"} (optional)
+    GET /api/vhosts/{name}/permissions
+    GET /api/permissions                  administrator
+    GET|PUT|DELETE /api/permissions/{vhost}/{user}   PUT {"configure", "write", "read"}
+
+A PUT answers 201 when it created the object and 204 when it changed an existing one;
+a DELETE answers 204, or 404 when there was nothing to delete. Every change is persisted
+with the node's durable definitions.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from aiohttp import web
+
+from hutch.broker.broker import User, hash_password
+from hutch.control import ops, shapes
+from hutch.control.app import api_of, read_json, requires, user_of
+from hutch.control.errors import bad_request, not_authorised, not_found
+
+routes = web.RouteTableDef()
+
+NAME_BYTES_MAX = 255
+HASHING = "rabbit_password_hashing_sha256"
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not name or len(name.encode()) > NAME_BYTES_MAX:
+        raise bad_request(f"{kind} name must be 1 to {NAME_BYTES_MAX} bytes")
+
+
+def parse_tags(raw: object) -> list[str]:
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [t.strip() for t in raw.replace(" ", ",").split(",") if t.strip()]
+    if isinstance(raw, list) and all(isinstance(t, str) for t in raw):
+        return [t.strip() for t in raw if t.strip()]
+    raise bad_request("tags must be a comma-separated string or a list of strings")
+
+
+# ---------------------------------------------------------------- users
+
+@routes.get("/api/users")
+@requires("administrator")
+async def list_users(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    return web.json_response([shapes.user(u) for u in broker.users.values()])
+
+
+@routes.get("/api/users/without-permissions")
+@requires("administrator")
+async def users_without_permissions(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    return web.json_response([shapes.user(u) for u in broker.users.values() if not u.permissions])
+
+
+@routes.post("/api/users/bulk-delete")
+@requires("administrator")
+async def bulk_delete_users(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    body = await read_json(request)
+    names = body.get("users")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise bad_request("users must be a list of user names")
+    for name in names:
+        if name in broker.users:
+            ops.delete_user(broker, name)
+    return web.Response(status=204)
+
+
+@routes.get("/api/users/{name}")
+@requires("administrator")
+async def get_user(request: web.Request) -> web.Response:
+    u = api_of(request).broker.users.get(request.match_info["name"])
+    if u is None:
+        raise not_found()
+    return web.json_response(shapes.user(u))
+
+
+@routes.put("/api/users/{name}")
+@requires("administrator")
+async def put_user(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    name = request.match_info["name"]
+    _check_name("user", name)
+    body = await read_json(request)
+    tags = parse_tags(body.get("tags"))
+    alg = body.get("hashing_algorithm", HASHING)
+    if alg != HASHING:
+        raise bad_request(f"unsupported hashing_algorithm {alg!r} (hutch uses {HASHING})")
+    if "password" in body and "password_hash" in body:
+        raise bad_request("give either password or password_hash, not both")
+    if "password" in body:
+        if not isinstance(body["password"], str):
+            raise bad_request("password must be a string")
+        password_hash = hash_password(body["password"])
+    elif "password_hash" in body:
+        ph = body["password_hash"]
+        if not isinstance(ph, str):
+            raise bad_request("password_hash must be a string")
+        if ph:
+            try:
+                raw = base64.b64decode(ph, validate=True)
+            except (binascii.Error, ValueError):
+                raise bad_request("password_hash is not valid base64") from None
+            if len(raw) != 4 + 32:
+                raise bad_request("password_hash must be base64 of a 4-byte salt and a SHA-256 digest")
+        password_hash = ph
+    else:
+        old = broker.users.get(name)
+        password_hash = old.password_hash if old is not None else ""  # no password: cannot log in with one
+    old = broker.users.get(name)
+    u = User(name, password_hash, tags)
+    if old is not None:
+        u.permissions = old.permissions
+    broker.users[name] = u
+    broker.persist_definitions()
+    return web.Response(status=204 if old is not None else 201)
+
+
+@routes.delete("/api/users/{name}")
+@requires("administrator")
+async def delete_user(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    name = request.match_info["name"]
+    if name not in broker.users:
+        raise not_found()
+    ops.delete_user(broker, name)
+    return web.Response(status=204)
+
+
+@routes.get("/api/users/{name}/permissions")
+@requires("administrator")
+async def user_permissions(request: web.Request) -> web.Response:
+    u = api_of(request).broker.users.get(request.match_info["name"])
+    if u is None:
+        raise not_found()
+    return web.json_response([shapes.permission(u.name, v, p) for v, p in u.permissions.items()])
+
+
+# ---------------------------------------------------------------- vhosts
+
+@routes.get("/api/vhosts")
+async def list_vhosts(request: web.Request) -> web.Response:
+    api = api_of(request)
+    names = api.visible_vhosts(user_of(request))
+    return web.json_response([shapes.vhost(api.broker, api.broker.vhosts[n]) for n in names])
+
+
+@routes.get("/api/vhosts/{name}")
+async def get_vhost(request: web.Request) -> web.Response:
+    api = api_of(request)
+    name = request.match_info["name"]
+    if not api.can_see_vhost(user_of(request), name):
+        raise not_found()
+    return web.json_response(shapes.vhost(api.broker, api.broker.vhosts[name]))
+
+
+@routes.put("/api/vhosts/{name}")
+@requires("administrator")
+async def put_vhost(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    name = request.match_info["name"]
+    _check_name("vhost", name)
+    body = await read_json(request, required=False)
+    description = body.get("description")
+    if description is not None and not isinstance(description, str):
+        raise bad_request("description must be a string")
+    tags = parse_tags(body["tags"]) if "tags" in body else None
+    if "tracing" in body and not isinstance(body["tracing"], bool):
+        raise bad_request("tracing must be true or false")
+    existed = name in broker.vhosts
+    v = broker.add_vhost(name)
+    if description is not None:
+        v.description = description
+    if tags is not None:
+        v.tags = tags
+    if "tracing" in body:
+        v.tracing = body["tracing"]
+    if not existed:
+        broker.persist_definitions()
+    return web.Response(status=204 if existed else 201)
+
+
+@routes.delete("/api/vhosts/{name}")
+@requires("administrator")
+async def delete_vhost(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    name = request.match_info["name"]
+    if name not in broker.vhosts:
+        raise not_found()
+    ops.delete_vhost(broker, name)
+    return web.Response(status=204)
+
+
+@routes.get("/api/vhosts/{name}/permissions")
+@requires("administrator")
+async def vhost_permissions(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    name = request.match_info["name"]
+    if name not in broker.vhosts:
+        raise not_found()
+    return web.json_response([shapes.permission(u.name, name, u.permissions[name])
+                              for u in broker.users.values() if name in u.permissions])
+
+
+# ---------------------------------------------------------------- permissions
+
+@routes.get("/api/permissions")
+@requires("administrator")
+async def list_permissions(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    return web.json_response([shapes.permission(u.name, v, p) for u in broker.users.values()
+                              for v, p in u.permissions.items()])
+
+
+@routes.get("/api/permissions/{vhost}/{user}")
+async def get_permission(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    me = user_of(request)
+    vhost, name = request.match_info["vhost"], request.match_info["user"]
+    if name != me.name and "administrator" not in me.tags:
+        raise not_authorised("Not administrator user")
+    u = broker.users.get(name)
+    if u is None or vhost not in u.permissions:
+        raise not_found()
+    return web.json_response(shapes.permission(u.name, vhost, u.permissions[vhost]))
+
+
+@routes.put("/api/permissions/{vhost}/{user}")
+@requires("administrator")
+async def put_permission(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["user"]
+    body = await read_json(request)
+    regexes = []
+    for key in ("configure", "write", "read"):
+        if key not in body:
+            raise bad_request(f"[{{key_missing,{key}}}]")
+        value = body[key]
+        if not isinstance(value, str):
+            raise bad_request(f"{key} must be a string (a regular expression)")
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise bad_request(f"{key} is not a valid regular expression ({value!r}: {e})") from None
+        regexes.append(value)
+    u = broker.users.get(name)
+    if u is None or vhost not in broker.vhosts:
+        raise bad_request("vhost_or_user_not_found")
+    existed = vhost in u.permissions
+    u.set_permissions(vhost, *regexes)
+    broker.persist_definitions()
+    return web.Response(status=204 if existed else 201)
+
+
+@routes.delete("/api/permissions/{vhost}/{user}")
+@requires("administrator")
+async def delete_permission(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["user"]
+    u = broker.users.get(name)
+    if u is None or vhost not in u.permissions:
+        raise not_found()
+    del u.permissions[vhost]
+    broker.persist_definitions()
+    return web.Response(status=204)

@@ -1,0 +1,188 @@
+"""The management HTTP API application: authentication, user tags, JSON in and out, the listener.
+
+Every request under /api/ carries HTTP basic credentials, checked against the broker's users
+(and its loopback-only users, as RabbitMQ does for guest). Access follows RabbitMQ's user
+tags:
+
+    management     may use the API: the vhosts it has permissions in, its own connections
+    policymaker    management, plus policies in those vhosts
+    monitoring     management, plus every vhost, connection and channel read-only, node data
+    administrator  everything: users, vhosts, permissions, definitions, other users' connections
+
+A route states the tag it needs with `@requires(...)` (default: management); `Api.visible_vhosts`
+answers which vhosts a user may see. Request bodies are JSON objects; anything else is a
+400 with a reason, and a handler checks a whole request before it changes anything.
+
+The application runs on the node's own event loop (`HttpListener`), so handlers read and
+change the broker between two of its iterations, never concurrently with it. Handler work
+is bounded: listings are filtered and paginated (page_size at most 500, as RabbitMQ), and
+request bodies are limited to `BODY_BYTES_MAX`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import BasicAuth, web
+
+from hutch.amqp.spec import AMQPError
+from hutch.broker.broker import Broker, User
+from hutch.control.errors import ApiError, bad_request, from_amqp, login_failed, not_authorised
+
+log = logging.getLogger("hutch.http")
+
+BODY_BYTES_MAX = 128 * 1024 * 1024  # as RabbitMQ's default max request body (definitions imports)
+MANAGEMENT_TAGS = ("management", "policymaker", "monitoring", "administrator")
+_TAG_RANK = {"management": 0, "policymaker": 1, "monitoring": 1, "administrator": 2}
+
+
+def requires(tag: str):
+    """Mark a handler as needing a user tag (management, policymaker, monitoring, administrator)."""
+    assert tag in MANAGEMENT_TAGS, tag
+
+    def mark(handler):
+        handler.hutch_requires = tag
+        return handler
+    return mark
+
+
+def has_tag(user: User, tag: str) -> bool:
+    """RabbitMQ's tag hierarchy: administrator implies every tag; policymaker and monitoring
+    imply management."""
+    tags = set(user.tags)
+    if "administrator" in tags:
+        return True
+    if tag == "management":
+        return bool(tags & set(MANAGEMENT_TAGS))
+    return tag in tags
+
+
+class Api:
+    """What handlers share: the broker and facts about this node's listeners."""
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.http_host: str | None = None
+        self.http_port = 0
+        self.started_at_s = time.time()
+
+    @property
+    def node_name(self) -> str:
+        return self.broker.config.node_name
+
+    def visible_vhosts(self, user: User) -> list[str]:
+        if has_tag(user, "monitoring"):
+            return list(self.broker.vhosts)
+        return [v for v in self.broker.vhosts if v in user.permissions]
+
+    def can_see_vhost(self, user: User, vhost: str) -> bool:
+        return vhost in self.broker.vhosts and (has_tag(user, "monitoring") or vhost in user.permissions)
+
+    def sees_all_connections(self, user: User) -> bool:
+        return has_tag(user, "monitoring")
+
+
+API = web.AppKey("api", Api)
+
+
+def api_of(request: web.Request) -> Api:
+    return request.app[API]
+
+
+def user_of(request: web.Request) -> User:
+    return request["user"]
+
+
+async def read_json(request: web.Request, required: bool = True) -> dict[str, Any]:
+    """The request body as a JSON object ({} when empty and not required)."""
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise bad_request("not_json")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("not_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _authenticate(request: web.Request, api: Api) -> User:
+    header = request.headers.get("Authorization")
+    if not header:
+        raise login_failed()
+    try:
+        creds = BasicAuth.decode(header)
+    except ValueError:
+        raise login_failed() from None
+    peer = request.remote or ""
+    user = api.broker.authenticate(creds.login, creds.password, f"{peer}:0")
+    if user is None:
+        log.warning("HTTP access denied: user '%s' - invalid credentials", creds.login)
+        raise login_failed()
+    if not has_tag(user, "management"):
+        raise not_authorised("Not management user")
+    return user
+
+
+@web.middleware
+async def _api_middleware(request: web.Request, handler):
+    api = request.app[API]
+    try:
+        route = request.match_info.route
+        target = getattr(route, "handler", None)
+        if request.path.startswith("/api/") and target is not None and route.resource is not None:
+            user = _authenticate(request, api)
+            request["user"] = user
+            need = getattr(target, "hutch_requires", "management")
+            if not has_tag(user, need):
+                raise not_authorised(f"Not {need} user" if need != "administrator" else "Not administrator user")
+        return await handler(request)
+    except ApiError as e:
+        return e.response()
+    except AMQPError as e:
+        return from_amqp(e).response()
+    except web.HTTPNotFound:
+        return web.json_response({"error": "Object Not Found", "reason": "Not Found"}, status=404)
+    except web.HTTPMethodNotAllowed as e:
+        return web.json_response({"error": "method_not_allowed", "reason": f"{request.method} is not allowed here"},
+                                 status=405, headers={"Allow": ",".join(sorted(e.allowed_methods))})
+
+
+def make_app(broker: Broker) -> web.Application:
+    from hutch.control import access, definitions, node, policies, sessions, topology
+
+    app = web.Application(middlewares=[_api_middleware], client_max_size=BODY_BYTES_MAX)
+    app[API] = Api(broker)
+    for module in (node, access, topology, sessions, policies, definitions):
+        app.add_routes(module.routes)
+    return app
+
+
+class HttpListener:
+    """The management API on one address of this node, on the running event loop."""
+
+    def __init__(self, broker: Broker):
+        self.app = make_app(broker)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str | None, port: int) -> list[tuple[str, int]]:
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host=host, port=port, reuse_address=True, backlog=128)
+        await site.start()
+        addresses = [(a[0], a[1]) for a in self._runner.addresses]
+        api = self.app[API]
+        api.http_host = host
+        api.http_port = addresses[0][1] if addresses else port
+        return addresses
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

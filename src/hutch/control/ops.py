@@ -1,0 +1,237 @@
+"""What the API does to the broker beyond one broker method: publish and get over HTTP,
+close a connection, delete a vhost, delete a user.
+
+Each operation checks everything it can before it changes anything, then changes the
+broker only through its own methods (declare, delete, purge, enqueue, settle, dead-letter,
+persist_definitions), so an HTTP change is the same change an AMQP client would make.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from hutch.amqp import codec, spec
+from hutch.amqp.spec import AMQPError
+from hutch.broker import arguments as qargs
+from hutch.control import shapes
+from hutch.control.errors import bad_request
+from hutch.queues.message import Message
+
+if TYPE_CHECKING:
+    from hutch.broker.broker import Broker, User
+    from hutch.broker.session import Session
+    from hutch.broker.vhost import VHost
+    from hutch.queues.classic import ClassicQueue
+
+log = logging.getLogger("hutch.http")
+
+CLOSE_OK_WAIT_S = 3.0
+GET_COUNT_MAX = 10_000
+ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
+_PROP_TYPES: dict[str, type | tuple] = {
+    "content_type": str, "content_encoding": str, "headers": dict, "delivery_mode": int, "priority": int,
+    "correlation_id": str, "reply_to": str, "expiration": str, "message_id": str, "timestamp": int, "type": str,
+    "user_id": str, "app_id": str, "cluster_id": str,
+}
+
+
+class _HttpPublisher:
+    """Stands for the channel and session of `Broker.enqueue`: an HTTP publish has no socket to
+    hold back, so flow control has nothing to pause (its bookkeeping still works on it)."""
+
+    def __init__(self) -> None:
+        self.session = self
+        self.flow_queues: set = set()
+        self.blocked = False
+        self.closed = False
+        self.transport_hooks = None
+
+
+def message_properties(props: Any, username: str) -> bytes:
+    """Encoded content properties from the API's `properties` object (400 on a bad one)."""
+    if props is None or props == []:
+        props = {}
+    if not isinstance(props, dict):
+        raise bad_request("properties must be a JSON object")
+    values: dict[str, Any] = {}
+    for key, value in props.items():
+        want = _PROP_TYPES.get(key)
+        if want is None:
+            raise bad_request(f"unknown message property '{key}' (known: {', '.join(_PROP_TYPES)})")
+        if key in ("delivery_mode", "priority", "timestamp") and isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if key == "expiration" and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise bad_request(f"message property '{key}' must be a {want.__name__}, got {value!r}")
+        if key == "timestamp":
+            value = datetime.datetime.fromtimestamp(value, tz=datetime.UTC)
+        values[key] = value
+    if "user_id" in values and values["user_id"] != username:
+        raise bad_request(f"user_id property set to '{values['user_id']}' but authenticated user was '{username}'")
+    if "delivery_mode" in values and values["delivery_mode"] not in (1, 2):
+        raise bad_request("delivery_mode must be 1 or 2")
+    if "priority" in values and not 0 <= values["priority"] <= 255:
+        raise bad_request("priority must be between 0 and 255")
+    try:
+        return codec.encode_properties(commands.Basic.Properties(**values))
+    except (TypeError, ValueError) as e:
+        raise bad_request(f"invalid message properties: {e}") from None
+
+
+def decode_payload(body: dict[str, Any]) -> bytes:
+    for key in ("routing_key", "payload", "payload_encoding", "properties"):
+        if key not in body:
+            raise bad_request(f"[{{key_missing,{key}}}]")
+    payload, encoding = body["payload"], body["payload_encoding"]
+    if not isinstance(payload, str):
+        raise bad_request("payload must be a string")
+    if encoding == "string":
+        return payload.encode()
+    if encoding == "base64":
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad_request("payload is not valid base64") from None
+    raise bad_request(f"payload_encoding must be 'string' or 'base64', got {encoding!r}")
+
+
+def publish(broker: Broker, user: User, v: VHost, exchange_name: str, body: dict[str, Any]) -> bool:
+    """POST /api/exchanges/{vhost}/{exchange}/publish: route and enqueue one message. True if routed."""
+    routing_key = body.get("routing_key")
+    if not isinstance(routing_key, str):
+        raise bad_request("routing_key must be a string")
+    data = decode_payload(body)
+    props = message_properties(body.get("properties"), user.name)
+    x = v.exchanges.get(exchange_name)
+    if x is None:
+        raise bad_request(f"404 NOT_FOUND - no exchange '{exchange_name}' in vhost '{v.name}'")
+    if x.internal:
+        raise AMQPError(spec.ACCESS_REFUSED, f"cannot publish to internal exchange '{x.name}' in vhost '{v.name}'")
+    broker.check_permission(user, v.name, "write", "exchange", exchange_name)
+    if len(data) > broker.config.max_message_size:
+        raise bad_request(f"message size {len(data)} is larger than configured max size "
+                          f"{broker.config.max_message_size}")
+    s = codec.summarize_properties(props)
+    expiration_ms = qargs.parse_expiration(s.expiration) if s.expiration is not None else None
+    headers = codec.decode_headers(props, s.headers_span) if x.type == "headers" else None
+    msg = Message(exchange_name, routing_key, codec.route_encoding(exchange_name, routing_key), props, data,
+                  s.delivery_mode == 2, s.priority, expiration_ms)
+    queues = v.route(x, routing_key, headers)
+    if queues:
+        broker.enqueue(queues, msg, _HttpPublisher(), 0)
+    return bool(queues)
+
+
+def get_messages(broker: Broker, q: ClassicQueue, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """POST /api/queues/{vhost}/{queue}/get: fetch up to `count` messages, then ack, requeue or reject them."""
+    for key in ("count", "ackmode", "encoding"):
+        if key not in body:
+            raise bad_request(f"[{{key_missing,{key}}}]")
+    count, ackmode, encoding = body["count"], body["ackmode"], body["encoding"]
+    if isinstance(count, str) and count.isdigit():
+        count = int(count)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= GET_COUNT_MAX:
+        raise bad_request(f"count must be an integer between 1 and {GET_COUNT_MAX}")
+    if ackmode not in ACK_MODES:
+        raise bad_request(f"ackmode must be one of {', '.join(ACK_MODES)}, got {ackmode!r}")
+    if encoding not in ("auto", "base64"):
+        raise bad_request(f"encoding must be 'auto' or 'base64', got {encoding!r}")
+    truncate = body.get("truncate")
+    if isinstance(truncate, str) and truncate.isdigit():
+        truncate = int(truncate)
+    if truncate is not None and (not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < 0):
+        raise bad_request("truncate must be a non-negative integer")
+    broker.expire_queue(q)
+    taken = []
+    out = []
+    for _ in range(count):
+        entry = q.get(no_ack=False)
+        if entry is None:
+            break
+        broker.delivered(q, entry)
+        taken.append(entry)
+        m = entry.message
+        out.append(shapes.message(m.body, m.props, m.exchange, m.routing_key, entry.delivery_count > 1,
+                                  q.message_count, encoding, truncate))
+    dead = []
+    for entry in taken:
+        if ackmode == "ack_requeue_false":
+            q.settle(entry.seq)
+            broker.settled(q, entry)
+        elif ackmode.endswith("requeue_true"):
+            q.requeue(entry.seq)
+        else:
+            q.discard(entry.seq)
+            dead.append(entry)
+    if dead:
+        broker.dead_letter(q, dead, "rejected")
+    broker.queue_used(q)
+    broker.dirty_queues.add(q)
+    broker.schedule()
+    return out
+
+
+def close_connection(broker: Broker, s: Session, reason: str) -> None:
+    """Close a client connection from the server side (connection.close 320 CONNECTION_FORCED)."""
+    log.info("closing AMQP connection %s (%s, vhost: '%s', user: '%s') on request: %s", id(s), s.name,
+             s.vhost.name if s.vhost else "", s.username, reason)
+    s.proto.close(spec.CONNECTION_FORCED, reason)
+    s.teardown()
+    if not s.output_pending:
+        s.output_pending = True
+        broker.output_due(s)
+    hooks = s.transport_hooks
+    if hooks is not None:
+        # the client should answer close-ok at once; a client that does not is cut off
+        asyncio.get_running_loop().call_later(CLOSE_OK_WAIT_S, hooks.close_after_flush)
+
+
+def aliveness_test(broker: Broker, user: User, v: VHost) -> None:
+    """Declare `aliveness-test`, publish one message to it and get it back, as RabbitMQ does."""
+    name = "aliveness-test"
+    q = v.queues.get(name)
+    if q is None:
+        broker.check_permission(user, v.name, "configure", "queue", name)
+        q = broker.declare_queue(v, name, durable=False, exclusive=False, auto_delete=False, arguments={},
+                                 owner=None)
+    if q.exclusive_owner is not None:
+        raise bad_request("aliveness-test queue is exclusive to another connection")
+    routed = publish(broker, user, v, "", {"routing_key": name, "payload": "test_message",
+                                            "payload_encoding": "string", "properties": {}})
+    if not routed:
+        raise bad_request("aliveness-test message was not routed")
+    broker.check_permission(user, v.name, "read", "queue", name)
+    got = get_messages(broker, q, {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+    if not got:
+        raise bad_request("aliveness-test message could not be fetched")
+
+
+def delete_vhost(broker: Broker, name: str) -> None:
+    """Delete a vhost: its connections are closed, its queues deleted (with their messages),
+    its permissions and policies dropped."""
+    v = broker.vhosts[name]
+    for s in list(broker.sessions):
+        if s.vhost is v and not s.closed:
+            close_connection(broker, s, f"vhost '{name}' is deleted")
+    for q in list(v.queues.values()):
+        broker.delete_queue(q)
+    del broker.vhosts[name]
+    for u in broker.users.values():
+        u.permissions.pop(name, None)
+    broker.policies = [p for p in broker.policies if p.get("vhost") != name]
+    broker.persist_definitions()
+    log.info("deleted vhost '%s'", name)
+
+
+def delete_user(broker: Broker, name: str) -> None:
+    del broker.users[name]
+    broker.persist_definitions()
+    log.info("deleted user '%s'", name)

@@ -1,0 +1,106 @@
+"""Policies over HTTP.
+
+    GET /api/policies                       every policy in the vhosts the user may see
+    GET /api/policies/{vhost}
+    GET|PUT|DELETE /api/policies/{vhost}/{name}
+        PUT {"pattern": "^two\\.", "definition": {"ha-mode": "exactly", "ha-params": 2},
+             "priority": 0, "apply-to": "queues"}
+
+Changing policies needs the policymaker (or administrator) tag and permissions in the
+vhost. A policy is validated whole (see `hutch.control.policy`) before it replaces the one of
+the same name; an invalid one is a 400 whose reason names the problem, and nothing changes.
+Policies are stored with the node's durable definitions.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from hutch.control import listing
+from hutch.control.app import api_of, has_tag, read_json, requires, user_of
+from hutch.control.errors import bad_request, not_authorised, not_found
+from hutch.control.policy import PolicyError, validate_policy
+
+routes = web.RouteTableDef()
+
+POLICIES_MAX = 10_000
+
+
+def _may_see(user, vhost: str) -> bool:
+    return vhost in user.permissions or has_tag(user, "monitoring")
+
+
+@routes.get("/api/policies")
+async def list_policies(request: web.Request) -> web.Response:
+    api = api_of(request)
+    user = user_of(request)
+    return listing.respond(request, [dict(p) for p in api.broker.policies if _may_see(user, p["vhost"])])
+
+
+@routes.get("/api/policies/{vhost}")
+async def list_vhost_policies(request: web.Request) -> web.Response:
+    api = api_of(request)
+    vhost = request.match_info["vhost"]
+    if vhost not in api.broker.vhosts:
+        raise not_found()
+    if not _may_see(user_of(request), vhost):
+        raise not_authorised("User not authorised to access virtual host")
+    return listing.respond(request, [dict(p) for p in api.broker.policies if p["vhost"] == vhost])
+
+
+def _find(policies: list[dict], vhost: str, name: str) -> dict | None:
+    return next((p for p in policies if p["vhost"] == vhost and p["name"] == name), None)
+
+
+@routes.get("/api/policies/{vhost}/{name}")
+async def get_policy(request: web.Request) -> web.Response:
+    api = api_of(request)
+    vhost = request.match_info["vhost"]
+    if not _may_see(user_of(request), vhost):
+        raise not_authorised("User not authorised to access virtual host")
+    p = _find(api.broker.policies, vhost, request.match_info["name"])
+    if p is None:
+        raise not_found()
+    return web.json_response(dict(p))
+
+
+def _check_policymaker(request: web.Request, vhost: str) -> None:
+    user = user_of(request)
+    if vhost not in user.permissions and not has_tag(user, "administrator"):
+        raise not_authorised("User not authorised to access virtual host")
+
+
+@routes.put("/api/policies/{vhost}/{name}")
+@requires("policymaker")
+async def put_policy(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    if vhost not in broker.vhosts:
+        return web.json_response({"error": "not_found", "reason": "vhost_not_found"}, status=404)
+    _check_policymaker(request, vhost)
+    body = await read_json(request)
+    try:
+        record = validate_policy(vhost, name, body)
+    except PolicyError as e:
+        raise bad_request(str(e)) from None
+    old = _find(broker.policies, vhost, name)
+    if old is None and len(broker.policies) >= POLICIES_MAX:
+        raise bad_request(f"too many policies (at most {POLICIES_MAX})")
+    broker.policies = [p for p in broker.policies if p is not old] + [record]
+    broker.policies.sort(key=lambda p: (p["vhost"], p["name"]))
+    broker.persist_definitions()
+    return web.Response(status=204 if old is not None else 201)
+
+
+@routes.delete("/api/policies/{vhost}/{name}")
+@requires("policymaker")
+async def delete_policy(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    _check_policymaker(request, vhost)
+    old = _find(broker.policies, vhost, name)
+    if old is None:
+        raise not_found()
+    broker.policies = [p for p in broker.policies if p is not old]
+    broker.persist_definitions()
+    return web.Response(status=204)

@@ -1,0 +1,132 @@
+"""Connections, channels and consumers.
+
+    GET /api/connections                        GET|DELETE /api/connections/{name}   (X-Reason header)
+    GET /api/connections/{name}/channels        GET /api/vhosts/{vhost}/connections
+    GET /api/channels                           GET /api/channels/{name}
+    GET /api/vhosts/{vhost}/channels
+    GET /api/consumers                          GET /api/consumers/{vhost}
+
+A user tagged monitoring or administrator sees every connection; any other management
+user sees its own. Closing someone else's connection needs administrator.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from hutch.control import listing, ops, shapes
+from hutch.control.app import Api, api_of, has_tag, user_of
+from hutch.control.errors import not_authorised, not_found
+from hutch.control.topology import vhost_for_read
+
+routes = web.RouteTableDef()
+
+DEFAULT_CLOSE_REASON = "Closed via management plugin"
+
+
+def _sessions(api: Api, request: web.Request) -> list:
+    user = user_of(request)
+    everyone = api.sees_all_connections(user)
+    out = [s for s in api.broker.sessions if s.user is not None and (everyone or s.username == user.name)]
+    out.sort(key=lambda s: s.connected_at_ms)
+    return out
+
+
+def _session(api: Api, request: web.Request):
+    name = request.match_info["name"]
+    for s in _sessions(api, request):
+        if s.name == name:
+            return s
+    raise not_found()
+
+
+@routes.get("/api/connections")
+async def list_connections(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return listing.respond(request, [shapes.connection(api.broker, s) for s in _sessions(api, request)])
+
+
+@routes.get("/api/vhosts/{vhost}/connections")
+async def list_vhost_connections(request: web.Request) -> web.Response:
+    api = api_of(request)
+    v = vhost_for_read(request)
+    return listing.respond(request, [shapes.connection(api.broker, s) for s in _sessions(api, request)
+                                     if s.vhost is v])
+
+
+@routes.get("/api/connections/{name}")
+async def get_connection(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return web.json_response(shapes.connection(api.broker, _session(api, request)))
+
+
+@routes.delete("/api/connections/{name}")
+async def close_connection(request: web.Request) -> web.Response:
+    api = api_of(request)
+    s = _session(api, request)
+    user = user_of(request)
+    if s.username != user.name and not has_tag(user, "administrator"):
+        raise not_authorised("Not administrator user")
+    reason = request.headers.get("X-Reason") or DEFAULT_CLOSE_REASON
+    ops.close_connection(api.broker, s, reason)
+    return web.Response(status=204)
+
+
+@routes.get("/api/connections/{name}/channels")
+async def connection_channels(request: web.Request) -> web.Response:
+    api = api_of(request)
+    s = _session(api, request)
+    return listing.respond(request, [shapes.channel(api.broker, s, ch) for ch in s.channels.values()])
+
+
+def _channels(api: Api, request: web.Request, vhost=None) -> list[dict]:
+    return [shapes.channel(api.broker, s, ch) for s in _sessions(api, request)
+            if vhost is None or s.vhost is vhost for ch in sorted(s.channels.values(), key=lambda c: c.number)]
+
+
+@routes.get("/api/channels")
+async def list_channels(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return listing.respond(request, _channels(api, request))
+
+
+@routes.get("/api/vhosts/{vhost}/channels")
+async def list_vhost_channels(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return listing.respond(request, _channels(api, request, vhost_for_read(request)))
+
+
+@routes.get("/api/channels/{name}")
+async def get_channel(request: web.Request) -> web.Response:
+    api = api_of(request)
+    name = request.match_info["name"]
+    for s in _sessions(api, request):
+        for ch in s.channels.values():
+            if shapes.channel_name(s, ch.number) == name:
+                out = shapes.channel(api.broker, s, ch)
+                out["consumer_details"] = [shapes.consumer(api.broker, c) for c in ch.consumers.values()]
+                return web.json_response(out)
+    raise not_found()
+
+
+def _consumers(api: Api, request: web.Request, vhost=None) -> list[dict]:
+    visible = set(api.visible_vhosts(user_of(request)))
+    out = []
+    for v in api.broker.vhosts.values():
+        if v.name not in visible or (vhost is not None and v is not vhost):
+            continue
+        for q in v.queues.values():
+            out.extend(shapes.consumer(api.broker, c) for c in q.consumers())
+    return out
+
+
+@routes.get("/api/consumers")
+async def list_consumers(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return listing.respond(request, _consumers(api, request))
+
+
+@routes.get("/api/consumers/{vhost}")
+async def list_vhost_consumers(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return listing.respond(request, _consumers(api, request, vhost_for_read(request)))

@@ -1,0 +1,413 @@
+"""Exchanges, queues and bindings, and publishing and getting messages over HTTP.
+
+    GET /api/exchanges[/{vhost}]                       GET|PUT|DELETE /api/exchanges/{vhost}/{name}
+    GET /api/exchanges/{vhost}/{name}/bindings/source  .../bindings/destination
+    POST /api/exchanges/{vhost}/{name}/publish         {"routing_key", "payload", "payload_encoding", "properties"}
+    GET /api/queues[/{vhost}]                          GET|PUT|DELETE /api/queues/{vhost}/{name}
+    DELETE /api/queues/{vhost}/{name}/contents         purge
+    POST /api/queues/{vhost}/{name}/get                {"count", "ackmode", "encoding", "truncate"}
+    GET /api/queues/{vhost}/{name}/bindings
+    GET /api/bindings[/{vhost}]
+    GET|POST /api/bindings/{vhost}/e/{source}/q/{queue}     GET|DELETE .../{properties_key}
+    GET|POST /api/bindings/{vhost}/e/{source}/e/{exchange}  GET|DELETE .../{properties_key}
+
+The default exchange is named `amq.default` in paths. Changes check the user's
+configure/write/read permissions exactly as the same AMQP method would, and go through the
+broker's declare/delete/bind/unbind/purge methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from hutch.amqp.spec import AMQPError, access_refused, precondition_failed
+from hutch.broker import arguments as qargs
+from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from hutch.control import listing, ops, shapes
+from hutch.control.app import Api, api_of, read_json, user_of
+from hutch.control.errors import bad_request, not_authorised, not_found
+
+routes = web.RouteTableDef()
+
+DEFAULT_EXCHANGE_ALIAS = "amq.default"
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    if not isinstance(v, bool):
+        raise bad_request(f"{key} must be true or false, got {v!r}")
+    return v
+
+
+def _arguments(body: dict[str, Any]) -> dict[str, Any]:
+    args = body.get("arguments") or {}
+    if not isinstance(args, dict):
+        raise bad_request("arguments must be a JSON object")
+    return args
+
+
+def _exchange_name(raw: str) -> str:
+    return "" if raw == DEFAULT_EXCHANGE_ALIAS else raw
+
+
+def vhost_for_read(request: web.Request, key: str = "vhost"):
+    api = api_of(request)
+    name = request.match_info[key]
+    v = api.broker.vhosts.get(name)
+    if v is None:
+        raise not_found()
+    if not api.can_see_vhost(user_of(request), name):
+        raise not_authorised("User not authorised to access virtual host")
+    return v
+
+
+def vhost_for_write(request: web.Request, key: str = "vhost"):
+    api = api_of(request)
+    name = request.match_info[key]
+    v = api.broker.vhosts.get(name)
+    if v is None:
+        raise not_found()
+    if name not in user_of(request).permissions:
+        raise not_authorised("User not authorised to access virtual host")
+    return v
+
+
+def _visible(api: Api, request: web.Request) -> list:
+    return [api.broker.vhosts[n] for n in api.visible_vhosts(user_of(request))]
+
+
+def _query_flag(request: web.Request, key: str) -> bool:
+    return request.query.get(key, "false").lower() == "true"
+
+
+# ---------------------------------------------------------------- exchanges
+
+@routes.get("/api/exchanges")
+async def list_exchanges(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return listing.respond(request, [shapes.exchange(api.broker, v.name, x) for v in _visible(api, request)
+                                     for x in v.exchanges.values()])
+
+
+@routes.get("/api/exchanges/{vhost}")
+async def list_vhost_exchanges(request: web.Request) -> web.Response:
+    v = vhost_for_read(request)
+    broker = api_of(request).broker
+    return listing.respond(request, [shapes.exchange(broker, v.name, x) for x in v.exchanges.values()])
+
+
+@routes.get("/api/exchanges/{vhost}/{name}")
+async def get_exchange(request: web.Request) -> web.Response:
+    v = vhost_for_read(request)
+    x = v.exchanges.get(_exchange_name(request.match_info["name"]))
+    if x is None:
+        raise not_found()
+    out = shapes.exchange(api_of(request).broker, v.name, x)
+    out["incoming"] = []
+    out["outgoing"] = []
+    return web.json_response(out)
+
+
+def _inequivalent(what: str, name: str, vhost: str, arg: str, got: Any, cur: Any) -> AMQPError:
+    def show(b: Any) -> str:
+        return ("true" if b else "false") if isinstance(b, bool) else str(b)
+    return precondition_failed(f"inequivalent arg '{arg}' for {what} '{name}' in vhost '{vhost}': received "
+                               f"'{show(got)}' but current is '{show(cur)}'")
+
+
+@routes.put("/api/exchanges/{vhost}/{name}")
+async def put_exchange(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    user = user_of(request)
+    v = vhost_for_write(request)
+    name = _exchange_name(request.match_info["name"])
+    body = await read_json(request)
+    xtype = body.get("type")
+    if xtype is None:
+        raise bad_request("[{key_missing,type}]")
+    if xtype not in EXCHANGE_TYPES:
+        raise bad_request(f"503 COMMAND_INVALID - unknown exchange type '{xtype}'")
+    durable = _flag(body, "durable", True)
+    auto_delete = _flag(body, "auto_delete", False)
+    internal = _flag(body, "internal", False)
+    args = _arguments(body)
+    if name == "":
+        raise access_refused("operation not permitted on the default exchange")
+    broker.check_permission(user, v.name, "configure", "exchange", name)
+    existing = v.exchanges.get(name)
+    if existing is not None:
+        for arg, got, cur in (("type", xtype, existing.type), ("durable", durable, existing.durable),
+                              ("auto_delete", auto_delete, existing.auto_delete),
+                              ("internal", internal, existing.internal)):
+            if got != cur:
+                raise _inequivalent("exchange", name, v.name, arg, got, cur)
+        qargs.check_equivalent_args("exchange", name, v.name, existing.arguments, args, ("alternate-exchange",))
+        return web.Response(status=204)
+    if name.startswith("amq."):
+        raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+    qargs.validate_exchange_args(args, name, v.name)
+    broker.add_exchange(v, Exchange(name, xtype, durable=durable, auto_delete=auto_delete, internal=internal,
+                                    arguments=args))
+    return web.Response(status=201)
+
+
+@routes.delete("/api/exchanges/{vhost}/{name}")
+async def delete_exchange(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    user = user_of(request)
+    v = vhost_for_write(request)
+    name = _exchange_name(request.match_info["name"])
+    x = v.exchanges.get(name)
+    if x is None:
+        raise not_found()
+    if name == "":
+        raise access_refused("operation not permitted on the default exchange")
+    if name.startswith("amq."):
+        raise access_refused(f"deletion of system exchange '{name}' in vhost '{v.name}' not allowed")
+    broker.check_permission(user, v.name, "configure", "exchange", name)
+    if _query_flag(request, "if-unused") and v.exchange_in_use(x):
+        raise precondition_failed(f"exchange '{name}' in vhost '{v.name}' in use")
+    broker.delete_exchange(v, x)
+    return web.Response(status=204)
+
+
+@routes.get("/api/exchanges/{vhost}/{name}/bindings/source")
+async def exchange_bindings_source(request: web.Request) -> web.Response:
+    v = vhost_for_read(request)
+    name = _exchange_name(request.match_info["name"])
+    if name not in v.exchanges:
+        raise not_found()
+    return listing.respond(request, [b for b in shapes.bindings_of(v) if b["source"] == name])
+
+
+@routes.get("/api/exchanges/{vhost}/{name}/bindings/destination")
+async def exchange_bindings_destination(request: web.Request) -> web.Response:
+    v = vhost_for_read(request)
+    name = _exchange_name(request.match_info["name"])
+    if name not in v.exchanges:
+        raise not_found()
+    return listing.respond(request, [b for b in shapes.bindings_of(v)
+                                     if b["destination_type"] == EXCHANGE and b["destination"] == name])
+
+
+@routes.post("/api/exchanges/{vhost}/{name}/publish")
+async def publish(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    v = vhost_for_write(request)
+    body = await read_json(request)
+    routed = ops.publish(broker, user_of(request), v, _exchange_name(request.match_info["name"]), body)
+    return web.json_response({"routed": routed})
+
+
+# ---------------------------------------------------------------- queues
+
+@routes.get("/api/queues")
+async def list_queues(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return listing.respond(request, [shapes.queue(api.broker, q) for v in _visible(api, request)
+                                     for q in v.queues.values()])
+
+
+@routes.get("/api/queues/{vhost}")
+async def list_vhost_queues(request: web.Request) -> web.Response:
+    v = vhost_for_read(request)
+    broker = api_of(request).broker
+    return listing.respond(request, [shapes.queue(broker, q) for q in v.queues.values()])
+
+
+@routes.get("/api/queues/{vhost}/{name}")
+async def get_queue(request: web.Request) -> web.Response:
+    v = vhost_for_read(request)
+    q = v.queues.get(request.match_info["name"])
+    if q is None:
+        raise not_found()
+    return web.json_response(shapes.queue(api_of(request).broker, q, details=True))
+
+
+@routes.put("/api/queues/{vhost}/{name}")
+async def put_queue(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    user = user_of(request)
+    v = vhost_for_write(request)
+    name = request.match_info["name"]
+    body = await read_json(request)
+    durable = _flag(body, "durable", True)
+    auto_delete = _flag(body, "auto_delete", False)
+    args = _arguments(body)
+    node = body.get("node")
+    if node is not None and node != broker.config.node_name:
+        raise bad_request(f"node '{node}' is not a member of this cluster")
+    broker.check_permission(user, v.name, "configure", "queue", name)
+    q = v.queues.get(name)
+    if q is not None:
+        v.queue(name, owner=None)  # another connection's exclusive queue: 405 RESOURCE_LOCKED
+        for arg, got, cur in (("durable", durable, q.durable), ("auto_delete", auto_delete, q.auto_delete)):
+            if got != cur:
+                raise _inequivalent("queue", name, v.name, arg, got, cur)
+        qargs.check_equivalent_args("queue", name, v.name, q.arguments, args, qargs.QUEUE_ARGS_COMPARED)
+        return web.Response(status=204)
+    if name.startswith("amq."):
+        raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+    broker.declare_queue(v, name, durable=durable, exclusive=False, auto_delete=auto_delete, arguments=args,
+                         owner=None)
+    return web.Response(status=201)
+
+
+def _queue(request: web.Request, v):
+    q = v.queues.get(request.match_info["name"])
+    if q is None:
+        raise not_found()
+    return q
+
+
+@routes.delete("/api/queues/{vhost}/{name}")
+async def delete_queue(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    v = vhost_for_write(request)
+    q = _queue(request, v)
+    v.queue(q.name, owner=None)
+    broker.check_permission(user_of(request), v.name, "configure", "queue", q.name)
+    if _query_flag(request, "if-unused") and q.consumer_count:
+        raise precondition_failed(f"queue '{q.name}' in vhost '{v.name}' in use")
+    if _query_flag(request, "if-empty") and q.message_count:
+        raise precondition_failed(f"queue '{q.name}' in vhost '{v.name}' not empty")
+    broker.delete_queue(q)
+    return web.Response(status=204)
+
+
+@routes.delete("/api/queues/{vhost}/{name}/contents")
+async def purge_queue(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    v = vhost_for_write(request)
+    q = _queue(request, v)
+    v.queue(q.name, owner=None)
+    broker.check_permission(user_of(request), v.name, "read", "queue", q.name)
+    broker.purge_queue(q)
+    return web.Response(status=204)
+
+
+@routes.post("/api/queues/{vhost}/{name}/get")
+async def get_messages(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    v = vhost_for_write(request)
+    q = _queue(request, v)
+    v.queue(q.name, owner=None)
+    broker.check_permission(user_of(request), v.name, "read", "queue", q.name)
+    body = await read_json(request)
+    return web.json_response(ops.get_messages(broker, q, body))
+
+
+@routes.get("/api/queues/{vhost}/{name}/bindings")
+async def queue_bindings(request: web.Request) -> web.Response:
+    v = vhost_for_read(request)
+    q = _queue(request, v)
+    return listing.respond(request, [b for b in shapes.bindings_of(v)
+                                     if b["destination_type"] == QUEUE and b["destination"] == q.name])
+
+
+# ---------------------------------------------------------------- bindings
+
+@routes.get("/api/bindings")
+async def list_bindings(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return listing.respond(request, [b for v in _visible(api, request) for b in shapes.bindings_of(v)])
+
+
+@routes.get("/api/bindings/{vhost}")
+async def list_vhost_bindings(request: web.Request) -> web.Response:
+    return listing.respond(request, shapes.bindings_of(vhost_for_read(request)))
+
+
+_KINDS = {"q": QUEUE, "e": EXCHANGE}
+
+
+def _ends(request: web.Request, v, kind: str) -> tuple[str, str]:
+    source = _exchange_name(request.match_info["source"])
+    destination = request.match_info["destination"]
+    if source not in v.exchanges:
+        raise not_found()
+    if kind == QUEUE:
+        if destination not in v.queues:
+            raise not_found()
+    elif _exchange_name(destination) not in v.exchanges:
+        raise not_found()
+    else:
+        destination = _exchange_name(destination)
+    return source, destination
+
+
+def _between(v, source: str, kind: str, destination: str) -> list[dict[str, Any]]:
+    return [b for b in shapes.bindings_of(v) if b["source"] == source and b["destination_type"] == kind
+            and b["destination"] == destination]
+
+
+def _binding_routes(letter: str) -> None:
+    kind = _KINDS[letter]
+    base = f"/api/bindings/{{vhost}}/e/{{source}}/{letter}/{{destination}}"
+
+    async def list_between(request: web.Request) -> web.Response:
+        v = vhost_for_read(request)
+        source, destination = _ends(request, v, kind)
+        return listing.respond(request, _between(v, source, kind, destination))
+
+    async def create(request: web.Request) -> web.Response:
+        broker = api_of(request).broker
+        user = user_of(request)
+        v = vhost_for_write(request)
+        source, destination = _ends(request, v, kind)
+        body = await read_json(request, required=False)
+        routing_key = body.get("routing_key", "")
+        if not isinstance(routing_key, str):
+            raise bad_request("routing_key must be a string")
+        args = _arguments(body)
+        if source == "" or (kind == EXCHANGE and destination == ""):
+            raise access_refused("operation not permitted on the default exchange")
+        if kind == QUEUE:
+            v.queue(destination, owner=None)
+        broker.check_permission(user, v.name, "write", kind, destination)
+        broker.check_permission(user, v.name, "read", "exchange", source)
+        broker.bind(v, source, kind, destination, routing_key, args)
+        key = shapes.properties_key(routing_key, args)
+        return web.Response(status=201, headers={"Location": key})
+
+    async def get_one(request: web.Request) -> web.Response:
+        v = vhost_for_read(request)
+        source, destination = _ends(request, v, kind)
+        key = request.match_info["props"]
+        for b in _between(v, source, kind, destination):
+            if b["properties_key"] == key:
+                return web.json_response(b)
+        raise not_found()
+
+    async def delete_one(request: web.Request) -> web.Response:
+        broker = api_of(request).broker
+        user = user_of(request)
+        v = vhost_for_write(request)
+        source, destination = _ends(request, v, kind)
+        key = request.match_info["props"]
+        if source == "":
+            raise access_refused("operation not permitted on the default exchange")
+        x = v.exchanges[source]
+        for b in list(x.bindings.values()):
+            if b.kind == kind and b.destination == destination and \
+                    shapes.properties_key(b.routing_key, b.arguments) == key:
+                if kind == QUEUE:
+                    v.queue(destination, owner=None)
+                broker.check_permission(user, v.name, "write", kind, destination)
+                broker.check_permission(user, v.name, "read", "exchange", source)
+                broker.unbind(v, source, kind, destination, b.routing_key, b.arguments)
+                return web.Response(status=204)
+        raise not_found()
+
+    routes.get(base)(list_between)
+    routes.post(base)(create)
+    routes.get(base + "/{props}")(get_one)
+    routes.delete(base + "/{props}")(delete_one)
+
+
+_binding_routes("q")
+_binding_routes("e")

@@ -1,0 +1,117 @@
+"""Quorum queues on a single node, as a client sees them (`x-queue-type: quorum`).
+
+The declaration rules (durable, never exclusive or auto-delete, no priorities), the
+`x-delivery-count` header on every redelivery, `x-delivery-limit` dead-lettering with reason
+`delivery_limit`, and the refusal of global qos, with RabbitMQ 3.10's codes and texts.
+Replication itself is the cluster suite's subject.
+"""
+
+from __future__ import annotations
+
+import pika
+import pytest
+
+from tests.integration.helpers import channel_error, connection_error, drain
+
+QUORUM = {"x-queue-type": "quorum"}
+
+
+@pytest.fixture
+def ch(conn):
+    """A channel in confirm mode: a publish returns once the queue has committed it."""
+    c = conn.channel()
+    c.confirm_delivery()
+    return c
+
+
+@pytest.mark.parametrize("flags,prop", [
+    ({"durable": False}, "non-durable"),
+    ({"durable": True, "exclusive": True}, "exclusive-owner"),
+    ({"durable": True, "auto_delete": True}, "auto-delete"),
+], ids=["non-durable", "exclusive", "auto-delete"])
+def test_quorum_queue_must_be_durable_and_shared(ch, names, flags, prop):
+    q = names.queue()
+    code, text = channel_error(ch.queue_declare, q, arguments=QUORUM, **flags)
+    assert (code, text) == (406, f"PRECONDITION_FAILED - invalid property '{prop}' for queue '{q}' in vhost '/'")
+
+
+def test_quorum_queue_declare_and_redeclare(ch, names):
+    q = names.queue()
+    ok = ch.queue_declare(q, durable=True, arguments=QUORUM).method
+    assert (ok.queue, ok.message_count, ok.consumer_count) == (q, 0, 0)
+    ch.queue_declare(q, durable=True, arguments=QUORUM)
+    ch.queue_declare(q, passive=True)
+
+
+def test_redeclaring_a_quorum_queue_as_classic_is_406(ch, names):
+    q = names.queue()
+    ch.queue_declare(q, durable=True, arguments=QUORUM)
+    code, text = channel_error(ch.queue_declare, q, durable=True, arguments={"x-queue-type": "classic"})
+    assert (code, text) == (406, f"PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue '{q}' in "
+                                 "vhost '/': received 'classic' but current is 'quorum'")
+
+
+def test_unknown_queue_type_is_406(ch, names):
+    q = names.queue()
+    code, text = channel_error(ch.queue_declare, q, durable=True, arguments={"x-queue-type": "nope"})
+    assert (code, text) == (406, f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{q}' in "
+                                 "vhost '/': \"unsupported queue type 'nope'\"")
+
+
+def test_quorum_queue_refuses_max_priority(ch, names):
+    q = names.queue()
+    code, text = channel_error(ch.queue_declare, q, durable=True, arguments={**QUORUM, "x-max-priority": 5})
+    assert code == 406
+    assert text.startswith(f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue '{q}' in vhost '/'")
+
+
+def test_quorum_queue_is_fifo_and_confirms_every_publish(ch, names):
+    q = names.queue()
+    ch.queue_declare(q, durable=True, arguments=QUORUM)
+    for i in range(200):
+        ch.basic_publish("", q, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    assert ch.queue_declare(q, passive=True).method.message_count == 200
+    got = []
+    ch.basic_qos(prefetch_count=50)
+    ch.basic_consume(q, lambda c, m, _p, b: (got.append(int(b)), c.basic_ack(m.delivery_tag)))
+    drain(ch.connection, lambda: len(got) == 200, timeout_s=20)
+    assert got == list(range(200))
+
+
+def test_every_redelivery_carries_x_delivery_count(ch, names):
+    q = names.queue()
+    ch.queue_declare(q, durable=True, arguments=QUORUM)
+    ch.basic_publish("", q, b"m")
+    seen = []
+    for _ in range(3):
+        method, props, _ = ch.basic_get(q)
+        seen.append((method.redelivered, (props.headers or {}).get("x-delivery-count")))
+        ch.basic_reject(method.delivery_tag, requeue=True)
+    assert seen == [(False, 0), (True, 1), (True, 2)]
+
+
+def test_delivery_limit_dead_letters_with_reason_delivery_limit(ch, names):
+    q, dlq = names.queue("work"), names.queue("dead")
+    ch.queue_declare(dlq)
+    ch.queue_declare(q, durable=True, arguments={**QUORUM, "x-delivery-limit": 1,
+                                                 "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+    ch.basic_publish("", q, b"poison")
+    for _ in range(2):
+        method, _, _ = ch.basic_get(q)
+        ch.basic_reject(method.delivery_tag, requeue=True)
+    method, props, body = drain(ch.connection, lambda: (r := ch.basic_get(dlq, auto_ack=True))[0] and r,
+                                what="dead-lettered message")
+    assert body == b"poison"
+    (death,) = props.headers["x-death"]
+    assert (death["reason"], death["queue"], death["count"]) == ("delivery_limit", q, 1)
+    assert props.headers["x-first-death-reason"] == "delivery_limit"
+    assert ch.basic_get(q) == (None, None, None)
+
+
+def test_consuming_from_a_quorum_queue_with_global_qos_is_540(conn, names):
+    ch = conn.channel()
+    q = names.queue()
+    ch.queue_declare(q, durable=True, arguments=QUORUM)
+    ch.basic_qos(prefetch_count=5, global_qos=True)
+    code, text = connection_error(ch.basic_consume, q, lambda *a: None)
+    assert (code, text) == (540, f"NOT_IMPLEMENTED - queue '{q}' in vhost '/' does not support global qos")
