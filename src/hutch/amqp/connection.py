@@ -101,6 +101,7 @@ class Connection:
         self.server_properties = server_properties
         self.channel_max = channel_max
         self.frame_max = frame_max
+        self._frame_limit = spec.FRAME_MIN_SIZE  # until tune-ok: frames up to frame-min-size (spec 4.2.3)
         self.heartbeat_s = heartbeat_s
         self.message_bytes_max = message_bytes_max
         self.mechanisms = mechanisms
@@ -272,9 +273,9 @@ class Connection:
         while n - off >= 8:
             try:
                     ftype, ch, size = _frame_header.unpack_from(data, off)
-                    if size + 8 > self.frame_max:
+                    if size + 8 > self._frame_limit:
                         raise spec.AMQPError(spec.FRAME_ERROR, f"type {ftype}, frame size {size + 8} exceeds "
-                                             f"negotiated frame_max {self.frame_max}")
+                                             f"negotiated frame_max {self._frame_limit}")
                     end = off + 7 + size
                     if end >= n:
                         break
@@ -499,6 +500,7 @@ class Connection:
 
         self.channel_max = negotiated("channel_max", m.channel_max, self.channel_max)
         self.frame_max = negotiated("frame_max", m.frame_max, self.frame_max, spec.FRAME_MIN_SIZE)
+        self._frame_limit = self.frame_max
         self.heartbeat_s = m.heartbeat
         self.state = AWAIT_OPEN
 

@@ -180,7 +180,7 @@ def parse_expiration(value: str) -> int:
     try:
         ms = int(value)
     except ValueError:
-        raise precondition_failed(f"invalid expiration '{value}': {{error,no_integer}}") from None
+        raise precondition_failed(f"invalid expiration '{value}': no_integer") from None
     if ms < 0:
         raise precondition_failed(f"invalid expiration '{value}': {{value_negative,{ms}}}")
     return ms

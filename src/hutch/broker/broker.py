@@ -520,8 +520,10 @@ class Broker:
             self.journal.delivered(q.journal_id, entry.log_seq)
 
     def expire_queue(self, q: ClassicQueue) -> None:
+        # a message expires once its TTL has passed, not at its last moment: one published with
+        # TTL 0 (x-message-ttl 0) still goes to a consumer that can take it at once, as in RabbitMQ
         now = self.now_ms()
-        expired = q.expire(now)
+        expired = q.expire(now - 1)
         if expired:
             self.dead_letter(q, expired, "expired")
 

@@ -53,6 +53,8 @@ class Entry:
 
     @property
     def redelivered(self) -> bool:
+        """For a ready entry: its next delivery carries `redelivered` (it was delivered before).
+        After `checkout` the count includes that delivery, so a delivery's flag is count > 1."""
         return self.delivery_count > 0
 
     def __lt__(self, other: Entry) -> bool:
