@@ -477,7 +477,7 @@ def test_content_is_assembled_across_many_body_frames(amqp):
     assert (ev.channel, ev.exchange, ev.routing_key, ev.mandatory, ev.immediate) == (1, "amq.topic", "a.b", False, False)
     assert ev.route_enc == codec.route_encoding("amq.topic", "a.b")
     assert ev.props == PROPS and ev.body == body
-    assert conn._channels[1].parts == [] and conn._buf == b""
+    assert conn._channels[1].parts == [] and conn.buffered_bytes == 0
 
 
 def test_content_fed_one_byte_at_a_time_gives_the_same_publish(amqp):
@@ -489,7 +489,7 @@ def test_content_fed_one_byte_at_a_time_gives_the_same_publish(amqp):
     events = []
     for i in range(len(stream)):
         events += amqp.feed(conn, stream[i:i + 1])
-        assert len(conn._buf) < conn.frame_max
+        assert conn.buffered_bytes < conn.frame_max
     assert [type(e) for e in events] == [Publish, Publish]
     assert events[0].body == body and events[0].props == PROPS and events[0].routing_key == "rk"
     # an empty body has no body frames: the header completes the message
@@ -544,7 +544,7 @@ def test_oversized_frame_is_refused_from_its_header_alone(amqp):
     conn = amqp.open_connection()
     # only the 7-byte header of a frame declaring far more than frame_max
     assert amqp.feed(conn, struct.pack(">BHI", 3, 1, 0xFFFFFFF0) + b"x") == []
-    assert conn._buf == b""
+    assert conn.buffered_bytes == 0
     m = assert_connection_closed_by_server(amqp, conn, spec.FRAME_ERROR)
     assert "frame_max" in m.reply_text
 
@@ -568,7 +568,7 @@ def test_message_larger_than_message_bytes_max_is_refused_at_the_header(amqp):
     assert m.reply_text == "PRECONDITION_FAILED - message size 1001 is larger than configured max size 1000"
     # the body frames that follow are dropped, not buffered
     assert amqp.feed(conn, amqp.body(1, b"x" * 1000) + amqp.body(1, b"y")) == []
-    assert conn._channels[1].parts == [] and conn._buf == b""
+    assert conn._channels[1].parts == [] and conn.buffered_bytes == 0
     assert conn.is_open and amqp.output(conn) == b""
     # at the limit is fine, on another channel
     (ev,) = amqp.feed(conn, amqp.publish(2, b"z" * 1000))

@@ -71,7 +71,7 @@ class Observer:
         if conn.state == CLOSED:
             assert self.ended_by is not None
         # memory: only a partial frame is kept, and never more than one frame's worth
-        assert len(conn._buf) < conn.frame_max
+        assert conn.buffered_bytes < conn.frame_max
         for c in conn._channels.values():
             if c.body_size >= 0:  # a message's body is being received
                 assert sum(len(p) for p in c.parts) == c.received <= c.body_size <= conn.message_bytes_max
@@ -276,7 +276,7 @@ def test_random_bytes_during_the_handshake(amqp, data, cuts):
             elif isinstance(ev, OpenVhost):
                 conn.open_ok()
         amqp.parse(amqp.output(conn))
-        assert len(conn._buf) < max(conn.frame_max, 8)
+        assert conn.buffered_bytes < max(conn.frame_max, 8)
 
 
 @settings(max_examples=100, deadline=None, database=None)
@@ -286,7 +286,7 @@ def test_huge_declared_frame_sizes_are_refused_before_any_buffering(amqp, ftype,
     conn = opened(amqp)
     obs = Observer(amqp, conn, {1, 2})
     obs.feed(struct.pack(">BHI", ftype, channel, size) + b"\x00")
-    assert conn._buf == b""
+    assert conn.buffered_bytes == 0
     assert obs.server_close_code == spec.FRAME_ERROR
 
 
@@ -299,4 +299,4 @@ def test_huge_declared_body_sizes_are_refused_at_the_content_header(amqp, channe
              + amqp.body(channel, b"x" * (FRAME_MAX - 8)))
     (closed,) = obs.events
     assert isinstance(closed, ChannelClosed) and closed.code == spec.PRECONDITION_FAILED
-    assert conn._channels[channel].parts == [] and conn._buf == b"" and conn.is_open
+    assert conn._channels[channel].parts == [] and conn.buffered_bytes == 0 and conn.is_open

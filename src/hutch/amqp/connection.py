@@ -47,6 +47,8 @@ from hutch.amqp.events import (
 _frame_header = struct.Struct(">BHI")
 _i = struct.Struct(">I")
 _qb = struct.Struct(">QB")
+_hhq = struct.Struct(">HHQ")
+ROUTE_CACHE_MAX = 1024
 
 # method indexes (class_id << 16 | method_id)
 _BASIC_PUBLISH = 0x003C0028
@@ -111,7 +113,10 @@ class Connection:
         self.mechanism = ""
         self.vhost = ""
         self.close_reason: tuple[int, str] | None = None
-        self._buf = b""
+        self._buf: list[bytes] = []  # pieces of an incomplete frame
+        self._buf_len = 0
+        self._buf_need = 0  # bytes needed before parsing can make progress
+        self._route_cache: dict[bytes, tuple] = {}
         self._out: list[bytes] = []
         self._channels: dict[int, _Channel] = {}
         self._reads = 0
@@ -131,6 +136,11 @@ class Connection:
     def capabilities(self) -> dict[str, Any]:
         caps = self.client_properties.get("capabilities")
         return caps if isinstance(caps, dict) else {}
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held of a frame that has not fully arrived (bounded by the frame size limit)."""
+        return self._buf_len
 
     def channel_is_open(self, channel: int) -> bool:
         c = self._channels.get(channel)
@@ -252,14 +262,20 @@ class Connection:
             return
         self._reads += 1
         if self._buf:
-            data = self._buf + data
-            self._buf = b""
+            if self._buf_len + len(data) < self._buf_need:
+                self._buf.append(data)  # still not a whole frame: keep the pieces, copy nothing yet
+                self._buf_len += len(data)
+                return
+            self._buf.append(data)
+            data = b"".join(self._buf)
+            self._buf = []
+            self._buf_len = 0
         if self.state == AWAIT_HEADER:
             if len(data) < 8:
                 if data and not spec.PROTOCOL_HEADER.startswith(data[:4][: len(data)]):
                     yield from self._bad_header()
                     return
-                self._buf = data
+                self._keep(data)
                 return
             if data[:8] != spec.PROTOCOL_HEADER:
                 yield from self._bad_header()
@@ -337,7 +353,43 @@ class Connection:
                             raise spec.AMQPError(spec.FRAME_ERROR, "method frame too short")
                         idx = _i.unpack_from(payload)[0]
                         if idx == _BASIC_PUBLISH:
-                            c.publish = codec.decode_publish(payload)
+                            # route cache: exchange, routing key and flags exactly as sent
+                            key = payload[6:]
+                            p = self._route_cache.get(key)
+                            if p is None:
+                                p = codec.decode_publish(payload)
+                                if len(self._route_cache) >= ROUTE_CACHE_MAX:
+                                    self._route_cache.clear()
+                                self._route_cache[key] = p
+                            # fast path: header and a single body frame already here
+                            if n - off >= 22:
+                                ht, hch, hsize = _frame_header.unpack_from(data, off)
+                                hend = off + 7 + hsize
+                                if ht == 2 and hch == ch and hsize >= 14 and hend < n and data[hend] == 0xCE \
+                                        and hsize + 8 <= self._frame_limit:
+                                    class_id, _w, body_size = _hhq.unpack_from(data, off + 7)
+                                    if class_id == 60 and body_size <= self.message_bytes_max:
+                                        if body_size == 0:
+                                            props = data[off + 19:hend]
+                                            off = hend + 1
+                                            yield Publish(ch, p[0], p[1], p[2], p[3], p[4], props, b"")
+                                            if self.state != OPEN:
+                                                return
+                                            continue
+                                        boff = hend + 1
+                                        if n - boff >= 8:
+                                            bt, bch, bsize = _frame_header.unpack_from(data, boff)
+                                            bend = boff + 7 + bsize
+                                            if bt == 3 and bch == ch and bsize == body_size and bend < n \
+                                                    and data[bend] == 0xCE and bsize + 8 <= self._frame_limit:
+                                                props = data[off + 19:hend]
+                                                off = bend + 1
+                                                yield Publish(ch, p[0], p[1], p[2], p[3], p[4], props,
+                                                              data[boff + 7:bend])
+                                                if self.state != OPEN:
+                                                    return
+                                                continue
+                            c.publish = p
                             c.body_size = -1
                         elif idx == _BASIC_ACK:
                             tag, bits = _tag_and_bits(payload, idx)
@@ -412,9 +464,17 @@ class Connection:
                     return
                 self.close_channel(ch, err.code, err.text, err.class_id, err.method_id)
                 yield ChannelClosed(ch, err.code, err.text)
-        if off < n and self.state not in (CLOSED,):
-            rest = data[off:]
-            self._buf = rest
+        if off < n and self.state != CLOSED:
+            self._keep(data[off:])
+
+    def _keep(self, rest: bytes) -> None:
+        """Hold the start of an incomplete frame until enough bytes have arrived to finish it."""
+        self._buf = [rest]
+        self._buf_len = len(rest)
+        if self.state == AWAIT_HEADER or len(rest) < 7:
+            self._buf_need = 8
+        else:
+            self._buf_need = 8 + _i.unpack_from(rest, 3)[0]
 
     # ------------------------------------------------------------ handshake
 
