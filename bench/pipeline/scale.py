@@ -125,7 +125,7 @@ def _run_checker(checker: str, directory: str, out_dir: str, master: str, result
         job.close()
         spark.stop()
         counts = {q: s for q, s in f.summary["queues"].items()}
-        extra = {"session_s": round(t_session, 1)}
+        extra = {"session_s": round(t_session, 1), "steps_s": job.timings_s}
     elif checker == "reference":
         from hutch.pipeline.reference import check_history
 

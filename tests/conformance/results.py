@@ -27,6 +27,7 @@ FLAKY = HERE / "flaky.txt"
 PENDING = HERE / "pending.txt"
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
+RECORDED_BROKERS = ("hutch", "rabbitmq", "hutch-tls", "rabbitmq-tls")  # results/<name>.json
 
 # Why a suite has no test outcomes.
 RAN = "ran"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import report
+from . import report, toolchain
 from . import results as R
 from .runner import run_suite
 from .suites import ALL, SUITES
@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="run nothing: regenerate docs/compatibility.md (and, with --update-expected,"
                         " the expected lists) from results/")
     p.add_argument("--no-save", action="store_true", help="do not write results/<broker>.json")
+    p.add_argument("--tls", action="store_true",
+                   help="give the broker a TLS listener with aiormq's suite certificates and run the TLS tests"
+                        " too; results go to results/<broker>-tls.json")
     args = p.parse_args(argv)
     args.suite_names = [s.strip() for s in args.suites.split(",") if s.strip()]
     unknown = [s for s in args.suite_names if s not in SUITES]
@@ -52,13 +55,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_against(spec: str, suite_names: list[str], mgmt_url: str | None = None) -> list[R.SuiteResult]:
-    target = make_target(spec, mgmt_url)
+def run_against(spec: str, suite_names: list[str], mgmt_url: str | None = None,
+                tls: bool = False) -> list[R.SuiteResult]:
+    target = make_target(spec, mgmt_url, tls=toolchain.tls_files() if tls else None)
     run = []
     for name in suite_names:
         res = run_suite(SUITES[name], target, log=lambda m: print(m, flush=True))
         c = res.counts()
-        print(f"[{target.name}] {name}: {res.status}; {c['tests']} tests, {c['passed']} passed, "
+        print(f"[{target.results_name}] {name}: {res.status}; {c['tests']} tests, {c['passed']} passed, "
               f"{c['failed']} failed, {c['error']} errors, {c['skipped']} skipped in {res.wall_s:.0f} s",
               flush=True)
         run.append(res)
@@ -104,16 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     hutch_run: list[R.SuiteResult] = []
     for spec, mgmt_url in plan:
-        run = run_against(spec, args.suite_names, mgmt_url)
+        run = run_against(spec, args.suite_names, mgmt_url, tls=args.tls)
         broker = run[0].broker if run else spec
         report.print_run(run, f"{broker}: {run[0].product if run else ''}")
-        if broker in ("hutch", "rabbitmq") and not args.no_save:
+        if broker in R.RECORDED_BROKERS and not args.no_save:
             print(f"wrote {R.save_results(broker, run)}")
         if any(r.status not in (R.RAN, R.NOT_SERVED) for r in run):
             status = 1
         if broker == "hutch":
             hutch_run = run
     if args.update_expected:
+        if args.tls:
+            print("--update-expected: the expected lists come from runs without --tls", file=sys.stderr)
+            return 2
         if not hutch_run:
             print("--update-expected needs a hutch run", file=sys.stderr)
             return 2

@@ -27,13 +27,13 @@ REPORTS = toolchain.CACHE / "reports"
 KILL_GRACE_S = 10
 
 
-def suite_env(suite: Suite, ep: Endpoint, outcomes: Path) -> dict[str, str]:
+def suite_env(suite: Suite, ep: Endpoint, outcomes: Path, tls: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_", "HUTCH_CONFORMANCE_", "VIRTUAL_ENV", "PYTHON"))}
     env.update(suite.environment(ep))
     env["PYTHONPATH"] = str(toolchain.PLUGINS)
     env["HUTCH_CONFORMANCE_OUTCOMES"] = str(outcomes)
-    env["HUTCH_CONFORMANCE_DESELECT"] = json.dumps([[d.pattern, d.reason] for d in suite.deselect])
+    env["HUTCH_CONFORMANCE_DESELECT"] = json.dumps([[d.pattern, d.reason] for d in suite.deselections(tls)])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
@@ -48,37 +48,42 @@ def pytest_command(suite: Suite, src: Path, python: Path, junit: Path) -> list[s
     return cmd
 
 
-def run_suite(suite: Suite, target, log=print) -> SuiteResult:
-    """Run `suite` against a fresh broker from `target`; never raises for a broker problem."""
-    result = SuiteResult(suite=suite.name, broker=target.name)
+def run_suite(suite: Suite, target, log=print, reports_dir: Path = REPORTS) -> SuiteResult:
+    """Run `suite` against a fresh broker from `target`; never raises for a broker problem.
+
+    Its pytest log, junit XML, outcomes and the node's log go to `reports_dir` (by default
+    cache/reports, overwritten by the next run of the same suite on the same broker).
+    """
+    result = SuiteResult(suite=suite.name, broker=target.results_name)
     try:
         python = toolchain.ensure_venv()
         src = toolchain.prepare(suite)
     except (toolchain.ToolchainError, OSError, subprocess.SubprocessError) as e:
         result.status, result.note = BROKEN, f"could not prepare the suite: {e}"
         return result
-    REPORTS.mkdir(parents=True, exist_ok=True)
-    stem = f"{target.name}-{suite.name}"
-    outcomes, junit, logfile = (REPORTS / f"{stem}.jsonl", REPORTS / f"{stem}.xml", REPORTS / f"{stem}.log")
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{target.results_name}-{suite.name}"
+    outcomes, junit, logfile = (reports_dir / f"{stem}.jsonl", reports_dir / f"{stem}.xml",
+                                reports_dir / f"{stem}.log")
     for path in (outcomes, junit):
         path.unlink(missing_ok=True)
     try:
-        with target.fresh(suite) as ep:
+        with target.fresh(suite, reports_dir) as ep:
             result.product = target.product
             if suite.needs_mgmt and not ep.mgmt_url:
                 result.status = NOT_SERVED
                 result.note = "the broker has no management HTTP API port"
                 return result
             cmd = pytest_command(suite, src, python, junit)
-            log(f"[{target.name}] {suite.name}: {suite.sdist} against {ep.amqp_url}"
+            log(f"[{target.results_name}] {suite.name}: {suite.sdist} against {ep.amqp_url}"
                 f"{' + ' + ep.mgmt_url if ep.mgmt_url and suite.needs_mgmt else ''} (log: {logfile})")
             with open(logfile, "wb") as out:
                 out.write(f"$ cd {src} && {' '.join(cmd)}\n".encode())
                 out.flush()
                 started = time.monotonic()
-                proc = subprocess.Popen(cmd, cwd=src, env=suite_env(suite, ep, outcomes), stdout=out,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+                env = suite_env(suite, ep, outcomes, tls=target.tls is not None)
+                proc = subprocess.Popen(cmd, cwd=src, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
                 try:
                     proc.wait(timeout=suite.suite_timeout_s)
                 except subprocess.TimeoutExpired:

@@ -37,10 +37,15 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class Deselection:
-    """Tests a suite does not run here. `pattern` is a pytest node id where `*` matches anything."""
+    """Tests a suite does not run here. `pattern` is a pytest node id where `*` matches anything.
+
+    `lifted_by_tls`: the tests do run when the broker has a TLS listener serving the
+    certificates of aiormq's suite (`run --tls`).
+    """
 
     pattern: str
     reason: str
+    lifted_by_tls: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class Suite:
     in_make_test: bool = False  # run by tests/conformance/test_suites.py against hutch
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+
+    def deselections(self, tls: bool) -> tuple[Deselection, ...]:
+        return tuple(d for d in self.deselect if not (tls and d.lifted_by_tls))
 
     @property
     def sdist(self) -> str:
@@ -164,9 +172,10 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
         paths=("tests",),
         summary="aiormq: handshake, tune, frame sizes, auth, channels, confirms, returns, nowait, errors, heartbeats",
         deselect=(
-            Deselection("*[*amqps*", TLS + " (the amqps and amqps-client URL variants)"),
-            Deselection("tests/test_connection.py::test_ssl_context", TLS),
-            Deselection("tests/test_connection.py::test_ssl_verification_fails_without_trusted_ca", TLS),
+            Deselection("*[*amqps*", TLS + " (the amqps and amqps-client URL variants)", lifted_by_tls=True),
+            Deselection("tests/test_connection.py::test_ssl_context", TLS, lifted_by_tls=True),
+            Deselection("tests/test_connection.py::test_ssl_verification_fails_without_trusted_ca", TLS,
+                        lifted_by_tls=True),
         ),
         suite_timeout_s=1200,
         plugins=("hutch_conformance_docker",),
@@ -177,7 +186,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
         paths=("tests",),
         summary="aio-pika: declare/bind, publish/consume/get, DLX, TTL, priorities, max-length, tx, robust reconnect",
         deselect=(
-            Deselection("tests/test_amqps.py::*", TLS),
+            Deselection("tests/test_amqps.py::*", TLS, lifted_by_tls=True),
             Deselection("tests/test_robust_recovery.py::*", DOCKER),
         ),
         suite_timeout_s=1800,

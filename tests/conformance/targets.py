@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from tests.support.brokers import HutchNode, RabbitMQNode
+from tests.support.brokers import HutchNode, RabbitMQNode, free_port, port_open, wait_until
 
 from .suites import Endpoint, Suite
+from .toolchain import TlsFiles
 
-NODE_LOGS = Path(__file__).resolve().parent / "cache" / "reports"
 LOG_TAIL_CHARS = 3000
 HUTCH_START_TIMEOUT_S = 30.0
 RABBITMQ_START_TIMEOUT_S = 120.0
@@ -61,22 +61,38 @@ def describe(host: str, port: int) -> str:
     return f"{props.get('product', '?')} {props.get('version', '?')}".strip()
 
 
-def _keep_log(path: Path, name: str) -> None:
+def _keep_log(path: Path, dest: Path) -> None:
     """Keep a node's log beside the suite's reports: the node's own directory is removed."""
     with contextlib.suppress(OSError):
-        NODE_LOGS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, NODE_LOGS / name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
 
 
-class HutchTarget:
+class _Target:
+    name = "?"
+
+    def __init__(self, tls: TlsFiles | None = None) -> None:
+        self.tls = tls
+        self.product = f"{self.name} (not started)"
+
+    @property
+    def results_name(self) -> str:
+        """Where this target's results are kept: runs with TLS count other tests than runs without."""
+        return f"{self.name}-tls" if self.tls else self.name
+
+
+class HutchTarget(_Target):
     name = "hutch"
 
-    def __init__(self) -> None:
-        self.product = "hutch (not started)"
-
     @contextlib.contextmanager
-    def fresh(self, suite: Suite) -> Iterator[Endpoint]:
-        node = HutchNode()
+    def fresh(self, suite: Suite, log_dir: Path | None = None) -> Iterator[Endpoint]:
+        tls_port = free_port() if self.tls else None
+        extra = []
+        if self.tls:
+            extra = ["--amqps-port", str(tls_port), "--tls-cert", str(self.tls.cert), "--tls-key",
+                     str(self.tls.key), "--tls-ca", str(self.tls.ca), "--tls-verify-peer",
+                     "--no-tls-fail-if-no-peer-cert"]
+        node = HutchNode(extra_args=extra)
         try:
             try:
                 node.start(timeout_s=HUTCH_START_TIMEOUT_S)
@@ -85,23 +101,32 @@ class HutchTarget:
                 raise BrokerStartError(f"hutch node did not start: {e}\n--- {node.log_path} (end) ---\n{tail}") from e
             self.product = describe(node.host, node.port)
             http_port = getattr(node, "http_port", None)  # the management API, once hutch serves one
-            yield Endpoint(host=node.host, port=node.port,
+            yield Endpoint(host=node.host, port=node.port, tls_port=tls_port,
                            mgmt_url=f"http://{node.host}:{http_port}" if http_port else None)
         finally:
             node.stop()
-            _keep_log(node.log_path, f"hutch-{suite.name}.node.log")
+            if log_dir is not None:
+                _keep_log(node.log_path, log_dir / f"{self.results_name}-{suite.name}.node.log")
             node.cleanup()
 
 
-class RabbitMQTarget:
+class RabbitMQTarget(_Target):
     name = "rabbitmq"
 
-    def __init__(self) -> None:
-        self.product = "RabbitMQ (not started)"
-
     @contextlib.contextmanager
-    def fresh(self, suite: Suite) -> Iterator[Endpoint]:
-        node = RabbitMQNode(management=True)
+    def fresh(self, suite: Suite, log_dir: Path | None = None) -> Iterator[Endpoint]:
+        tls_port = free_port() if self.tls else None
+        conf = ""
+        if self.tls:
+            conf = "\n".join([
+                f"listeners.ssl.default = {tls_port}",
+                f"ssl_options.cacertfile = {self.tls.ca}",
+                f"ssl_options.certfile = {self.tls.cert}",
+                f"ssl_options.keyfile = {self.tls.key}",
+                "ssl_options.verify = verify_peer",
+                "ssl_options.fail_if_no_peer_cert = false",
+            ])
+        node = RabbitMQNode(management=True, config_extra=conf)
         try:
             try:
                 node.start(timeout_s=RABBITMQ_START_TIMEOUT_S)
@@ -113,17 +138,21 @@ class RabbitMQTarget:
             mgmt_url = f"http://127.0.0.1:{node.mgmt_port}"
             if suite.needs_mgmt:
                 _wait_for_http(mgmt_url + "/api/overview", RABBITMQ_START_TIMEOUT_S)
-            yield Endpoint(host=node.host, port=node.port, mgmt_url=mgmt_url)
+            if tls_port:
+                wait_until(lambda: port_open("127.0.0.1", tls_port), RABBITMQ_START_TIMEOUT_S,
+                           f"RabbitMQ TLS listener on {tls_port}", interval_s=0.2)
+            yield Endpoint(host=node.host, port=node.port, mgmt_url=mgmt_url, tls_port=tls_port)
         finally:
             node.cleanup()
 
 
-class UrlTarget:
+class UrlTarget(_Target):
     """A broker someone else runs; queues that suites leave behind are deleted before each suite."""
 
     name = "url"
 
     def __init__(self, url: str, mgmt_url: str | None = None) -> None:
+        super().__init__(tls=None)
         parts = urlsplit(url)
         if parts.scheme != "amqp":
             raise ValueError(f"not an amqp:// URL: {url}")
@@ -134,7 +163,7 @@ class UrlTarget:
         self.product = describe(self.endpoint.host, self.endpoint.port)
 
     @contextlib.contextmanager
-    def fresh(self, suite: Suite) -> Iterator[Endpoint]:
+    def fresh(self, suite: Suite, log_dir: Path | None = None) -> Iterator[Endpoint]:
         _delete_queues(self.endpoint, suite.leftover_queues)
         yield self.endpoint
 
@@ -157,8 +186,6 @@ def _wait_for_http(url: str, timeout_s: float) -> None:
     import urllib.error
     import urllib.request
 
-    from tests.support.brokers import wait_until
-
     def ok() -> bool:
         req = urllib.request.Request(url)
         req.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")  # guest:guest
@@ -171,11 +198,13 @@ def _wait_for_http(url: str, timeout_s: float) -> None:
     wait_until(ok, timeout_s, f"management API {url}", interval_s=0.25)
 
 
-def make_target(spec: str, mgmt_url: str | None = None):
+def make_target(spec: str, mgmt_url: str | None = None, tls: TlsFiles | None = None):
     if spec == "hutch":
-        return HutchTarget()
+        return HutchTarget(tls)
     if spec == "rabbitmq":
-        return RabbitMQTarget()
+        return RabbitMQTarget(tls)
     if spec.startswith("amqp://"):
+        if tls:
+            raise ValueError("--tls starts a TLS listener with the suites' certificates: hutch or rabbitmq only")
         return UrlTarget(spec, mgmt_url)
     raise ValueError(f"--broker must be hutch, rabbitmq or an amqp:// URL, not {spec!r}")

@@ -33,8 +33,9 @@ def _summary_line(res: R.SuiteResult, expected: list[str], missing: list) -> str
     pytest.param(name, marks=pytest.mark.timeout(SUITES[name].suite_timeout_s + TIMEOUT_MARGIN_S))
     for name in MAKE_TEST
 ])
-def test_expected_tests_of_client_suite_pass_against_hutch(suite_name, request):
-    res = run_suite(SUITES[suite_name], HutchTarget())
+def test_expected_tests_of_client_suite_pass_against_hutch(suite_name, request, tmp_path):
+    # Reports in tmp_path: a `python -m tests.conformance.run` going on meanwhile keeps its own.
+    res = run_suite(SUITES[suite_name], HutchTarget(), reports_dir=tmp_path)
     expected = R.read_expected(suite_name)
     missing = R.missing_expected(res, expected) if res.status == R.RAN else [(t, res.status) for t in expected]
     line = _summary_line(res, expected, missing)
@@ -42,7 +43,7 @@ def test_expected_tests_of_client_suite_pass_against_hutch(suite_name, request):
     print(line)
     assert res.status == R.RAN, f"{suite_name} did not run against hutch: {res.status}: {res.note}"
     assert not missing, (
-        f"{len(missing)} of {len(expected)} tests expected to pass did not:\n"
+        f"{len(missing)} of {len(expected)} tests expected to pass did not (logs in {tmp_path}):\n"
         + "\n".join(f"  {outcome:8} {t}\n{_indent(res.messages.get(t, ''))}" for t, outcome in missing[:20])
         + (f"\n  ... and {len(missing) - 20} more" if len(missing) > 20 else ""))
 

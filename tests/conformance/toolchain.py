@@ -9,14 +9,18 @@ when that file changes. The project's own .venv is never touched.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from .suites import Suite
+from .suites import SUITES, Suite
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / "cache"
@@ -43,8 +47,25 @@ def venv_python() -> Path:
     return VENV / "bin" / "python"
 
 
+@contextlib.contextmanager
+def _cache_lock() -> Iterator[None]:
+    """One builder at a time: `make test` and a conformance run may prepare the cache together."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def ensure_venv() -> Path:
     """The conformance virtualenv, (re)built when requirements.txt changed."""
+    with _cache_lock():
+        return _ensure_venv()
+
+
+def _ensure_venv() -> Path:
     digest = hashlib.sha1(REQUIREMENTS.read_bytes()).hexdigest()[:12]
     stamp = VENV / f".installed-{digest}"
     if stamp.exists() and venv_python().exists():
@@ -93,6 +114,11 @@ def fetch_sdist(suite: Suite) -> Path:
 
 def prepare(suite: Suite) -> Path:
     """The unpacked, patched sdist folder the suite runs in."""
+    with _cache_lock():
+        return _prepare(suite)
+
+
+def _prepare(suite: Suite) -> Path:
     dest = SRC / suite.unpacked
     # The stamp names the patches, so that changing them prepares the folder anew.
     digest = hashlib.sha1(repr(suite.patches).encode()).hexdigest()[:12]
@@ -132,3 +158,22 @@ def _ensure_own_pytest_config(dest: Path) -> None:
         if path.exists() and (marker is None or marker in path.read_text(errors="replace")):
             return
     (dest / "pytest.ini").write_text("[pytest]\n")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server certificate, its key and the CA that signed both it and the clients' certificates."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def tls_files() -> TlsFiles:
+    """aiormq's suite certificates: its amqps tests trust that CA and present its client certificate."""
+    certs = prepare(SUITES["aiormq"]) / "tests" / "certs"
+    files = TlsFiles(ca=certs / "ca.pem", cert=certs / "server.pem", key=certs / "server.key")
+    for path in (files.ca, files.cert, files.key):
+        if not path.exists():
+            raise ToolchainError(f"{path} is missing from the aiormq sdist")
+    return files

@@ -529,6 +529,23 @@ def test_one_publisher_one_queue_is_fifo(conn):
     assert rec.bodies == [str(i).encode() for i in range(n)]
 
 
+def test_each_publishers_messages_stay_in_order_when_channels_interleave(conn, ch):
+    q = ch.queue_declare("", exclusive=True).method.queue
+    publishers = [conn.channel() for _ in range(4)]
+    n = 300
+    for i in range(n):
+        for p, pub in enumerate(publishers):
+            pub.basic_publish("", q, f"{p}:{i}".encode())
+    rec = Recorder()
+    ch.basic_consume(q, rec, auto_ack=True)
+    drain(conn, lambda: len(rec.deliveries) == 4 * n, timeout_s=20)
+    by_publisher: dict[str, list[int]] = {}
+    for body in rec.bodies:
+        p, i = body.decode().split(":")
+        by_publisher.setdefault(p, []).append(int(i))
+    assert by_publisher == {str(p): list(range(n)) for p in range(4)}
+
+
 def test_priority_queue_delivers_higher_priority_first(ch, names):
     q = names.queue()
     ch.queue_declare(q, arguments={"x-max-priority": 10})

@@ -58,6 +58,36 @@ def test_default_exchange_cannot_be_bound_to(ch):
     assert (code, text) == (403, "ACCESS_REFUSED - operation not permitted on the default exchange")
 
 
+@pytest.mark.parametrize("operation", ["declare", "passive-declare", "delete"])
+def test_default_exchange_cannot_be_declared_or_deleted(ch, operation):
+    call = {"declare": lambda: ch.exchange_declare("", "direct"),
+            "passive-declare": lambda: ch.exchange_declare("", passive=True),
+            "delete": lambda: ch.exchange_delete("")}[operation]
+    code, text = channel_error(call)
+    assert (code, text) == (403, "ACCESS_REFUSED - operation not permitted on the default exchange")
+
+
+def test_predeclared_exchange_cannot_be_deleted(ch):
+    code, text = channel_error(ch.exchange_delete, "amq.direct")
+    assert (code, text) == (403, "ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost '/' not allowed")
+
+
+def test_predeclared_exchange_redeclared_with_another_type_is_406(ch):
+    code, text = channel_error(ch.exchange_declare, "amq.direct", "fanout")
+    assert (code, text) == (406, "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'amq.direct' in "
+                                 "vhost '/': received 'fanout' but current is 'direct'")
+
+
+def test_default_exchange_returns_mandatory_message_for_a_missing_queue(conn, names):
+    ch = conn.channel()
+    returned = []
+    ch.add_on_return_callback(lambda _c, method, _p, _b: returned.append((method.reply_code, method.routing_key)))
+    q = names.queue()
+    ch.basic_publish("", q, b"m", mandatory=True)
+    drain(conn, lambda: returned, what="basic.return")
+    assert returned == [(312, q)]
+
+
 def test_declaring_an_amq_prefixed_exchange_is_403(ch):
     code, text = channel_error(ch.exchange_declare, "amq.hutch-test", "direct")
     assert (code, text) == (403, "ACCESS_REFUSED - exchange name 'amq.hutch-test' contains reserved "

@@ -165,7 +165,12 @@ def test_crossing_the_memory_high_watermark_blocks_publishers_until_memory_is_fr
         def on_open(conn):
             conn.add_on_connection_blocked_callback(lambda _c, _f: on_blocked(conn))
             conn.add_on_connection_unblocked_callback(lambda _c, _f: on_unblocked(conn))
-            conn.channel(on_open_callback=lambda ch: ch.queue_declare(queue, callback=lambda _f: publish(ch)))
+            conn.channel(on_open_callback=on_channel)
+
+        def on_channel(ch):
+            state["ch"] = ch
+            ch.add_on_close_callback(lambda _ch, reason: fail(ch.connection, f"channel closed: {reason!r}"))
+            ch.queue_declare(queue, callback=lambda _f: publish(ch))
 
         def publish(ch):
             if state["events"] or not ch.is_open:
@@ -176,7 +181,6 @@ def test_crossing_the_memory_high_watermark_blocks_publishers_until_memory_is_fr
             for _ in range(16):
                 ch.basic_publish("", queue, body)
             state["published"] += 16
-            state["ch"] = ch
             ch.connection.ioloop.call_later(0.002, lambda: publish(ch))
 
         def count() -> int:
@@ -184,6 +188,9 @@ def test_crossing_the_memory_high_watermark_blocks_publishers_until_memory_is_fr
 
         def on_blocked(conn):
             state["events"].append("blocked")
+            if "ch" not in state or not state["ch"].is_open:
+                fail(conn, f"connection.blocked before the publishing channel was open: {state}")
+                return
             state["ch"].basic_publish("", queue, b"sent while blocked")
             conn.ioloop.call_later(1.0, lambda: while_blocked(conn, count()))
 
@@ -204,7 +211,8 @@ def test_crossing_the_memory_high_watermark_blocks_publishers_until_memory_is_fr
                 conn.ioloop.call_later(0.05, lambda: after_unblocked(conn, deadline))
 
         def fail(conn, why):
-            state["error"] = why
+            if state["error"] is None and state["after"] is None:
+                state["error"] = why
             conn.ioloop.stop()  # a blocked connection cannot even be closed politely
 
         params = pika.ConnectionParameters(host=node.host, port=node.port,

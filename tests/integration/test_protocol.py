@@ -94,6 +94,15 @@ def test_amqplain_login_opens_connection(broker):
         conn.close()
 
 
+def test_amqplain_bad_password_is_refused_with_403_naming_amqplain(broker):
+    conn = amqp.Connection(f"{broker.host}:{broker.port}", userid="guest", password="wrong",
+                           login_method="AMQPLAIN", connect_timeout=5)
+    with pytest.raises(amqp.exceptions.AccessRefused) as info:
+        conn.connect()
+    assert info.value.reply_text == ("ACCESS_REFUSED - Login was refused using authentication mechanism "
+                                     "AMQPLAIN. For details see the broker logfile.")
+
+
 def test_bad_password_is_refused_with_403_access_refused(broker):
     with RawClient(broker.host, broker.port) as c:
         c.send(AMQP_0_9_1_HEADER)
@@ -345,6 +354,14 @@ def test_client_that_keeps_heartbeating_stays_connected(broker):
     assert server_heartbeats >= 3
 
 
+def test_heartbeat_zero_disables_heartbeats_both_ways(broker):
+    with RawClient(broker.host, broker.port) as c:
+        c.handshake(heartbeat_s=0)
+        with pytest.raises(TimeoutError):  # 3 s of silence: no heartbeat from the broker ...
+            c.read_frame(timeout_s=3.0)
+        c.open_channel(1)  # ... and the silent client is still welcome
+
+
 def test_client_that_keeps_sending_methods_stays_connected(broker):
     """Any frame counts as a sign of life, not only heartbeat frames."""
     with RawClient(broker.host, broker.port) as c:
@@ -365,6 +382,71 @@ def test_pika_heartbeat_negotiation_takes_the_lower_value(broker):
         conn.channel().queue_declare("", exclusive=True)
     finally:
         conn.close()
+
+
+def test_update_secret_is_answered_with_update_secret_ok(broker):
+    with RawClient(broker.host, broker.port) as c:
+        c.handshake()
+        c.send_frame(commands.Connection.UpdateSecret(new_secret="guest", reason="rotation"))
+        c.expect(commands.Connection.UpdateSecretOk)
+        c.open_channel(1)
+
+
+def test_many_concurrent_connections_each_get_their_own_answers(broker):
+    conns = [connect(broker) for _ in range(100)]
+    try:
+        channels = [c.channel() for c in conns]
+        queues = [ch.queue_declare("", exclusive=True).method.queue for ch in channels]
+        for i, (ch, q) in enumerate(zip(channels, queues, strict=True)):
+            ch.basic_publish("", q, str(i).encode())
+        for i, (ch, q) in enumerate(zip(channels, queues, strict=True)):
+            method, _, body = ch.basic_get(q, auto_ack=True)
+            assert body == str(i).encode()
+    finally:
+        for c in conns:
+            c.close()
+
+
+# -- nowait ---------------------------------------------------------------------------------------
+
+def test_nowait_methods_get_no_reply_and_take_effect_in_order(broker):
+    """Declares, binds, consume, confirm.select, cancel, purge and deletes with nowait set:
+    the broker answers none of them, yet each has happened before the next method runs."""
+    with RawClient(broker.host, broker.port) as c:
+        c.handshake()
+        c.open_channel(1)
+        x, q = "hutch-tests.nowait.x", "hutch-tests.nowait.q"
+        c.send_frame(commands.Exchange.Declare(exchange=x, exchange_type="fanout", auto_delete=True, nowait=True), 1)
+        c.send_frame(commands.Queue.Declare(queue=q, exclusive=True, nowait=True), 1)
+        c.send_frame(commands.Queue.Bind(queue=q, exchange=x, nowait=True), 1)
+        c.send_frame(commands.Basic.Consume(queue=q, consumer_tag="nw", no_ack=True, nowait=True), 1)
+        c.send_frame(commands.Confirm.Select(nowait=True), 1)
+        c.send_frame(commands.Basic.Publish(exchange=x, routing_key=""), 1)
+        c.send_frame(ContentHeader(0, 1, commands.Basic.Properties()), 1)
+        c.send(raw_frame(3, 1, b"m"))
+        deliver = c.expect(commands.Basic.Deliver)
+        assert (deliver.consumer_tag, deliver.exchange) == ("nw", x)
+        c.expect(ContentHeader)
+        c.read_frame()
+        assert c.expect(commands.Basic.Ack).delivery_tag == 1
+        c.send_frame(commands.Basic.Cancel(consumer_tag="nw", nowait=True), 1)
+        c.send_frame(commands.Queue.Purge(queue=q, nowait=True), 1)
+        c.send_frame(commands.Queue.Unbind(queue=q, exchange=x), 1)
+        c.expect(commands.Queue.UnbindOk)  # the first reply is to the first method that wants one
+        c.send_frame(commands.Queue.Delete(queue=q, nowait=True), 1)
+        c.send_frame(commands.Exchange.Delete(exchange=x, nowait=True), 1)
+        c.send_frame(commands.Queue.Declare(queue=q, passive=True), 1)
+        close = c.expect(commands.Channel.Close)
+    assert (close.reply_code, close.reply_text) == (404, f"NOT_FOUND - no queue '{q}' in vhost '/'")
+
+
+def test_nowait_method_that_fails_still_closes_the_channel(broker):
+    with RawClient(broker.host, broker.port) as c:
+        c.handshake()
+        c.open_channel(1)
+        c.send_frame(commands.Queue.Declare(queue="hutch-tests-surely-missing", passive=True, nowait=True), 1)
+        close = c.expect(commands.Channel.Close)
+    assert (close.reply_code, close.class_id, close.method_id) == (404, 50, 10)
 
 
 # -- channels ---------------------------------------------------------------------------------

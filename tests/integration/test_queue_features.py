@@ -144,7 +144,8 @@ def test_unused_queue_is_deleted_after_x_expires(broker, ch, names):
     q = names.queue()
     ch.queue_declare(q, arguments={"x-expires": 200})
     ch.basic_publish("", q, b"left behind")
-    wait_until(lambda: not queue_exists(broker, q), timeout_s=10, what="queue expired")
+    # a passive declare is a use that renews the lease: look less often than x-expires
+    wait_until(lambda: not queue_exists(broker, q), timeout_s=10, interval_s=0.5, what="queue expired")
 
 
 def test_queue_with_a_consumer_does_not_expire_until_the_consumer_leaves(broker, ch, names):
@@ -154,7 +155,25 @@ def test_queue_with_a_consumer_does_not_expire_until_the_consumer_leaves(broker,
     ch.connection.sleep(0.6)  # three times x-expires: a watched window, the queue must stay
     assert queue_exists(broker, q)
     ch.basic_cancel(tag)
-    wait_until(lambda: not queue_exists(broker, q), timeout_s=10, what="queue expired after the cancel")
+    wait_until(lambda: not queue_exists(broker, q), timeout_s=10, interval_s=0.5,
+               what="queue expired after the cancel")
+
+
+@pytest.mark.parametrize("use", ["passive declare", "redeclare", "basic.get"])
+def test_a_declare_or_get_renews_the_x_expires_lease(broker, ch, names, use):
+    q = names.queue()
+    args = {"x-expires": 400}
+    ch.queue_declare(q, arguments=args)
+    for _ in range(8):  # 1.2 s of use, every 150 ms: three times x-expires
+        if use == "passive declare":
+            ch.queue_declare(q, passive=True)
+        elif use == "redeclare":
+            ch.queue_declare(q, arguments=args)
+        else:
+            ch.basic_get(q)
+        ch.connection.sleep(0.15)
+    assert queue_exists(broker, q)
+    wait_until(lambda: not queue_exists(broker, q), timeout_s=10, interval_s=0.6, what="queue expired once unused")
 
 
 # -- length limits and overflow -----------------------------------------------------------------------

@@ -367,3 +367,19 @@ def test_consumer_rate_holds_consumers_to_their_rate(broker, queue):
     # 200 msg/s for 3 s, give or take what one read holds: the rate is kept by pausing the
     # socket, and up to a prefetch (50) of messages is already buffered when it pauses
     assert 450 <= s["received"] <= 800
+
+
+def test_clients_are_spread_over_every_uri(broker, queue, tmp_path):
+    proxy = CuttableProxy(broker.port)  # a second address for the same broker
+    try:
+        uris = [broker.url, f"amqp://guest:guest@127.0.0.1:{proxy.port}/%2F"]
+        cfg = PerfConfig(uris=uris, producers=2, consumers=2, pmessages=200, confirm=50, queue=queue,
+                         duration_s=30, record_dir=str(tmp_path), quiet=True)
+        s = run_perf(cfg)
+    finally:
+        proxy.close()
+    assert s["received"] == 400
+    t = read_history(tmp_path)
+    nodes = dict(zip(t.column("client_id").to_pylist(), t.column("node").to_pylist(), strict=True))
+    direct, proxied = f"127.0.0.1:{broker.port}", f"127.0.0.1:{proxy.port}"
+    assert nodes == {"producer-0": direct, "producer-1": proxied, "consumer-0": direct, "consumer-1": proxied}

@@ -56,6 +56,16 @@ def test_publish_template_is_publish_method_header_and_body_frames():
     assert body.value == bytes(range(16))
 
 
+def test_a_body_of_another_size_only_patches_the_header_body_size():
+    pub, _ = _publisher(4096, 16, Basic.Properties(content_type="text/plain"))
+    for body in (b"", b"hello", bytes(9000)):
+        frames = _decode_all(pub.encode(body))
+        head = frames[1][1]
+        assert isinstance(frames[0][1], Basic.Publish) and head.properties.content_type == "text/plain"
+        assert head.body_size == len(body)
+        assert b"".join(f.value for _, f in frames[2:]) == body
+
+
 def test_body_larger_than_frame_max_is_split_into_body_frames():
     pub, _ = _publisher(4096, 10000)
     body = random.Random(1).randbytes(10000)

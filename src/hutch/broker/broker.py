@@ -192,17 +192,27 @@ class Broker:
             now = self.now_ms()
             for m in msgs:
                 msg = Message(m.exchange, m.routing_key, codec.route_encoding(m.exchange, m.routing_key), m.props,
-                              m.body, True, _priority_of(m.props))
-                entry, _dropped = q.publish(msg, now)
+                              m.body, True, _priority_of(m.props), _expiration_of(m.props))
+                entry, dropped = q.publish(msg, now)
+                for d in dropped:  # the queue's limits leave no room for it any more
+                    self.settled(q, d)
                 if entry is None:
+                    self.journal.settled(qid, m.log_seq)
+                    continue
+                if dropped and dropped[-1] is entry:
+                    self.journal.settled(qid, m.log_seq)
                     continue
                 entry.log_seq = m.log_seq
                 if m.delivered:
                     entry.delivery_count = 1
+                if msg.expiration_ms is not None:
+                    self.ttl_queues.add(q)
             total += len(msgs)
             log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)", q.name, q.vhost, len(msgs))
-        if doc is None:
-            self.persist_definitions()
+        # always written back: a definitions file that came without journal ids (an export from
+        # RabbitMQ, a hand-written one) must keep the ids given now, or the next start would
+        # assign new ones and lose the messages journalled under these
+        self.persist_definitions()
         log.info("recovered %d queue(s) and %d persistent message(s)", len(queues), total)
 
     def persist_definitions(self) -> None:
@@ -659,6 +669,15 @@ def _dead_letter_cycle(queue: str, deaths: list) -> bool:
         if d.get("queue") == queue:
             return True
     return False
+
+
+def _expiration_of(props: bytes) -> int | None:
+    """A recovered message's per-message TTL (it runs again from recovery, not from publish)."""
+    try:
+        exp = codec.summarize_properties(props).expiration
+        return qargs.parse_expiration(exp) if exp is not None else None
+    except AMQPError:
+        return None
 
 
 def _priority_of(props: bytes) -> int:

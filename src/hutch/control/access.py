@@ -183,14 +183,15 @@ async def put_vhost(request: web.Request) -> web.Response:
         raise bad_request("tracing must be true or false")
     existed = name in broker.vhosts
     v = broker.add_vhost(name)
+    if not existed:  # as RabbitMQ's API does: the creator may use the vhost it made
+        user_of(request).set_permissions(name, ".*", ".*", ".*")
     if description is not None:
         v.description = description
     if tags is not None:
         v.tags = tags
     if "tracing" in body:
         v.tracing = body["tracing"]
-    if not existed:
-        broker.persist_definitions()
+    broker.persist_definitions()
     return web.Response(status=204 if existed else 201)
 
 

@@ -161,6 +161,9 @@ def make_app(broker: Broker) -> web.Application:
     app[API] = Api(broker)
     for module in (node, access, topology, sessions, policies, definitions):
         app.add_routes(module.routes)
+    for module in (node, access, topology, sessions, policies, definitions):
+        for r in module.routes:  # RabbitMQ also answers "/api/queues/" and the like
+            app.router.add_route(r.method, r.path + "/", r.handler)
     return app
 
 

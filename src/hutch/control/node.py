@@ -46,7 +46,7 @@ def listeners(api: Api) -> list[dict[str, Any]]:
     ip = cfg.amqp_host or "::"
     out = [{"node": node, "protocol": "amqp", "ip_address": ip, "port": cfg.amqp_port, "socket_opts": {}}]
     amqps_port = getattr(cfg, "amqps_port", None)
-    if amqps_port:
+    if amqps_port and getattr(cfg, "tls_certfile", None) and getattr(cfg, "tls_keyfile", None):
         out.append({"node": node, "protocol": "amqp/ssl", "ip_address": ip, "port": amqps_port, "socket_opts": {}})
     if api.http_port:
         out.append({"node": node, "protocol": "http", "ip_address": api.http_host or "::", "port": api.http_port,

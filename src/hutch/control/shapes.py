@@ -296,7 +296,7 @@ def properties(raw: bytes) -> dict[str, Any]:
     out = {}
     for name in PROPERTY_FIELDS:
         v = getattr(p, name, None)
-        if v is not None and v != {}:
+        if v is not None and v != {} and not (name == "cluster_id" and v == ""):
             out[name] = jsonable(v)
     return out
 

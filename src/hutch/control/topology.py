@@ -19,6 +19,7 @@ broker's declare/delete/bind/unbind/purge methods.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -379,7 +380,7 @@ def _binding_routes(letter: str) -> None:
         source, destination = _ends(request, v, kind)
         key = request.match_info["props"]
         for b in _between(v, source, kind, destination):
-            if b["properties_key"] == key:
+            if key in (b["properties_key"], unquote(b["properties_key"])):
                 return web.json_response(b)
         raise not_found()
 
@@ -393,8 +394,8 @@ def _binding_routes(letter: str) -> None:
             raise access_refused("operation not permitted on the default exchange")
         x = v.exchanges[source]
         for b in list(x.bindings.values()):
-            if b.kind == kind and b.destination == destination and \
-                    shapes.properties_key(b.routing_key, b.arguments) == key:
+            pk = shapes.properties_key(b.routing_key, b.arguments)
+            if b.kind == kind and b.destination == destination and key in (pk, unquote(pk)):
                 if kind == QUEUE:
                     v.queue(destination, owner=None)
                 broker.check_permission(user, v.name, "write", kind, destination)

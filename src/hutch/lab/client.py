@@ -141,10 +141,12 @@ def _shortstr(s: str) -> bytes:
 
 
 class Publisher:
-    """Pre-encoded frames for messages of one size to one (exchange, routing key, properties).
+    """Pre-encoded frames for messages to one (exchange, routing key, properties).
 
-    `template` holds one whole message (method, header and body frames) with a zero body;
-    a batch of k messages is `template * k` with each body patched in place.
+    `template` holds one whole message of `body_size` bytes (method, header and body
+    frames) with a zero body; a batch of k such messages is `template * k` with each
+    body patched in place. A body of any other size reuses the encoded method and header
+    frames with only the header's body-size field patched.
     """
 
     def __init__(self, channel: Channel, exchange: str, routing_key: str, body_size: int,
@@ -159,6 +161,10 @@ class Publisher:
         head = frame.marshal(header.ContentHeader(0, body_size, properties or Basic.Properties()), ch)
         chunk_max = channel.connection.frame_max - FRAME_OVERHEAD
         out = bytearray(method + head)
+        self._head = bytes(out)
+        self._size_offset = len(method) + 7 + 4  # content header payload: class, weight, body size
+        self._channel_no = ch
+        self._chunk_max = chunk_max
         self.body_offset = len(out) + 7
         offsets = []  # (offset in template, length) of each body piece
         remaining = body_size
@@ -174,9 +180,19 @@ class Publisher:
         self.first_piece_len = offsets[0][1] if offsets else 0
 
     def encode(self, body: bytes) -> bytes:
-        """Frames for one message with an arbitrary body of this publisher's size."""
+        """Frames for one message with this body."""
         if len(body) != self.body_size:
-            raise ValueError(f"body is {len(body)} bytes, this publisher sends {self.body_size}")
+            size = len(body)
+            if size > MESSAGE_SIZE_MAX:
+                raise ValueError(f"body of {size} bytes exceeds {MESSAGE_SIZE_MAX}")
+            buf = bytearray(self._head)
+            _header_body_size.pack_into(buf, self._size_offset, size)
+            for i in range(0, size, self._chunk_max):
+                piece = body[i:i + self._chunk_max]
+                buf += _frame_header.pack(FRAME_BODY, self._channel_no, len(piece))
+                buf += piece
+                buf += b"\xce"
+            return bytes(buf)
         buf = bytearray(self.template)
         pos = 0
         for off, n in self._pieces:

@@ -25,6 +25,7 @@ OP_STYLE = {"publish": ("#1f77b4", "published/s"), "confirm": ("#2ca02c", "confi
             "deliver": ("#ff7f0e", "delivered/s"), "nack": ("#d62728", "nacked/s")}
 FAULT_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 EXAMPLE_ROWS_MAX = 20
+QUEUE_PAGES_MAX = 40  # queues drawn in full; the rest appear in the tables only
 
 
 def queue_figure(findings: Findings, run_id: str, queue: str, width_in: float = 11.0):
@@ -113,6 +114,10 @@ def _ms(v) -> str:
     return "" if v is None else f"{v:.1f}"
 
 
+def _trouble(q: dict) -> int:
+    return sum(q.get(f, 0) for f in BAD_IF_POSITIVE) + q.get("gaps", 0)
+
+
 def render_html(findings: Findings, title: str, gap_ms: float) -> str:
     s = findings.summary
     broken = s.get("expectations", {}).get("broken", [])
@@ -165,7 +170,10 @@ def render_html(findings: Findings, title: str, gap_ms: float) -> str:
                 ["window", "start (s)", "length (s)", "closed"],
                 [[w["name"], f"{(w['start_ns'] - t0) / NS_PER_S:.2f}", f"{(w['end_ns'] - w['start_ns']) / NS_PER_S:.2f}",
                   w["closed"]] for w in faults])]
-        for queue, q in sorted(r["queues"].items()):
+        drawn = sorted(r["queues"].items(), key=lambda kv: (-_trouble(kv[1]), kv[0]))[:QUEUE_PAGES_MAX]
+        if len(drawn) < len(r["queues"]):
+            parts.append(f"<p>Showing the {len(drawn)} queues with the most trouble of {len(r['queues'])}.</p>")
+        for queue, q in drawn:
             parts.append(f"<h2>Queue {html.escape(queue)} (run {html.escape(run)})</h2>")
             png = figure_png(queue_figure(findings, run, queue))
             parts.append(f"<img alt='throughput and latency of {html.escape(queue)}' "

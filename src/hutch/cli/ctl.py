@@ -1,0 +1,596 @@
+"""`hutchctl`: rabbitmqctl's commands, arguments and columns, as a client of a node's HTTP API.
+
+    hutchctl list_queues name policy pid messages consumers
+    hutchctl set_policy ha-two "^two\\." '{"ha-mode":"exactly","ha-params":2,"ha-sync-mode":"automatic"}'
+    hutchctl --formatter json list_policies -p /
+
+Listings print what rabbitmqctl prints (header lines, then tab-separated columns; see
+`hutch.cli.output`); an unknown column is a usage error (exit 64); a refused or failed
+operation prints "Error:" and the node's reason on stderr and exits 69 (77 for bad
+credentials). This module never imports the broker: it knows a node only through its API.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from hutch.cli.common import Session, command, global_options, usage_error
+from hutch.cli.http import EX_DATAERR, EX_SOFTWARE, CliError, q
+
+# ---------------------------------------------------------------- columns
+
+
+def _nodes_as_pids(v: Any) -> Any:
+    if v is None:
+        return None
+    return [f"<{n}>" for n in v]
+
+
+QUEUE_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    "name": lambda o: o.get("name"),
+    "vhost": lambda o: o.get("vhost"),
+    "durable": lambda o: o.get("durable"),
+    "auto_delete": lambda o: o.get("auto_delete"),
+    "exclusive": lambda o: o.get("exclusive"),
+    "arguments": lambda o: o.get("arguments", {}),
+    "policy": lambda o: o.get("policy"),
+    "operator_policy": lambda o: o.get("operator_policy"),
+    "effective_policy_definition": lambda o: o.get("effective_policy_definition", {}),
+    "pid": lambda o: f"<{o.get('node')}>",
+    "leader": lambda o: o.get("leader", o.get("node")),
+    "owner_pid": lambda o: (o.get("owner_pid_details") or {}).get("name"),
+    "exclusive_consumer_pid": lambda o: None,
+    "exclusive_consumer_tag": lambda o: o.get("exclusive_consumer_tag"),
+    "messages": lambda o: o.get("messages"),
+    "messages_ready": lambda o: o.get("messages_ready"),
+    "messages_unacknowledged": lambda o: o.get("messages_unacknowledged"),
+    "message_bytes": lambda o: o.get("message_bytes"),
+    "message_bytes_ready": lambda o: o.get("message_bytes_ready"),
+    "message_bytes_unacknowledged": lambda o: o.get("message_bytes_unacknowledged"),
+    "consumers": lambda o: o.get("consumers"),
+    "consumer_utilisation": lambda o: o.get("consumer_utilisation"),
+    "consumer_capacity": lambda o: o.get("consumer_capacity"),
+    "head_message_timestamp": lambda o: o.get("head_message_timestamp"),
+    "single_active_consumer_tag": lambda o: o.get("single_active_consumer_tag"),
+    "slave_pids": lambda o: _nodes_as_pids(o.get("slave_nodes")),
+    "mirror_pids": lambda o: _nodes_as_pids(o.get("slave_nodes")),
+    "synchronised_slave_pids": lambda o: _nodes_as_pids(o.get("synchronised_slave_nodes")),
+    "synchronised_mirror_pids": lambda o: _nodes_as_pids(o.get("synchronised_slave_nodes")),
+    "members": lambda o: o.get("members"),
+    "online": lambda o: o.get("online"),
+    "state": lambda o: o.get("state"),
+    "type": lambda o: o.get("type"),
+    "node": lambda o: o.get("node"),
+}
+
+EXCHANGE_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    k: (lambda key: (lambda o: o.get(key)))(k)
+    for k in ("name", "vhost", "type", "durable", "auto_delete", "internal", "arguments", "policy")
+}
+
+BINDING_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    "source_name": lambda o: o.get("source"),
+    "source_kind": lambda o: "exchange",
+    "destination_name": lambda o: o.get("destination"),
+    "destination_kind": lambda o: o.get("destination_type"),
+    "routing_key": lambda o: o.get("routing_key"),
+    "arguments": lambda o: o.get("arguments", {}),
+    "vhost": lambda o: o.get("vhost"),
+}
+
+CONNECTION_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    **{k: (lambda key: (lambda o: o.get(key)))(k)
+       for k in ("name", "vhost", "user", "host", "port", "peer_host", "peer_port", "state", "channels",
+                 "protocol", "auth_mechanism", "ssl", "timeout", "frame_max", "channel_max",
+                 "client_properties", "connected_at", "user_provided_name", "node", "type", "recv_cnt",
+                 "send_cnt")},
+    "pid": lambda o: f"<{o.get('node')}.{o.get('name')}>",
+}
+
+CHANNEL_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    **{k: (lambda key: (lambda o: o.get(key)))(k)
+       for k in ("name", "number", "user", "vhost", "transactional", "confirm", "consumer_count",
+                 "messages_unacknowledged", "messages_unconfirmed", "messages_uncommitted", "acks_uncommitted",
+                 "prefetch_count", "global_prefetch_count", "state", "node")},
+    "pid": lambda o: f"<{o.get('node')}.{o.get('name')}>",
+    "connection": lambda o: (o.get("connection_details") or {}).get("name"),
+}
+
+CONSUMER_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    "queue_name": lambda o: (o.get("queue") or {}).get("name"),
+    "channel_pid": lambda o: (o.get("channel_details") or {}).get("name"),
+    "consumer_tag": lambda o: o.get("consumer_tag"),
+    "ack_required": lambda o: o.get("ack_required"),
+    "prefetch_count": lambda o: o.get("prefetch_count"),
+    "active": lambda o: o.get("active"),
+    "activity_status": lambda o: o.get("activity_status"),
+    "exclusive": lambda o: o.get("exclusive"),
+    "arguments": lambda o: o.get("arguments", {}),
+}
+
+USER_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    "user": lambda o: o.get("name"),
+    "tags": lambda o: o.get("tags", []),
+}
+
+VHOST_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    k: (lambda key: (lambda o: o.get(key)))(k)
+    for k in ("name", "description", "tags", "tracing", "default_queue_type", "cluster_state")
+}
+
+PERMISSION_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    k: (lambda key: (lambda o: o.get(key)))(k) for k in ("user", "vhost", "configure", "write", "read")
+}
+
+POLICY_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    k: (lambda key: (lambda o: o.get(key)))(k)
+    for k in ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+}
+
+
+def select(objects: list[dict], columns: tuple[str, ...], table: dict[str, Callable], default: tuple[str, ...]
+           ) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    cols = columns or default
+    unknown = [c for c in cols if c not in table]
+    if unknown:
+        raise usage_error(f"Info key(s) {','.join(unknown)} are not supported. Valid keys are: "
+                          f"{', '.join(table)}")
+    return cols, [{c: table[c](o) for c in cols} for o in objects]
+
+
+# ---------------------------------------------------------------- the group
+
+@click.group(name="hutchctl", context_settings={"help_option_names": ["-h", "--help"]})
+@global_options
+def cli(**_options) -> None:
+    """Manage a hutch node through its management HTTP API (rabbitmqctl's commands)."""
+
+
+def _vhost_option(f):
+    return click.option("-p", "--vhost", default="/", show_default=True, help="Virtual host.")(f)
+
+
+def _columns(f):
+    return click.argument("columns", nargs=-1)(f)
+
+
+# ---------------------------------------------------------------- listings
+
+@command(cli, "list_queues")
+@_vhost_option
+@_columns
+@click.option("--online", is_flag=True, help="Accepted for rabbitmqctl compatibility (every queue is online).")
+@click.option("--offline", is_flag=True, help="List only queues whose node is down (none on one node).")
+@click.option("--local", is_flag=True, help="Only queues whose leader is this node.")
+def list_queues(s: Session, vhost: str, columns: tuple[str, ...], online: bool, offline: bool, local: bool) -> None:
+    """List queues and their properties (default columns: name messages)."""
+    select([], columns, QUEUE_COLUMNS, ("name", "messages"))
+    objects = s.client.get(f"/api/queues/{q(vhost)}")
+    if offline:
+        objects = []
+    if local:
+        objects = [o for o in objects if o.get("node") == s.node]
+    cols, rows = select(objects, columns, QUEUE_COLUMNS, ("name", "messages"))
+    s.printer.rows(cols, rows, ["Timeout: 60.0 seconds ...", f"Listing queues for vhost {vhost} ..."])
+
+
+@command(cli, "list_exchanges")
+@_vhost_option
+@_columns
+def list_exchanges(s: Session, vhost: str, columns: tuple[str, ...]) -> None:
+    """List exchanges (default columns: name type)."""
+    select([], columns, EXCHANGE_COLUMNS, ("name", "type"))
+    cols, rows = select(s.client.get(f"/api/exchanges/{q(vhost)}"), columns, EXCHANGE_COLUMNS, ("name", "type"))
+    s.printer.rows(cols, rows, [f"Listing exchanges for vhost {vhost} ..."])
+
+
+@command(cli, "list_bindings")
+@_vhost_option
+@_columns
+def list_bindings(s: Session, vhost: str, columns: tuple[str, ...]) -> None:
+    """List bindings (default: source_name source_kind destination_name destination_kind routing_key arguments)."""
+    default = ("source_name", "source_kind", "destination_name", "destination_kind", "routing_key", "arguments")
+    select([], columns, BINDING_COLUMNS, default)
+    cols, rows = select(s.client.get(f"/api/bindings/{q(vhost)}"), columns, BINDING_COLUMNS, default)
+    s.printer.rows(cols, rows, [f"Listing bindings for vhost {vhost}..."])
+
+
+@command(cli, "list_connections")
+@_columns
+def list_connections(s: Session, columns: tuple[str, ...]) -> None:
+    """List client connections (default columns: user peer_host peer_port state)."""
+    default = ("user", "peer_host", "peer_port", "state")
+    select([], columns, CONNECTION_COLUMNS, default)
+    cols, rows = select(s.client.get("/api/connections"), columns, CONNECTION_COLUMNS, default)
+    s.printer.rows(cols, rows, ["Listing connections ..."])
+
+
+@command(cli, "list_channels")
+@_columns
+def list_channels(s: Session, columns: tuple[str, ...]) -> None:
+    """List channels (default columns: pid user consumer_count messages_unacknowledged)."""
+    default = ("pid", "user", "consumer_count", "messages_unacknowledged")
+    select([], columns, CHANNEL_COLUMNS, default)
+    cols, rows = select(s.client.get("/api/channels"), columns, CHANNEL_COLUMNS, default)
+    s.printer.rows(cols, rows, ["Listing channels ..."])
+
+
+@command(cli, "list_consumers")
+@_vhost_option
+@_columns
+def list_consumers(s: Session, vhost: str, columns: tuple[str, ...]) -> None:
+    """List consumers (default: queue_name channel_pid consumer_tag ack_required prefetch_count active arguments)."""
+    default = ("queue_name", "channel_pid", "consumer_tag", "ack_required", "prefetch_count", "active", "arguments")
+    select([], columns, CONSUMER_COLUMNS, default)
+    cols, rows = select(s.client.get(f"/api/consumers/{q(vhost)}"), columns, CONSUMER_COLUMNS, default)
+    s.printer.rows(cols, rows, [f"Listing consumers in vhost {vhost} ..."])
+
+
+@command(cli, "list_users")
+@_columns
+def list_users(s: Session, columns: tuple[str, ...]) -> None:
+    """List users and their tags."""
+    select([], columns, USER_COLUMNS, ("user", "tags"))
+    cols, rows = select(s.client.get("/api/users"), columns, USER_COLUMNS, ("user", "tags"))
+    s.printer.rows(cols, rows, ["Listing users ..."])
+
+
+@command(cli, "list_vhosts")
+@_columns
+def list_vhosts(s: Session, columns: tuple[str, ...]) -> None:
+    """List virtual hosts (default column: name)."""
+    select([], columns, VHOST_COLUMNS, ("name",))
+    cols, rows = select(s.client.get("/api/vhosts"), columns, VHOST_COLUMNS, ("name",))
+    s.printer.rows(cols, rows, ["Listing vhosts ..."])
+
+
+@command(cli, "list_permissions")
+@_vhost_option
+def list_permissions(s: Session, vhost: str) -> None:
+    """List the users' permissions in a vhost."""
+    cols = ("user", "configure", "write", "read")
+    _, rows = select(s.client.get(f"/api/vhosts/{q(vhost)}/permissions"), cols, PERMISSION_COLUMNS, cols)
+    s.printer.rows(cols, rows, [f'Listing permissions for vhost "{vhost}" ...'])
+
+
+@command(cli, "list_user_permissions")
+@click.argument("username")
+def list_user_permissions(s: Session, username: str) -> None:
+    """List one user's permissions in every vhost."""
+    cols = ("vhost", "configure", "write", "read")
+    _, rows = select(s.client.get(f"/api/users/{q(username)}/permissions"), cols, PERMISSION_COLUMNS, cols)
+    s.printer.rows(cols, rows, [f'Listing permissions for user "{username}" ...'])
+
+
+@command(cli, "list_policies")
+@_vhost_option
+def list_policies(s: Session, vhost: str) -> None:
+    """List the policies of a vhost."""
+    cols = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
+    _, rows = select(s.client.get(f"/api/policies/{q(vhost)}"), cols, POLICY_COLUMNS, cols)
+    s.printer.rows(cols, rows, [f'Listing policies for vhost "{vhost}" ...'])
+
+
+# ---------------------------------------------------------------- policies
+
+@command(cli, "set_policy")
+@_vhost_option
+@click.option("--priority", default="0", show_default=True, help="Priority; the highest matching policy applies.")
+@click.option("--apply-to", "apply_to", default="all", show_default=True,
+              type=click.Choice(["queues", "exchanges", "all"]), help="Which objects the policy matches.")
+@click.argument("name")
+@click.argument("pattern")
+@click.argument("definition")
+def set_policy(s: Session, vhost: str, priority: str, apply_to: str, name: str, pattern: str, definition: str) -> None:
+    """Set a policy: NAME PATTERN DEFINITION (a JSON object)."""
+    s.info(f'Setting policy "{name}" for pattern "{pattern}" to "{definition}" with priority "{priority}" '
+           f'for vhost "{vhost}" ...')
+    try:
+        parsed = json.loads(definition)
+    except ValueError as e:
+        raise CliError(f"could not parse JSON document: {e}", EX_DATAERR) from None
+    try:
+        prio = int(priority)
+    except ValueError:
+        raise usage_error(f"priority must be an integer, got {priority!r}") from None
+    s.client.put(f"/api/policies/{q(vhost)}/{q(name)}",
+                 {"pattern": pattern, "definition": parsed, "priority": prio, "apply-to": apply_to})
+
+
+@command(cli, "clear_policy")
+@_vhost_option
+@click.argument("name")
+def clear_policy(s: Session, vhost: str, name: str) -> None:
+    """Remove a policy."""
+    s.info(f'Clearing policy "{name}" on vhost "{vhost}" ...')
+    _delete(s, f"/api/policies/{q(vhost)}/{q(name)}", "Parameter does not exist")
+
+
+def _delete(s: Session, path: str, missing: str) -> None:
+    try:
+        s.client.delete(path)
+    except CliError as e:
+        if e.status == 404:
+            raise CliError(missing, e.exit_code, 404) from None
+        raise
+
+
+# ---------------------------------------------------------------- users, vhosts, permissions
+
+@command(cli, "add_user")
+@click.argument("username")
+@click.argument("password", required=False)
+@click.option("--tags", default="", help="Comma-separated user tags.")
+def add_user(s: Session, username: str, password: str | None, tags: str) -> None:
+    """Create a user (the password is read from stdin when not given)."""
+    if password is None:
+        password = sys.stdin.readline().rstrip("\n")
+    s.info(f'Adding user "{username}" ...')
+    if _exists(s, f"/api/users/{q(username)}"):
+        raise CliError(f'User "{username}" already exists', EX_SOFTWARE)
+    s.client.put(f"/api/users/{q(username)}", {"password": password, "tags": tags})
+    s.info("Done. Don't forget to grant the user permissions to some virtual hosts! "
+           "See 'hutchctl help set_permissions' to learn more.")
+
+
+def _exists(s: Session, path: str) -> dict | None:
+    try:
+        return s.client.get(path)
+    except CliError as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _user(s: Session, username: str) -> dict:
+    u = _exists(s, f"/api/users/{q(username)}")
+    if u is None:
+        raise CliError(f'User "{username}" does not exist', EX_SOFTWARE)
+    return u
+
+
+@command(cli, "delete_user")
+@click.argument("username")
+def delete_user(s: Session, username: str) -> None:
+    """Delete a user."""
+    s.info(f'Deleting user "{username}" ...')
+    _delete(s, f"/api/users/{q(username)}", f'User "{username}" does not exist')
+
+
+@command(cli, "change_password")
+@click.argument("username")
+@click.argument("password")
+def change_password(s: Session, username: str, password: str) -> None:
+    """Change a user's password."""
+    s.info(f'Changing password for user "{username}" ...')
+    u = _user(s, username)
+    s.client.put(f"/api/users/{q(username)}", {"password": password, "tags": u.get("tags", [])})
+
+
+@command(cli, "set_user_tags")
+@click.argument("username")
+@click.argument("tags", nargs=-1)
+def set_user_tags(s: Session, username: str, tags: tuple[str, ...]) -> None:
+    """Set a user's tags (none clears them)."""
+    s.info(f'Setting tags for user "{username}" to [{", ".join(tags)}] ...')
+    u = _user(s, username)
+    s.client.put(f"/api/users/{q(username)}", {"password_hash": u["password_hash"], "tags": list(tags)})
+
+
+@command(cli, "add_vhost")
+@click.argument("vhost")
+@click.option("--description", default=None, help="Description.")
+@click.option("--tags", default=None, help="Comma-separated tags.")
+def add_vhost(s: Session, vhost: str, description: str | None, tags: str | None) -> None:
+    """Create a virtual host."""
+    s.info(f'Adding vhost "{vhost}" ...')
+    body: dict[str, Any] = {}
+    if description is not None:
+        body["description"] = description
+    if tags is not None:
+        body["tags"] = tags
+    s.client.put(f"/api/vhosts/{q(vhost)}", body)
+
+
+@command(cli, "delete_vhost")
+@click.argument("vhost")
+def delete_vhost(s: Session, vhost: str) -> None:
+    """Delete a virtual host with everything in it."""
+    s.info(f'Deleting vhost "{vhost}" ...')
+    _delete(s, f"/api/vhosts/{q(vhost)}", f'Virtual host "{vhost}" does not exist')
+
+
+@command(cli, "set_permissions")
+@_vhost_option
+@click.argument("username")
+@click.argument("conf")
+@click.argument("write")
+@click.argument("read")
+def set_permissions(s: Session, vhost: str, username: str, conf: str, write: str, read: str) -> None:
+    """Set a user's configure, write and read permissions (regular expressions) in a vhost."""
+    s.info(f'Setting permissions for user "{username}" in vhost "{vhost}" ...')
+    s.client.put(f"/api/permissions/{q(vhost)}/{q(username)}", {"configure": conf, "write": write, "read": read})
+
+
+@command(cli, "clear_permissions")
+@_vhost_option
+@click.argument("username")
+def clear_permissions(s: Session, vhost: str, username: str) -> None:
+    """Revoke a user's permissions in a vhost."""
+    s.info(f'Clearing permissions for user "{username}" in vhost "{vhost}" ...')
+    _delete(s, f"/api/permissions/{q(vhost)}/{q(username)}",
+            f'User "{username}" has no permissions in vhost "{vhost}"')
+
+
+# ---------------------------------------------------------------- queues, connections
+
+@command(cli, "purge_queue")
+@_vhost_option
+@click.argument("queue")
+def purge_queue(s: Session, vhost: str, queue: str) -> None:
+    """Remove every ready message from a queue."""
+    s.info(f"Purging queue '{queue}' in vhost '{vhost}' ...")
+    _delete(s, f"/api/queues/{q(vhost)}/{q(queue)}/contents", f"Queue '{queue}' in vhost '{vhost}' does not exist")
+
+
+@command(cli, "delete_queue")
+@_vhost_option
+@click.argument("queue")
+@click.option("-e", "--if-empty", is_flag=True, help="Only if the queue has no messages.")
+@click.option("-u", "--if-unused", is_flag=True, help="Only if the queue has no consumers.")
+def delete_queue(s: Session, vhost: str, queue: str, if_empty: bool, if_unused: bool) -> None:
+    """Delete a queue."""
+    s.info(f"Deleting queue '{queue}' on vhost '{vhost}' ...")
+    found = _exists(s, f"/api/queues/{q(vhost)}/{q(queue)}")
+    if found is None:
+        raise CliError(f"Queue '{queue}' in vhost '{vhost}' does not exist")
+    flags = "&".join(f for f, on in (("if-empty=true", if_empty), ("if-unused=true", if_unused)) if on)
+    s.client.delete(f"/api/queues/{q(vhost)}/{q(queue)}" + (f"?{flags}" if flags else ""))
+    s.info(f"Queue was successfully deleted with {found.get('messages', 0)} messages")
+
+
+@command(cli, "close_connection")
+@click.argument("connection_name")
+@click.argument("explanation")
+def close_connection(s: Session, connection_name: str, explanation: str) -> None:
+    """Close a client connection (its name as list_connections name shows it)."""
+    s.info(f'Closing connection "{connection_name}", reason: {explanation}...')
+    s.client.delete(f"/api/connections/{q(connection_name)}", headers={"X-Reason": explanation})
+
+
+# ---------------------------------------------------------------- node
+
+def _mib(n: Any) -> str:
+    return f"{(n or 0) / 1024 / 1024:.1f} MiB"
+
+
+def status_text(overview: dict, node: dict) -> str:
+    alarms = [a for a, on in (("memory", node.get("mem_alarm")), ("disk", node.get("disk_free_alarm"))) if on]
+    lines = [
+        f"Status of node {node.get('name')} ...",
+        "Runtime", "",
+        f"OS PID: {node.get('os_pid')}",
+        f"Product name: {overview.get('product_name')}",
+        f"Product version: {overview.get('product_version')}",
+        f"RabbitMQ version (API compatibility): {overview.get('rabbitmq_version')}",
+        f"Python version: {overview.get('python_version', '')}",
+        f"Uptime (seconds): {int((node.get('uptime') or 0) / 1000)}",
+        "", "Cluster", "",
+        f"Cluster name: {overview.get('cluster_name')}",
+        "", "Resource Usage", "",
+        f"Memory used: {_mib(node.get('mem_used'))}, limit (high watermark): {_mib(node.get('mem_limit'))}",
+        f"Free disk space: {_mib(node.get('disk_free'))}, low watermark: {_mib(node.get('disk_free_limit'))}",
+        f"File descriptors: {node.get('fd_used')} used, {node.get('fd_total')} total",
+        "", "Alarms", "",
+        "\n".join(f"{a} resource limit alarm is in effect" for a in alarms) or "(none)",
+        "", "Listeners", "",
+    ]
+    for ln in overview.get("listeners", []):
+        lines.append(f"Interface: {ln.get('ip_address')}, port: {ln.get('port')}, protocol: {ln.get('protocol')}")
+    totals = overview.get("object_totals", {})
+    lines += ["", "Totals", "",
+              f"Connection count: {totals.get('connections', 0)}",
+              f"Queue count: {totals.get('queues', 0)}",
+              f"Exchange count: {totals.get('exchanges', 0)}"]
+    return "\n".join(lines)
+
+
+def node_status(s: Session) -> tuple[dict, dict]:
+    overview = s.overview()
+    name = overview.get("node")
+    node = s.client.get(f"/api/nodes/{q(name)}")
+    return overview, node
+
+
+@command(cli, "status")
+def status(s: Session) -> None:
+    """The node's status: versions, memory, disk, alarms, listeners."""
+    overview, node = node_status(s)
+    s.printer.document({"overview": overview, "node": node}, status_text(overview, node))
+
+
+@command(cli, "cluster_status")
+def cluster_status(s: Session) -> None:
+    """The cluster's members, running nodes, alarms and listeners (one node for now)."""
+    overview = s.overview()
+    nodes = s.client.get("/api/nodes")
+    names = [n["name"] for n in nodes]
+    running = [n["name"] for n in nodes if n.get("running")]
+    alarms = [{"node": n["name"], "resource": r} for n in nodes
+              for r, on in (("memory", n.get("mem_alarm")), ("disk", n.get("disk_free_alarm"))) if on]
+    doc = {"cluster_name": overview.get("cluster_name"), "disk_nodes": names, "ram_nodes": [],
+           "running_nodes": running, "alarms": alarms, "partitions": {},
+           "listeners": {n: [ln for ln in overview.get("listeners", []) if ln.get("node") == n] for n in names},
+           "versions": {n: {"hutch_version": overview.get("product_version"),
+                            "rabbitmq_version": overview.get("rabbitmq_version")} for n in names}}
+    lines = [f"Cluster status of node {overview.get('node')} ...", "Basics", "",
+             f"Cluster name: {overview.get('cluster_name')}", "", "Disk Nodes", "", *names, "",
+             "Running Nodes", "", *running, "", "Versions", ""]
+    lines += [f"{n}: {overview.get('product_name')} {overview.get('product_version')} (RabbitMQ API "
+              f"{overview.get('rabbitmq_version')})" for n in names]
+    lines += ["", "Alarms", ""]
+    lines += [f"Node {a['node']}: {a['resource']} alarm" for a in alarms] or ["(none)"]
+    lines += ["", "Network Partitions", "", "(none)", "", "Listeners", ""]
+    lines += [f"Node: {ln.get('node')}, interface: {ln.get('ip_address')}, port: {ln.get('port')}, "
+              f"protocol: {ln.get('protocol')}" for ln in overview.get("listeners", [])]
+    s.printer.document(doc, "\n".join(lines))
+
+
+# ---------------------------------------------------------------- definitions
+
+@command(cli, "export_definitions")
+@click.argument("path")
+def export_definitions(s: Session, path: str) -> None:
+    """Export definitions (users, vhosts, permissions, policies, topology) as JSON to PATH ("-": stdout)."""
+    doc = s.client.get("/api/definitions")
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    if path == "-":
+        click.echo(text)
+        return
+    s.info(f'Exporting definitions in JSON to a file at "{path}" ...')
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
+@command(cli, "import_definitions")
+@click.argument("path")
+def import_definitions(s: Session, path: str) -> None:
+    """Import definitions from a JSON file at PATH ("-": stdin)."""
+    s.info(f'Importing definitions in JSON from a file at "{path}" ...')
+    try:
+        raw = sys.stdin.read() if path == "-" else open(path).read()
+    except OSError as e:
+        raise CliError(f"could not read {path}: {e}", EX_DATAERR) from None
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise CliError(f"{path} is not valid JSON: {e}", EX_DATAERR) from None
+    s.client.post("/api/definitions", doc)
+    s.info("Successfully imported definitions")
+
+
+@cli.command(name="help")
+@click.argument("command_name", required=False)
+@click.pass_context
+def help_command(ctx: click.Context, command_name: str | None) -> None:
+    """Show help for a command."""
+    group = ctx.parent.command
+    cmd = group.get_command(ctx, command_name) if command_name else None
+    if cmd is None:
+        click.echo(group.get_help(ctx.parent))
+        return
+    with click.Context(cmd, info_name=command_name, parent=ctx.parent) as sub:
+        click.echo(cmd.get_help(sub))
+
+
+def main() -> None:
+    cli(prog_name="hutchctl")
+
+
+if __name__ == "__main__":
+    main()

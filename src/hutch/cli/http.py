@@ -1,0 +1,102 @@
+"""The CLIs' client of a node's management HTTP API: one request at a time, over urllib.
+
+Which node: `--url` (or the HUTCH_URL environment variable), else the host of `-n NAME@HOST`
+on port 15672, else http://localhost:15672. Credentials: `--username/--password` (or
+HUTCH_USERNAME / HUTCH_PASSWORD), default guest/guest. Every request has a timeout; a
+node that cannot be reached, refuses the credentials or answers an error raises
+`CliError` with the exit code rabbitmqctl would use (69 unavailable, 77 no permission).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+DEFAULT_URL = "http://localhost:15672"
+DEFAULT_TIMEOUT_S = 60.0
+EX_USAGE = 64
+EX_DATAERR = 65
+EX_SOFTWARE = 70
+EX_UNAVAILABLE = 69
+EX_NOPERM = 77
+
+
+class CliError(Exception):
+    def __init__(self, message: str, exit_code: int = EX_UNAVAILABLE, status: int = 0):
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        self.status = status
+
+
+def q(segment: str) -> str:
+    """One path segment, percent-encoded ("/" becomes %2F)."""
+    return quote(segment, safe="")
+
+
+def resolve_url(url: str | None, node: str | None) -> str:
+    if url:
+        return url.rstrip("/")
+    env = os.environ.get("HUTCH_URL")
+    if env:
+        return env.rstrip("/")
+    if node and "@" in node:
+        host = node.split("@", 1)[1]
+        return f"http://{host}:15672"
+    return DEFAULT_URL
+
+
+class Client:
+    def __init__(self, url: str, username: str = "guest", password: str = "guest",
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise CliError(f"not an http:// URL: {url!r}", EX_USAGE)
+        self.url = url.rstrip("/")
+        self.host = parts.hostname
+        self.timeout_s = timeout_s
+        token = base64.b64encode(f"{username}:{password}".encode()).decode()
+        self._auth = f"Basic {token}"
+
+    def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", self._auth)
+        req.add_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                err = json.loads(raw)
+                reason = err.get("reason", err.get("error", "")) if isinstance(err, dict) else str(err)
+            except ValueError:
+                reason = raw.decode(errors="replace") or e.reason
+            code = EX_NOPERM if e.code == 401 else EX_UNAVAILABLE
+            raise CliError(str(reason).strip(), code, e.code) from None
+        except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
+            why = getattr(e, "reason", e)
+            raise CliError(f"unable to perform an operation on node at {self.url}: {why}", EX_UNAVAILABLE) from None
+        if not raw.strip():
+            return None
+        return json.loads(raw)
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def put(self, path: str, body: Any = None) -> Any:
+        return self.request("PUT", path, body if body is not None else {})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, body if body is not None else {})
+
+    def delete(self, path: str, headers: dict[str, str] | None = None) -> Any:
+        return self.request("DELETE", path, headers=headers)
