@@ -191,7 +191,7 @@ class PropertySummary:
     """The content properties the broker acts on, read from raw property bytes without
     decoding the rest (a headers table is only located, not parsed)."""
 
-    __slots__ = ("delivery_mode", "priority", "expiration", "headers_span", "user_id")
+    __slots__ = ("delivery_mode", "priority", "expiration", "headers_span", "user_id", "reply_to")
 
     def __init__(self) -> None:
         self.delivery_mode = 0
@@ -199,6 +199,7 @@ class PropertySummary:
         self.expiration: str | None = None
         self.headers_span: tuple[int, int] | None = None
         self.user_id: str | None = None
+        self.reply_to: str | None = None
 
 
 def summarize_properties(props: bytes) -> PropertySummary:
@@ -221,6 +222,8 @@ def summarize_properties(props: bytes) -> PropertySummary:
                     s.expiration = props[off + 1:off + 1 + n].decode()
                 elif i == 11:
                     s.user_id = props[off + 1:off + 1 + n].decode()
+                elif i == 6:
+                    s.reply_to = props[off + 1:off + 1 + n].decode()
                 off += 1 + n
             elif kind == _TABLE:
                 n = _i.unpack_from(props, off)[0]

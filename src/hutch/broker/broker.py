@@ -128,6 +128,7 @@ class Broker:
         self.journal: Journal | None = None
         self.definitions_file: DefinitionsFile | None = None
         self.request_sync: Callable[[], None] = lambda: None  # set by the runtime
+        self._direct_replies: dict[str, tuple[Any, str]] = {}
         self._sync_waiters: deque[tuple[int, Callable, Any]] = deque()  # (log seq, fn, arg), in seq order
         self.started_ms = self.now_ms()
         self.add_vhost(config.default_vhost)
@@ -482,6 +483,30 @@ class Broker:
             self.ttl_queues.add(q)
         self.dirty_queues.add(q)
         return entry, dropped
+
+    # ---------------------------------------------------------------- direct reply-to
+
+    def register_direct_reply(self, channel, tag: str) -> str:
+        """A consumer of amq.rabbitmq.reply-to: replies to the returned name go straight to it."""
+        token = "amq.rabbitmq.reply-to." + base64.urlsafe_b64encode(os.urandom(18)).decode()
+        self._direct_replies[token] = (channel, tag)
+        return token
+
+    def unregister_direct_reply(self, channel) -> None:
+        if channel.reply_token is not None:
+            self._direct_replies.pop(channel.reply_token, None)
+            channel.reply_token = None
+
+    def direct_reply(self, msg: Message) -> bool:
+        """Deliver a reply published to a direct reply-to name; False if its consumer is gone."""
+        target = self._direct_replies.get(msg.routing_key)
+        if target is None:
+            return False
+        ch, tag = target
+        ch.delivery_tag += 1
+        ch.session.send_frames(codec.deliver_frames(ch.number, codec.shortstr(tag), ch.delivery_tag, False,
+                                                    msg.route_enc, msg.props, msg.body, ch.session.frame_max))
+        return True
 
     # ---------------------------------------------------------------- flow control
 

@@ -96,6 +96,9 @@ class Channel:
         self.confirm_dirty = False
         # transactions
         self.tx: list[tuple] | None = None
+        # direct reply-to: this channel's pseudo-queue for replies
+        self.reply_token: str | None = None
+        self.reply_tag = ""
 
     @property
     def deliverable(self) -> bool:
@@ -243,6 +246,8 @@ class Channel:
             return
         self.closed = True
         broker = self.session.broker
+        if self.reply_token is not None:
+            broker.unregister_direct_reply(self)
         for tag in list(self.consumers):
             c = self.remove_consumer(tag)
             if c is not None:

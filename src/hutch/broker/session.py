@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.connection")
 
 _NO_PROPS = b"\x00\x00"
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
+DIRECT_REPLY_PREFIX = "amq.rabbitmq.reply-to."
 
 
 def _bool_text(v: bool) -> str:
@@ -310,6 +312,8 @@ class Session:
             if s.user_id is not None and s.user_id != self.username:
                 raise precondition_failed(f"user_id property set to '{s.user_id}' but authenticated user "
                                           f"was '{self.username}'")
+            if s.reply_to == DIRECT_REPLY_TO:
+                props = self._direct_reply_props(ch, props)
             persistent = s.delivery_mode == 2
             priority = s.priority
             expiration_ms = qargs.parse_expiration(s.expiration) if s.expiration is not None else None
@@ -324,6 +328,13 @@ class Session:
     def deliver_publish(self, ch: Channel, x: Exchange, msg: Message, headers: dict | None, mandatory: bool) -> None:
         broker = self.broker
         seq = ch.next_publish_seq() if ch.confirm else 0
+        if x.name == "" and msg.routing_key.startswith(DIRECT_REPLY_PREFIX):
+            if not broker.direct_reply(msg) and mandatory:
+                self.send_frames(codec.return_frames(ch.number, spec.NO_ROUTE, "NO_ROUTE", msg.route_enc,
+                                                     msg.props, msg.body, self.frame_max))
+            if seq:
+                self.confirms_due(ch)
+            return
         queues = self.vhost.route(x, msg.routing_key, headers)
         if queues:
             refused = broker.enqueue(queues, msg, ch, seq)
@@ -465,6 +476,11 @@ class Session:
         vhost = self.vhost
         name = m.queue
         if m.passive:
+            if name == DIRECT_REPLY_TO:
+                if not m.nowait:
+                    self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=0,
+                                                                         consumer_count=0))
+                return
             if name == "":
                 raise not_found(f"no queue '' in vhost '{vhost.name}'")
             q = vhost.queue(name, owner=self)
@@ -557,8 +573,27 @@ class Session:
         self.send_method(ch.number, commands.Basic.QosOk())
         self.broker.kick_consumers_of(ch)
 
+    def _direct_reply_props(self, ch: Channel, props: bytes) -> bytes:
+        """Direct reply-to: the request's reply_to names this channel's reply consumer."""
+        if ch.reply_token is None:
+            raise precondition_failed("fast reply consumer does not exist")
+        p = codec.decode_properties(props)
+        p.reply_to = ch.reply_token
+        return codec.encode_properties(p)
+
     def basic_consume(self, ch: Channel, m) -> None:
         vhost = self.vhost
+        if m.queue == DIRECT_REPLY_TO:
+            if not m.no_ack:
+                raise precondition_failed("reply consumer cannot acknowledge")
+            if ch.reply_token is not None:
+                raise precondition_failed("reply consumer already set")
+            tag = m.consumer_tag or self.new_consumer_tag()
+            ch.reply_token = self.broker.register_direct_reply(ch, tag)
+            ch.reply_tag = tag
+            if not m.nowait:
+                self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
+            return
         q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
         tag = m.consumer_tag or self.new_consumer_tag()
@@ -576,6 +611,8 @@ class Session:
         self.broker.schedule()
 
     def basic_cancel(self, ch: Channel, m) -> None:
+        if ch.reply_token is not None and m.consumer_tag == ch.reply_tag:
+            self.broker.unregister_direct_reply(ch)
         c = ch.remove_consumer(m.consumer_tag)
         if not m.nowait:
             self.send_method(ch.number, commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
