@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,10 +23,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_handed_out: set[int] = set()
+_rng = random.Random(os.getpid() ^ int(time.time() * 1000))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, never the same one twice in this process (the kernel may
+    hand a just-closed ephemeral port out again, and two nodes must not race for it).
+    Ports come from below the kernel's ephemeral range (32768 and up on Linux), so an outgoing
+    connection's source port can never take a port between its choice and the node's bind."""
+    for _ in range(1000):
+        port = _rng.randrange(20000, 32000)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port found")
 
 
 def free_ports(n: int) -> list[int]:

@@ -385,13 +385,13 @@ class Session:
     def exchange_declare(self, ch: Channel, m) -> None:
         vhost = self.vhost
         name = m.exchange
+        if name == "":
+            raise access_refused("operation not permitted on the default exchange")
         if m.passive:
             vhost.exchange(name)
             if not m.nowait:
                 self.send_method(ch.number, commands.Exchange.DeclareOk())
             return
-        if name == "":
-            raise access_refused("operation not permitted on the default exchange")
         self.broker.check_permission(self.user, vhost.name, "configure", "exchange", name)
         xtype = m.exchange_type
         existing = vhost.exchanges.get(name)
