@@ -25,6 +25,7 @@ from .targets import BrokerStartError
 
 REPORTS = toolchain.CACHE / "reports"
 KILL_GRACE_S = 10
+PYTEST_RAN_TESTS = (0, 1)  # all passed / some failed; 2-5 mean interrupted, internal error, usage, none
 
 
 def suite_env(suite: Suite, ep: Endpoint, outcomes: Path, tls: bool) -> dict[str, str]:
@@ -87,23 +88,29 @@ def run_suite(suite: Suite, target, log=print, reports_dir: Path = REPORTS) -> S
                 try:
                     proc.wait(timeout=suite.suite_timeout_s)
                 except subprocess.TimeoutExpired:
-                    _kill_group(proc)
                     result.status = TIMED_OUT
                     result.note = f"killed after {suite.suite_timeout_s} s"
+                finally:  # also when we are interrupted: leave no pytest behind
+                    _kill_group(proc)
                 result.wall_s = round(time.monotonic() - started, 1)
     except BrokerStartError as e:
         result.status, result.note = NOT_STARTED, str(e)
         return result
     tests, deselected, messages, exitstatus = read_outcomes(outcomes)
     result.tests, result.deselected, result.messages, result.exitstatus = tests, deselected, messages, exitstatus
-    if result.status == RAN and not tests:
+    if result.status == RAN and (not tests or proc.returncode not in PYTEST_RAN_TESTS):
+        # pytest was interrupted, crashed, or could not even collect: not a measurement.
         result.status = BROKEN
         tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
-        result.note = f"pytest ran no test (exit status {proc.returncode}); end of {logfile}:\n{tail}"
+        result.note = (f"pytest exit status {proc.returncode} after {len(tests)} tests;"
+                       f" end of {logfile}:\n{tail}")
     return result
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop the suite's process group (pytest and anything it started), politely first."""
+    if proc.poll() is not None:
+        return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

@@ -40,6 +40,12 @@ class Names:
         self.exchanges.append(name)
         return name
 
+    def queue_and_exchange(self, suffix: str = "q") -> str:
+        """One name used for both a queue and an exchange (kombu's SimpleQueue does that)."""
+        name = self.queue(suffix)
+        self.exchanges.append(name)
+        return name
+
     def cleanup(self, broker) -> None:
         if not (self.queues or self.exchanges):
             return

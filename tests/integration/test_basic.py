@@ -515,6 +515,55 @@ def test_unacked_messages_are_requeued_when_the_connection_closes(broker, names)
         c2.close()
 
 
+def test_unacked_messages_are_requeued_when_the_client_vanishes_without_closing(broker, names):
+    q = names.queue()
+    setup = connect(broker)
+    try:
+        ch = setup.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(q)
+        fill(ch, q, 3)
+        with RawClient(broker.host, broker.port) as c:
+            c.handshake()
+            c.open_channel(1)
+            c.send_frame(commands.Basic.Consume(queue=q, consumer_tag="doomed"), 1)
+            c.expect(commands.Basic.ConsumeOk)
+            for _ in range(3):
+                c.expect(commands.Basic.Deliver)
+                c.expect(ContentHeader)
+                c.read_frame()  # the body
+            # the socket closes here: no channel.close, no connection.close
+        got = drain(setup, lambda: [r for r in [ch.basic_get(q, auto_ack=True)] if r[0]] or None,
+                    what="requeued message")
+        method, _, body = got[0]
+        assert (body, method.redelivered, method.message_count) == (b"0", True, 2)
+    finally:
+        setup.close()
+
+
+def test_message_cut_off_by_a_vanishing_publisher_is_not_delivered(broker, names):
+    q = names.queue()
+    setup = connect(broker)
+    try:
+        ch = setup.channel()
+        ch.queue_declare(q)
+        with RawClient(broker.host, broker.port) as c:
+            c.handshake()
+            c.open_channel(1)
+            c.send_frame(commands.Basic.Publish(exchange="", routing_key=q), 1)
+            c.send_frame(ContentHeader(0, 10, commands.Basic.Properties()), 1)
+            c.send(raw_frame(3, 1, b"12345"))  # half the body, then the socket closes
+        other = connect(broker)  # a later, complete publish is the only message
+        other_ch = other.channel()
+        other_ch.confirm_delivery()
+        other_ch.basic_publish("", q, b"complete")
+        other.close()
+        assert ch.queue_declare(q, passive=True).method.message_count == 1
+        assert ch.basic_get(q, auto_ack=True)[2] == b"complete"
+    finally:
+        setup.close()
+
+
 # -- ordering ------------------------------------------------------------------------------------
 
 def test_one_publisher_one_queue_is_fifo(conn):

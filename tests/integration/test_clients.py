@@ -196,7 +196,7 @@ def kombu_conn(broker):
 
 
 def test_kombu_simple_queue_put_get(kombu_conn, names):
-    q: SimpleQueue = kombu_conn.SimpleQueue(names.queue())
+    q: SimpleQueue = kombu_conn.SimpleQueue(names.queue_and_exchange())
     try:
         q.put({"hello": "world"}, serializer="json")
         message = q.get(block=True, timeout=5)
@@ -225,7 +225,7 @@ def test_kombu_producer_and_consumer_over_a_topic_exchange(kombu_conn, names):
 
 
 def test_kombu_reject_requeue_redelivers(kombu_conn, names):
-    q = kombu_conn.SimpleQueue(names.queue())
+    q = kombu_conn.SimpleQueue(names.queue_and_exchange())
     try:
         q.put("retry me")
         first = q.get(timeout=5)

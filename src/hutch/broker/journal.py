@@ -16,11 +16,18 @@ The log forgets released records by deleting whole segments. An E record is rele
 message is settled; the A/V/P records that refer to it stay live until the E record is gone from
 disk (`guards`), so a restart can never revive a settled message. Recovery replays the log:
 every E without a matching A or P is a message still queued, `redelivered` if a V was seen.
+
+A segment usually holds both a message's E record and the guards that settle it, so it would
+pin itself forever: a compactor thread owned by the journal rewrites mostly-settled sealed
+segments every `COMPACT_INTERVAL_S` (dropping the released E records), after which `collect()`
+releases their guards and the emptied segments are deleted. Without it the journal never
+shrinks and every restart replays everything ever written.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +42,7 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 GUARD_CHECK_MAX = 4096  # guard records examined per collect() call
+COMPACT_INTERVAL_S = 2.0  # the compactor's pace; each pass copies at most one segment's live bytes
 
 
 @dataclass
@@ -54,6 +62,8 @@ class Journal:
         self._guards: deque[tuple[int, list[int]]] = deque()
         self.appended = 0
         self.synced_seq = self.log.durable_seq
+        self._stop = threading.Event()
+        self._compactor = threading.Thread(target=self._compact_loop, name="journal-compactor", daemon=True)
 
     # ---------------------------------------------------------------- writing
 
@@ -107,7 +117,19 @@ class Journal:
         self.collect()
         self.log.compact()
 
+    def _compact_loop(self) -> None:
+        """The compactor thread: store calls only (the guard list belongs to the loop thread)."""
+        while not self._stop.wait(COMPACT_INTERVAL_S):
+            try:
+                self.log.compact()
+            except Exception:  # a failed store is reported by the next sync; stop rewriting
+                log.exception("Message journal: compaction failed; no further compaction")
+                return
+
     def close(self) -> None:
+        self._stop.set()
+        if self._compactor.is_alive():
+            self._compactor.join()
         self.log.close()
 
     # ---------------------------------------------------------------- recovery
@@ -158,6 +180,8 @@ class Journal:
             self._guards.append((g, deps))
         self.collect()
         self.synced_seq = self.log.durable_seq
+        if not self._compactor.is_alive():
+            self._compactor.start()  # after the replay: nothing rewrites segments under it
         return {qid: list(msgs.values()) for qid, msgs in pending.items()}
 
 

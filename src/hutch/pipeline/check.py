@@ -243,8 +243,23 @@ class SparkCheck:
             .collect()
         )
         self._lap("messages")
+        self._frames["lost"] = msgs.where("lost").select(
+            "run_id", "queue", "msg_id", F.shiftright("msg_id", 32).alias("publisher"),
+            F.col("msg_id").bitwiseAND(SEQ_MAX).alias("seq"), F.col("pub_ts").alias("pub_ts_ns"),
+            F.col("confirm_ts").alias("confirm_ts_ns"), "window",
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        self._frames["duplicates"] = msgs.where(nd > 1).select(
+            "run_id", "queue", "msg_id", F.col("n_deliver").alias("deliveries"), "repeats_without_redelivered",
+            F.col("first_ts").alias("first_ts_ns"),
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        self._frames["unexpected"] = msgs.where("unexpected").select(
+            "run_id", "queue", "msg_id", F.col("n_deliver").alias("deliveries"), F.col("first_ts").alias("first_ts_ns"),
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        # offenders are few: kept apart, they are counted, listed and written without rescanning the messages
+        self._persisted += [self._frames[k] for k in ("lost", "duplicates", "unexpected")]
+
         lost_by_window: dict[tuple[str, str], dict[str, int]] = {}
-        for r in msgs.where("lost").groupBy("run_id", "queue", "window").count().collect():
+        for r in self._frames["lost"].groupBy("run_id", "queue", "window").count().collect():
             lost_by_window.setdefault((r.run_id, r.queue), {})[r.window] = r["count"]
         latency = []
         for r in (
@@ -269,19 +284,6 @@ class SparkCheck:
                                     "max_ns": r[f"{prefix}_max"]})
 
         self._lap("lost_and_latency")
-        self._frames["lost"] = msgs.where("lost").select(
-            "run_id", "queue", "msg_id", F.shiftright("msg_id", 32).alias("publisher"),
-            F.col("msg_id").bitwiseAND(SEQ_MAX).alias("seq"), F.col("pub_ts").alias("pub_ts_ns"),
-            F.col("confirm_ts").alias("confirm_ts_ns"), "window",
-        )
-        self._frames["duplicates"] = msgs.where(nd > 1).select(
-            "run_id", "queue", "msg_id", F.col("n_deliver").alias("deliveries"), "repeats_without_redelivered",
-            F.col("first_ts").alias("first_ts_ns"),
-        )
-        self._frames["unexpected"] = msgs.where("unexpected").select(
-            "run_id", "queue", "msg_id", F.col("n_deliver").alias("deliveries"), F.col("first_ts").alias("first_ts_ns"),
-        )
-
         # 3. reorders in each consumer's stream of one publisher's messages
         from pyspark.sql.window import Window
 
