@@ -13,9 +13,12 @@ message is sent once an fsync covers its E record (group commit: one fsync per l
 covers every record written before it).
 
 The log forgets released records by deleting whole segments. An E record is released when its
-message is settled; the A/V/P records that refer to it stay live until the E record is gone from
-disk (`guards`), so a restart can never revive a settled message. Recovery replays the log:
-every E without a matching A or P is a message still queued, `redelivered` if a V was seen.
+message is settled; the A/V/P records that refer to it ("guards") must outlive it on disk, so a
+restart can never revive a settled message. A guard in the same segment as the E records it
+refers to is released with them (the segment goes as a whole); a guard in a later segment stays
+live until the earlier segment is deleted. Guards always point back, so segments never wait on
+each other in a cycle. Recovery replays the log: every E without a matching A or P is a message
+still queued, `redelivered` if a V was seen.
 
 A segment usually holds both a message's E record and the guards that settle it, so it would
 pin itself forever: a compactor thread owned by the journal rewrites mostly-settled sealed
@@ -60,8 +63,10 @@ class Journal:
         self.log = SegmentLog(directory, segment_bytes_max=segment_bytes_max)
         # (guard record seq, E seqs it protects): released once none of them is on disk
         self._guards: deque[tuple[int, list[int]]] = deque()
+        self._delivered: dict[int, int] = {}  # E seq -> its V record, while the message is queued
         self.appended = 0
         self.synced_seq = self.log.durable_seq
+        self._deleted_at_collect = self.log.segments_deleted
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, name="journal-compactor", daemon=True)
 
@@ -72,13 +77,15 @@ class Journal:
         return self.log.append(_enc.encode(("E", queue_id, exchange, routing_key, props, body)), queue_id)
 
     def delivered(self, queue_id: int, e_seq: int) -> None:
-        v = self.log.append(_enc.encode(("V", queue_id, e_seq)), queue_id)
-        self._guards.append((v, [e_seq]))
+        self._delivered[e_seq] = self.log.append(_enc.encode(("V", queue_id, e_seq)), queue_id)
 
     def settled(self, queue_id: int, e_seq: int) -> None:
         a = self.log.append(_enc.encode(("A", queue_id, e_seq)), queue_id)
         self.log.release(e_seq)
-        self._guards.append((a, [e_seq]))
+        self._guard(a, [e_seq])
+        v = self._delivered.pop(e_seq, None)
+        if v is not None:
+            self._guard(v, [e_seq])
 
     def purged(self, queue_id: int, e_seqs: list[int]) -> None:
         if not e_seqs:
@@ -86,7 +93,30 @@ class Journal:
         p = self.log.append(_enc.encode(("P", queue_id, e_seqs)), queue_id)
         for s in e_seqs:
             self.log.release(s)
-        self._guards.append((p, list(e_seqs)))
+        self._guard(p, list(e_seqs))
+        for s in e_seqs:
+            v = self._delivered.pop(s, None)
+            if v is not None:
+                self._guard(v, [s])
+
+    def _guard(self, g: int, deps: list[int]) -> None:
+        """Release the guard record g now if its released E records share its segment (or are
+        gone); otherwise keep it until their segment is deleted."""
+        if self._needed(g, deps):
+            self._guards.append((g, deps))
+        else:
+            self.log.release(g)
+
+    def _needed(self, g: int, deps: list[int]) -> bool:
+        base = self.log.segment_base
+        gb = base(g)
+        while deps:
+            db = base(deps[-1])
+            if db is None or db == gb:
+                deps.pop()
+            else:
+                return True
+        return False
 
     @property
     def unsynced(self) -> bool:
@@ -96,16 +126,26 @@ class Journal:
         """fsync (may run in a worker thread). Returns the highest durable seq."""
         return self.log.sync()
 
-    def collect(self) -> int:
-        """Release guard records whose E records are all gone from disk. Returns how many."""
+    def collect(self, force: bool = False) -> int:
+        """Release guard records whose E records are all gone from disk. Returns how many.
+
+        E records only leave the disk when a whole segment is deleted, so this does nothing
+        until the log has lost a segment since the last look (or `force`). Guards are examined
+        oldest first and the scan stops at the first one still needed: E records die roughly
+        in the order they were written."""
+        deleted = self.log.segments_deleted
+        if not force and deleted == self._deleted_at_collect:
+            return 0
+        self._deleted_at_collect = deleted
         n = 0
         guards = self._guards
-        contains = self.log.contains
+        misses = 0
         for _ in range(min(len(guards), GUARD_CHECK_MAX)):
             g, deps = guards[0]
-            while deps and not contains(deps[-1]):
-                deps.pop()
-            if deps:
+            if self._needed(g, deps):
+                misses += 1
+                if misses > 16:
+                    break
                 guards.rotate(-1)
                 continue
             guards.popleft()
@@ -114,7 +154,7 @@ class Journal:
         return n
 
     def compact(self) -> None:
-        self.collect()
+        self.collect(force=True)
         self.log.compact()
 
     def _compact_loop(self) -> None:
@@ -161,28 +201,36 @@ class Journal:
                 m = pending.get(qid, {}).get(item[2])
                 if m is not None:
                     m.delivered = True
-                settles.append((rec.seq, qid, [item[2]]))
+                    self._delivered[item[2]] = rec.seq
+                else:
+                    settles.append((rec.seq, qid, [item[2]]))
             elif kind == "A":
                 q = pending.get(qid)
                 if q is not None and q.pop(item[2], None) is not None:
                     dead.append(item[2])
                 settles.append((rec.seq, qid, [item[2]]))
+                v = self._delivered.pop(item[2], None)
+                if v is not None:
+                    settles.append((v, qid, [item[2]]))
             elif kind == "P":
                 q = pending.get(qid)
                 for s in item[2]:
                     if q is not None and q.pop(s, None) is not None:
                         dead.append(s)
+                    v = self._delivered.pop(s, None)
+                    if v is not None:
+                        settles.append((v, qid, [s]))
                 settles.append((rec.seq, qid, list(item[2])))
         for s in dead:
             if self.log.is_live(s):
                 self.log.release(s)
         for g, _qid, deps in settles:
-            self._guards.append((g, deps))
-        self.collect()
+            self._guard(g, deps)
+        self.collect(force=True)
         self.synced_seq = self.log.durable_seq
         if not self._compactor.is_alive():
             self._compactor.start()  # after the replay: nothing rewrites segments under it
-        return {qid: list(msgs.values()) for qid, msgs in pending.items()}
+        return {qid: list(msgs.values()) for qid, msgs in pending.items() if msgs}
 
 
 __all__ = ["Journal", "RecoveredMessage"]

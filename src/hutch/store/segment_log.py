@@ -206,6 +206,7 @@ class SegmentLog:
         self._sync_lock = threading.Lock()
         self._compact_lock = threading.Lock()
         self._segments: list[_Segment] = []
+        self._segments_deleted = 0
         self._bases: list[int] = []          # base_seq of each segment, for bisect
         self._buf = bytearray()
         self._buf_last_seq = 0
@@ -495,6 +496,16 @@ class SegmentLog:
                 return False
             return seg.states[i] != _ABSENT
 
+    def segment_base(self, seq: int) -> int | None:
+        """The first seq of the segment holding record `seq`, or None when it is not on disk.
+        Two records with the same base are deleted together."""
+        with self._lock:
+            try:
+                seg, i = self._locate(seq)
+            except UnknownRecord:
+                return None
+            return seg.base_seq if seg.states[i] != _ABSENT else None
+
     def is_live(self, seq: int) -> bool:
         with self._lock:
             try:
@@ -518,6 +529,7 @@ class SegmentLog:
         j = self._segments.index(seg)
         del self._segments[j]
         del self._bases[j]
+        self._segments_deleted += 1
         if seg.read_fd is not None:
             os.close(seg.read_fd)
             seg.read_fd = None
@@ -691,6 +703,11 @@ class SegmentLog:
     @property
     def segment_count(self) -> int:
         return len(self._segments)
+
+    @property
+    def segments_deleted(self) -> int:
+        """How many segments this log has deleted since it was opened (a cheap change signal)."""
+        return self._segments_deleted
 
     @property
     def live_records(self) -> int:
