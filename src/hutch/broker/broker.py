@@ -129,6 +129,7 @@ class Broker:
         self.definitions_file: DefinitionsFile | None = None
         self.request_sync: Callable[[], None] = lambda: None  # set by the runtime
         self._direct_replies: dict[str, tuple[Any, str]] = {}
+        self.flow_limited: set[ClassicQueue] = set()
         self._sync_waiters: deque[tuple[int, Callable, Any]] = deque()  # (log seq, fn, arg), in seq order
         self.started_ms = self.now_ms()
         self.add_vhost(config.default_vhost)
@@ -152,6 +153,7 @@ class Broker:
         self._scheduled = False
         dirty = self.dirty_queues
         rounds = 0
+        now = self.now_ms()
         while dirty and rounds < 64:
             rounds += 1
             batch = list(dirty)
@@ -161,7 +163,8 @@ class Broker:
                     continue
                 if q.message_ttl_ms is not None or q in self.ttl_queues:
                     self.expire_queue(q)
-                q.dispatch()
+                if q.dispatch():
+                    q.last_dispatch_ms = now
                 self._flow_check(q)
         if self.journal is not None and self.journal.unsynced:
             self.request_sync()
@@ -387,6 +390,8 @@ class Broker:
         if q.deleted:
             return
         q.deleted = True
+        if q.flow_waiters is not None:
+            self._flow_release(q)
         vhost = self.vhosts.get(q.vhost)
         if vhost is None:
             return
@@ -510,30 +515,40 @@ class Broker:
 
     # ---------------------------------------------------------------- flow control
 
-    FLOW_READY_HIGH = 2000  # ready messages behind a consumer whose socket is backed up
+    FLOW_READY_HIGH = 2000  # ready messages behind busy consumers before publishers wait
     FLOW_READY_LOW = 500
+    FLOW_ACTIVE_MS = 1000  # consumers that received within this long count as busy
 
     def _flow_check(self, q: ClassicQueue) -> None:
-        """Backpressure from consumers to publishers.
+        """Backpressure from consumers to publishers (RabbitMQ's credit flow, in effect).
 
-        A queue whose consumers' sockets are backed up while messages pile up ready is
-        flow-limited: sessions that publish into it stop being read until its backlog falls
-        below the low-water mark or its consumers can take messages again. A consumer that is
-        merely at its prefetch limit does not limit publishers (the queue simply grows, up to
-        the memory alarm), so a slow acker can never deadlock a publisher."""
+        A queue is flow-limited while messages pile up ready behind consumers that are busy —
+        their sockets backed up, or they received messages within the last FLOW_ACTIVE_MS —
+        and sessions that publish into it are not read from until the backlog falls below
+        the low-water mark. Consumers that have gone quiet (at their prefetch limit and not
+        acknowledging) release the publishers: the queue then simply grows, up to the memory
+        alarm, so a consumer that never acknowledges can never stall a publisher for good."""
         st = q.state
         if q.flow_waiters is None:
-            if st.ready_count > self.FLOW_READY_HIGH and q.consumer_count and any(
-                    not c.channel.session.writable for c in q.consumers()):
+            if st.ready_count > self.FLOW_READY_HIGH and q.consumer_count and self._consumers_busy(q):
                 q.flow_waiters = set()
+                self.flow_limited.add(q)
             return
-        if st.ready_count <= self.FLOW_READY_LOW or not q.consumer_count or all(
-                c.channel.session.writable for c in q.consumers()):
-            waiters, q.flow_waiters = q.flow_waiters, None
-            for s in waiters:
-                s.flow_queues.discard(q)
-                if not s.flow_queues and not s.blocked and not s.closed and s.transport_hooks is not None:
-                    s.transport_hooks.resume_reading()
+        if st.ready_count <= self.FLOW_READY_LOW or not q.consumer_count or not self._consumers_busy(q):
+            self._flow_release(q)
+
+    def _consumers_busy(self, q: ClassicQueue) -> bool:
+        if self.now_ms() - q.last_dispatch_ms < self.FLOW_ACTIVE_MS:
+            return True
+        return any(not c.channel.session.writable for c in q.consumers())
+
+    def _flow_release(self, q: ClassicQueue) -> None:
+        waiters, q.flow_waiters = q.flow_waiters, None
+        self.flow_limited.discard(q)
+        for s in waiters:
+            s.flow_queues.discard(q)
+            if not s.flow_queues and not s.blocked and not s.closed and s.transport_hooks is not None:
+                s.transport_hooks.resume_reading()
 
     def _flow_wait(self, q: ClassicQueue, session) -> None:
         if session in q.flow_waiters:
@@ -563,8 +578,11 @@ class Broker:
             self.dead_letter(q, expired, "expired")
 
     def tick(self) -> None:
-        """Timers: message expiry at queue heads, and queue expiry (x-expires)."""
+        """Timers: message expiry at queue heads, queue expiry (x-expires), and releasing
+        publishers held back by queues whose consumers went quiet."""
         now = self.now_ms()
+        for q in list(self.flow_limited):
+            self._flow_check(q)
         for q in list(self.ttl_queues):
             if q.deleted:
                 self.ttl_queues.discard(q)

@@ -36,7 +36,7 @@ class ClassicQueue:
                  "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
                  "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
                  "deleted", "home_node", "_registered", "stats_published", "stats_delivered", "stats_acked", "dispatch_blocked",
-                 "flow_waiters", "journal_id")
+                 "flow_waiters", "journal_id", "last_dispatch_ms")
 
     def __init__(self, name: str, vhost: str, *, durable: bool = False, auto_delete: bool = False,
                  exclusive_owner: Any = None, arguments: dict[str, Any] | None = None,
@@ -68,6 +68,7 @@ class ClassicQueue:
         self.stats_acked = 0
         self.dispatch_blocked = False  # set while something (e.g. a sync) holds the queue
         self.flow_waiters: set | None = None  # publishers held back while consumers are backed up
+        self.last_dispatch_ms = -10**9  # when consumers last received (the owner's clock)
         self.journal_id = 0  # durable queues: the key of their records in the node's message journal
 
     def __repr__(self) -> str:

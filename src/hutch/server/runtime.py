@@ -252,7 +252,7 @@ class Node:
             self._request_sync()
 
     def _tick(self) -> None:
-        if self.broker.ttl_queues:
+        if self.broker.ttl_queues or self.broker.flow_limited:
             self.broker.tick()
         self._tick_task = self.loop.call_later(0.1, self._tick)
 
