@@ -388,7 +388,7 @@ def test_requeued_messages_go_back_to_their_place_within_their_priority(ch, name
     ch.basic_publish("", q, b"h3", pika.BasicProperties(priority=3))
     method, _p, body = ch.basic_get(q, auto_ack=True)
     assert (body, method.redelivered) == (b"h1", True)
-    assert [b for b in get_all(ch, q)] == [b"h3", b"l1", b"l2"]
+    assert get_all(ch, q) == [b"h3", b"l1", b"l2"]
     ch.basic_recover(requeue=True)  # h2 back, ahead of nothing else of its priority
     assert get_all(ch, q) == [b"h2"]
 

@@ -55,8 +55,15 @@ def test_spark_job_and_reference_agree_and_find_the_injected_defects(spark, name
 def test_several_runs_in_one_directory_are_checked_apart(spark, tmp_path):
     a = generate(SCENARIOS["losses_in_a_failover"], tmp_path / "a")
     b = generate(SCENARIOS["clean"], tmp_path / "b")
+    # results of an earlier check (hutch check's default --out) and a file being written are not history
+    import shutil
+
+    for hidden in ("_check/lost.parquet", ".incoming"):
+        (tmp_path / hidden).mkdir(parents=True)
+        shutil.copy(sorted((tmp_path / "a").glob("pub-*.parquet"))[0], tmp_path / hidden / "part-0.parquet")
     got = _spark_findings(spark, tmp_path)
     assert set(got.summary["runs"]) == {a.run_id, b.run_id}
     assert got.summary["runs"][a.run_id]["queues"]["q0"]["lost"] == 7
     assert got.summary["runs"][b.run_id]["queues"]["q0"]["lost"] == 0
     assert got.summary["queues"]["q0"]["lost"] == 7 and got.summary["queues"]["q0"]["runs"] == 2
+    assert got.summary["runs"][a.run_id]["queues"]["q0"]["published"] == a.queues["q0"].published

@@ -23,6 +23,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL when the test process dies, however it dies, so a
+    killed or timed-out test run never leaves broker processes behind (Linux prctl)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 _handed_out: set[int] = set()
 _rng = random.Random(os.getpid() ^ int(time.time() * 1000))
 
@@ -145,7 +156,7 @@ class HutchNode:
             env.update(self.env)
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         logf.close()
         wait_until(lambda: amqp_ready("127.0.0.1", self.amqp_port), timeout_s,
                    f"hutch node {self.name} on {self.amqp_port}", proc=self.proc)
@@ -269,7 +280,8 @@ class RabbitMQNode:
         (self.dir / "enabled_plugins").write_text(plugins + "\n")
         logf = open(self.dir / "server.out", "ab")
         self.proc = subprocess.Popen([RABBITMQ_SERVER], stdout=logf, stderr=subprocess.STDOUT,
-                                     env=self._env(), start_new_session=True, stdin=subprocess.DEVNULL)
+                                     env=self._env(), start_new_session=True, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)
         logf.close()
         wait_until(lambda: amqp_ready("127.0.0.1", self.amqp_port), timeout_s,
                    f"RabbitMQ {self.nodename} on {self.amqp_port}", interval_s=0.2, proc=self.proc)
