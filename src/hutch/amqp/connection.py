@@ -183,7 +183,7 @@ class Connection:
         """Refuse the login: connection.close 403 ACCESS_REFUSED to clients that announced the
         authentication_failure_close capability; the others just lose the socket (spec 0-9-1)."""
         if self.capabilities.get("authentication_failure_close"):
-            self.close(spec.ACCESS_REFUSED, text, 10, 11)
+            self.close(spec.ACCESS_REFUSED, text)  # RabbitMQ names no method here
         else:
             self.state = CLOSED
             self.close_reason = (spec.ACCESS_REFUSED, text)

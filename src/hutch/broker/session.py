@@ -485,6 +485,7 @@ class Session:
                 raise not_found(f"no queue '' in vhost '{vhost.name}'")
             q = vhost.queue(name, owner=self)
             ch.last_queue = name
+            self.broker.queue_used(q)
             if not m.nowait:
                 self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
                                                                      consumer_count=q.consumer_count))
@@ -497,6 +498,11 @@ class Session:
         if q is None:
             if name.startswith("amq.") and not name.startswith("amq.gen-"):
                 raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+            dlx = args.get("x-dead-letter-exchange")
+            if isinstance(dlx, (str, bytes)):
+                # as RabbitMQ: whoever declares a dead-lettering queue must be allowed to publish there
+                self.broker.check_permission(self.user, vhost.name, "write", "exchange",
+                                             dlx.decode() if isinstance(dlx, bytes) else dlx)
             q = self.broker.declare_queue(vhost, name, durable=bool(m.durable), exclusive=bool(m.exclusive),
                                           auto_delete=bool(m.auto_delete), arguments=args, owner=self)
         else:
@@ -514,6 +520,7 @@ class Session:
             if q.auto_delete != bool(m.auto_delete):
                 raise ineq("auto_delete", bool(m.auto_delete), q.auto_delete)
             qargs.check_equivalent_args("queue", name, vhost.name, q.arguments, args, qargs.QUEUE_ARGS_COMPARED)
+            self.broker.queue_used(q)
         ch.last_queue = name
         if not m.nowait:
             self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
@@ -623,6 +630,7 @@ class Session:
         vhost = self.vhost
         q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        self.broker.queue_used(q)
         self.broker.expire_queue(q)
         entry = q.get(bool(m.no_ack))
         if entry is None:
@@ -638,7 +646,6 @@ class Session:
                                              q.message_count, msg.props, msg.body, self.frame_max))
         if m.no_ack:
             self.broker.settled(q, entry)
-        self.broker.queue_used(q)
 
     def basic_recover(self, ch: Channel, m) -> None:
         if not m.requeue:
