@@ -12,7 +12,7 @@
    with SIGKILL instead of stopped.
 
 `python bench/durability.py [--duration 20] [--rounds 2] [--recovery-messages 1000000]
-[--skip-rabbitmq-recovery] [--json-out FILE]`. It starts and stops every node it uses.
+[--recovery-crash] [--skip-recovery | --skip-rabbitmq-recovery] [--no-rabbitmq] [--json-out FILE]`. It starts and stops every node it uses.
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ def main() -> int:
     ap.add_argument("--recovery-messages", type=int, default=1_000_000)
     ap.add_argument("--recovery-crash", action="store_true", help="kill -9 instead of a graceful stop")
     ap.add_argument("--skip-rabbitmq-recovery", action="store_true")
+    ap.add_argument("--skip-recovery", action="store_true", help="throughput only")
     ap.add_argument("--no-rabbitmq", action="store_true", help="hutch only")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
@@ -151,7 +152,7 @@ def main() -> int:
                 print(f"  hutch / RabbitMQ: {result['throughput']['ratio_hutch_to_rabbitmq']}", flush=True)
             result["recovery"] = {}
             for kind, node in nodes.items():
-                if kind == "rabbitmq" and a.skip_rabbitmq_recovery:
+                if a.skip_recovery or (kind == "rabbitmq" and a.skip_rabbitmq_recovery):
                     continue
                 print(f"recovery: {kind} with {a.recovery_messages} persistent messages queued", flush=True)
                 r = recovery(node, a.recovery_messages, a.recovery_crash, workdir)

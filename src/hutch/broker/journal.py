@@ -20,11 +20,11 @@ live until the earlier segment is deleted. Guards always point back, so segments
 each other in a cycle. Recovery replays the log: every E without a matching A or P is a message
 still queued, `redelivered` if a V was seen.
 
-A segment usually holds both a message's E record and the guards that settle it, so it would
-pin itself forever: a compactor thread owned by the journal rewrites mostly-settled sealed
-segments every `COMPACT_INTERVAL_S` (dropping the released E records), after which `collect()`
-releases their guards and the emptied segments are deleted. Without it the journal never
-shrinks and every restart replays everything ever written.
+One message that stays queued for long keeps its whole segment on disk, and with it the
+guards in later segments that point into it. A compactor thread owned by the journal rewrites
+mostly-settled sealed segments every `COMPACT_INTERVAL_S`, keeping only their live records
+(same seqs), so such a message costs its own bytes rather than a segment's, and the guards that
+pointed at the dropped E records are released at the next `collect()`.
 """
 
 from __future__ import annotations
