@@ -360,3 +360,36 @@ def test_encode_table_round_trips_through_decode_headers():
     table = {"x-death": [{"count": 1, "reason": "expired"}], "n": 5}
     raw = struct.pack(">H", 1 << 13) + codec.encode_table(table)
     assert codec.decode_headers(raw, codec.summarize_properties(raw).headers_span) == table
+
+
+# -- editing properties in place (dead-lettering, direct reply-to) -------------------------------
+
+def test_edit_properties_keeps_every_untouched_header_byte_for_byte():
+    # a Java-style publisher's headers: a 32-bit int, a long, a byte, a nested table
+    raw_headers = (codec.shortstr("retries") + b"I" + struct.pack(">i", 3)
+                   + codec.shortstr("big") + b"l" + struct.pack(">q", 7)
+                   + codec.shortstr("tiny") + b"b" + b"\x01"
+                   + codec.shortstr("nested") + b"F" + struct.pack(">I", 10) + codec.shortstr("k") + b"S"
+                   + struct.pack(">I", 3) + b"v" * 3)
+    props = (struct.pack(">H", 0b0011_0001_0000_0000) + struct.pack(">I", len(raw_headers)) + raw_headers
+             + b"\x02" + codec.shortstr("60000"))
+    edited = codec.edit_properties(props, set_headers={"x-first-death-reason": codec.typed_value("expired")},
+                                   drop=("expiration",))
+    s = codec.summarize_properties(edited)
+    assert s.expiration is None and s.delivery_mode == 2
+    entries = dict(codec.table_entries(edited[s.headers_span[0] + 4:s.headers_span[1]]))
+    assert entries["retries"] == b"I" + struct.pack(">i", 3)
+    assert entries["big"] == b"l" + struct.pack(">q", 7)
+    assert entries["tiny"] == b"b\x01"
+    assert entries["x-first-death-reason"] == b"S" + struct.pack(">I", 7) + b"expired"
+    assert codec.decode_headers(edited, s.headers_span)["nested"] == {"k": "vvv"}
+
+
+def test_typed_value_writes_counts_as_signed_64_bit_as_rabbitmq_does():
+    assert codec.typed_value(1) == b"l" + struct.pack(">q", 1)
+    assert codec.typed_value(["a"]) == b"A" + struct.pack(">I", 6) + b"S" + struct.pack(">I", 1) + b"a"
+
+
+def test_edit_properties_replaces_reply_to():
+    props = codec.edit_properties(b"\x00\x00", set_shortstr={"reply_to": "amq.rabbitmq.reply-to.abc"})
+    assert codec.decode_properties(props).reply_to == "amq.rabbitmq.reply-to.abc"

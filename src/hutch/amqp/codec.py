@@ -268,3 +268,107 @@ def encode_properties(p: commands.Basic.Properties) -> bytes:
 
 def encode_table(table: dict[str, Any]) -> bytes:
     return encode.field_table(table)
+
+
+# ---------------------------------------------------------------- editing properties in place
+#
+# The broker rewrites a message's properties in two places only: dead-lettering (x-death and
+# friends added to the headers, `expiration` removed) and direct reply-to (`reply_to`
+# replaced). Decoding and re-encoding the whole property list would change the wire types of the
+# publisher's own headers (pamqp picks the smallest integer type on encoding), so these edits
+# splice bytes: every property and header entry not being changed is copied exactly as sent.
+
+_SKIP_FIXED = {"t": 1, "b": 1, "B": 1, "s": 2, "u": 2, "I": 4, "i": 4, "l": 8, "L": 8, "f": 4, "d": 8,
+               "D": 5, "T": 8, "V": 0}
+
+
+def _skip_field(buf: bytes, off: int) -> int:
+    """Offset after the typed field value starting at off (its type octet first)."""
+    t = chr(buf[off])
+    off += 1
+    n = _SKIP_FIXED.get(t)
+    if n is not None:
+        return off + n
+    if t in "SxAF":
+        return off + 4 + _i.unpack_from(buf, off)[0]
+    raise ValueError(f"unknown field type {t!r}")
+
+
+def table_entries(table: bytes) -> list[tuple[str, bytes]]:
+    """A field table (without its length prefix) as (key, raw typed value) pairs, in order."""
+    out = []
+    off = 0
+    while off < len(table):
+        n = table[off]
+        key = table[off + 1:off + 1 + n].decode()
+        vstart = off + 1 + n
+        off = _skip_field(table, vstart)
+        out.append((key, table[vstart:off]))
+    if off != len(table):
+        raise ValueError("truncated field table")
+    return out
+
+
+def typed_value(v: Any) -> bytes:
+    """A header value with the types RabbitMQ uses for the headers it writes itself: integers
+    as signed 64-bit ('l'), strings as long strings, datetimes as timestamps."""
+    if isinstance(v, bool):
+        return b"t" + (b"\x01" if v else b"\x00")
+    if isinstance(v, int):
+        return b"l" + struct.pack(">q", v)
+    if isinstance(v, str):
+        b = v.encode()
+        return b"S" + _i.pack(len(b)) + b
+    if isinstance(v, bytes):
+        return b"S" + _i.pack(len(v)) + v
+    if isinstance(v, list):
+        body = b"".join(typed_value(x) for x in v)
+        return b"A" + _i.pack(len(body)) + body
+    if isinstance(v, dict):
+        body = b"".join(shortstr(k) + typed_value(x) for k, x in v.items())
+        return b"F" + _i.pack(len(body)) + body
+    return encode.encode_table_value(v)  # datetimes, decimals, floats, None
+
+
+def edit_properties(props: bytes, *, set_headers: dict[str, bytes] | None = None,
+                    drop: tuple[str, ...] = (), set_shortstr: dict[str, str] | None = None) -> bytes:
+    """Rewrite raw content properties: add or replace header entries (`set_headers`: key -> raw
+    typed value), remove properties named in `drop` ("expiration", "reply_to", ...), set short
+    string properties (`set_shortstr`). Everything else is copied byte for byte."""
+    flags = _h.unpack_from(props)[0]
+    off = 2
+    values: dict[str, bytes] = {}
+    for i in range(14):
+        if not flags & (1 << (15 - i)):
+            continue
+        kind = _PROPERTY_KINDS[i]
+        if kind == _SHORTSTR:
+            end = off + 1 + props[off]
+        elif kind == _TABLE:
+            end = off + 4 + _i.unpack_from(props, off)[0]
+        elif kind == _OCTET:
+            end = off + 1
+        else:
+            end = off + 8
+        values[PROPERTY_NAMES[i]] = props[off:end]
+        off = end
+    if set_headers:
+        raw = values.get("headers")
+        entries = table_entries(raw[4:]) if raw is not None else []
+        keys = {k for k, _ in entries}
+        merged = [(k, set_headers[k] if k in set_headers else v) for k, v in entries]
+        merged += [(k, v) for k, v in set_headers.items() if k not in keys]
+        body = b"".join(shortstr(k) + v for k, v in merged)
+        values["headers"] = _i.pack(len(body)) + body
+    for name in drop:
+        values.pop(name, None)
+    for name, text in (set_shortstr or {}).items():
+        values[name] = shortstr(text)
+    flags = 0
+    parts = []
+    for i, name in enumerate(PROPERTY_NAMES):
+        v = values.get(name)
+        if v is not None:
+            flags |= 1 << (15 - i)
+            parts.append(v)
+    return _h.pack(flags) + b"".join(parts)

@@ -614,11 +614,11 @@ class Broker:
             return
         for e in entries:
             m = e.message
-            props = codec.decode_properties(m.props)
-            headers = dict(props.headers or {})
-            deaths = list(headers.get("x-death") or [])
+            summary = codec.summarize_properties(m.props)
+            headers = codec.decode_headers(m.props, summary.headers_span)
+            deaths = [dict(d) for d in (headers.get("x-death") or []) if isinstance(d, dict)]
             for d in deaths:
-                if isinstance(d, dict) and d.get("queue") == q.name and d.get("reason") == reason:
+                if d.get("queue") == q.name and d.get("reason") == reason:
                     # as RabbitMQ: the same queue and reason again counts up; the entry moves first
                     d["count"] = int(d.get("count", 1)) + 1
                     deaths.remove(d)
@@ -628,17 +628,18 @@ class Broker:
                 stamp = datetime.datetime.fromtimestamp(int(time.time()), tz=datetime.UTC)
                 death = {"count": 1, "reason": reason, "queue": q.name, "time": stamp, "exchange": m.exchange,
                          "routing-keys": [m.routing_key]}
-                if props.expiration is not None:
-                    death["original-expiration"] = props.expiration
+                if summary.expiration is not None:
+                    death["original-expiration"] = summary.expiration
                 deaths.insert(0, death)
-            headers["x-death"] = deaths
+            added = {"x-death": codec.typed_value(deaths)}
             if "x-first-death-reason" not in headers:
-                headers["x-first-death-reason"] = reason
-                headers["x-first-death-queue"] = q.name
-                headers["x-first-death-exchange"] = m.exchange
-            props.headers = headers
-            props.expiration = None  # whatever the reason: a dead letter does not expire again by it
-            new_props = codec.encode_properties(props)
+                added["x-first-death-reason"] = codec.typed_value(reason)
+                added["x-first-death-queue"] = codec.typed_value(q.name)
+                added["x-first-death-exchange"] = codec.typed_value(m.exchange)
+            # whatever the reason, a dead letter does not expire again by its old expiration;
+            # the publisher's own headers keep their wire types (the properties are spliced)
+            new_props = codec.edit_properties(m.props, set_headers=added, drop=("expiration",))
+            headers["x-death"] = deaths
             rk = q.dead_letter_routing_key if q.dead_letter_routing_key is not None else m.routing_key
             dm = Message(dlx_name, rk, codec.route_encoding(dlx_name, rk), new_props, m.body, m.persistent,
                          m.priority, None)

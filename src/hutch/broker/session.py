@@ -584,9 +584,7 @@ class Session:
         """Direct reply-to: the request's reply_to names this channel's reply consumer."""
         if ch.reply_token is None:
             raise precondition_failed("fast reply consumer does not exist")
-        p = codec.decode_properties(props)
-        p.reply_to = ch.reply_token
-        return codec.encode_properties(p)
+        return codec.edit_properties(props, set_shortstr={"reply_to": ch.reply_token})
 
     def basic_consume(self, ch: Channel, m) -> None:
         vhost = self.vhost
