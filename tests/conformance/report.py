@@ -151,7 +151,12 @@ def write_doc(path: Path = DOC) -> Path:
         "```",
         "make conformance                                   # python -m tests.conformance.run --both",
         "python -m tests.conformance.run --doc-only         # regenerate from tests/conformance/results/",
+        "python -m tests.conformance.run --broker rabbitmq --tls --suites aiormq,aio-pika   # TLS tests too",
         "```",
+        "",
+        "Every suite gets a node of its own (hutch: `tests/support/brokers.py`'s HutchNode; RabbitMQ:",
+        "a private node of Debian's package with the management plugin), started before it and",
+        "removed after it. Wall times are the suites' own, on a 2-core machine that is often busy.",
         "",
         "*passing\\** counts passed tests that are not on the known-flaky list: it is the number",
         "the brokers are compared by. A test counts once: *errors* are tests whose setup or",
@@ -169,6 +174,10 @@ def write_doc(path: Path = DOC) -> Path:
         _md_table(header + ["expected", "wall", "status"], _broker_rows(hutch, flaky, hutch=True)),
         "",
     ]
+    notes = [f"- **{name}**: {r.status}: {r.note.splitlines()[0] if r.note else ''}"
+             for name, r in hutch.items() if r.status != R.RAN]
+    if notes:
+        out += ["Suites that did not run against hutch:", "", *notes, ""]
     for broker in ("rabbitmq-tls", "hutch-tls"):
         tls_results = R.load_results(broker)
         if not tls_results:
@@ -179,10 +188,6 @@ def write_doc(path: Path = DOC) -> Path:
                 "aiormq's suite certificates and trusts its CA (client certificates optional).", "",
                 _md_table(header + ["wall", "status"],
                           _broker_rows(tls_results, flaky, hutch=False, names=tuple(tls_results))), ""]
-    notes = [f"- **{name}**: {r.status}: {r.note.splitlines()[0] if r.note else ''}"
-             for name, r in hutch.items() if r.status != R.RAN]
-    if notes:
-        out += ["Suites that did not run against hutch:", "", *notes, ""]
     out += ["## What each suite covers", ""]
     out += [f"- **{s.name}** (`{s.sdist}`, {', '.join(f'`{p}`' for p in s.paths)}): {s.summary}."
             for s in SUITES.values()]
