@@ -207,6 +207,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
         suite_timeout_s=300,
         plugins=("hutch_conformance_amqpstorm",),
         needs_mgmt=True,
+        in_make_test=True,
     ),
 )}
 

@@ -86,7 +86,6 @@ def test_patterns_treat_brackets_literally_and_star_as_anything():
 @pytest.mark.parametrize("name", ["flaky.txt", "pending.txt"])
 def test_every_list_entry_names_a_suite_and_matches_recorded_tests(name):
     entries = R.read_list(R.HERE / name)
-    assert entries, f"{name} is empty"
     recorded = [R.load_results("rabbitmq"), R.load_results("rabbitmq-tls")]
     for e in entries:
         assert e.suite in SUITES, f"{name}: unknown suite {e.suite!r}"

@@ -1,7 +1,7 @@
 """The client libraries' own test suites against a fresh hutch node: no expected test may fail.
 
-One test per suite (py-amqp, rabbitpy, kombu, amqpstorm, aiormq; aio-pika and the
-management suite run with `make conformance`). Each starts a hutch node of its own, runs
+One test per suite (py-amqp, rabbitpy, kombu, amqpstorm, aiormq and amqpstorm's
+management-API suite; aio-pika, ~11 minutes, runs with `make conformance`). Each starts a hutch node of its own, runs
 the suite's pinned sdist through tests.conformance.runner, and asserts that every node id
 in tests/conformance/expected/<suite>.txt passed. The expected lists only grow as hutch
 learns more (`python -m tests.conformance.run --broker hutch --update-expected`); known

@@ -304,11 +304,14 @@ def test_tune_ok_lower_limits_are_adopted_and_enforced(amqp):
     amqp.feed(conn, codec.method_frame(4, commands.Channel.Open()))
     m = assert_connection_closed_by_server(amqp, conn, spec.NOT_ALLOWED, (20, 10))
     assert "channel_max" in m.reply_text
-    # a frame of exactly 4096 bytes is fine, one byte more is a frame error
+    # a frame of exactly 4096 bytes is fine, and so (RabbitMQ's tolerance) is a payload of 4096
+    # bytes; one byte more is a frame error
     conn = amqp.open_connection(client_frame_max=4096)
     events = amqp.feed(conn, amqp.publish(1, b"x" * (4096 - 8), frame_max=4096))
     assert [type(e) for e in events] == [Publish]
-    amqp.feed(conn, amqp.body(1, b"x" * (4096 - 7)))
+    events = amqp.feed(conn, amqp.publish(1, b"x" * 4096, frame_max=4096 + 8))
+    assert [type(e) for e in events] == [Publish]
+    amqp.feed(conn, amqp.publish(1, b"x" * 4097, frame_max=4096 + 9))
     assert_connection_closed_by_server(amqp, conn, spec.FRAME_ERROR)
 
 

@@ -103,7 +103,10 @@ class Connection:
         self.server_properties = server_properties
         self.channel_max = channel_max
         self.frame_max = frame_max
-        self._frame_limit = spec.FRAME_MIN_SIZE  # until tune-ok: frames up to frame-min-size (spec 4.2.3)
+        # Largest frame *payload* accepted: frame_max, so 8 bytes more than the spec allows in all.
+        # RabbitMQ tolerates exactly this (its FRAME_SIZE_FUDGE) because several clients (amqpstorm,
+        # rabbitpy) fill body frames to frame_max bytes of payload; so does hutch.
+        self._frame_limit = spec.FRAME_MIN_SIZE  # until tune-ok: frame-min-size (spec 4.2.3)
         self.heartbeat_s = heartbeat_s
         self.message_bytes_max = message_bytes_max
         self.mechanisms = mechanisms
@@ -289,7 +292,7 @@ class Connection:
         while n - off >= 8:
             try:
                     ftype, ch, size = _frame_header.unpack_from(data, off)
-                    if size + 8 > self._frame_limit:
+                    if size > self._frame_limit:
                         raise spec.AMQPError(spec.FRAME_ERROR, f"type {ftype}, frame size {size + 8} exceeds "
                                              f"negotiated frame_max {self._frame_limit}")
                     end = off + 7 + size
@@ -366,7 +369,7 @@ class Connection:
                                 ht, hch, hsize = _frame_header.unpack_from(data, off)
                                 hend = off + 7 + hsize
                                 if ht == 2 and hch == ch and hsize >= 14 and hend < n and data[hend] == 0xCE \
-                                        and hsize + 8 <= self._frame_limit:
+                                        and hsize <= self._frame_limit:
                                     class_id, _w, body_size = _hhq.unpack_from(data, off + 7)
                                     if class_id == 60 and body_size <= self.message_bytes_max:
                                         if body_size == 0:
@@ -381,7 +384,7 @@ class Connection:
                                             bt, bch, bsize = _frame_header.unpack_from(data, boff)
                                             bend = boff + 7 + bsize
                                             if bt == 3 and bch == ch and bsize == body_size and bend < n \
-                                                    and data[bend] == 0xCE and bsize + 8 <= self._frame_limit:
+                                                    and data[bend] == 0xCE and bsize <= self._frame_limit:
                                                 props = data[off + 19:hend]
                                                 off = bend + 1
                                                 yield Publish(ch, p[0], p[1], p[2], p[3], p[4], props,

@@ -1,1 +1,23 @@
+"""Clustering: the peer transport between nodes, the failure detector, and (next) the catalogue on Raft."""
 
+from hutch.cluster.detector import FailureDetector
+from hutch.cluster.transport import PeerTransport
+from hutch.cluster.wire import (
+    PROTOCOL_VERSION,
+    FrameTooLarge,
+    HandshakeFailed,
+    HandshakeRefused,
+    PeerCodec,
+    PeerProtocolError,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "FailureDetector",
+    "FrameTooLarge",
+    "HandshakeFailed",
+    "HandshakeRefused",
+    "PeerCodec",
+    "PeerProtocolError",
+    "PeerTransport",
+]
