@@ -376,3 +376,14 @@ def test_overflowed_message_is_dead_lettered_with_reason_maxlen(ch, names):
                                 what="dead-lettered message")
     assert body == b"old"
     assert props.headers["x-death"][0]["reason"] == "maxlen"
+
+
+def test_unbind_from_a_missing_queue_or_exchange_is_ok(ch, names):
+    """RabbitMQ 3.10 answers unbind-ok when the queue or the exchange no longer exists (clients
+    such as aio-pika unbind in their clean-up after an auto-delete queue is gone)."""
+    ch.queue_unbind(names.queue(), "amq.direct", "k")
+    q = names.queue()
+    ch.queue_declare(q)
+    ch.queue_unbind(q, names.exchange(), "k")
+    ch.exchange_unbind(names.exchange(), "amq.direct", "k")
+    ch.queue_delete(q)

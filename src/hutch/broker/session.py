@@ -446,7 +446,8 @@ class Session:
             self.send_method(ch.number, commands.Exchange.BindOk())
 
     def exchange_unbind(self, ch: Channel, m) -> None:
-        self._bind(ch, m.source, EXCHANGE, m.destination, m.routing_key, m.arguments, False)
+        if m.source in self.vhost.exchanges and m.destination in self.vhost.exchanges:
+            self._bind(ch, m.source, EXCHANGE, m.destination, m.routing_key, m.arguments, False)
         if not m.nowait:
             self.send_method(ch.number, commands.Exchange.UnbindOk())
 
@@ -532,7 +533,10 @@ class Session:
             self.send_method(ch.number, commands.Queue.BindOk())
 
     def queue_unbind(self, ch: Channel, m) -> None:
-        self._bind(ch, m.exchange, QUEUE, self._queue_name(ch, m.queue), m.routing_key, m.arguments, False)
+        name = self._queue_name(ch, m.queue)
+        # as RabbitMQ: unbinding from a queue or exchange that no longer exists succeeds
+        if name in self.vhost.queues and m.exchange in self.vhost.exchanges:
+            self._bind(ch, m.exchange, QUEUE, name, m.routing_key, m.arguments, False)
         self.send_method(ch.number, commands.Queue.UnbindOk())
 
     def queue_purge(self, ch: Channel, m) -> None:
