@@ -330,7 +330,7 @@ class Connection:
                     c = channels.get(ch)
                     if c is None:
                         if ftype == spec.FRAME_METHOD and len(payload) >= 4 and _i.unpack_from(payload)[0] == _CHANNEL_OPEN:
-                            if ch > self.channel_max or len(channels) >= self.channel_max:
+                            if len(channels) >= self.channel_max:  # RabbitMQ limits the count, not the number
                                 raise spec.AMQPError(spec.NOT_ALLOWED, f"number of channels opened ({len(channels)}) has "
                                                      f"reached the negotiated channel_max ({self.channel_max})", 20, 10)
                             channels[ch] = _Channel()

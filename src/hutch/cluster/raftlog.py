@@ -1,0 +1,452 @@
+"""A node's Raft log on disk: every Raft group of the node in one shared segment log.
+
+Ra (RabbitMQ's Raft) keeps one write-ahead log per node for all its groups, so a node
+with thousands of quorum queues still makes one fsync per batch. This module does the same
+on `hutch.store.SegmentLog`. `RaftHostStorage` owns the log and hands each group a
+`RaftLog`, an implementation of `hutch.raft.storage.LogStorage`: an in-memory table of the
+group's entries (what the group reads) in front of the shared log (what survives). Every
+change the group makes to its storage is appended to the segment log as it happens, as one
+record keyed by the group id:
+
+- `EntriesRecord(entries)` — an append; like `LogStorage.append` it first discards every
+  entry from `entries[0].index` on, so a conflicting suffix is replaced by the same record
+  that writes the new entries;
+- `HardStateRecord(hs)` — term, vote, commit;
+- `SnapshotRecord(snapshot, keep_from, last_index)` — a snapshot (its data included) and the
+  window of entries that stayed: a local compaction keeps `[keep_from, last_index]`; a
+  snapshot installed from the leader keeps nothing.
+
+Nothing is durable until `RaftHostStorage.sync()` (one fsync for all groups), which the
+runtime calls in step 1 of the Ready contract, before sending the Ready's messages.
+
+Recovery (after a clean stop or a kill -9) replays the records in log order: an append
+drops the entries at and after its first index, a snapshot record drops the entries outside
+its window, the last hard state and snapshot records win. What comes back is exactly what
+was durable: every group's entries, hard state and snapshot, and never an entry that a later
+durable record had truncated.
+
+Compaction. A record is released to the segment log (which deletes or rewrites segments
+whose records are all or mostly released) once nothing needs it: an entries record when none
+of its entries is still in the group's log, an old hard state or snapshot record when a newer
+one exists. Two rules keep recovery exact: (1) a record is released only after the record
+that replaced it is durable; (2) a record that *removed* entries of an older record (a
+truncation, an installed snapshot) is kept until that older record is gone from the disk —
+otherwise a restart could replay the older entries without the truncation. Entries dropped by
+a local snapshot need no such care: the newest snapshot record is always kept, and replaying
+it drops them again.
+
+What it must never do: report an entry durable before its record is fsynced; release a
+record whose replacement is not durable; bring back a truncated entry. Group ids are the
+segment log's stream keys: integers in [0, 2**64). A snapshot must fit one record
+(`record_bytes_max`, 16 MiB by default). Use a host from one thread.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from collections import deque
+
+import msgspec
+
+from hutch.raft.messages import Entry, HardState, Snapshot, SnapshotMeta, entry_size_bytes
+from hutch.raft.storage import bootstrap_log
+from hutch.store import SegmentLog
+
+
+class RaftLogError(Exception):
+    """The shared Raft log cannot be used as asked (or its records are inconsistent)."""
+
+
+class EntriesRecord(msgspec.Struct, tag=1, array_like=True, gc=False, frozen=True):
+    entries: list[Entry]
+
+
+class HardStateRecord(msgspec.Struct, tag=2, array_like=True, gc=False, frozen=True):
+    hs: HardState
+
+
+class SnapshotRecord(msgspec.Struct, tag=3, array_like=True, gc=False, frozen=True):
+    snapshot: Snapshot
+    keep_from: int
+    last_index: int  # the entries [keep_from, last_index] stayed in the log
+
+
+LogRecord = EntriesRecord | HardStateRecord | SnapshotRecord
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(LogRecord).decode
+
+_EMPTY_HS = HardState()
+_EMPTY_SNAP = Snapshot(SnapshotMeta())
+GROUP_ID_MAX = (1 << 64) - 1
+
+
+class RaftLog:
+    """One group's `LogStorage`, backed by the host's shared segment log.
+
+    Besides the interface it keeps, per entry, the seq of the record that wrote it, and per
+    record how many of its entries are still in the log, so it knows when a record may go."""
+
+    __slots__ = ("host", "group_id", "_entries", "_seqs", "_offset", "_hs", "_hs_seq", "_snap", "_snap_seq",
+                 "_counts", "_removed", "truncations")
+
+    def __init__(self, host: RaftHostStorage, group_id: int) -> None:
+        self.host = host
+        self.group_id = group_id
+        self._entries: list[Entry] = []
+        self._seqs = array("Q")  # record seq of each entry in _entries
+        self._offset = 1  # index of _entries[0]
+        self._hs = _EMPTY_HS
+        self._hs_seq = 0  # 0: no record
+        self._snap = _EMPTY_SNAP
+        self._snap_seq = 0
+        self._counts: dict[int, int] = {}  # entries record seq -> its entries still in the log
+        self._removed: dict[int, dict[int, None]] = {}  # record seq -> older records it removed entries of
+        self.truncations = 0
+
+    # -- LogStorage: reads --------------------------------------------------------------------
+
+    def first_index(self) -> int:
+        return self._offset
+
+    def last_index(self) -> int:
+        return self._offset + len(self._entries) - 1
+
+    def term(self, index: int) -> int | None:
+        i = index - self._offset
+        if 0 <= i < len(self._entries):
+            return self._entries[i].term
+        if index == self._snap.meta.index:
+            return self._snap.meta.term
+        return None
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        if lo >= hi:
+            return []
+        if lo < self._offset or hi > self.last_index() + 1:
+            raise IndexError(f"entries [{lo}, {hi}) outside log [{self._offset}, {self.last_index()}]")
+        out = self._entries[lo - self._offset: hi - self._offset]
+        size = 0
+        for n, e in enumerate(out):
+            size += entry_size_bytes(e)
+            if size > max_bytes and n > 0:
+                return out[:n]
+        return out
+
+    def hard_state(self) -> HardState:
+        return self._hs
+
+    def snapshot(self) -> Snapshot:
+        return self._snap
+
+    # -- LogStorage: writes -------------------------------------------------------------------
+
+    def append(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        first = entries[0].index
+        if first > self.last_index() + 1:
+            raise IndexError(f"append at {first} leaves a gap after {self.last_index()}")
+        if first < self._offset:
+            raise IndexError(f"append at {first} below the first index {self._offset}")
+        if entries[-1].index != first + len(entries) - 1:
+            raise IndexError(f"entries to append are not consecutive: {first}..{entries[-1].index}")
+        seq = self.host._write(self.group_id, EntriesRecord(entries))
+        cut = first - self._offset
+        if cut < len(self._entries):
+            self.truncations += 1
+            self._drop(cut, len(self._entries), seq, removing=True)
+            del self._entries[cut:]
+            del self._seqs[cut:]
+        self._entries.extend(entries)
+        self._seqs.extend([seq] * len(entries))
+        self._counts[seq] = len(entries)
+
+    def set_hard_state(self, hs: HardState) -> None:
+        seq = self.host._write(self.group_id, HardStateRecord(hs))
+        if self._hs_seq:
+            self.host._retire(self._hs_seq, seq, ())
+        self._hs, self._hs_seq = hs, seq
+
+    def install_snapshot(self, snap: Snapshot) -> None:
+        index = snap.meta.index
+        seq = self.host._write(self.group_id, SnapshotRecord(snap, index + 1, index))
+        self._drop(0, len(self._entries), seq, removing=True)
+        self._entries = []
+        self._seqs = array("Q")
+        self._offset = index + 1
+        self._new_snapshot(snap, seq)
+
+    def create_snapshot(self, snap: Snapshot, keep_from: int) -> None:
+        if snap.meta.index > self.last_index() or snap.meta.index < self._snap.meta.index:
+            raise IndexError(f"snapshot at {snap.meta.index} outside log [{self._offset}, {self.last_index()}]")
+        keep_from = max(self._offset, min(keep_from, snap.meta.index + 1))
+        seq = self.host._write(self.group_id, SnapshotRecord(snap, keep_from, self.last_index()))
+        n = keep_from - self._offset
+        self._drop(0, n, seq, removing=False)  # the newest snapshot record drops these on replay
+        del self._entries[:n]
+        del self._seqs[:n]
+        self._offset = keep_from
+        self._new_snapshot(snap, seq)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _new_snapshot(self, snap: Snapshot, seq: int) -> None:
+        if self._snap_seq:
+            self.host._retire(self._snap_seq, seq, tuple(self._removed.pop(self._snap_seq, ())))
+        self._snap, self._snap_seq = snap, seq
+
+    def _drop(self, lo: int, hi: int, by_seq: int, removing: bool) -> None:
+        """Entries [lo, hi) of _entries leave the log because of record `by_seq`."""
+        counts = self._counts
+        removed = self._removed.setdefault(by_seq, {}) if removing else None
+        i = lo
+        seqs = self._seqs
+        while i < hi:  # runs of one record at a time
+            s = seqs[i]
+            j = i + 1
+            while j < hi and seqs[j] == s:
+                j += 1
+            left = counts[s] - (j - i)
+            if removed is not None:
+                removed[s] = None
+            if left:
+                counts[s] = left
+            else:
+                del counts[s]
+                self.host._retire(s, by_seq, tuple(self._removed.pop(s, ())))
+            i = j
+        if removed is not None and not removed:
+            del self._removed[by_seq]
+
+    def record_seqs(self) -> list[int]:
+        """Seqs of the records this group still needs (for tests and diagnostics)."""
+        out = set(self._counts)
+        if self._hs_seq:
+            out.add(self._hs_seq)
+        if self._snap_seq:
+            out.add(self._snap_seq)
+        return sorted(out)
+
+
+class _Retiring:
+    __slots__ = ("seq", "after_seq", "waits_for")
+
+    def __init__(self, seq: int, after_seq: int, waits_for: tuple[int, ...]) -> None:
+        self.seq = seq
+        self.after_seq = after_seq  # release once this record is durable
+        self.waits_for = waits_for  # ... and these older records are gone from disk
+
+
+class RaftHostStorage:
+    """The node's Raft log: one `SegmentLog` in `directory`, one `RaftLog` per group.
+
+    Opening it recovers every group from the log. Per Ready batch: let the groups write,
+    call `sync()` once, then send. Call `maintain()` now and then (after snapshots) to rewrite
+    mostly-released segments."""
+
+    def __init__(self, directory: str | os.PathLike, **segment_log_options) -> None:
+        self.log = SegmentLog(directory, **segment_log_options)
+        self.groups: dict[int, RaftLog] = {}
+        self._retiring: deque[_Retiring] = deque()  # waiting for their replacement to be durable
+        self._waiting: list[_Retiring] = []  # waiting for older records to leave the disk
+        self._deleted_seen = -1
+        self.released_count = 0
+        try:
+            self._recover()
+        except BaseException:
+            self.log.close()
+            raise
+
+    # -- groups --------------------------------------------------------------------------------
+
+    def group(self, group_id: int) -> RaftLog:
+        """The storage of `group_id`, recovered from disk, or new and empty."""
+        st = self.groups.get(group_id)
+        if st is None:
+            if not 0 <= group_id <= GROUP_ID_MAX:
+                raise RaftLogError(f"group id {group_id} is outside [0, 2**64)")
+            st = self.groups[group_id] = RaftLog(self, group_id)
+        return st
+
+    def bootstrap(self, group_id: int, voters: tuple[int, ...]) -> RaftLog:
+        """A new group's storage holding the bootstrap entry (see `raft.storage.bootstrap_log`)."""
+        st = self.group(group_id)
+        if st.last_index() != 0 or st.hard_state() != _EMPTY_HS:
+            raise RaftLogError(f"group {group_id} already has a log")
+        hs, entries = bootstrap_log(voters)
+        st.append(entries)
+        st.set_hard_state(hs)
+        return st
+
+    # -- durability and compaction ----------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Make every record written so far durable (one fsync for all groups); release the
+        records that are no longer needed. Returns the durable seq."""
+        durable = self.log.sync()
+        self.settle(durable)
+        return durable
+
+    def settle(self, durable_seq: int) -> None:
+        """Release what became releasable now that `durable_seq` is durable (for a runtime that
+        calls `log.sync()` in a worker thread itself)."""
+        q = self._retiring
+        while q and q[0].after_seq <= durable_seq:
+            r = q.popleft()
+            if not self._try_release(r):
+                self._waiting.append(r)
+        if self._waiting and self.log.segments_deleted != self._deleted_seen:
+            self._recheck_waiting()
+
+    def maintain(self, live_ratio_max: float = 0.5, rewrite_bytes_max: int | None = None) -> None:
+        """Rewrite mostly-released segments, then release what that freed."""
+        self.log.compact(live_ratio_max, rewrite_bytes_max)
+        self._recheck_waiting()
+
+    def _recheck_waiting(self) -> None:
+        self._deleted_seen = self.log.segments_deleted
+        waiting, self._waiting = self._waiting, []
+        for r in waiting:
+            if not self._try_release(r):
+                self._waiting.append(r)
+
+    def _try_release(self, r: _Retiring) -> bool:
+        log = self.log
+        still = []
+        for s in r.waits_for:
+            if not log.contains(s):
+                continue  # gone from the disk
+            if not log.is_live(s) and log.segment_base(s) == log.segment_base(r.seq):
+                continue  # both released and in one segment: they leave the disk together
+            still.append(s)
+        r.waits_for = tuple(still)
+        if still:
+            return False
+        log.release(r.seq)
+        self.released_count += 1
+        return True
+
+    def _write(self, group_id: int, record: LogRecord) -> int:
+        return self.log.append(_encode(record), key=group_id)
+
+    def _retire(self, seq: int, after_seq: int, waits_for: tuple[int, ...]) -> None:
+        self._retiring.append(_Retiring(seq, after_seq, waits_for))
+
+    @property
+    def waiting_count(self) -> int:
+        """Records no longer needed but kept (replacement not durable, or rule 2)."""
+        return len(self._retiring) + len(self._waiting)
+
+    def close(self) -> None:
+        """Sync what was written and close the log."""
+        self.log.close()
+
+    def __enter__(self) -> RaftHostStorage:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- recovery ---------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        rebuilds: dict[int, _Rebuild] = {}
+        for rec in self.log.replay():
+            try:
+                record = _decode(rec.payload)
+            except msgspec.DecodeError as e:
+                raise RaftLogError(f"Raft log {self.log.directory}: record {rec.seq} of group {rec.key} "
+                                   f"cannot be decoded: {e}") from e
+            rb = rebuilds.get(rec.key)
+            if rb is None:
+                rb = rebuilds[rec.key] = _Rebuild()
+            rb.apply(rec.seq, record)
+        for gid, rb in rebuilds.items():
+            self.groups[gid] = rb.finish(self, gid)
+        # Everything replayed is durable: release what recovery found unneeded.
+        self.settle(self.log.durable_seq)
+
+
+class _Rebuild:
+    """One group's state while its records are replayed. Entries live in a dict because a
+    released record may be missing from the disk, so the log can have holes until the records
+    after it are replayed; `finish` checks that none is left."""
+
+    __slots__ = ("ents", "lo", "hi", "counts", "removed", "hs", "hs_seq", "snap", "snap_seq", "keep_from",
+                 "retired")
+
+    def __init__(self) -> None:
+        self.ents: dict[int, tuple[Entry, int]] = {}
+        self.lo = 1 << 62  # no entry below this (or above hi) can be in `ents`
+        self.hi = 0
+        self.counts: dict[int, int] = {}
+        self.removed: dict[int, dict[int, None]] = {}
+        self.hs, self.hs_seq = _EMPTY_HS, 0
+        self.snap, self.snap_seq = _EMPTY_SNAP, 0
+        self.keep_from = 1
+        self.retired: list[tuple[int, tuple[int, ...]]] = []
+
+    def _remove(self, index: int, by_seq: int, removing: bool) -> None:
+        got = self.ents.pop(index, None)
+        if got is None:
+            return
+        s = got[1]
+        if removing:
+            self.removed.setdefault(by_seq, {})[s] = None
+        left = self.counts[s] - 1
+        if left:
+            self.counts[s] = left
+        else:
+            del self.counts[s]
+            self.retired.append((s, tuple(self.removed.pop(s, ()))))
+
+    def apply(self, seq: int, record: LogRecord) -> None:
+        t = type(record)
+        if t is EntriesRecord:
+            first = record.entries[0].index
+            for i in range(max(first, self.lo), self.hi + 1):
+                self._remove(i, seq, True)
+            for e in record.entries:
+                self.ents[e.index] = (e, seq)
+            self.counts[seq] = len(record.entries)
+            self.lo = min(self.lo, first)
+            self.hi = record.entries[-1].index
+        elif t is HardStateRecord:
+            if self.hs_seq:
+                self.retired.append((self.hs_seq, ()))
+            self.hs, self.hs_seq = record.hs, seq
+        elif t is SnapshotRecord:
+            for i in range(self.lo, min(record.keep_from, self.hi + 1)):
+                self._remove(i, seq, False)
+            for i in range(max(record.last_index + 1, self.lo), self.hi + 1):
+                self._remove(i, seq, True)
+            self.lo = max(self.lo, record.keep_from)
+            self.hi = min(self.hi, record.last_index)
+            if self.snap_seq:
+                self.retired.append((self.snap_seq, tuple(self.removed.pop(self.snap_seq, ()))))
+            self.snap, self.snap_seq, self.keep_from = record.snapshot, seq, record.keep_from
+        else:  # pragma: no cover - the decoder admits nothing else
+            raise RaftLogError(f"unknown record {record!r}")
+
+    def finish(self, host: RaftHostStorage, gid: int) -> RaftLog:
+        st = RaftLog(host, gid)
+        if self.ents:
+            lo, hi = min(self.ents), max(self.ents)
+            if len(self.ents) != hi - lo + 1 or lo != max(self.keep_from, 1):
+                raise RaftLogError(f"Raft log {host.log.directory}: group {gid} has holes in its recovered log "
+                                   f"(indices {lo}..{hi}, {len(self.ents)} entries, first expected at "
+                                   f"{max(self.keep_from, 1)})")
+            st._entries = [self.ents[i][0] for i in range(lo, hi + 1)]
+            st._seqs = array("Q", (self.ents[i][1] for i in range(lo, hi + 1)))
+            st._offset = lo
+        else:
+            st._offset = max(self.keep_from, self.snap.meta.index + 1, 1)
+        st._hs, st._hs_seq = self.hs, self.hs_seq
+        st._snap, st._snap_seq = self.snap, self.snap_seq
+        st._counts = self.counts
+        st._removed = {s: r for s, r in self.removed.items() if r}
+        for s, waits in self.retired:
+            host._retire(s, 0, waits)
+        return st
