@@ -22,7 +22,7 @@ run: install
 	$(BIN)/hutch server --node-name hutch@localhost --amqp-port 5672 --data-dir ./var/hutch --log-level info
 
 # Fast unit tests and the Raft simulation first, then suites that start real processes.
-TEST_DIRS := tests/unit tests/sim tests/integration tests/crash tests/pipeline tests/conformance
+TEST_DIRS := tests/unit tests/sim tests/cluster tests/integration tests/crash tests/pipeline tests/conformance
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(wildcard $(TEST_DIRS))
 
