@@ -36,6 +36,9 @@ lint: install
 bench: install
 	$(BIN)/python bench/compare
 
+check-demo: install
+	$(BIN)/python bench/check_demo.py
+
 soak: install
 	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000
 
