@@ -23,7 +23,7 @@ TIMEOUT_MARGIN_S = 180
 
 def _summary_line(res: R.SuiteResult, expected: list[str], missing: list) -> str:
     c = res.counts()
-    return (f"{res.suite:10} {res.status:22} tests {c['tests']:4}  passed {c['passed']:4}  failed {c['failed']:4}  "
+    return (f"{res.suite:14} {res.status:14} tests {c['tests']:4}  passed {c['passed']:4}  failed {c['failed']:4}  "
             f"errors {c['error']:3}  skipped {c['skipped']:3}  deselected {c['deselected']:4}  "
             f"expected {len(expected) - len(missing)}/{len(expected)}  ({res.wall_s:.0f} s)")
 
