@@ -560,9 +560,12 @@ class Session:
             if m.if_empty and q.message_count:
                 raise precondition_failed(f"queue '{name}' in vhost '{vhost.name}' not empty")
             count = q.message_count
-            self.broker.delete_queue(q)
+        # delete-ok first, then the basic.cancel notifications (as RabbitMQ orders them): a client
+        # waiting for delete-ok on the channel that consumes must not meet the cancel first
         if not m.nowait:
             self.send_method(ch.number, commands.Queue.DeleteOk(message_count=count))
+        if q is not None:
+            self.broker.delete_queue(q)
 
     def _queue_name(self, ch: Channel, name: str) -> str:
         """An empty queue name means the channel's most recently declared queue (spec 1.7.2.x)."""

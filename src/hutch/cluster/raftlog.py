@@ -28,12 +28,15 @@ durable record had truncated.
 Compaction. A record is released to the segment log (which deletes or rewrites segments
 whose records are all or mostly released) once nothing needs it: an entries record when none
 of its entries is still in the group's log, an old hard state or snapshot record when a newer
-one exists. Two rules keep recovery exact: (1) a record is released only after the record
-that replaced it is durable; (2) a record that *removed* entries of an older record (a
-truncation, an installed snapshot) is kept until that older record is gone from the disk —
-otherwise a restart could replay the older entries without the truncation. Entries dropped by
-a local snapshot need no such care: the newest snapshot record is always kept, and replaying
-it drops them again.
+one exists — and only once the record that replaced it is durable, so a crash never finds
+neither. A released record may stay on disk (its segment holds live records) while the one
+that truncated it is gone; replaying it is harmless, because every record overwrites
+blindly: the record that wrote the last entry of the group's log is live and later, and
+discards everything above it; the newest snapshot record is live and discards everything
+outside its window; every entry still in the log is rewritten by its own live record. So a
+released record can never bring back a truncated entry (docs/design/catalogue.md has the
+argument in full; the randomized tests check it with segments small enough to delete and
+rewrite all the time).
 
 What it must never do: report an entry durable before its record is fsynced; release a
 record whose replacement is not durable; bring back a truncated entry. Group ids are the
@@ -89,7 +92,7 @@ class RaftLog:
     record how many of its entries are still in the log, so it knows when a record may go."""
 
     __slots__ = ("host", "group_id", "_entries", "_seqs", "_offset", "_hs", "_hs_seq", "_snap", "_snap_seq",
-                 "_counts", "_removed", "truncations")
+                 "_counts", "truncations")
 
     def __init__(self, host: RaftHostStorage, group_id: int) -> None:
         self.host = host
@@ -102,7 +105,6 @@ class RaftLog:
         self._snap = _EMPTY_SNAP
         self._snap_seq = 0
         self._counts: dict[int, int] = {}  # entries record seq -> its entries still in the log
-        self._removed: dict[int, dict[int, None]] = {}  # record seq -> older records it removed entries of
         self.truncations = 0
 
     # -- LogStorage: reads --------------------------------------------------------------------
@@ -156,7 +158,7 @@ class RaftLog:
         cut = first - self._offset
         if cut < len(self._entries):
             self.truncations += 1
-            self._drop(cut, len(self._entries), seq, removing=True)
+            self._drop(cut, len(self._entries), seq)
             del self._entries[cut:]
             del self._seqs[cut:]
         self._entries.extend(entries)
@@ -166,13 +168,13 @@ class RaftLog:
     def set_hard_state(self, hs: HardState) -> None:
         seq = self.host._write(self.group_id, HardStateRecord(hs))
         if self._hs_seq:
-            self.host._retire(self._hs_seq, seq, ())
+            self.host._retire(self._hs_seq, seq)
         self._hs, self._hs_seq = hs, seq
 
     def install_snapshot(self, snap: Snapshot) -> None:
         index = snap.meta.index
         seq = self.host._write(self.group_id, SnapshotRecord(snap, index + 1, index))
-        self._drop(0, len(self._entries), seq, removing=True)
+        self._drop(0, len(self._entries), seq)
         self._entries = []
         self._seqs = array("Q")
         self._offset = index + 1
@@ -184,7 +186,7 @@ class RaftLog:
         keep_from = max(self._offset, min(keep_from, snap.meta.index + 1))
         seq = self.host._write(self.group_id, SnapshotRecord(snap, keep_from, self.last_index()))
         n = keep_from - self._offset
-        self._drop(0, n, seq, removing=False)  # the newest snapshot record drops these on replay
+        self._drop(0, n, seq)
         del self._entries[:n]
         del self._seqs[:n]
         self._offset = keep_from
@@ -194,13 +196,12 @@ class RaftLog:
 
     def _new_snapshot(self, snap: Snapshot, seq: int) -> None:
         if self._snap_seq:
-            self.host._retire(self._snap_seq, seq, tuple(self._removed.pop(self._snap_seq, ())))
+            self.host._retire(self._snap_seq, seq)
         self._snap, self._snap_seq = snap, seq
 
-    def _drop(self, lo: int, hi: int, by_seq: int, removing: bool) -> None:
+    def _drop(self, lo: int, hi: int, by_seq: int) -> None:
         """Entries [lo, hi) of _entries leave the log because of record `by_seq`."""
         counts = self._counts
-        removed = self._removed.setdefault(by_seq, {}) if removing else None
         i = lo
         seqs = self._seqs
         while i < hi:  # runs of one record at a time
@@ -209,16 +210,12 @@ class RaftLog:
             while j < hi and seqs[j] == s:
                 j += 1
             left = counts[s] - (j - i)
-            if removed is not None:
-                removed[s] = None
             if left:
                 counts[s] = left
             else:
                 del counts[s]
-                self.host._retire(s, by_seq, tuple(self._removed.pop(s, ())))
+                self.host._retire(s, by_seq)
             i = j
-        if removed is not None and not removed:
-            del self._removed[by_seq]
 
     def record_seqs(self) -> list[int]:
         """Seqs of the records this group still needs (for tests and diagnostics)."""
@@ -228,15 +225,6 @@ class RaftLog:
         if self._snap_seq:
             out.add(self._snap_seq)
         return sorted(out)
-
-
-class _Retiring:
-    __slots__ = ("seq", "after_seq", "waits_for")
-
-    def __init__(self, seq: int, after_seq: int, waits_for: tuple[int, ...]) -> None:
-        self.seq = seq
-        self.after_seq = after_seq  # release once this record is durable
-        self.waits_for = waits_for  # ... and these older records are gone from disk
 
 
 class RaftHostStorage:
@@ -249,9 +237,8 @@ class RaftHostStorage:
     def __init__(self, directory: str | os.PathLike, **segment_log_options) -> None:
         self.log = SegmentLog(directory, **segment_log_options)
         self.groups: dict[int, RaftLog] = {}
-        self._retiring: deque[_Retiring] = deque()  # waiting for their replacement to be durable
-        self._waiting: list[_Retiring] = []  # waiting for older records to leave the disk
-        self._deleted_seen = -1
+        # (record, the record that replaced it): released once the second is durable.
+        self._retiring: deque[tuple[int, int]] = deque()
         self.released_count = 0
         try:
             self._recover()
@@ -291,53 +278,28 @@ class RaftHostStorage:
 
     def settle(self, durable_seq: int) -> None:
         """Release what became releasable now that `durable_seq` is durable (for a runtime that
-        calls `log.sync()` in a worker thread itself)."""
+        calls `log.sync()` in a worker thread itself; call this on the owning thread)."""
         q = self._retiring
-        while q and q[0].after_seq <= durable_seq:
-            r = q.popleft()
-            if not self._try_release(r):
-                self._waiting.append(r)
-        if self._waiting and self.log.segments_deleted != self._deleted_seen:
-            self._recheck_waiting()
+        release = self.log.release
+        while q and q[0][1] <= durable_seq:
+            release(q.popleft()[0])
+            self.released_count += 1
 
     def maintain(self, live_ratio_max: float = 0.5, rewrite_bytes_max: int | None = None) -> None:
-        """Rewrite mostly-released segments, then release what that freed."""
+        """Rewrite mostly-released segments (whole released segments go at once by themselves).
+        Blocking file I/O: a runtime calls it from a worker thread."""
         self.log.compact(live_ratio_max, rewrite_bytes_max)
-        self._recheck_waiting()
-
-    def _recheck_waiting(self) -> None:
-        self._deleted_seen = self.log.segments_deleted
-        waiting, self._waiting = self._waiting, []
-        for r in waiting:
-            if not self._try_release(r):
-                self._waiting.append(r)
-
-    def _try_release(self, r: _Retiring) -> bool:
-        log = self.log
-        still = []
-        for s in r.waits_for:
-            if not log.contains(s):
-                continue  # gone from the disk
-            if not log.is_live(s) and log.segment_base(s) == log.segment_base(r.seq):
-                continue  # both released and in one segment: they leave the disk together
-            still.append(s)
-        r.waits_for = tuple(still)
-        if still:
-            return False
-        log.release(r.seq)
-        self.released_count += 1
-        return True
 
     def _write(self, group_id: int, record: LogRecord) -> int:
         return self.log.append(_encode(record), key=group_id)
 
-    def _retire(self, seq: int, after_seq: int, waits_for: tuple[int, ...]) -> None:
-        self._retiring.append(_Retiring(seq, after_seq, waits_for))
+    def _retire(self, seq: int, after_seq: int) -> None:
+        self._retiring.append((seq, after_seq))
 
     @property
     def waiting_count(self) -> int:
-        """Records no longer needed but kept (replacement not durable, or rule 2)."""
-        return len(self._retiring) + len(self._waiting)
+        """Records no longer needed, kept until the records replacing them are durable."""
+        return len(self._retiring)
 
     def close(self) -> None:
         """Sync what was written and close the log."""
@@ -374,40 +336,36 @@ class _Rebuild:
     released record may be missing from the disk, so the log can have holes until the records
     after it are replayed; `finish` checks that none is left."""
 
-    __slots__ = ("ents", "lo", "hi", "counts", "removed", "hs", "hs_seq", "snap", "snap_seq", "keep_from",
-                 "retired")
+    __slots__ = ("ents", "lo", "hi", "counts", "hs", "hs_seq", "snap", "snap_seq", "keep_from", "retired")
 
     def __init__(self) -> None:
         self.ents: dict[int, tuple[Entry, int]] = {}
         self.lo = 1 << 62  # no entry below this (or above hi) can be in `ents`
         self.hi = 0
         self.counts: dict[int, int] = {}
-        self.removed: dict[int, dict[int, None]] = {}
         self.hs, self.hs_seq = _EMPTY_HS, 0
         self.snap, self.snap_seq = _EMPTY_SNAP, 0
         self.keep_from = 1
-        self.retired: list[tuple[int, tuple[int, ...]]] = []
+        self.retired: list[int] = []
 
-    def _remove(self, index: int, by_seq: int, removing: bool) -> None:
+    def _remove(self, index: int) -> None:
         got = self.ents.pop(index, None)
         if got is None:
             return
         s = got[1]
-        if removing:
-            self.removed.setdefault(by_seq, {})[s] = None
         left = self.counts[s] - 1
         if left:
             self.counts[s] = left
         else:
             del self.counts[s]
-            self.retired.append((s, tuple(self.removed.pop(s, ()))))
+            self.retired.append(s)
 
     def apply(self, seq: int, record: LogRecord) -> None:
         t = type(record)
         if t is EntriesRecord:
             first = record.entries[0].index
             for i in range(max(first, self.lo), self.hi + 1):
-                self._remove(i, seq, True)
+                self._remove(i)
             for e in record.entries:
                 self.ents[e.index] = (e, seq)
             self.counts[seq] = len(record.entries)
@@ -415,17 +373,16 @@ class _Rebuild:
             self.hi = record.entries[-1].index
         elif t is HardStateRecord:
             if self.hs_seq:
-                self.retired.append((self.hs_seq, ()))
+                self.retired.append(self.hs_seq)
             self.hs, self.hs_seq = record.hs, seq
         elif t is SnapshotRecord:
             for i in range(self.lo, min(record.keep_from, self.hi + 1)):
-                self._remove(i, seq, False)
-            for i in range(max(record.last_index + 1, self.lo), self.hi + 1):
-                self._remove(i, seq, True)
+                self._remove(i)
+            pass
             self.lo = max(self.lo, record.keep_from)
-            self.hi = min(self.hi, record.last_index)
+            pass
             if self.snap_seq:
-                self.retired.append((self.snap_seq, tuple(self.removed.pop(self.snap_seq, ()))))
+                self.retired.append(self.snap_seq)
             self.snap, self.snap_seq, self.keep_from = record.snapshot, seq, record.keep_from
         else:  # pragma: no cover - the decoder admits nothing else
             raise RaftLogError(f"unknown record {record!r}")
@@ -446,7 +403,6 @@ class _Rebuild:
         st._hs, st._hs_seq = self.hs, self.hs_seq
         st._snap, st._snap_seq = self.snap, self.snap_seq
         st._counts = self.counts
-        st._removed = {s: r for s, r in self.removed.items() if r}
-        for s, waits in self.retired:
-            host._retire(s, 0, waits)
+        for s in self.retired:
+            host._retire(s, 0)
         return st
