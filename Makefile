@@ -45,5 +45,12 @@ soak: install
 conformance: install
 	$(BIN)/python -m tests.conformance.run --both
 
+conformance-hutch: install
+	$(BIN)/python -m tests.conformance.run --broker hutch --check-expected
+
+conformance-tls: install
+	$(BIN)/python -m tests.conformance.run --broker rabbitmq --tls --suites aiormq,aio-pika
+	$(BIN)/python -m tests.conformance.run --broker hutch --tls --suites aiormq,aio-pika
+
 clean:
 	rm -rf var .pytest_cache build *.egg-info
