@@ -68,8 +68,7 @@ def random_ops(rng: random.Random, storages: dict, n_ops: int):
             meta = SnapshotMeta(idx, s.term(idx), ConfState((1, 2, 3)))
             s.create_snapshot(Snapshot(meta, rng.randbytes(rng.randint(0, 200))), idx + 1 - rng.randint(0, 3))
         else:  # a snapshot from the leader replaces the whole log
-            idx = max(last, snap.index) + rng.randint(0, 4)
-            idx = max(idx, snap.index + 1)
+            idx = rng.randint(snap.index + 1, max(last, snap.index) + 4)  # below the end too: a conflicting log
             s.install_snapshot(Snapshot(SnapshotMeta(idx, term, ConfState((1, 2, 3))), rng.randbytes(50)))
         yield gid
 
@@ -124,6 +123,22 @@ def test_installed_snapshot_replaces_the_whole_log_after_reopen(tmp_path):
         s = h.group(1)
         assert (s.first_index(), s.last_index(), s.term(20)) == (21, 20, 4)
         assert s.snapshot().data == b"leader state"
+
+
+def test_a_snapshot_installed_below_the_end_of_a_conflicting_log_drops_the_rest_after_reopen(tmp_path):
+    with RaftHostStorage(tmp_path) as h:
+        s = h.bootstrap(1, (1, 2, 3))
+        s.append([Entry(1, i, 0, b"stale") for i in range(2, 31)])
+        s.install_snapshot(Snapshot(SnapshotMeta(20, 3, ConfState((1, 2, 3))), b"leader state"))
+        h.sync()
+    with RaftHostStorage(tmp_path) as h:
+        s = h.group(1)
+        assert (s.first_index(), s.last_index(), s.term(20), s.term(25)) == (21, 20, 3, None)
+        s.append([Entry(3, 21, 0, b"fresh")])
+    with RaftHostStorage(tmp_path) as h:
+        s = h.group(1)
+        assert (s.first_index(), s.last_index()) == (21, 21)
+        assert s.entries(21, 22, 100)[0].data == b"fresh"
 
 
 def test_many_groups_interleaved_in_one_log_each_get_their_own_state_back(tmp_path):

@@ -211,11 +211,6 @@ class Connection:
         self.close_reason = (code, reply)
         self._closing_ticks = 0
 
-    def fail(self, err: spec.AMQPError) -> None:
-        """Report an error the broker raised: close the channel, or the connection."""
-        if err.connection_level:
-            self.close(err.code, err.text, err.class_id, err.method_id)
-
     def close_channel(self, channel: int, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         """Close one channel from the server side (channel.close); frames on it are dropped
         until the client's close-ok."""

@@ -75,10 +75,6 @@ class Config:
     cluster_name: str = ""
     mgmt_port: int = 15672  # management HTTP API; 0: no HTTP listener
 
-    @classmethod
-    def keys(cls) -> list[str]:
-        return list(cls.__dataclass_fields__)
-
 
 def hash_password(password: str, salt: bytes | None = None) -> str:
     """RabbitMQ's rabbit_password_hashing_sha256: base64(salt(4) + sha256(salt + password))."""
@@ -667,18 +663,17 @@ class Broker:
         return total
 
     def memory_check(self, used_bytes: int, total_bytes: int) -> None:
-        rss_bytes = used_bytes
         limit = self.config.vm_memory_high_watermark_bytes or int(total_bytes * self.config.vm_memory_high_watermark)
-        if rss_bytes > limit and "memory" not in self.alarms:
-            log.warning("vm_memory_high_watermark set. Memory used:%d allowed:%d", rss_bytes, limit)
+        if used_bytes > limit and "memory" not in self.alarms:
+            log.warning("vm_memory_high_watermark set. Memory used:%d allowed:%d", used_bytes, limit)
             log.warning("memory resource limit alarm set on node %s.\n\n"
                         "**********************************************************\n"
                         "*** Publishers will be blocked until this alarm clears ***\n"
                         "**********************************************************", self.config.node_name)
             self.alarms.add("memory")
             self.blocking = True
-        elif rss_bytes <= limit and "memory" in self.alarms:
-            log.warning("vm_memory_high_watermark clear. Memory used:%d allowed:%d", rss_bytes, limit)
+        elif used_bytes <= limit and "memory" in self.alarms:
+            log.warning("vm_memory_high_watermark clear. Memory used:%d allowed:%d", used_bytes, limit)
             log.warning("memory resource limit alarm cleared on node %s", self.config.node_name)
             self.alarms.discard("memory")
             self.blocking = bool(self.alarms)

@@ -61,7 +61,6 @@ class Session:
         self.flow_queues: set = set()  # flow-limited queues this session is held back by
         self.closed = False
         self.exclusive_queues: list = []
-        self._ctag_counter = 0
         self._confirm_channels: set[Channel] = set()
         self._write_ok: set[str] = set()  # exchanges this user may publish to (checked once)
         self.output_pending = False
@@ -112,7 +111,6 @@ class Session:
             self._confirm_channels.clear()
 
     def new_consumer_tag(self) -> str:
-        self._ctag_counter += 1
         return "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
     # ---------------------------------------------------------------- input

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch.amqp.spec import NOT_FOUND, RESOURCE_LOCKED, AMQPError, not_found
+from hutch.amqp.spec import RESOURCE_LOCKED, AMQPError, not_found
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Binding, Exchange
 from hutch.queues.classic import ClassicQueue
 
@@ -158,5 +158,3 @@ class VHost:
         self.topology_changed()
         return touched
 
-
-__all__ = ["VHost", "rs", "NOT_FOUND"]

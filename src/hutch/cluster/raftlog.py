@@ -28,8 +28,8 @@ durable record had truncated.
 Compaction. A record is released to the segment log (which deletes or rewrites segments
 whose records are all or mostly released) once nothing needs it: an entries record when none
 of its entries is still in the group's log, an old hard state or snapshot record when a newer
-one exists — and only once the record that replaced it is durable, so a crash never finds
-neither. A released record may stay on disk (its segment holds live records) while the one
+one exists — and only once the record that replaced it is durable, so after a crash one of
+the two is always there. A released record may stay on disk (its segment holds live records) while the one
 that truncated it is gone; replaying it is harmless, because every record overwrites
 blindly: the record that wrote the last entry of the group's log is live and later, and
 discards everything above it; the newest snapshot record is live and discards everything
@@ -378,9 +378,10 @@ class _Rebuild:
         elif t is SnapshotRecord:
             for i in range(self.lo, min(record.keep_from, self.hi + 1)):
                 self._remove(i)
-            pass
+            for i in range(max(record.last_index + 1, self.lo), self.hi + 1):
+                self._remove(i)
             self.lo = max(self.lo, record.keep_from)
-            pass
+            self.hi = min(self.hi, record.last_index)
             if self.snap_seq:
                 self.retired.append(self.snap_seq)
             self.snap, self.snap_seq, self.keep_from = record.snapshot, seq, record.keep_from

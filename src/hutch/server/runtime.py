@@ -21,6 +21,7 @@ import signal
 import socket
 import ssl
 import sys
+import time
 
 import psutil
 from pamqp import commands
@@ -296,25 +297,23 @@ class Node:
 
 
 def setup_logging(level: str, data_dir: str, node_name: str) -> None:
+    """RabbitMQ-style lines: a UTC timestamp, the level in lower case, the component, the text;
+    to standard error and to DATA_DIR/log/NODE_NAME.log."""
     fmt = logging.Formatter("%(asctime)s.%(msecs)03d+00:00 [%(levelname)s] <%(name)s> %(message)s",
                             datefmt="%Y-%m-%d %H:%M:%S")
-    import time as _time
-    fmt.converter = _time.gmtime
+    fmt.converter = time.gmtime
     root = logging.getLogger()
     root.handlers.clear()
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(fmt)
-    root.addHandler(h)
     os.makedirs(os.path.join(data_dir, "log"), exist_ok=True)
-    fh = logging.FileHandler(os.path.join(data_dir, "log", f"{node_name}.log"))
-    fh.setFormatter(fmt)
-    root.addHandler(fh)
-    lvl = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
-           "critical": logging.CRITICAL, "none": logging.CRITICAL + 10}.get(level.lower(), logging.INFO)
-    root.setLevel(lvl)
-    for name, lvl_name in (("debug", "debug"), ("warning", "warning"), ("error", "error"), ("info", "info"),
-                           ("critical", "critical")):
-        logging.addLevelName(getattr(logging, name.upper()), lvl_name)
+    for handler in (logging.StreamHandler(sys.stderr),
+                    logging.FileHandler(os.path.join(data_dir, "log", f"{node_name}.log"))):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+              "critical": logging.CRITICAL}
+    root.setLevel(levels.get(level.lower(), logging.CRITICAL + 10 if level.lower() == "none" else logging.INFO))
+    for name, value in levels.items():
+        logging.addLevelName(value, name)
 
 
 def run_node(config: Config) -> int:
