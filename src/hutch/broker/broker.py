@@ -58,6 +58,8 @@ class Config:
     vm_memory_high_watermark: float = 0.4  # of total memory, as RabbitMQ's relative watermark
     vm_memory_high_watermark_bytes: int | None = None  # absolute, overrides the relative one
     memory_check_interval_ms: int = 1000
+    disk_free_limit_bytes: int = 50 * 1000 * 1000  # RabbitMQ's default disk_free_limit.absolute
+    disk_check_interval_ms: int = 1000
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"
@@ -666,25 +668,43 @@ class Broker:
         limit = self.config.vm_memory_high_watermark_bytes or int(total_bytes * self.config.vm_memory_high_watermark)
         if used_bytes > limit and "memory" not in self.alarms:
             log.warning("vm_memory_high_watermark set. Memory used:%d allowed:%d", used_bytes, limit)
-            log.warning("memory resource limit alarm set on node %s.\n\n"
-                        "**********************************************************\n"
-                        "*** Publishers will be blocked until this alarm clears ***\n"
-                        "**********************************************************", self.config.node_name)
-            self.alarms.add("memory")
-            self.blocking = True
+            self._set_alarm("memory")
         elif used_bytes <= limit and "memory" in self.alarms:
             log.warning("vm_memory_high_watermark clear. Memory used:%d allowed:%d", used_bytes, limit)
-            log.warning("memory resource limit alarm cleared on node %s", self.config.node_name)
-            self.alarms.discard("memory")
-            self.blocking = bool(self.alarms)
-            if not self.blocking:
-                self._unblock_all()
+            self._clear_alarm("memory")
+
+    def disk_check(self, free_bytes: int) -> None:
+        """The disk alarm, as RabbitMQ's: free space on the data directory's file system below
+        disk_free_limit blocks publishers until it is back above it."""
+        limit = self.config.disk_free_limit_bytes
+        if free_bytes < limit and "disk" not in self.alarms:
+            log.warning("Free disk space is insufficient. Free bytes: %d. Limit: %d", free_bytes, limit)
+            self._set_alarm("disk")
+        elif free_bytes >= limit and "disk" in self.alarms:
+            log.warning("Free disk space is sufficient. Free bytes: %d. Limit: %d", free_bytes, limit)
+            self._clear_alarm("disk")
+
+    def _set_alarm(self, resource: str) -> None:
+        log.warning("%s resource limit alarm set on node %s.\n\n"
+                    "**********************************************************\n"
+                    "*** Publishers will be blocked until this alarm clears ***\n"
+                    "**********************************************************", resource, self.config.node_name)
+        self.alarms.add(resource)
+        self.blocking = True
+
+    def _clear_alarm(self, resource: str) -> None:
+        log.warning("%s resource limit alarm cleared on node %s", resource, self.config.node_name)
+        self.alarms.discard(resource)
+        self.blocking = bool(self.alarms)
+        if not self.blocking:
+            self._unblock_all()
 
     def block_publisher(self, session) -> None:
         session.blocked = True
         self._blocked_sessions.add(session)
         if session.proto.capabilities.get("connection.blocked"):
-            session.send_method(0, commands.Connection.Blocked(reason="low on memory"))
+            reason = "low on memory" if "memory" in self.alarms else "low on disk"
+            session.send_method(0, commands.Connection.Blocked(reason=reason))
         if session.transport_hooks is not None:
             session.transport_hooks.pause_reading()
 

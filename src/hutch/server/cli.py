@@ -29,10 +29,11 @@ from hutch.server.config import ConfigError, apply_file, parse_bytes
 @click.option("--tls-verify-peer/--no-tls-verify-peer", default=None, help="Ask clients for a certificate.")
 @click.option("--tls-fail-if-no-peer-cert/--no-tls-fail-if-no-peer-cert", default=None,
               help="With --tls-verify-peer: refuse clients without a certificate.")
+@click.option("--disk-free-limit", default=None, help="Disk alarm threshold: free bytes (e.g. 1GB).")
 @click.option("--vm-memory-high-watermark-bytes", default=None,
               help="Memory alarm threshold, absolute (e.g. 2GB); overrides the relative one.")
 def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_file, heartbeat, amqps_port, tls_cert,
-        tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, vm_memory_high_watermark_bytes) -> None:
+        tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, disk_free_limit, vm_memory_high_watermark_bytes) -> None:
     """Run a hutch node."""
     from hutch.server.runtime import run_node
 
@@ -40,6 +41,8 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
     try:
         if config_file:
             apply_file(cfg, config_file)
+        if disk_free_limit is not None:
+            cfg.disk_free_limit_bytes = parse_bytes(disk_free_limit)
         if vm_memory_high_watermark_bytes is not None:
             cfg.vm_memory_high_watermark_bytes = parse_bytes(vm_memory_high_watermark_bytes)
     except (ConfigError, ValueError) as e:

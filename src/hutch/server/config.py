@@ -6,6 +6,7 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     frame_max = 131072                      channel_max = 2047
     max_message_size = 134217728            cluster_name = my-cluster
     vm_memory_high_watermark.relative = 0.4 vm_memory_high_watermark.absolute = 2GB
+    disk_free_limit.absolute = 50MB
     default_user = guest                    default_pass = guest
     default_vhost = /                       loopback_users.guest = true | false
     log.console.level = info                node_name = hutch@localhost
@@ -85,6 +86,8 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         cfg.max_message_size = parse_bytes(value)
     elif key == "vm_memory_high_watermark.relative":
         cfg.vm_memory_high_watermark = float(value)
+    elif key == "disk_free_limit.absolute":
+        cfg.disk_free_limit_bytes = parse_bytes(value)
     elif key == "vm_memory_high_watermark.absolute":
         cfg.vm_memory_high_watermark_bytes = parse_bytes(value)
     elif key in ("default_user", "default_pass", "default_vhost", "cluster_name", "node_name", "data_dir"):

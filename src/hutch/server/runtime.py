@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -229,6 +230,7 @@ class Node:
         self._baseline_rss = self._proc.memory_info().rss
         self._tick_task = self.loop.call_later(0.1, self._tick)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
+        self._disk_check()
         log.info("Server startup complete; node %s is ready to accept connections", self.config.node_name)
 
     def _request_sync(self) -> None:
@@ -256,6 +258,15 @@ class Node:
         if self.broker.ttl_queues or self.broker.flow_limited:
             self.broker.tick()
         self._tick_task = self.loop.call_later(0.1, self._tick)
+
+    def _disk_check(self) -> None:
+        try:
+            free = shutil.disk_usage(self.config.data_dir).free
+        except OSError as e:  # pragma: no cover - the data directory vanished
+            log.error("cannot read free disk space of %s: %s", self.config.data_dir, e)
+            free = 0
+        self.broker.disk_check(free)
+        self._disk_task = self.loop.call_later(self.config.disk_check_interval_ms / 1000, self._disk_check)
 
     def _memory_check(self) -> None:
         self.broker.memory_check(self._baseline_rss + self.broker.accounted_bytes(), self._total_mem)
