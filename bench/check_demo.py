@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hutch.pipeline.history import HistoryWriter, fault_end, fault_start  # noqa: E402
 from tests.support.brokers import HutchNode  # noqa: E402
+
+from hutch.pipeline.history import HistoryWriter, fault_end, fault_start  # noqa: E402
 
 
 def record_killed_run(history: Path, node_dir: Path, duration_s: float = 16.0, kill_at_s: float = 5.0,

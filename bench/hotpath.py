@@ -12,7 +12,7 @@ import pstats
 import sys
 import time
 
-from pamqp import commands, frame, header, body
+from pamqp import body, commands, frame, header
 
 from hutch.broker.broker import Broker, Config
 from hutch.broker.session import Session

@@ -12,7 +12,6 @@ from tests.support.brokers import HutchNode, free_port
 from tests.support.certs import make_pki
 
 
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"), clients=("hutch-client", "stranger"))
