@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import gc
 import hashlib
 import ipaddress
 import logging
@@ -187,14 +188,37 @@ class Broker:
             definitions.apply(self, doc)
         self.journal = Journal(os.path.join(data_dir, "msgs"))
         queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values() if q.journal_id}
+        # Recovery makes many long-lived objects at once: the cyclic GC would rescan them again
+        # and again while they are made, and has nothing to find among them.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            total = self._recover_messages(queues)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        gc.freeze()  # what recovery built stays: keep it out of every later collection
+        # always written back: a definitions file that came without journal ids (an export from
+        # RabbitMQ, a hand-written one) must keep the ids given now, or the next start would
+        # assign new ones and lose the messages journalled under these
+        self.persist_definitions()
+        log.info("recovered %d queue(s) and %d persistent message(s)", len(queues), total)
+
+    def _recover_messages(self, queues: dict) -> int:
+        """Put the journal's surviving messages back on their queues, in publish order."""
         recovered = self.journal.recover(queues)
         total = 0
+        routes: dict[tuple[str, str], bytes] = {}
         for qid, msgs in recovered.items():
             q = queues[qid]
             now = self.now_ms()
             for m in msgs:
-                msg = Message(m.exchange, m.routing_key, codec.route_encoding(m.exchange, m.routing_key), m.props,
-                              m.body, True, _priority_of(m.props), _expiration_of(m.props))
+                key = (m.exchange, m.routing_key)
+                route = routes.get(key)
+                if route is None:
+                    route = routes[key] = codec.route_encoding(m.exchange, m.routing_key)
+                priority, expiration_ms = _priority_and_expiration(m.props)
+                msg = Message(m.exchange, m.routing_key, route, m.props, m.body, True, priority, expiration_ms)
                 entry, dropped = q.publish(msg, now)
                 for d in dropped:  # the queue's limits leave no room for it any more
                     self.settled(q, d)
@@ -211,11 +235,7 @@ class Broker:
                     self.ttl_queues.add(q)
             total += len(msgs)
             log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)", q.name, q.vhost, len(msgs))
-        # always written back: a definitions file that came without journal ids (an export from
-        # RabbitMQ, a hand-written one) must keep the ids given now, or the next start would
-        # assign new ones and lose the messages journalled under these
-        self.persist_definitions()
-        log.info("recovered %d queue(s) and %d persistent message(s)", len(queues), total)
+        return total
 
     def persist_definitions(self) -> None:
         if self.definitions_file is not None:
@@ -730,20 +750,17 @@ def _dead_letter_cycle(queue: str, deaths: list) -> bool:
     return False
 
 
-def _expiration_of(props: bytes) -> int | None:
-    """A recovered message's per-message TTL (it runs again from recovery, not from publish)."""
+def _priority_and_expiration(props: bytes) -> tuple[int, int | None]:
+    """A recovered message's priority and per-message TTL (the TTL runs again from recovery,
+    not from publish)."""
+    if props == b"\x00\x00":
+        return 0, None
     try:
-        exp = codec.summarize_properties(props).expiration
-        return qargs.parse_expiration(exp) if exp is not None else None
+        summary = codec.summarize_properties(props)
+        exp = summary.expiration
+        return summary.priority, (qargs.parse_expiration(exp) if exp is not None else None)
     except AMQPError:
-        return None
-
-
-def _priority_of(props: bytes) -> int:
-    try:
-        return codec.summarize_properties(props).priority
-    except AMQPError:
-        return 0
+        return 0, None
 
 
 def _is_loopback(peer: str) -> bool:
