@@ -52,8 +52,8 @@ from collections import deque
 
 import msgspec
 
-from hutch.raft.messages import Entry, HardState, Snapshot, SnapshotMeta, entry_size_bytes
-from hutch.raft.storage import bootstrap_log
+from hutch.raft.messages import Entry, HardState, Snapshot, SnapshotMeta
+from hutch.raft.storage import EntryWindow, bootstrap_log
 from hutch.store import SegmentLog
 
 
@@ -85,7 +85,7 @@ _EMPTY_SNAP = Snapshot(SnapshotMeta())
 GROUP_ID_MAX = (1 << 64) - 1
 
 
-class RaftLog:
+class RaftLog(EntryWindow):
     """One group's `LogStorage`, backed by the host's shared segment log.
 
     Besides the interface it keeps, per entry, the seq of the record that wrote it, and per
@@ -107,40 +107,7 @@ class RaftLog:
         self._counts: dict[int, int] = {}  # entries record seq -> its entries still in the log
         self.truncations = 0
 
-    # -- LogStorage: reads --------------------------------------------------------------------
-
-    def first_index(self) -> int:
-        return self._offset
-
-    def last_index(self) -> int:
-        return self._offset + len(self._entries) - 1
-
-    def term(self, index: int) -> int | None:
-        i = index - self._offset
-        if 0 <= i < len(self._entries):
-            return self._entries[i].term
-        if index == self._snap.meta.index:
-            return self._snap.meta.term
-        return None
-
-    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        if lo >= hi:
-            return []
-        if lo < self._offset or hi > self.last_index() + 1:
-            raise IndexError(f"entries [{lo}, {hi}) outside log [{self._offset}, {self.last_index()}]")
-        out = self._entries[lo - self._offset: hi - self._offset]
-        size = 0
-        for n, e in enumerate(out):
-            size += entry_size_bytes(e)
-            if size > max_bytes and n > 0:
-                return out[:n]
-        return out
-
-    def hard_state(self) -> HardState:
-        return self._hs
-
-    def snapshot(self) -> Snapshot:
-        return self._snap
+    # -- LogStorage: reads come from EntryWindow --------------------------------------------
 
     # -- LogStorage: writes -------------------------------------------------------------------
 

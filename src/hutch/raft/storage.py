@@ -52,26 +52,16 @@ class LogStorage(Protocol):
         """Record a locally taken snapshot and drop entries below `keep_from`."""
 
 
-class MemoryStorage:
-    """A LogStorage in a Python list. `truncations` counts overwrites of existing entries."""
+class EntryWindow:
+    """The read side of a LogStorage kept in memory: a window of entries after the snapshot,
+    the hard state and the snapshot. MemoryStorage and the disk-backed log share it; they
+    differ only in how they write."""
 
-    __slots__ = ("_entries", "_offset", "_hs", "_snap", "truncations")
-
-    def __init__(self) -> None:
-        self._entries: list[Entry] = []
-        self._offset = 1  # index of _entries[0]
-        self._hs = _EMPTY_HS
-        self._snap = _EMPTY_SNAP
-        self.truncations = 0
-
-    @classmethod
-    def restore(cls, hs: HardState, snap: Snapshot, entries: list[Entry]) -> MemoryStorage:
-        s = cls()
-        s._hs = hs
-        s._snap = snap
-        s._offset = entries[0].index if entries else snap.meta.index + 1
-        s._entries = list(entries)
-        return s
+    __slots__ = ()
+    _entries: list[Entry]
+    _offset: int
+    _hs: HardState
+    _snap: Snapshot
 
     def first_index(self) -> int:
         return self._offset
@@ -100,6 +90,34 @@ class MemoryStorage:
                 return out[:n]
         return out
 
+    def hard_state(self) -> HardState:
+        return self._hs
+
+    def snapshot(self) -> Snapshot:
+        return self._snap
+
+
+class MemoryStorage(EntryWindow):
+    """A LogStorage in a Python list. `truncations` counts overwrites of existing entries."""
+
+    __slots__ = ("_entries", "_offset", "_hs", "_snap", "truncations")
+
+    def __init__(self) -> None:
+        self._entries: list[Entry] = []
+        self._offset = 1  # index of _entries[0]
+        self._hs = _EMPTY_HS
+        self._snap = _EMPTY_SNAP
+        self.truncations = 0
+
+    @classmethod
+    def restore(cls, hs: HardState, snap: Snapshot, entries: list[Entry]) -> MemoryStorage:
+        s = cls()
+        s._hs = hs
+        s._snap = snap
+        s._offset = entries[0].index if entries else snap.meta.index + 1
+        s._entries = list(entries)
+        return s
+
     def append(self, entries: list[Entry]) -> None:
         if not entries:
             return
@@ -114,14 +132,8 @@ class MemoryStorage:
             del self._entries[cut:]
         self._entries.extend(entries)
 
-    def hard_state(self) -> HardState:
-        return self._hs
-
     def set_hard_state(self, hs: HardState) -> None:
         self._hs = hs
-
-    def snapshot(self) -> Snapshot:
-        return self._snap
 
     def install_snapshot(self, snap: Snapshot) -> None:
         self._snap = snap
