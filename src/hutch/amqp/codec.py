@@ -15,6 +15,7 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import struct
+from decimal import Decimal
 from typing import Any
 
 from pamqp import commands, decode, encode
@@ -113,6 +114,36 @@ def confirm_frame(channel: int, delivery_tag: int, multiple: bool, nack: bool = 
 
 def route_encoding(exchange: str, routing_key: str) -> bytes:
     return shortstr(exchange) + shortstr(routing_key)
+
+
+# ---------------------------------------------------------------- field values as RabbitMQ names them
+
+def field_type_name(v: Any) -> str:
+    """A field-table value's AMQP type as RabbitMQ names it in its error texts."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "long" if not -2**31 <= v < 2**31 else "signedint"
+    if isinstance(v, (str, bytes)):
+        return "longstr"
+    if isinstance(v, float):
+        return "double"
+    if isinstance(v, Decimal):
+        return "decimal"
+    if isinstance(v, dict):
+        return "table"
+    if isinstance(v, (list, tuple)):
+        return "array"
+    return type(v).__name__
+
+
+def field_text(v: Any) -> str:
+    """A field-table value as RabbitMQ prints it in error texts (booleans as true/false)."""
+    if isinstance(v, bytes):
+        v = v.decode(errors="replace")
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
 
 
 # ---------------------------------------------------------------- decoding

@@ -8,41 +8,16 @@ are accepted and kept, as RabbitMQ does.
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
+from hutch.amqp.codec import field_text as _show
+from hutch.amqp.codec import field_type_name as _type_name
 from hutch.amqp.spec import PRECONDITION_FAILED, AMQPError, precondition_failed
 from hutch.queues.state import DROP_HEAD, OVERFLOW_MODES, QueueLimits
 
 QUEUE_ARGS_COMPARED = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
                        "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
                        "x-single-active-consumer", "x-queue-type", "x-queue-mode", "x-queue-master-locator")
-
-
-def _type_name(v: Any) -> str:
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "long" if not -2**31 <= v < 2**31 else "signedint"
-    if isinstance(v, (str, bytes)):
-        return "longstr"
-    if isinstance(v, float):
-        return "double"
-    if isinstance(v, Decimal):
-        return "decimal"
-    if isinstance(v, dict):
-        return "table"
-    if isinstance(v, list):
-        return "array"
-    return type(v).__name__
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, bytes):
-        v = v.decode(errors="replace")
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
 
 
 def _text(v: Any) -> Any:

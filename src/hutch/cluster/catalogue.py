@@ -30,6 +30,9 @@ from typing import Any
 
 import msgspec
 
+from hutch.amqp.codec import field_text as _show
+from hutch.amqp.codec import field_type_name as _type_name
+
 # AMQP reply codes a result can carry.
 OK = 200
 ACCESS_REFUSED = 403
@@ -340,30 +343,6 @@ class CatalogueError(ValueError):
 
 def _text(v: Any) -> Any:
     return v.decode(errors="replace") if isinstance(v, bytes) else v
-
-
-def _type_name(v: Any) -> str:
-    """An argument's AMQP table type as RabbitMQ names it in equivalence errors."""
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "long" if not -2**31 <= v < 2**31 else "signedint"
-    if isinstance(v, (str, bytes)):
-        return "longstr"
-    if isinstance(v, float):
-        return "double"
-    if isinstance(v, dict):
-        return "table"
-    if isinstance(v, (list, tuple)):
-        return "array"
-    return type(v).__name__
-
-
-def _show(v: Any) -> str:
-    v = _text(v)
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
 
 
 def _same_arg(a: Any, b: Any) -> bool:
