@@ -486,12 +486,8 @@ class Catalogue:
         return Result(DELETED, bindings_deleted=n_bindings)
 
     def _put_user(self, c: PutUser) -> Result:
-        old = self.users.get(c.name)
         rec = UserRecord(c.name, c.password_hash, tuple(c.tags), c.hashing_algorithm)
-        self.users[c.name] = rec
-        if old is None:
-            return Result(CREATED)
-        return Result(EXISTED if old == rec else UPDATED)
+        return _store(self.users, c.name, rec)
 
     def _delete_user(self, c: DeleteUser) -> Result:
         if self.users.pop(c.name, None) is None:
@@ -511,16 +507,10 @@ class Catalogue:
                 return _err(PRECONDITION_FAILED, f"{what} permission '{pattern}' is not a valid regular "
                                                  f"expression: {problem}")
         rec = PermissionRecord(c.user, c.vhost, c.configure, c.write, c.read)
-        old = self.permissions.get((c.user, c.vhost))
-        self.permissions[(c.user, c.vhost)] = rec
-        if old is None:
-            return Result(CREATED)
-        return Result(EXISTED if old == rec else UPDATED)
+        return _store(self.permissions, (c.user, c.vhost), rec)
 
     def _clear_permissions(self, c: ClearPermissions) -> Result:
-        if self.permissions.pop((c.user, c.vhost), None) is None:
-            return Result(ABSENT)
-        return Result(DELETED)
+        return _discard(self.permissions, (c.user, c.vhost))
 
     def _declare_exchange(self, c: DeclareExchange) -> Result:
         if c.vhost not in self.vhosts:
@@ -665,46 +655,26 @@ class Catalogue:
         if not c.definition:
             return _err(PRECONDITION_FAILED, f"policy '{c.name}' in vhost '{c.vhost}': the definition is empty")
         rec = PolicyRecord(c.vhost, c.name, c.pattern, c.apply_to, int(c.priority), dict(c.definition))
-        old = self.policies.get((c.vhost, c.name))
-        self.policies[(c.vhost, c.name)] = rec
-        if old is None:
-            return Result(CREATED)
-        return Result(EXISTED if old == rec else UPDATED)
+        return _store(self.policies, (c.vhost, c.name), rec)
 
     def _clear_policy(self, c: ClearPolicy) -> Result:
-        if self.policies.pop((c.vhost, c.name), None) is None:
-            return Result(ABSENT)
-        return Result(DELETED)
+        return _discard(self.policies, (c.vhost, c.name))
 
     def _set_parameter(self, c: SetParameter) -> Result:
         if c.vhost not in self.vhosts:
             return _no_vhost(c.vhost)
         rec = ParameterRecord(c.component, c.vhost, c.name, c.value)
         key = (c.component, c.vhost, c.name)
-        old = self.parameters.get(key)
-        self.parameters[key] = rec
-        if old is None:
-            return Result(CREATED)
-        return Result(EXISTED if old == rec else UPDATED)
+        return _store(self.parameters, key, rec)
 
     def _clear_parameter(self, c: ClearParameter) -> Result:
-        if self.parameters.pop((c.component, c.vhost, c.name), None) is None:
-            return Result(ABSENT)
-        return Result(DELETED)
+        return _discard(self.parameters, (c.component, c.vhost, c.name))
 
     def _set_global_parameter(self, c: SetGlobalParameter) -> Result:
-        existed = c.name in self.global_parameters
-        old = self.global_parameters.get(c.name)
-        self.global_parameters[c.name] = c.value
-        if not existed:
-            return Result(CREATED)
-        return Result(EXISTED if old == c.value else UPDATED)
+        return _store(self.global_parameters, c.name, c.value)
 
     def _clear_global_parameter(self, c: ClearGlobalParameter) -> Result:
-        if c.name not in self.global_parameters:
-            return Result(ABSENT)
-        del self.global_parameters[c.name]
-        return Result(DELETED)
+        return _discard(self.global_parameters, c.name)
 
     # -- bindings and auto-delete -----------------------------------------------------------
 
@@ -1019,3 +989,22 @@ def from_definitions(doc: Any, *, home_node: str = "", first_journal_id: int = 1
                         _field(b, "destination", "binding", str), _field(b, "routing_key", "binding", str, ""),
                         _field(b, "arguments", "binding", dict, {})))
     return out
+
+
+_MISSING = object()
+
+
+def _store(table: dict, key: Any, rec: Any) -> Result:
+    """Put a record; say whether it is new, unchanged or changed."""
+    old = table.get(key, _MISSING)
+    table[key] = rec
+    if old is _MISSING:
+        return Result(CREATED)
+    return Result(EXISTED if old == rec else UPDATED)
+
+
+def _discard(table: dict, key: Any) -> Result:
+    """Remove a record; say whether there was one."""
+    if table.pop(key, _MISSING) is _MISSING:
+        return Result(ABSENT)
+    return Result(DELETED)
