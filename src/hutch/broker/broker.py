@@ -77,6 +77,14 @@ class Config:
     ssl_cert_login_from: str = "distinguished_name"  # or common_name (EXTERNAL mechanism)
     cluster_name: str = ""
     mgmt_port: int = 15672  # management HTTP API; 0: no HTTP listener
+    # clustering
+    peer_port: int = 25672  # the inter-node listener (RabbitMQ's distribution port)
+    cluster_nodes: list[str] = field(default_factory=list)  # NAME@HOST[:PEER_PORT]; non-empty: clustered
+    peer_addresses: dict[str, tuple[str, int]] = field(default_factory=dict)  # how to reach a peer (overrides)
+    cluster_secret_file: str | None = None  # default: $HUTCH_CLUSTER_SECRET, else ~/.hutch.cookie
+    net_ticktime_s: float = 60.0
+    metadata_timeout_ms: int = 15000  # a catalogue change that cannot commit in this long fails
+    queue_master_locator: str = "client-local"  # client-local | min-masters | random
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:
@@ -131,6 +139,9 @@ class Broker:
         self.flow_limited: set[ClassicQueue] = set()
         self._sync_waiters: deque[tuple[int, Callable, Any]] = deque()  # (log seq, fn, arg), in seq order
         self.started_ms = self.now_ms()
+        self.cluster = None  # a ClusterBroker when this node is part of a cluster
+        if config.cluster_nodes:
+            return  # vhosts and users come from the cluster's catalogue
         self.add_vhost(config.default_vhost)
         if config.default_user:
             u = self.add_user(config.default_user, config.default_pass, ["administrator"])
@@ -160,6 +171,9 @@ class Broker:
             for q in batch:
                 if q.deleted:
                     continue
+                if q.remote:
+                    q.flush()
+                    continue
                 if q.message_ttl_ms is not None or q in self.ttl_queues:
                     self.expire_queue(q)
                 if q.dispatch():
@@ -167,6 +181,8 @@ class Broker:
                 self._flow_check(q)
         if self.journal is not None and self.journal.unsynced:
             self.request_sync()
+        if self.cluster is not None:
+            self.cluster.flush()
         outputs = self._outputs
         if outputs:
             self._outputs = []
@@ -181,13 +197,16 @@ class Broker:
     # ---------------------------------------------------------------- storage
 
     def open_storage(self, data_dir: str) -> None:
-        """Load durable definitions and recover journalled messages (start-up)."""
-        self.definitions_file = DefinitionsFile(data_dir)
-        doc = self.definitions_file.load()
-        if doc is not None:
-            definitions.apply(self, doc)
+        """Load durable definitions and recover journalled messages (start-up). In a cluster
+        the definitions are the catalogue's, already applied: only messages are recovered."""
+        if self.cluster is None:
+            self.definitions_file = DefinitionsFile(data_dir)
+            doc = self.definitions_file.load()
+            if doc is not None:
+                definitions.apply(self, doc)
         self.journal = Journal(os.path.join(data_dir, "msgs"))
-        queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values() if q.journal_id}
+        queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values()
+                  if not q.remote and q.journal_id}
         # Recovery makes many long-lived objects at once: the cyclic GC would rescan them again
         # and again while they are made, and has nothing to find among them.
         gc_was_enabled = gc.isenabled()
@@ -404,9 +423,13 @@ class Broker:
                 self.persist_definitions()
         return q
 
-    def delete_queue(self, q: ClassicQueue) -> None:
+    def delete_queue(self, q: ClassicQueue, propose: bool = True) -> None:
+        """Delete a queue homed here. In a cluster the catalogue is told too (unless the
+        catalogue is what asks), so other nodes drop their stand-ins."""
         if q.deleted:
             return
+        if self.cluster is not None and propose:
+            self.cluster.propose_delete(q)
         q.deleted = True
         if q.flow_waiters is not None:
             self._flow_release(q)
@@ -422,6 +445,8 @@ class Broker:
         for c in q.consumers():
             ch = c.channel
             q.remove_consumer(c)
+            if ch is None:
+                continue  # a consumer on another node: its node cancels it
             if ch.consumers.pop(c.tag, None) is not None and not ch.closed:
                 session = ch.session
                 if session.proto.capabilities.get("consumer_cancel_notify"):
@@ -443,6 +468,8 @@ class Broker:
         return len(removed)
 
     def consumer_gone(self, q: ClassicQueue) -> None:
+        if q.remote:
+            return
         q.last_used_ms = self.now_ms()
         if q.auto_delete and q.consumer_count == 0 and q.ever_consumed and not q.deleted:
             self.delete_queue(q)
@@ -467,11 +494,19 @@ class Broker:
     # ---------------------------------------------------------------- messages
 
     def enqueue(self, queues: tuple[ClassicQueue, ...], msg: Message, channel, seq: int) -> bool:
-        """Put a routed message on its queues. True when a queue refused it (overflow)."""
+        """Put a routed message on its queues. True when a queue refused it (overflow, or the
+        home node of a durable queue is down)."""
         refused = False
         journalled = 0
+        waits = 0
         now = self.now_ms() if msg.expiration_ms is not None or self.ttl_queues else 0
+        remote = None
         for q in queues:
+            if q.remote:
+                if remote is None:
+                    remote = []
+                remote.append(q)
+                continue
             entry, dropped = self._put(q, msg, now)
             if entry is None:
                 refused = True
@@ -482,11 +517,30 @@ class Broker:
                 journalled = entry.log_seq
             if q.flow_waiters is not None:
                 self._flow_wait(q, channel.session)
-        if journalled and seq and not refused:
-            channel.confirm_later(seq, 1)
-            self._sync_waiters.append((journalled, channel.accepted, seq))
+        if remote is not None:
+            waits, remote_refused = self.cluster.forward(remote, msg, channel, seq)
+            refused = refused or remote_refused
+        if seq and not refused and (journalled or waits):
+            channel.confirm_later(seq, waits + (1 if journalled else 0))
+            if journalled:
+                self._sync_waiters.append((journalled, channel.accepted, seq))
         self.schedule()
         return refused
+
+    def enqueue_local(self, queues: tuple[ClassicQueue, ...], msg: Message) -> tuple[bool, int]:
+        """A message another node routed to queues homed here: (refused, journal seq or 0)."""
+        refused = False
+        journalled = 0
+        now = self.now_ms() if msg.expiration_ms is not None or self.ttl_queues else 0
+        for q in queues:
+            entry, _dropped = self._put(q, msg, now)
+            if entry is None:
+                refused = True
+                if q.state.limits.overflow == REJECT_PUBLISH_DLX:
+                    self.dead_letter(q, [Entry(0, msg, None)], "maxlen")
+            elif entry.log_seq:
+                journalled = entry.log_seq
+        return refused, journalled
 
     def _put(self, q: ClassicQueue, msg: Message, now: int) -> tuple[Entry | None, list[Entry]]:
         """Enqueue on one queue, journalling persistent messages of durable queues; dead-letter
@@ -558,7 +612,7 @@ class Broker:
     def _consumers_busy(self, q: ClassicQueue) -> bool:
         if self.now_ms() - q.last_dispatch_ms < self.FLOW_ACTIVE_MS:
             return True
-        return any(not c.channel.session.writable for c in q.consumers())
+        return any(c.channel is not None and not c.channel.session.writable for c in q.consumers())
 
     def _flow_release(self, q: ClassicQueue) -> None:
         waiters, q.flow_waiters = q.flow_waiters, None
@@ -617,6 +671,8 @@ class Broker:
 
     def dead_letter(self, q: ClassicQueue, entries: list[Entry], reason: str) -> None:
         """Republish discarded messages to the queue's dead-letter exchange, with x-death."""
+        if q.remote:
+            return  # its home node dead-letters
         for e in entries:
             self.settled(q, e)
         dlx_name = q.dead_letter_exchange
@@ -665,7 +721,10 @@ class Broker:
             if reason != "rejected":
                 targets = [t for t in targets if not _dead_letter_cycle(t.name, deaths)]
             for t in targets:
-                self._put(t, dm, self.now_ms())
+                if t.remote:
+                    self.cluster.forward([t], dm, None, 0)
+                else:
+                    self._put(t, dm, self.now_ms())
         self.schedule()
 
     # ---------------------------------------------------------------- alarms
@@ -680,6 +739,8 @@ class Broker:
         per = self.MESSAGE_OVERHEAD_BYTES
         for v in self.vhosts.values():
             for q in v.queues.values():
+                if q.remote:
+                    continue
                 st = q.state
                 total += st.ready_bytes + st.unacked_bytes + per * (st.ready_count + len(st.unacked))
         return total

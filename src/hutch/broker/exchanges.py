@@ -124,6 +124,9 @@ class Exchange:
     def __repr__(self) -> str:
         return f"Exchange({self.name!r}, {self.type!r})"
 
+    def has_binding(self, destination: str, kind: str, routing_key: str, arguments: dict | None) -> bool:
+        return (kind, destination, routing_key, freeze(arguments or {})) in self.bindings
+
     def add_binding(self, b: Binding) -> bool:
         if b.key in self.bindings:
             return False

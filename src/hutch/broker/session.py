@@ -21,7 +21,10 @@ from hutch.amqp.connection import Connection
 from hutch.amqp.spec import AMQPError, access_refused, not_found, precondition_failed
 from hutch.broker import arguments as qargs
 from hutch.broker.channel import Channel, ChannelConsumer
+from hutch.broker.cluster import RemoteConsumer, RemoteEntry
+from hutch.broker.cluster import home_down as cluster_home_down
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from hutch.cluster import catalogue as cat
 from hutch.queues.message import Message
 
 if TYPE_CHECKING:
@@ -68,6 +71,11 @@ class Session:
         self.stats_recv_msgs = 0
         self.stats_send_msgs = 0
         self.connected_at_ms = broker.now_ms()
+        # In a cluster some methods wait for other nodes (a catalogue change, a queue elsewhere):
+        # the session parks, keeping the rest of what the client sent for afterwards.
+        self._events: Any = None  # the event stream being handled
+        self._backlog: list[bytes] = []
+        self._parked = False
 
     def __repr__(self) -> str:
         return f"Session({self.name})"
@@ -118,18 +126,86 @@ class Session:
     def receive(self, data: bytes) -> None:
         """Feed bytes from the socket; handle every event they make. A fault in hutch itself
         closes this connection with 541 INTERNAL_ERROR and is logged; the node carries on."""
+        if self._events is not None:
+            self._backlog.append(data)  # parked: handled once the waiting method completes
+            return
+        self._events = self.proto.receive_data(data)
+        self._pump()
+
+    def _pump(self) -> None:
         handle = self.handle
         try:
-            for ev in self.proto.receive_data(data):
-                handle(ev)
+            while self._events is not None:
+                for ev in self._events:
+                    handle(ev)
+                    if self._parked:
+                        break
+                if self._parked:
+                    break
+                self._events = self.proto.receive_data(self._backlog.pop(0)) if self._backlog else None
         except Exception:
             log.exception("Error on AMQP connection %s (%s): internal error; closing the connection",
                           id(self), self.name)
+            self._events = None
+            self._backlog.clear()
             self.proto.close(spec.INTERNAL_ERROR, "internal error")
             self.teardown()
         if self.proto.has_output and not self.output_pending:
             self.output_pending = True
             self.broker.output_due(self)
+
+    def park(self, ch: Channel, m) -> Any:
+        """Stop handling this connection's input until the returned `resume(fn)` is called;
+        fn then finishes the method (an AMQPError it raises fails the method as usual)."""
+        self._parked = True
+        if self.transport_hooks is not None:
+            self.transport_hooks.pause_reading()
+
+        def resume(fn, *args) -> None:
+            if not self._parked:
+                return
+            self._parked = False
+            if self.closed:
+                return
+            try:
+                fn(*args)
+            except AMQPError as err:
+                if not err.class_id:
+                    err.on(*divmod(m.index, 0x10000))
+                self.fail(ch.number, err)
+            if self.closed:
+                return
+            if self.transport_hooks is not None and not self.flow_queues and not self.blocked:
+                self.transport_hooks.resume_reading()
+            self._pump()
+        return resume
+
+    def catalogue_change(self, ch: Channel, m, cmd: cat.Command, done) -> None:
+        """Propose a catalogue change; done(result) runs once this node has applied it."""
+        resume = self.park(ch, m)
+
+        def applied(res: cat.Result) -> None:
+            def finish() -> None:
+                if res.code != cat.OK:
+                    raise AMQPError(res.code, res.text)
+                done(res)
+            resume(finish)
+        self.broker.cluster.submit(cmd, applied)
+
+    def remote_call(self, ch: Channel, m, q, kind: str, args: list, done) -> None:
+        """Ask a queue's home node; done(result) with its answer (a 404 if it is down)."""
+        q.check_up()
+        resume = self.park(ch, m)
+
+        def answered(result) -> None:
+            def finish() -> None:
+                if result is None:
+                    raise cluster_home_down(q)
+                if result[0] != 200:
+                    raise AMQPError(result[0], result[1])
+                done(result)
+            resume(finish)
+        self.broker.cluster.call(q.home_node, kind, [q.vhost, q.name, *args], answered)
 
     def handle(self, ev: events.Event) -> None:
         t = type(ev)
@@ -402,6 +478,12 @@ class Session:
             if name.startswith("amq."):
                 raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
             qargs.validate_exchange_args(args, name, vhost.name)
+            if self.broker.cluster is not None:
+                cmd = cat.DeclareExchange(vhost.name, name, xtype, bool(m.durable), bool(m.auto_delete),
+                                          bool(m.internal), dict(args))
+                self.catalogue_change(ch, m, cmd, lambda _r: m.nowait or self.send_method(
+                    ch.number, commands.Exchange.DeclareOk()))
+                return
             x = Exchange(name, xtype, durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
                          arguments=args)
             self.broker.add_exchange(vhost, x)
@@ -434,23 +516,29 @@ class Session:
         if x is not None:
             if m.if_unused and vhost.exchange_in_use(x):
                 raise precondition_failed(f"exchange '{name}' in vhost '{vhost.name}' in use")
+            if self.broker.cluster is not None:
+                self.catalogue_change(ch, m, cat.DeleteExchange(vhost.name, name, bool(m.if_unused)),
+                                      lambda _r: m.nowait or self.send_method(ch.number,
+                                                                              commands.Exchange.DeleteOk()))
+                return
             self.broker.delete_exchange(vhost, x)
         if not m.nowait:
             self.send_method(ch.number, commands.Exchange.DeleteOk())
 
     def exchange_bind(self, ch: Channel, m) -> None:
-        self._bind(ch, m.source, EXCHANGE, m.destination, m.routing_key, m.arguments, True)
-        if not m.nowait:
-            self.send_method(ch.number, commands.Exchange.BindOk())
+        self._bind(ch, m, m.source, EXCHANGE, m.destination, m.routing_key, m.arguments, True,
+                   commands.Exchange.BindOk)
 
     def exchange_unbind(self, ch: Channel, m) -> None:
         if m.source in self.vhost.exchanges and m.destination in self.vhost.exchanges:
-            self._bind(ch, m.source, EXCHANGE, m.destination, m.routing_key, m.arguments, False)
-        if not m.nowait:
+            self._bind(ch, m, m.source, EXCHANGE, m.destination, m.routing_key, m.arguments, False,
+                       commands.Exchange.UnbindOk)
+        elif not m.nowait:
             self.send_method(ch.number, commands.Exchange.UnbindOk())
 
-    def _bind(self, ch: Channel, source: str, kind: str, destination: str, routing_key: str,
-              arguments: dict | None, bind: bool) -> None:
+    def _bind(self, ch: Channel, m, source: str, kind: str, destination: str, routing_key: str,
+              arguments: dict | None, bind: bool, ok) -> None:
+        """Bind or unbind after the checks, then answer with `ok` (unless nowait)."""
         vhost = self.vhost
         if source == "" or (kind == EXCHANGE and destination == ""):
             raise access_refused("operation not permitted on the default exchange")
@@ -464,10 +552,21 @@ class Session:
             raise not_found(f"no exchange '{source}' in vhost '{vhost.name}'")
         self.broker.check_permission(self.user, vhost.name, "write", kind, destination)
         self.broker.check_permission(self.user, vhost.name, "read", "exchange", source)
-        if bind:
+        nowait = getattr(m, "nowait", False)
+        if self.broker.cluster is not None:
+            exists = vhost.exchanges[source].has_binding(destination, kind, routing_key, arguments)
+            if exists != bind:
+                kind_c = cat.QUEUE if kind == QUEUE else cat.EXCHANGE
+                cmd = (cat.Bind if bind else cat.Unbind)(vhost.name, source, kind_c, destination, routing_key,
+                                                         dict(arguments or {}))
+                self.catalogue_change(ch, m, cmd, lambda _r: nowait or self.send_method(ch.number, ok()))
+                return
+        elif bind:
             self.broker.bind(vhost, source, kind, destination, routing_key, arguments or {})
         else:
             self.broker.unbind(vhost, source, kind, destination, routing_key, arguments or {})
+        if not nowait:
+            self.send_method(ch.number, ok())
 
     # -- queue
 
@@ -485,9 +584,7 @@ class Session:
             q = vhost.queue(name, owner=self)
             ch.last_queue = name
             self.broker.queue_used(q)
-            if not m.nowait:
-                self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
-                                                                     consumer_count=q.consumer_count))
+            self._declare_ok(ch, m, q)
             return
         if name == "":
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -502,6 +599,9 @@ class Session:
                 # as RabbitMQ: whoever declares a dead-lettering queue must be allowed to publish there
                 self.broker.check_permission(self.user, vhost.name, "write", "exchange",
                                              dlx.decode() if isinstance(dlx, bytes) else dlx)
+            if self.broker.cluster is not None:
+                self._declare_in_cluster(ch, m, name, args)
+                return
             q = self.broker.declare_queue(vhost, name, durable=bool(m.durable), exclusive=bool(m.exclusive),
                                           auto_delete=bool(m.auto_delete), arguments=args, owner=self)
         else:
@@ -521,26 +621,58 @@ class Session:
             qargs.check_equivalent_args("queue", name, vhost.name, q.arguments, args, qargs.QUEUE_ARGS_COMPARED)
             self.broker.queue_used(q)
         ch.last_queue = name
+        self._declare_ok(ch, m, q)
+
+    def _declare_ok(self, ch: Channel, m, q) -> None:
+        """queue.declare-ok with the queue's counts (asked of its home node when that is another)."""
+        if q.remote:
+            self.remote_call(ch, m, q, "stat", [], lambda r: m.nowait or self.send_method(
+                ch.number, commands.Queue.DeclareOk(queue=q.name, message_count=r[1], consumer_count=r[2])))
+            return
         if not m.nowait:
-            self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
+            self.send_method(ch.number, commands.Queue.DeclareOk(queue=q.name, message_count=q.message_count,
                                                                  consumer_count=q.consumer_count))
 
+    def _declare_in_cluster(self, ch: Channel, m, name: str, args: dict) -> None:
+        """A new queue: its record goes through the catalogue with the home node chosen here."""
+        vhost = self.vhost
+        cl = self.broker.cluster
+        qargs.queue_settings(args, name, vhost.name)  # 406 for bad x- arguments, before anything changes
+        exclusive = bool(m.exclusive)
+        durable = bool(m.durable)
+        home = cl.choose_home(args, exclusive, vhost.name, name)
+        journal_id = (int.from_bytes(os.urandom(8), "big") >> 1 or 1) if durable and not exclusive else 0
+        cmd = cat.DeclareQueue(vhost.name, name, cat.CLASSIC, durable, bool(m.auto_delete),
+                               cl.owner_id(self) if exclusive else None, dict(args), home, (), journal_id)
+
+        def done(_res: cat.Result) -> None:
+            q = vhost.queue(name, owner=self)
+            ch.last_queue = name
+            if not m.nowait:
+                self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
+                                                                     consumer_count=q.consumer_count))
+        self.catalogue_change(ch, m, cmd, done)
+
     def queue_bind(self, ch: Channel, m) -> None:
-        self._bind(ch, m.exchange, QUEUE, self._queue_name(ch, m.queue), m.routing_key, m.arguments, True)
-        if not m.nowait:
-            self.send_method(ch.number, commands.Queue.BindOk())
+        self._bind(ch, m, m.exchange, QUEUE, self._queue_name(ch, m.queue), m.routing_key, m.arguments, True,
+                   commands.Queue.BindOk)
 
     def queue_unbind(self, ch: Channel, m) -> None:
         name = self._queue_name(ch, m.queue)
         # as RabbitMQ: unbinding from a queue or exchange that no longer exists succeeds
         if name in self.vhost.queues and m.exchange in self.vhost.exchanges:
-            self._bind(ch, m.exchange, QUEUE, name, m.routing_key, m.arguments, False)
-        self.send_method(ch.number, commands.Queue.UnbindOk())
+            self._bind(ch, m, m.exchange, QUEUE, name, m.routing_key, m.arguments, False, commands.Queue.UnbindOk)
+        else:
+            self.send_method(ch.number, commands.Queue.UnbindOk())
 
     def queue_purge(self, ch: Channel, m) -> None:
         vhost = self.vhost
         q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        if q.remote:
+            self.remote_call(ch, m, q, "purge", [], lambda r: m.nowait or self.send_method(
+                ch.number, commands.Queue.PurgeOk(message_count=r[1])))
+            return
         count = self.broker.purge_queue(q)
         if not m.nowait:
             self.send_method(ch.number, commands.Queue.PurgeOk(message_count=count))
@@ -558,6 +690,10 @@ class Session:
             if m.if_empty and q.message_count:
                 raise precondition_failed(f"queue '{name}' in vhost '{vhost.name}' not empty")
             count = q.message_count
+        if q is not None and q.remote:
+            self.catalogue_change(ch, m, cat.DeleteQueue(vhost.name, name), lambda _r: m.nowait or self.send_method(
+                ch.number, commands.Queue.DeleteOk(message_count=count)))
+            return
         # delete-ok first, then the basic.cancel notifications (as RabbitMQ orders them): a client
         # waiting for delete-ok on the channel that consumes must not meet the cancel first
         if not m.nowait:
@@ -613,12 +749,39 @@ class Session:
             raise access_refused(f"queue '{q.name}' in vhost '{vhost.name}' in exclusive use")
         args = m.arguments or {}
         priority = qargs.consumer_priority(args)
+        if q.remote:
+            self._consume_remote(ch, m, q, tag, priority, dict(args))
+            return
         c = ChannelConsumer(tag, q, ch, bool(m.no_ack), bool(m.exclusive), priority, ch.prefetch, args)
         if not m.nowait:
             self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
         ch.add_consumer(c)
         self.broker.dirty_queues.add(q)
         self.broker.schedule()
+
+    def _consume_remote(self, ch: Channel, m, q, tag: str, priority: int, args: dict) -> None:
+        cl = self.broker.cluster
+        q.check_up()
+        cid = cl.new_id()
+        c = RemoteConsumer(cid, tag, q, ch, bool(m.no_ack), bool(m.exclusive), priority, ch.prefetch, args)
+        resume = self.park(ch, m)
+
+        def answered(result) -> None:
+            def finish() -> None:
+                if result is None:
+                    raise cluster_home_down(q)
+                if result[0] != 200:
+                    raise AMQPError(result[0], result[1])
+                if ch.closed or q.deleted:
+                    cl.send(q.home_node, ["X", cid])
+                    return
+                if not m.nowait:
+                    self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
+                ch.consumers[tag] = c
+                q.add_consumer(c)
+            resume(finish)
+        cl.expect_reply(cid, q.home_node, answered)
+        cl.send(q.home_node, ["C", cid, q.vhost, q.name, tag, c.no_ack, c.exclusive, priority, c.prefetch, args])
 
     def basic_cancel(self, ch: Channel, m) -> None:
         if ch.reply_token is not None and m.consumer_tag == ch.reply_tag:
@@ -633,6 +796,9 @@ class Session:
         vhost = self.vhost
         q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        if q.remote:
+            self.remote_call(ch, m, q, "get", [bool(m.no_ack)], lambda r: self._got_remote(ch, m, q, r[1]))
+            return
         self.broker.queue_used(q)
         self.broker.expire_queue(q)
         entry = q.get(bool(m.no_ack))
@@ -649,6 +815,17 @@ class Session:
                                              q.message_count, msg.props, msg.body, self.frame_max))
         if m.no_ack:
             self.broker.settled(q, entry)
+
+    def _got_remote(self, ch: Channel, m, q, got) -> None:
+        if got is None:
+            self.send_method(ch.number, commands.Basic.GetEmpty())
+            return
+        seq, redelivered, route, count, props, body = got
+        ch.delivery_tag += 1
+        tag = ch.delivery_tag
+        if not m.no_ack:
+            ch.unacked[tag] = (q, RemoteEntry(seq, redelivered), None)
+        self.send_frames(codec.get_ok_frames(ch.number, tag, redelivered, route, count, props, body, self.frame_max))
 
     def basic_recover(self, ch: Channel, m) -> None:
         if not m.requeue:

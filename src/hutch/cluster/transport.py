@@ -233,6 +233,8 @@ class PeerTransport:
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
+        if ":connect:" in task.get_name():
+            return  # a dial attempt: the dial loop that awaits it handles and logs its failure
         if not task.cancelled() and task.exception() is not None:
             log.error("Peer transport task %s failed", task.get_name(), exc_info=task.exception())
 

@@ -155,19 +155,52 @@ def node_info(api: Api) -> dict[str, Any]:
     }
 
 
+def _peer_info(name: str, running: bool) -> dict[str, Any]:
+    """Another member of the cluster: what this node knows of it without asking it."""
+    return {"name": name, "type": "disc", "running": running, "being_drained": False,
+            "partitions": [], "cluster_links": []}
+
+
+def cluster_nodes(api: Api) -> list[dict[str, Any]]:
+    cl = api.broker.cluster
+    me = node_info(api)
+    if cl is None:
+        return [me]
+    st = cl.status()
+    running = set(st.get("running_nodes", ()))
+    return [me if n == api.node_name else _peer_info(n, n in running) for n in st.get("members", [api.node_name])]
+
+
 @routes.get("/api/nodes")
 @requires("monitoring")
 async def nodes(request: web.Request) -> web.Response:
-    return web.json_response([node_info(api_of(request))])
+    return web.json_response(cluster_nodes(api_of(request)))
+
+
+@routes.get("/api/hutch/cluster")
+@requires("monitoring")
+async def cluster_status(request: web.Request) -> web.Response:
+    """What `rabbitmqctl cluster_status` prints: members, running nodes, the catalogue's leader."""
+    api = api_of(request)
+    cl = api.broker.cluster
+    if cl is None:
+        name = api.node_name
+        return web.json_response({"cluster_name": cluster_name(api), "node": name, "members": [name],
+                                  "disk_nodes": [name], "running_nodes": [name], "leader": name, "partitions": {},
+                                  "alarms": sorted(api.broker.alarms)})
+    st = dict(cl.status())
+    st["alarms"] = sorted(api.broker.alarms)
+    return web.json_response(st)
 
 
 @routes.get("/api/nodes/{name}")
 @requires("monitoring")
 async def node(request: web.Request) -> web.Response:
     api = api_of(request)
-    if request.match_info["name"] != api.node_name:
-        raise not_found()
-    return web.json_response(node_info(api))
+    for n in cluster_nodes(api):
+        if n["name"] == request.match_info["name"]:
+            return web.json_response(n)
+    raise not_found()
 
 
 @routes.get("/api/whoami")

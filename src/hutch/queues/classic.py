@@ -71,6 +71,8 @@ class ClassicQueue:
         self.last_dispatch_ms = -10**9  # when consumers last received (the owner's clock)
         self.journal_id = 0  # durable queues: the key of their records in the node's message journal
 
+    remote = False  # a queue homed on this node (see hutch.broker.cluster for the others)
+
     def __repr__(self) -> str:
         return f"ClassicQueue({self.vhost!r}, {self.name!r})"
 

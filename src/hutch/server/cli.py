@@ -32,8 +32,22 @@ from hutch.server.config import ConfigError, apply_file, parse_bytes
 @click.option("--disk-free-limit", default=None, help="Disk alarm threshold: free bytes (e.g. 1GB).")
 @click.option("--vm-memory-high-watermark-bytes", default=None,
               help="Memory alarm threshold, absolute (e.g. 2GB); overrides the relative one.")
+@click.option("--peer-port", type=int, default=None, help="Inter-node (peer) listener port (default 25672).")
+@click.option("--cluster-nodes", default=None,
+              help="Form a cluster of these nodes at first start: NAME@HOST[:PEER_PORT],... (this node included).")
+@click.option("--peer-address", "peer_addresses", multiple=True, metavar="NAME@HOST=ADDR:PORT",
+              help="Reach that peer at this address instead (repeatable; the lab routes links through proxies).")
+@click.option("--cluster-secret-file", default=None,
+              help="File holding the shared cluster secret (default $HUTCH_CLUSTER_SECRET, else ~/.hutch.cookie).")
+@click.option("--net-ticktime", type=float, default=None, help="Seconds of peer silence before it is down (60).")
+@click.option("--metadata-timeout", type=int, default=None,
+              help="Milliseconds a catalogue change may wait for a majority before it fails (15000).")
+@click.option("--queue-master-locator", default=None, type=click.Choice(["client-local", "min-masters", "random"]),
+              help="Where new classic queues live (default client-local).")
 def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_file, heartbeat, amqps_port, tls_cert,
-        tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, disk_free_limit, vm_memory_high_watermark_bytes) -> None:
+        tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, disk_free_limit, vm_memory_high_watermark_bytes,
+        peer_port, cluster_nodes, peer_addresses, cluster_secret_file, net_ticktime, metadata_timeout,
+        queue_master_locator) -> None:
     """Run a hutch node."""
     from hutch.server.runtime import run_node
 
@@ -52,9 +66,19 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
                         ("data_dir", data_dir), ("log_level", log_level), ("heartbeat_s", heartbeat),
                         ("amqps_port", amqps_port), ("tls_certfile", tls_cert), ("tls_keyfile", tls_key),
                         ("tls_cacertfile", tls_ca), ("tls_verify_peer", tls_verify_peer),
-                        ("tls_fail_if_no_peer_cert", tls_fail_if_no_peer_cert)):
+                        ("tls_fail_if_no_peer_cert", tls_fail_if_no_peer_cert), ("peer_port", peer_port),
+                        ("cluster_secret_file", cluster_secret_file), ("net_ticktime_s", net_ticktime),
+                        ("metadata_timeout_ms", metadata_timeout), ("queue_master_locator", queue_master_locator)):
         if value is not None:
             setattr(cfg, attr, value)
+    if cluster_nodes:
+        cfg.cluster_nodes = [n.strip() for n in cluster_nodes.split(",") if n.strip()]
+    for spec in peer_addresses:
+        name, sep, addr = spec.partition("=")
+        host, _, port = addr.rpartition(":")
+        if not sep or "@" not in name or not host or not port.isdigit():
+            raise click.ClickException(f"--peer-address {spec!r}: expected NAME@HOST=ADDR:PORT")
+        cfg.peer_addresses[name] = (host, int(port))
     if "@" not in cfg.node_name:
         raise click.ClickException(f"node name '{cfg.node_name}' must be NAME@HOST")
     try:

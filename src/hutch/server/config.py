@@ -57,6 +57,9 @@ def _listener_port(value: str) -> tuple[str | None, int]:
     return None, int(value)
 
 
+QUEUE_MASTER_LOCATORS = ("client-local", "min-masters", "random")
+
+
 def apply_file(cfg: Config, path: str | Path) -> Config:
     for lineno, raw in enumerate(Path(path).read_text().splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -131,6 +134,21 @@ def _apply(cfg: Config, key: str, value: str) -> None:
             cfg.auth_mechanisms.append(value)
     elif key == "management.tcp.port":
         cfg.mgmt_port = int(value)
+    elif key == "net_ticktime":
+        cfg.net_ticktime_s = float(value)
+        if cfg.net_ticktime_s <= 0:
+            raise ValueError("must be positive")
+    elif key == "queue_master_locator":
+        if value not in QUEUE_MASTER_LOCATORS:
+            raise ValueError(f"expected one of {', '.join(QUEUE_MASTER_LOCATORS)}")
+        cfg.queue_master_locator = value
+    elif key == "cluster_formation.peer_port" or key == "distribution.listener.port_range.min":
+        cfg.peer_port = int(value)
+    elif key.startswith("cluster_formation.classic_config.nodes."):
+        if value not in cfg.cluster_nodes:
+            cfg.cluster_nodes.append(value)
+    elif key == "metadata_store.timeout":
+        cfg.metadata_timeout_ms = int(value)
     elif key == "log.console.level":
         cfg.log_level = value
     else:

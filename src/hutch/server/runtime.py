@@ -33,6 +33,7 @@ from hutch.amqp import spec
 from hutch.broker.broker import Broker, Config
 from hutch.broker.session import Session
 from hutch.control.app import HttpListener
+from hutch.server.clustering import ClusterRuntime, read_cluster_file
 
 log = logging.getLogger("hutch.node")
 
@@ -200,6 +201,8 @@ class Node:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        if not self.config.cluster_nodes and read_cluster_file(self.config.data_dir).get("join"):
+            self.config.cluster_nodes = [f"{self.config.node_name}:{self.config.peer_port}"]
         self.broker = Broker(self.config, schedule=self._schedule_run,
                              clock_ms=lambda: int(self.loop.time() * 1000))
         os.makedirs(self.config.data_dir, exist_ok=True)
@@ -207,6 +210,10 @@ class Node:
         self.broker.request_sync = self._request_sync
         log.info("\n Starting hutch %s on Python %s\n node           : %s\n data dir       : %s\n",
                  __version__, sys.version.split()[0], self.config.node_name, os.path.abspath(self.config.data_dir))
+        self.clustering = None
+        if self.config.cluster_nodes or read_cluster_file(self.config.data_dir).get("join"):
+            self.clustering = ClusterRuntime(self)
+            await self.clustering.start()
         self.broker.open_storage(self.config.data_dir)
         server = await self.loop.create_server(self._protocol, host=self.config.amqp_host or None,
                                                port=self.config.amqp_port, reuse_address=True, backlog=1024)
@@ -303,6 +310,8 @@ class Node:
             if not self._sync_running:
                 break
             await asyncio.sleep(0.01)
+        if self.clustering is not None:
+            await self.clustering.stop()
         self.broker.close_storage()
         log.info("Successfully stopped hutch node %s", self.config.node_name)
 

@@ -1,0 +1,863 @@
+"""The broker in a cluster: the catalogue made into local objects, and queues on other nodes.
+
+Every node of a cluster applies the same committed catalogue commands (the metadata Raft
+group, driven by `hutch.server.clustering`). `ClusterBroker.apply_entry` applies one to this
+node's `Catalogue` and then brings the broker's own objects in line with it: vhosts, users and
+permissions, exchanges and bindings exist on every node; a queue is a real `ClassicQueue` on
+its home node and a `RemoteQueue` stand-in everywhere else (RabbitMQ's "Non-mirrored Queue
+Behavior in a Cluster"). Routing is therefore local on every node, and an operation on a queue
+homed elsewhere travels to its home over the peer transport:
+
+| message (group "q") | from → to | meaning |
+|---|---|---|
+| `["P", [pub, ...]]` | publisher's node → home | messages routed to queues there; each pub is `[token, vhost, [queue names], exchange, routing key, properties, body, persistent]` |
+| `["PA", [[token, refused], ...]]` | home → publisher's node | accepted (on disk first when persistent to a durable queue) or refused (overflow) |
+| `["C", cid, vhost, queue, tag, no_ack, exclusive, priority, prefetch, arguments]` | consumer's node → home | basic.consume; answered by `["CR", cid, code, text]` |
+| `["X", cid]` | consumer's node → home | basic.cancel, or the channel closed |
+| `["D", cid, [[seq, redelivered, route, properties, body], ...]]` | home → consumer's node | deliveries |
+| `["CR+", cid, n]` | consumer's node → home | n more deliveries may be in flight (credit) |
+| `["S", vhost, queue, cid, op, [seq, ...]]` | consumer's node → home | ack (`a`), requeue (`r`) or reject (`d`) |
+| `["R", rid, kind, args]` / `["RR", rid, result]` | any | calls answered once: `stat`, `get`, `purge` |
+| `["ST", [[vhost, queue, ready, unacked, consumers], ...]]` | home → all | queue figures, every second, for listings |
+
+Publisher confirms keep their meaning: a publish waits for one accept per home node it went
+to (and for the local journal), and a home node that goes down nacks what it had not accepted.
+A publisher whose messages to other nodes are not yet accepted beyond a window is not read
+from until they are (credit flow, as RabbitMQ's between channel and queue).
+
+When a queue's home node is down, operations on its durable queues fail with 404 NOT_FOUND
+"home node 'n' of durable queue 'q' in vhost '/' is down or inaccessible", and the catalogue
+leader deletes its non-durable and exclusive queues. Nothing here does I/O: messages go out
+through `send(peer, payload)`, catalogue changes through `submit(command, callback)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from hutch.amqp import codec, spec
+from hutch.amqp.spec import AMQPError
+from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
+from hutch.broker.vhost import VHost
+from hutch.cluster import catalogue as cat
+from hutch.queues.message import Message
+
+if TYPE_CHECKING:
+    from hutch.broker.broker import Broker
+    from hutch.broker.channel import Channel
+
+log = logging.getLogger("hutch.cluster")
+
+PUBLISH_WINDOW = 4096  # messages a session may have in flight to other nodes before it is paused
+PUBLISH_WINDOW_LOW = 1024
+CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
+CREDIT_RETURN = 500
+NODE_PARAM = "hutch_node:"  # global parameter per member: its peer address
+INIT_PARAM = "hutch_initialised"
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+
+def home_down(q) -> AMQPError:
+    return AMQPError(spec.NOT_FOUND, f"home node '{q.home_node}' of durable queue '{q.name}' in vhost "
+                                     f"'{q.vhost}' is down or inaccessible")
+
+
+class RemoteEntry:
+    """A delivery from a queue on another node, as the consuming channel keeps it."""
+
+    __slots__ = ("seq", "log_seq", "delivery_count")
+
+    def __init__(self, seq: int, redelivered: bool):
+        self.seq = seq
+        self.log_seq = 0
+        self.delivery_count = 2 if redelivered else 1
+
+
+class RemoteConsumer:
+    """A basic.consume on a queue homed elsewhere, on the consuming node."""
+
+    __slots__ = ("tag", "ctag_enc", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
+                 "unacked", "arguments", "cid", "received")
+
+    def __init__(self, cid: int, tag: str, queue: RemoteQueue, channel: Channel, no_ack: bool, exclusive: bool,
+                 priority: int, prefetch: int, arguments: dict):
+        self.cid = cid
+        self.tag = tag
+        self.ctag_enc = codec.shortstr(tag)
+        self.queue = queue
+        self.channel = channel
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.arguments = arguments
+        self.received = 0  # deliveries not yet returned as credit
+
+
+class _Figures:
+    """A remote queue's last known counts, in the shape listings read from a queue's state."""
+
+    __slots__ = ("ready_count", "unacked_count", "ready_bytes", "unacked_bytes")
+
+    def __init__(self, ready: int, unacked: int):
+        self.ready_count = ready
+        self.unacked_count = unacked
+        self.ready_bytes = 0
+        self.unacked_bytes = 0
+
+
+class RemoteQueue:
+    """A queue whose home is another node: the catalogue's record plus its last known figures.
+    Acknowledgements made on this node are collected here and sent home once per loop."""
+
+    remote = True
+    message_ttl_ms = None
+    expires_ms = None
+    journal_id = 0
+    single_active = False
+
+    def __init__(self, cluster: ClusterBroker, rec: cat.QueueRecord):
+        self.cluster = cluster
+        self.name = rec.name
+        self.vhost = rec.vhost
+        self.durable = rec.durable
+        self.auto_delete = rec.auto_delete
+        self.exclusive_owner = rec.exclusive_owner  # a string: never this node's session
+        self.arguments = dict(rec.arguments)
+        self.home_node = rec.leader_node
+        self.deleted = False
+        self.ready = 0
+        self.unacked_remote = 0
+        self.consumers_remote = 0
+        self.local_consumers: dict[int, RemoteConsumer] = {}
+        self._ops: dict[tuple[int, str], list[int]] = {}
+        self.stats_published = self.stats_delivered = self.stats_acked = 0
+
+    def __repr__(self) -> str:
+        return f"RemoteQueue({self.vhost!r}, {self.name!r} on {self.home_node})"
+
+    @property
+    def message_count(self) -> int:
+        return self.ready
+
+    @property
+    def unacked_count(self) -> int:
+        return self.unacked_remote
+
+    @property
+    def consumer_count(self) -> int:
+        return self.consumers_remote
+
+    @property
+    def state(self) -> _Figures:
+        return _Figures(self.ready, self.unacked_remote)
+
+    def active_consumer(self) -> None:
+        return None
+
+    def is_up(self) -> bool:
+        return self.cluster.is_up(self.home_node)
+
+    def check_up(self) -> None:
+        if not self.is_up():
+            raise home_down(self)
+
+    # the channel's acknowledgement paths call these
+    def _op(self, seq: int, op: str) -> None:
+        self._ops.setdefault((0, op), []).append(seq)
+        self.cluster.broker.dirty_queues.add(self)
+
+    def settle(self, seq: int) -> None:
+        self._op(seq, "a")
+
+    def requeue(self, seq: int) -> None:
+        self._op(seq, "r")
+
+    def discard(self, seq: int) -> None:
+        self._op(seq, "d")
+
+    def flush(self) -> None:
+        if self._ops:
+            ops, self._ops = self._ops, {}
+            for (cid, op), seqs in ops.items():
+                self.cluster.send(self.home_node, ["S", self.vhost, self.name, cid, op, seqs])
+
+    def add_consumer(self, c: RemoteConsumer) -> None:
+        self.local_consumers[c.cid] = c
+        self.cluster.consumers[c.cid] = c
+
+    def remove_consumer(self, c: RemoteConsumer) -> bool:
+        if self.local_consumers.pop(c.cid, None) is None:
+            return False
+        self.cluster.consumers.pop(c.cid, None)
+        self.cluster.cancelled(c.cid, self.home_node, self.vhost, self.name)
+        self.flush()  # acks before the cancel
+        self.cluster.send(self.home_node, ["X", c.cid])
+        return True
+
+    def consumers(self) -> list[RemoteConsumer]:
+        return list(self.local_consumers.values())
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.local_consumers.values())
+
+    def dispatch(self) -> int:
+        self.flush()
+        return 0
+
+
+class ProxyConsumer:
+    """On a queue's home node: a consumer attached on another node."""
+
+    proxy = True
+    __slots__ = ("cid", "origin", "tag", "no_ack", "exclusive", "priority", "prefetch", "credit", "inflight",
+                 "cluster", "arguments", "channel")
+
+    def __init__(self, cluster: ClusterBroker, origin: str, cid: int, tag: str, no_ack: bool, exclusive: bool,
+                 priority: int, prefetch: int, arguments: dict):
+        self.cluster = cluster
+        self.origin = origin
+        self.cid = cid
+        self.tag = tag
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch
+        self.credit = CONSUMER_CREDIT
+        self.inflight: dict[int, Any] = {}
+        self.arguments = arguments
+        self.channel = None
+
+    def can_take(self) -> bool:
+        if self.credit <= 0 or not self.cluster.is_up(self.origin):
+            return False
+        return self.no_ack or not self.prefetch or len(self.inflight) < self.prefetch
+
+    def deliver(self, queue, entry) -> None:
+        self.credit -= 1
+        broker = self.cluster.broker
+        if self.no_ack:
+            if entry.log_seq:
+                broker.settled(queue, entry)
+        else:
+            self.inflight[entry.seq] = entry
+            if entry.log_seq:
+                broker.delivered(queue, entry)
+        m = entry.message
+        self.cluster.queue_delivery(self.origin, self.cid,
+                                    [entry.seq, entry.delivery_count > 1, m.route_enc, m.props, m.body])
+
+
+class ClusterBroker:
+    """Attached to a Broker as `broker.cluster` when the node is part of a cluster."""
+
+    def __init__(self, broker: Broker, node: str, send: Callable[[str, Any], bool], is_up: Callable[[str], bool],
+                 submit: Callable[[cat.Command, Callable[[cat.Result], None]], None],
+                 call_soon: Callable[..., Any], status: Callable[[], dict] | None = None):
+        self.broker = broker
+        self.status = status or (lambda: {})
+        self.node = node
+        self._send = send
+        self.is_up = is_up
+        self.submit = submit
+        self.call_soon = call_soon
+        self.catalogue = cat.Catalogue()
+        self.consumers: dict[int, RemoteConsumer] = {}  # cid -> consumer on this node of a remote queue
+        self.proxies: dict[tuple[str, int], tuple[Any, ProxyConsumer]] = {}  # (origin, cid) -> (queue, proxy)
+        self.owners: dict[str, Any] = {}  # exclusive owner id -> this node's session
+        self._next_id = 0
+        self._pub_tokens: dict[int, tuple[str, Any, int, Any]] = {}  # token -> (home, channel, seq, session)
+        self._session_inflight: dict[Any, int] = {}
+        self._paused_sessions: set = set()
+        self._out_pubs: dict[str, list] = {}
+        self._out_acks: dict[str, list] = {}
+        self._out_deliveries: dict[tuple[str, int], list] = {}
+        self._calls: dict[int, tuple[str, Callable[[Any], None]]] = {}
+        self.members: dict[str, str] = {}  # name -> peer address, from the catalogue
+        self.get_inflight: dict[str, list[tuple[Any, int]]] = {}  # origin -> [(queue, seq)] from basic.get
+        self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
+
+    # ------------------------------------------------------------ ids and sending
+
+    def new_id(self) -> int:
+        self._next_id += 1
+        return (int.from_bytes(os.urandom(4), "big") << 32) | self._next_id
+
+    def owner_id(self, session) -> str:
+        oid = getattr(session, "cluster_owner_id", None)
+        if oid is None:
+            oid = session.cluster_owner_id = f"{self.node}/{self.new_id()}"
+            self.owners[oid] = session
+        return oid
+
+    def cancelled(self, cid: int, home: str, vhost: str, qname: str) -> None:
+        if len(self._cancelled) >= 4096:
+            self._cancelled.pop(next(iter(self._cancelled)))
+        self._cancelled[cid] = (home, vhost, qname)
+
+    def propose_delete(self, q) -> None:
+        if self.catalogue.queue(q.vhost, q.name) is not None:
+            self.submit(cat.DeleteQueue(q.vhost, q.name), _ignore)
+
+    def send(self, peer: str, payload: Any) -> bool:
+        if peer == self.node:
+            self.call_soon(self.on_message, peer, payload)
+            return True
+        return self._send(peer, payload)
+
+    def running_nodes(self) -> list[str]:
+        return sorted(n for n in self.members if n == self.node or self.is_up(n))
+
+    # ------------------------------------------------------------ the catalogue, applied
+
+    def apply_command(self, cmd: cat.Command) -> cat.Result:
+        res = self.catalogue.apply(cmd)
+        if res.status in (cat.CREATED, cat.UPDATED, cat.DELETED) or res.exchanges_deleted:
+            try:
+                self._materialise(cmd, res)
+            except Exception:  # a bug here must not stop the node applying the log
+                log.exception("cannot apply catalogue change %s on this node; rebuilding from the catalogue", cmd)
+                self.rebuild()
+        return res
+
+    def _materialise(self, cmd: cat.Command, res: cat.Result) -> None:
+        b = self.broker
+        t = type(cmd)
+        if t is cat.DeclareExchange:
+            v = b.vhosts.get(cmd.vhost)
+            if v is not None and cmd.name not in v.exchanges:
+                b.add_exchange(v, Exchange(cmd.name, cmd.type, durable=cmd.durable, auto_delete=cmd.auto_delete,
+                                           internal=cmd.internal, arguments=dict(cmd.arguments)), persist=False)
+        elif t is cat.DeleteExchange:
+            v = b.vhosts.get(cmd.vhost)
+            if v is not None:
+                v.remove_exchange(cmd.name)
+                self._drop_exchanges(v, res.exchanges_deleted)
+        elif t is cat.Bind:
+            v = b.vhosts.get(cmd.vhost)
+            if v is not None and cmd.source in v.exchanges:
+                v.bind(cmd.source, cmd.destination_type, cmd.destination, cmd.routing_key, dict(cmd.arguments))
+        elif t is cat.Unbind:
+            v = b.vhosts.get(cmd.vhost)
+            if v is not None:
+                v.unbind(cmd.source, cmd.destination_type, cmd.destination, cmd.routing_key, dict(cmd.arguments))
+                self._drop_exchanges(v, res.exchanges_deleted)
+        elif t is cat.DeclareQueue or t is cat.SetQueueNodes:
+            rec = self.catalogue.queue(cmd.vhost, cmd.name)
+            if rec is not None:
+                self._make_queue(rec)
+        elif t is cat.DeleteQueue:
+            v = b.vhosts.get(cmd.vhost)
+            q = v.queues.get(cmd.name) if v is not None else None
+            if q is not None:
+                self.drop_queue(q)
+                self._drop_exchanges(v, res.exchanges_deleted)
+        elif t in (cat.AddVhost, cat.DeleteVhost, cat.PutUser, cat.DeleteUser, cat.SetPermissions,
+                   cat.ClearPermissions):
+            self._sync_vhosts_and_users()
+        elif t in (cat.SetPolicy, cat.ClearPolicy):
+            self._sync_policies()
+        elif t in (cat.SetGlobalParameter, cat.ClearGlobalParameter):
+            self._sync_members()
+
+    def _drop_exchanges(self, v: VHost, names: tuple[str, ...]) -> None:
+        for name in names:
+            v.remove_exchange(name)
+
+    def _make_queue(self, rec: cat.QueueRecord) -> None:
+        """Bring this node's object for a queue record in line: real here, a stand-in elsewhere."""
+        b = self.broker
+        v = b.vhosts.get(rec.vhost)
+        if v is None:
+            return
+        cur = v.queues.get(rec.name)
+        here = rec.leader_node == self.node
+        if cur is not None:
+            if (not getattr(cur, "remote", False)) == here:
+                if getattr(cur, "remote", False):
+                    cur.home_node = rec.leader_node
+                return
+            self.drop_queue(cur)
+        if here:
+            owner = None
+            if rec.exclusive_owner is not None:
+                owner = self.owners.get(rec.exclusive_owner)
+                if owner is None or owner.closed:
+                    # its connection is gone already: the queue goes too
+                    self.submit(cat.DeleteQueue(rec.vhost, rec.name), _ignore)
+                    return
+            q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=rec.exclusive_owner is not None,
+                                auto_delete=rec.auto_delete, arguments=dict(rec.arguments), owner=owner,
+                                persist=False)
+            q.journal_id = rec.journal_id if rec.durable and rec.exclusive_owner is None else 0
+        else:
+            v.queues[rec.name] = RemoteQueue(self, rec)
+            v.topology_changed()
+
+    def drop_queue(self, q) -> None:
+        """The catalogue no longer has this queue: remove this node's object for it."""
+        b = self.broker
+        if getattr(q, "remote", False):
+            q.deleted = True
+            v = b.vhosts.get(q.vhost)
+            if v is not None and v.queues.get(q.name) is q:
+                del v.queues[q.name]
+                v.remove_bindings_of_queue(q.name)
+            for c in list(q.local_consumers.values()):
+                q.local_consumers.pop(c.cid, None)
+                self.consumers.pop(c.cid, None)
+                self._cancel_local(c)
+            return
+        for key in [k for k, (pq, _p) in self.proxies.items() if pq is q]:
+            del self.proxies[key]
+        b.delete_queue(q, propose=False)
+
+    def _cancel_local(self, c: RemoteConsumer) -> None:
+        ch = c.channel
+        if ch.consumers.pop(c.tag, None) is not None and not ch.closed:
+            session = ch.session
+            if session.proto.capabilities.get("consumer_cancel_notify"):
+                from pamqp import commands
+                session.send_method(ch.number, commands.Basic.Cancel(consumer_tag=c.tag, nowait=True))
+                if not session.output_pending:
+                    session.output_pending = True
+                    self.broker.output_due(session)
+
+    def _sync_vhosts_and_users(self) -> None:
+        from hutch.broker.broker import User
+        b = self.broker
+        c = self.catalogue
+        for name in list(b.vhosts):
+            if name not in c.vhosts:
+                v = b.vhosts.pop(name)
+                for q in list(v.queues.values()):
+                    self.drop_queue(q)
+        for name in c.vhosts:
+            if name not in b.vhosts:
+                b.add_vhost(name)
+        users = {}
+        for name, rec in c.users.items():
+            u = b.users.get(name)
+            if u is None or u.password_hash != rec.password_hash or list(u.tags) != list(rec.tags):
+                u = User(name, rec.password_hash, list(rec.tags))
+            u.permissions.clear()
+            users[name] = u
+        for (user, vhost), p in c.permissions.items():
+            if user in users:
+                users[user].set_permissions(vhost, p.configure, p.write, p.read)
+        b.users.clear()
+        b.users.update(users)
+
+    def _sync_policies(self) -> None:
+        self.broker.policies = [
+            {"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+             "priority": p.priority, "definition": dict(p.definition)}
+            for p in self.catalogue.policies.values()]
+
+    def _sync_members(self) -> None:
+        self.members = {k[len(NODE_PARAM):]: v for k, v in self.catalogue.global_parameters.items()
+                        if k.startswith(NODE_PARAM)}
+        cn = self.catalogue.global_parameters.get("cluster_name")
+        if isinstance(cn, str) and cn:
+            self.broker.config.cluster_name = cn
+
+    def rebuild(self) -> None:
+        """Make every local object agree with the catalogue (start-up, an installed snapshot)."""
+        b = self.broker
+        c = self.catalogue
+        self._sync_members()
+        self._sync_vhosts_and_users()
+        self._sync_policies()
+        for v in b.vhosts.values():
+            want = {name: rec for (vh, name), rec in c.exchanges.items() if vh == v.name}
+            for name in list(v.exchanges):
+                if name not in want:
+                    v.remove_exchange(name)
+            for name, rec in want.items():
+                x = v.exchanges.get(name)
+                if x is None or x.type != rec.type:
+                    x = Exchange(name, rec.type, durable=rec.durable, auto_delete=rec.auto_delete,
+                                 internal=rec.internal, arguments=dict(rec.arguments))
+                    v.exchanges[name] = x
+                x.bindings.clear()
+                x._direct.clear()
+            for (vh, _name), rec in c.queues.items():
+                if vh == v.name:
+                    self._make_queue(rec)
+            for name, q in list(v.queues.items()):
+                if c.queue(v.name, name) is None:
+                    self.drop_queue(q)
+            v.topology_changed()
+        for rec in c.bindings.values():
+            v = b.vhosts.get(rec.vhost)
+            if v is not None and rec.source in v.exchanges:
+                v.bind(rec.source, rec.destination_type, rec.destination, rec.routing_key, dict(rec.arguments))
+
+    # ------------------------------------------------------------ placing queues
+
+    def choose_home(self, arguments: dict, exclusive: bool, vhost: str, name: str) -> str:
+        if exclusive:
+            return self.node
+        strategy = arguments.get("x-queue-master-locator")
+        if isinstance(strategy, bytes):
+            strategy = strategy.decode()
+        if strategy is None:
+            pol = self.catalogue.policy_for(vhost, name, cat.QUEUE)
+            if pol is not None:
+                strategy = pol.definition.get("queue-master-locator")
+        strategy = strategy or self.broker.config.queue_master_locator
+        nodes = self.running_nodes() or [self.node]
+        if strategy == "random":
+            return random.choice(nodes)
+        if strategy == "min-masters":
+            counts = dict.fromkeys(nodes, 0)
+            for rec in self.catalogue.queues.values():
+                if rec.leader_node in counts:
+                    counts[rec.leader_node] += 1
+            return min(nodes, key=lambda n: (counts[n], n))
+        return self.node
+
+    # ------------------------------------------------------------ publishing to other nodes
+
+    def forward(self, queues: list[RemoteQueue], msg: Message, channel, seq: int) -> tuple[int, bool]:
+        """Send a routed message to the home nodes of `queues`. Returns (accepts to wait for,
+        refused): a durable queue whose home is down refuses it."""
+        by_home: dict[str, list[str]] = {}
+        refused = False
+        for q in queues:
+            if not self.is_up(q.home_node):
+                refused = refused or q.durable
+                continue
+            by_home.setdefault(q.home_node, []).append(q.name)
+        session = channel.session if channel is not None else None
+        vhost = queues[0].vhost
+        for home, names in by_home.items():
+            token = self.new_id()
+            self._pub_tokens[token] = (home, channel, seq, session)
+            self._out_pubs.setdefault(home, []).append(
+                [token, vhost, names, msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent])
+            if session is None:
+                continue
+            n = self._session_inflight.get(session, 0) + 1
+            self._session_inflight[session] = n
+            if n >= PUBLISH_WINDOW and session not in self._paused_sessions and session.transport_hooks:
+                self._paused_sessions.add(session)
+                session.transport_hooks.pause_reading()
+        return len(by_home), refused
+
+    def _publish_accepted(self, token: int, refused: bool) -> None:
+        item = self._pub_tokens.pop(token, None)
+        if item is None:
+            return
+        _home, ch, seq, session = item
+        if session is None:
+            return
+        n = self._session_inflight.get(session, 1) - 1
+        if n <= 0:
+            self._session_inflight.pop(session, None)
+        else:
+            self._session_inflight[session] = n
+        if session in self._paused_sessions and n <= PUBLISH_WINDOW_LOW:
+            self._paused_sessions.discard(session)
+            if not session.closed and not session.flow_queues and not session.blocked and session.transport_hooks:
+                session.transport_hooks.resume_reading()
+        if seq and not ch.closed:
+            if refused:
+                ch.confirm_wait_count.pop(seq, None)
+                ch.nack_publish(seq)
+            else:
+                ch.accepted(seq)
+            if not session.output_pending:
+                session.output_pending = True
+                self.broker.output_due(session)
+
+    def _on_publishes(self, origin: str, pubs: list) -> None:
+        b = self.broker
+        acks_now = []
+        for token, vhost, names, exchange, rk, props, body, persistent in pubs:
+            v = b.vhosts.get(vhost)
+            queues = tuple(q for q in (v.queues.get(n) for n in names) if q is not None and not q.deleted
+                           and not getattr(q, "remote", False)) if v is not None else ()
+            if not queues:
+                acks_now.append([token, False])
+                continue
+            priority, expiration_ms = _props_priority_expiration(props)
+            msg = Message(exchange, rk, codec.route_encoding(exchange, rk), props, body, persistent, priority,
+                          expiration_ms)
+            refused, journalled = b.enqueue_local(queues, msg)
+            if journalled and not refused:
+                b.after_sync(self._ack_publish, (origin, token, False))
+            else:
+                acks_now.append([token, refused])
+        for a in acks_now:
+            self._out_acks.setdefault(origin, []).append(a)
+        b.schedule()
+
+    def _ack_publish(self, arg: tuple[str, int, bool]) -> None:
+        origin, token, refused = arg
+        self._out_acks.setdefault(origin, []).append([token, refused])
+        self.broker.schedule()
+
+    # ------------------------------------------------------------ consuming from other nodes
+
+    def queue_delivery(self, origin: str, cid: int, item: list) -> None:
+        self._out_deliveries.setdefault((origin, cid), []).append(item)
+
+    def _on_deliveries(self, cid: int, items: list) -> None:
+        c = self.consumers.get(cid)
+        if c is None:
+            # cancelled meanwhile: give them back
+            by_op: list[int] = [it[0] for it in items]
+            return self._orphan_deliveries(cid, by_op)
+        ch = c.channel
+        session = ch.session
+        q = c.queue
+        for seq, redelivered, route, props, body in items:
+            ch.delivery_tag += 1
+            tag = ch.delivery_tag
+            if not c.no_ack:
+                ch.unacked[tag] = (q, RemoteEntry(seq, redelivered), c)
+                c.unacked += 1
+            session.send_frames(codec.deliver_frames(ch.number, c.ctag_enc, tag, redelivered, route, props, body,
+                                                     session.frame_max))
+        c.received += len(items)
+        if c.received >= CREDIT_RETURN:
+            self.send(q.home_node, ["CR+", cid, c.received])
+            c.received = 0
+        if not session.output_pending:
+            session.output_pending = True
+            self.broker.output_due(session)
+
+    def _orphan_deliveries(self, cid: int, seqs: list[int]) -> None:
+        """Deliveries that crossed a cancel on the wire: the client never saw them."""
+        where = self._cancelled.get(cid)
+        if where is not None:
+            home, vhost, qname = where
+            self.send(home, ["S", vhost, qname, cid, "r", seqs])
+
+    def _on_consume(self, origin: str, cid: int, vhost: str, qname: str, tag: str, no_ack: bool, exclusive: bool,
+                    priority: int, prefetch: int, arguments: dict) -> None:
+        b = self.broker
+        v = b.vhosts.get(vhost)
+        q = v.queues.get(qname) if v is not None else None
+        if q is None or getattr(q, "remote", False) or q.deleted:
+            self.send(origin, ["CR", cid, spec.NOT_FOUND, f"no queue '{qname}' in vhost '{vhost}'"])
+            return
+        if q.has_exclusive_consumer() or (exclusive and q.consumer_count):
+            self.send(origin, ["CR", cid, spec.ACCESS_REFUSED,
+                               f"queue '{qname}' in vhost '{vhost}' in exclusive use"])
+            return
+        p = ProxyConsumer(self, origin, cid, tag, no_ack, exclusive, priority, prefetch, arguments)
+        self.proxies[(origin, cid)] = (q, p)
+        q.add_consumer(p)
+        q.ever_consumed = True
+        self.send(origin, ["CR", cid, 200, ""])
+        b.dirty_queues.add(q)
+        b.schedule()
+
+    def _on_cancel(self, origin: str, cid: int) -> None:
+        item = self.proxies.pop((origin, cid), None)
+        if item is None:
+            return
+        q, p = item
+        q.remove_consumer(p)
+        self.broker.consumer_gone(q)
+
+    def _on_settle(self, origin: str, vhost: str, qname: str, cid: int, op: str, seqs: list[int]) -> None:
+        b = self.broker
+        v = b.vhosts.get(vhost)
+        q = v.queues.get(qname) if v is not None else None
+        if q is None or getattr(q, "remote", False) or q.deleted:
+            return
+        proxies = [p for (o, _c), (pq, p) in self.proxies.items() if o == origin and pq is q]
+        dead = []
+        for seq in seqs:
+            for p in proxies:
+                if p.inflight.pop(seq, None) is not None:
+                    break
+            entry = q.state.unacked.get(seq)
+            if entry is None:
+                continue
+            if op == "a":
+                q.settle(seq)
+                b.settled(q, entry)
+            elif op == "r":
+                q.requeue(seq)
+            else:
+                q.discard(seq)
+                dead.append(entry)
+        if dead:
+            b.dead_letter(q, dead, "rejected")
+        b.dirty_queues.add(q)
+        b.schedule()
+
+    # ------------------------------------------------------------ calls (answered once)
+
+    def expect_reply(self, rid: int, peer: str, callback: Callable[[Any], None]) -> None:
+        """callback(answer) for the reply that will carry `rid`, or callback(None) if `peer` goes down."""
+        self._calls[rid] = (peer, callback)
+
+    def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None:
+        """Ask `peer`; callback(result) once it answers, or callback(None) if it goes down first."""
+        rid = self.new_id()
+        self._calls[rid] = (peer, callback)
+        if not self.send(peer, ["R", rid, kind, args]):
+            self._calls.pop(rid, None)
+            self.call_soon(callback, None)
+
+    def _on_call(self, origin: str, rid: int, kind: str, args: list) -> None:
+        b = self.broker
+        vhost, qname = args[0], args[1]
+        v = b.vhosts.get(vhost)
+        q = v.queues.get(qname) if v is not None else None
+        if q is None or getattr(q, "remote", False) or q.deleted:
+            self.send(origin, ["RR", rid, [spec.NOT_FOUND, f"no queue '{qname}' in vhost '{vhost}'"]])
+            return
+        if kind == "stat":
+            result = [200, q.message_count, q.consumer_count]
+        elif kind == "purge":
+            result = [200, b.purge_queue(q)]
+        elif kind == "get":
+            no_ack = args[2]
+            b.queue_used(q)
+            b.expire_queue(q)
+            entry = q.get(no_ack)
+            if entry is None:
+                result = [200, None]
+            else:
+                if no_ack:
+                    b.settled(q, entry)
+                else:
+                    self.get_inflight.setdefault(origin, []).append((q, entry.seq))
+                    b.delivered(q, entry)
+                m = entry.message
+                result = [200, [entry.seq, entry.delivery_count > 1, m.route_enc, q.message_count, m.props, m.body]]
+        else:
+            result = [spec.NOT_IMPLEMENTED, f"unknown call {kind}"]
+        self.send(origin, ["RR", rid, result])
+
+    # ------------------------------------------------------------ the peer protocol
+
+    def on_message(self, peer: str, payload: Any) -> None:
+        kind = payload[0]
+        if kind == "P":
+            self._on_publishes(peer, payload[1])
+        elif kind == "PA":
+            for token, refused in payload[1]:
+                self._publish_accepted(token, refused)
+        elif kind == "D":
+            self._on_deliveries(payload[1], payload[2])
+        elif kind == "S":
+            self._on_settle(peer, *payload[1:])
+        elif kind == "CR+":
+            item = self.proxies.get((peer, payload[1]))
+            if item is not None:
+                item[1].credit += payload[2]
+                self.broker.dirty_queues.add(item[0])
+                self.broker.schedule()
+        elif kind == "C":
+            self._on_consume(peer, *payload[1:])
+        elif kind == "X":
+            self._on_cancel(peer, payload[1])
+        elif kind == "R":
+            self._on_call(peer, *payload[1:])
+        elif kind in ("RR", "CR"):
+            item = self._calls.pop(payload[1], None)
+            if item is not None:
+                item[1](payload[2] if kind == "RR" else [payload[2], payload[3]])
+        elif kind == "ST":
+            self._on_stats(payload[1])
+        self.broker.schedule()
+
+    def flush(self) -> None:
+        """Send what this loop iteration collected (called once per broker run)."""
+        if self._out_pubs:
+            pubs, self._out_pubs = self._out_pubs, {}
+            for home, items in pubs.items():
+                if not self.send(home, ["P", items]):
+                    for it in items:
+                        self._publish_accepted(it[0], True)
+        if self._out_acks:
+            acks, self._out_acks = self._out_acks, {}
+            for origin, items in acks.items():
+                self.send(origin, ["PA", items])
+        if self._out_deliveries:
+            dels, self._out_deliveries = self._out_deliveries, {}
+            for (origin, cid), items in dels.items():
+                self.send(origin, ["D", cid, items])
+
+    def stats(self) -> list:
+        return [[q.vhost, q.name, q.message_count, q.unacked_count, q.consumer_count]
+                for v in self.broker.vhosts.values() for q in v.queues.values()
+                if not getattr(q, "remote", False)]
+
+    def _on_stats(self, rows: list) -> None:
+        for vhost, name, ready, unacked, consumers in rows:
+            v = self.broker.vhosts.get(vhost)
+            q = v.queues.get(name) if v is not None else None
+            if q is not None and getattr(q, "remote", False):
+                q.ready, q.unacked_remote, q.consumers_remote = ready, unacked, consumers
+
+    # ------------------------------------------------------------ peers coming and going
+
+    def peer_down(self, peer: str) -> None:
+        b = self.broker
+        # publishes it had not accepted: nacked, never silently confirmed
+        for token, (home, *_rest) in list(self._pub_tokens.items()):
+            if home == peer:
+                self._publish_accepted(token, True)
+        # calls it will not answer
+        for rid, (p, cb) in list(self._calls.items()):
+            if p == peer:
+                del self._calls[rid]
+                cb(None)
+        # its consumers of queues here: what they had is requeued
+        for (origin, cid), (q, p) in list(self.proxies.items()):
+            if origin == peer:
+                del self.proxies[(origin, cid)]
+                q.remove_consumer(p)
+                for seq in sorted(p.inflight, reverse=True):
+                    if seq in q.state.unacked:
+                        q.requeue(seq)
+                b.consumer_gone(q)
+        for q, seq in reversed(self.get_inflight.pop(peer, [])):
+            if not q.deleted and seq in q.state.unacked:
+                q.requeue(seq)
+                b.dirty_queues.add(q)
+        # consumers here of queues there: the queue is gone for now
+        for c in list(self.consumers.values()):
+            if c.queue.home_node == peer:
+                c.queue.local_consumers.pop(c.cid, None)
+                self.consumers.pop(c.cid, None)
+                self._drop_unacked_of(c)
+                self._cancel_local(c)
+        b.schedule()
+
+    def _drop_unacked_of(self, c: RemoteConsumer) -> None:
+        ch = c.channel
+        for tag in [t for t, (_q, _e, cc) in ch.unacked.items() if cc is c]:
+            del ch.unacked[tag]
+
+    def queues_homed_on(self, node: str) -> list[cat.QueueRecord]:
+        return [rec for rec in self.catalogue.queues.values() if rec.leader_node == node]
+
+
+def _ignore(_result: cat.Result) -> None:
+    return None
+
+
+def _props_priority_expiration(props: bytes) -> tuple[int, int | None]:
+    from hutch.broker.broker import _priority_and_expiration
+    return _priority_and_expiration(props)
+
+
+__all__ = ["ClusterBroker", "RemoteQueue", "RemoteConsumer", "ProxyConsumer", "home_down", "EXCHANGE", "QUEUE"]

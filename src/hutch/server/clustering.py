@@ -1,0 +1,457 @@
+"""A node's part in a cluster: the peer transport, the catalogue's Raft group and its log.
+
+`ClusterRuntime` wires the sans-I/O pieces under the node's event loop:
+
+- the `PeerTransport` (one authenticated TCP link per pair of nodes, heartbeats, net_ticktime),
+  carrying three groups: `"meta"` (the catalogue's Raft messages), `"q"` (operations on queues
+  homed on another node, `hutch.broker.cluster`) and `"rpc"` (proposals forwarded to the
+  leader, joins);
+- the catalogue's `RaftGroup` on the node's `RaftHostStorage` (DATA_DIR/raft): every Ready is
+  made durable (one fsync) before its messages leave, then its committed entries are applied
+  to the catalogue and the broker (`ClusterBroker.apply_command`);
+- proposals: a change proposed on a follower is forwarded to the leader and retried until
+  this node has applied it or `metadata_timeout_ms` has passed — then it fails with 541
+  INTERNAL_ERROR saying that no majority is reachable. A node on the minority side of a
+  partition therefore never changes the catalogue;
+- the leader's chores: the first start of a cluster (default vhost, user, cluster name and
+  member addresses), adding a node that joins, and deleting the non-durable and exclusive
+  queues of a node that is down (RabbitMQ's rule for non-mirrored queues).
+
+Node ids in Raft are 63-bit hashes of node names, so every node derives the same id for a
+name without coordination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from hutch.broker.broker import hash_password
+from hutch.broker.cluster import INIT_PARAM, NODE_PARAM, ClusterBroker
+from hutch.cluster import catalogue as cat
+from hutch.cluster.raftlog import RaftHostStorage
+from hutch.cluster.transport import PeerTransport
+from hutch.raft import messages as rm
+from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError, RaftGroup
+
+if TYPE_CHECKING:
+    from hutch.server.runtime import Node
+
+log = logging.getLogger("hutch.cluster")
+
+CATALOGUE_GROUP = 0
+TICK_S = 0.1
+RETRY_S = 1.0  # a forwarded proposal not applied by then is sent again
+STATS_EVERY_TICKS = 10
+DEFAULT_PEER_PORT = 25672
+CLUSTER_FILE = "cluster.json"
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+
+def node_id(name: str) -> int:
+    return (int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") >> 1) or 1
+
+
+def parse_node(spec: str) -> tuple[str, tuple[str, int]]:
+    """NAME@HOST[:PORT] -> (NAME@HOST, (HOST, PORT))."""
+    name, _, port = spec.partition(":")
+    if "@" not in name:
+        raise ValueError(f"node '{spec}' must be NAME@HOST[:PEER_PORT]")
+    host = name.split("@", 1)[1]
+    return name, (host, int(port) if port else DEFAULT_PEER_PORT)
+
+
+def load_secret(path: str | None) -> bytes:
+    env = os.environ.get("HUTCH_CLUSTER_SECRET")
+    if path is None and env:
+        return env.encode()
+    p = Path(path) if path else Path.home() / ".hutch.cookie"
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(20))
+        log.info("created the cluster secret file %s", p)
+    secret = p.read_text().strip()
+    if not secret:
+        raise ValueError(f"the cluster secret file {p} is empty")
+    return secret.encode()
+
+
+class ClusterRuntime:
+    def __init__(self, node: Node):
+        self.node = node
+        cfg = node.config
+        self.cfg = cfg
+        self.name = cfg.node_name
+        self.id = node_id(self.name)
+        self.loop = asyncio.get_running_loop()
+        self.addresses: dict[str, tuple[str, int]] = {}
+        for spec in cfg.cluster_nodes:
+            n, addr = parse_node(spec)
+            self.addresses[n] = addr
+        self.names: dict[int, str] = {node_id(n): n for n in self.addresses}
+        self.names[self.id] = self.name
+        self.pending: dict[int, list] = {}  # req id -> [callback, deadline, envelope, next retry]
+        self._next_req = 0
+        self._process_scheduled = False
+        self._ticks = 0
+        self.started = self.loop.time()
+        self.down_since: dict[str, float] = {}
+        self._deleting: dict[tuple[str, str], float] = {}
+        self._init_sent_at = -1e9
+        self.joins: dict[str, str] = {}  # leader: joining node -> its address
+        self._cleanup_own = True
+        self.stopped = False
+
+    # ------------------------------------------------------------ start and stop
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        broker = self.node.broker
+        self.cluster = ClusterBroker(broker, self.name, self._send_q, self.is_up, self.submit,
+                                     self.loop.call_soon, self.status)
+        broker.cluster = self.cluster
+        raft_dir = Path(cfg.data_dir) / "raft"
+        self.host = RaftHostStorage(raft_dir)
+        storage = self.host.group(CATALOGUE_GROUP)
+        joined = read_cluster_file(cfg.data_dir)
+        if storage.last_index() == 0 and storage.snapshot().meta.index == 0:
+            if joined.get("join") is None:
+                if self.name not in self.addresses:
+                    raise ValueError(f"--cluster-nodes must include this node ({self.name})")
+                storage = self.host.bootstrap(CATALOGUE_GROUP, tuple(sorted(self.names)))
+                self.host.sync()
+                log.info("formed a new cluster of %d node(s): %s", len(self.addresses), ", ".join(sorted(self.addresses)))
+        snap = storage.snapshot()
+        if snap.data:
+            self.cluster.catalogue.restore(snap.data)
+        raft_cfg = RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1,
+                              seed=self.id & 0xFFFFFFFF)
+        self.group = RaftGroup(self.id, storage, raft_cfg)
+        self._drain(initial=True)
+        self.cluster.rebuild()
+        for n, addr in self.cluster.members.items():
+            self._learn(n, addr)
+        self.secret = load_secret(cfg.cluster_secret_file)
+        self.transport = PeerTransport(
+            self.name, cfg.amqp_host or "0.0.0.0", cfg.peer_port, self.secret,
+            peers={n: self._address(n) for n in self.addresses if n != self.name},
+            net_ticktime_s=cfg.net_ticktime_s, on_message=self._on_message, on_peer_up=self._on_peer_up,
+            on_peer_down=self._on_peer_down)
+        await self.transport.start()
+        log.info("started peer listener on port %s (node %s)", self.transport.bound_port, self.name)
+        if joined.get("join") and not self._is_member():
+            self.loop.create_task(self._join_loop(joined["join"], tuple(joined["address"])))
+        self._tick_handle = self.loop.call_later(TICK_S, self._tick)
+
+    async def stop(self) -> None:
+        self.stopped = True
+        self._tick_handle.cancel()
+        for req in list(self.pending):
+            cb = self.pending.pop(req)[0]
+            cb(cat.Result(cat.ERROR, 320, "the node is shutting down"))
+        await self.transport.close()
+        self.host.sync()
+        self.host.close()
+
+    # ------------------------------------------------------------ members and addresses
+
+    def _address(self, name: str) -> tuple[str, int]:
+        return self.cfg.peer_addresses.get(name) or self.addresses[name]
+
+    def _learn(self, name: str, address: str) -> None:
+        """A member's advertised address (from the catalogue)."""
+        if not isinstance(address, str) or ":" not in address:
+            return
+        host, _, port = address.rpartition(":")
+        self.names[node_id(name)] = name
+        if self.addresses.get(name) != (host, int(port)):
+            self.addresses[name] = (host, int(port))
+            if hasattr(self, "transport"):
+                self.transport.set_peers({n: self._address(n) for n in self.addresses if n != self.name})
+
+    def _is_member(self) -> bool:
+        return self.id in self.group.voters or self.id in self.group.learners
+
+    def members(self) -> list[str]:
+        ids = list(self.group.voters) + list(self.group.learners)
+        return sorted(self.names.get(i, str(i)) for i in ids)
+
+    def is_up(self, name: str) -> bool:
+        return name == self.name or (not self.stopped and self.transport.is_up(name))
+
+    def leader_name(self) -> str | None:
+        lead = self.group.leader
+        return self.names.get(lead) if lead is not None else None
+
+    def status(self) -> dict[str, Any]:
+        members = self.members()
+        return {
+            "cluster_name": self.node.broker.config.cluster_name or self.name,
+            "node": self.name,
+            "members": members,
+            "disk_nodes": members,
+            "running_nodes": [n for n in members if self.is_up(n)],
+            "leader": self.leader_name(),
+            "raft": {"term": self.group.term, "commit_index": self.group.commit, "applied": self.group.applied,
+                     "role": self.group.role_name},
+            "partitions": {},
+            "alarms": [],
+        }
+
+    # ------------------------------------------------------------ the Raft loop
+
+    def _schedule(self) -> None:
+        if not self._process_scheduled:
+            self._process_scheduled = True
+            self.loop.call_soon(self._process)
+
+    def _process(self) -> None:
+        self._process_scheduled = False
+        if not self.stopped:
+            self._drain()
+
+    def _drain(self, initial: bool = False) -> None:
+        g = self.group
+        while g.has_ready():
+            rd = g.ready()
+            if rd.hard_state is not None or rd.entries or rd.snapshot is not None:
+                self.host.sync()
+            if not initial:
+                for m in rd.messages:
+                    peer = self.names.get(m.to)
+                    if peer is not None:
+                        self.transport.send(peer, "meta", rm.encode(m))
+            if rd.snapshot is not None and rd.snapshot.data:
+                self.cluster.catalogue.restore(rd.snapshot.data)
+                self.cluster.rebuild()
+                for n, addr in self.cluster.members.items():
+                    self._learn(n, addr)
+            for e in rd.committed_entries:
+                if e.index > g.applied and e.kind == rm.ENTRY_NORMAL and e.data:
+                    self._apply(e.data)
+            g.advance(rd)
+            if rd.snapshot_wanted:
+                g.compact(g.applied, self.cluster.catalogue.snapshot())
+                self.host.sync()
+
+    def _apply(self, data: bytes) -> None:
+        origin, req, cmd_bytes = _dec.decode(data)
+        try:
+            cmd = cat.decode_command(cmd_bytes)
+        except msgspec.DecodeError:
+            log.error("cannot decode a catalogue command from %s; skipped", origin)
+            return
+        res = self.cluster.apply_command(cmd)
+        if isinstance(cmd, (cat.SetGlobalParameter,)) and cmd.name.startswith(NODE_PARAM):
+            self._learn(cmd.name[len(NODE_PARAM):], cmd.value)
+        if origin == self.name:
+            item = self.pending.pop(req, None)
+            if item is not None:
+                item[0](res)
+
+    # ------------------------------------------------------------ proposing
+
+    def submit(self, cmd: cat.Command, callback) -> None:
+        """Propose `cmd`; callback(result) once this node has applied it, or with a 541 error
+        after metadata_timeout_ms."""
+        self._next_req += 1
+        req = self._next_req
+        env = _enc.encode([self.name, req, cat.encode_command(cmd)])
+        now = self.loop.time()
+        self.pending[req] = [callback, now + self.cfg.metadata_timeout_ms / 1000, env, now + RETRY_S]
+        self._propose(env)
+
+    def _propose(self, env: bytes) -> None:
+        g = self.group
+        if g.role == LEADER:
+            try:
+                g.propose(env)
+                self._schedule()
+            except RaftError:
+                pass  # retried
+            return
+        leader = self.leader_name()
+        if leader is not None:
+            self.transport.send(leader, "rpc", ["propose", env])
+
+    def _expire_pending(self, now: float) -> None:
+        for req, item in list(self.pending.items()):
+            cb, deadline, env, retry = item
+            if now >= deadline:
+                del self.pending[req]
+                leader = self.leader_name()
+                why = (f"no leader is known and {self.name} cannot reach a majority of the cluster's nodes"
+                       if leader is None else f"the change did not commit (leader {leader})")
+                cb(cat.Result(cat.ERROR, 541, f"timed out after {self.cfg.metadata_timeout_ms} ms waiting for "
+                                              f"the cluster metadata store: {why}"))
+            elif now >= retry:
+                item[3] = now + RETRY_S
+                self._propose(env)
+
+    # ------------------------------------------------------------ transport callbacks
+
+    def _send_q(self, peer: str, payload: Any) -> bool:
+        return self.transport.send(peer, "q", payload)
+
+    def _on_message(self, peer: str, group: Any, payload: Any) -> None:
+        if group == "meta":
+            try:
+                self.group.step(rm.decode(payload))
+            except (msgspec.DecodeError, RaftError) as e:
+                log.warning("bad catalogue message from %s: %s", peer, e)
+            self._schedule()
+        elif group == "q":
+            self.cluster.on_message(peer, payload)
+        elif group == "rpc":
+            self._on_rpc(peer, payload)
+
+    def _on_rpc(self, peer: str, payload: list) -> None:
+        kind = payload[0]
+        if kind == "propose":
+            if self.group.role == LEADER:
+                try:
+                    self.group.propose(payload[1])
+                    self._schedule()
+                except RaftError:
+                    pass
+            elif (leader := self.leader_name()) is not None and leader != peer:
+                self.transport.send(leader, "rpc", payload)
+        elif kind == "join":
+            name, address = payload[1], payload[2]
+            self._learn(name, address)
+            if self.group.role == LEADER:
+                self.joins[name] = address
+                log.info("node %s asks to join the cluster", name)
+            elif (leader := self.leader_name()) is not None:
+                self.transport.send(leader, "rpc", payload)
+            self.transport.send(name, "rpc", ["members", {n: f"{h}:{p}" for n, (h, p) in self.addresses.items()}])
+        elif kind == "members":
+            for n, addr in payload[1].items():
+                if n != self.name:
+                    self._learn(n, addr)
+
+    def _on_peer_up(self, peer: str) -> None:
+        self.down_since.pop(peer, None)
+        log.info("node %s up", peer)
+        self.cluster.broker.schedule()
+
+    def _on_peer_down(self, peer: str, reason: str) -> None:
+        self.down_since[peer] = self.loop.time()
+        self.group.report_unreachable(node_id(peer))
+        self.cluster.peer_down(peer)
+
+    # ------------------------------------------------------------ timers
+
+    def _tick(self) -> None:
+        if self.stopped:
+            return
+        self._tick_handle = self.loop.call_later(TICK_S, self._tick)
+        self._ticks += 1
+        self.group.tick()
+        now = self.loop.time()
+        if self.pending:
+            self._expire_pending(now)
+        if self.group.role == LEADER:
+            self._leader_chores(now)
+        if self._cleanup_own and self.leader_name() is not None:
+            self._cleanup_own = False
+            self._delete_transient_queues_of(self.name, now)
+        if self._ticks % STATS_EVERY_TICKS == 0:
+            rows = self.cluster.stats()
+            for peer in self.transport.up_peers:
+                self.transport.send(peer, "q", ["ST", rows])
+        self._drain()
+
+    def _leader_chores(self, now: float) -> None:
+        c = self.cluster.catalogue
+        if INIT_PARAM not in c.global_parameters and now - self._init_sent_at > 2.0:
+            self._init_sent_at = now
+            self._initialise()
+        for name, address in list(self.joins.items()):
+            nid = node_id(name)
+            if NODE_PARAM + name not in c.global_parameters:
+                self.submit(cat.SetGlobalParameter(NODE_PARAM + name, address), lambda _r: None)
+                continue
+            if nid in self.group.voters or nid in self.group.learners:
+                del self.joins[name]
+                log.info("node %s joined the cluster", name)
+                continue
+            try:
+                self.group.propose_conf_change(rm.ConfChange(rm.CONF_ADD_LEARNER, (nid,)))
+                self._schedule()
+            except (ProposalRejected, NotLeader):
+                pass
+        grace = self.cfg.net_ticktime_s
+        for member in self.members():
+            if member == self.name or self.transport.is_up(member):
+                continue
+            since = self.down_since.get(member, self.started + grace)
+            if now >= since:
+                self._delete_transient_queues_of(member, now)
+
+    def _delete_transient_queues_of(self, node: str, now: float) -> None:
+        """RabbitMQ's rule: a non-durable (or exclusive) queue whose home node is gone is deleted."""
+        for rec in self.cluster.queues_homed_on(node):
+            if rec.durable and rec.exclusive_owner is None:
+                continue
+            key = (rec.vhost, rec.name)
+            if now - self._deleting.get(key, -1e9) < 5.0:
+                continue
+            self._deleting[key] = now
+            log.info("deleting %s queue '%s' in vhost '%s': its home node %s is down",
+                     "exclusive" if rec.exclusive_owner else "non-durable", rec.name, rec.vhost, node)
+            self.submit(cat.DeleteQueue(rec.vhost, rec.name), lambda _r: None)
+
+    def _initialise(self) -> None:
+        cfg = self.cfg
+        cmds: list[cat.Command] = [cat.AddVhost(cfg.default_vhost)]
+        if cfg.default_user:
+            cmds.append(cat.PutUser(cfg.default_user, hash_password(cfg.default_pass), ("administrator",)))
+            cmds.append(cat.SetPermissions(cfg.default_user, cfg.default_vhost, ".*", ".*", ".*"))
+        first = parse_node(cfg.cluster_nodes[0])[0] if cfg.cluster_nodes else self.name
+        cmds.append(cat.SetGlobalParameter("cluster_name", cfg.cluster_name or first))
+        for n, (h, p) in sorted(self.addresses.items()):
+            cmds.append(cat.SetGlobalParameter(NODE_PARAM + n, f"{h}:{p}"))
+        cmds.append(cat.SetGlobalParameter(INIT_PARAM, True))
+        for cmd in cmds:
+            self.submit(cmd, lambda _r: None)
+
+    # ------------------------------------------------------------ joining
+
+    async def _join_loop(self, seed: str, seed_address: tuple[str, int]) -> None:
+        self._learn(seed, f"{seed_address[0]}:{seed_address[1]}")
+        my_address = f"{self.cfg.peer_addresses.get(self.name, ('127.0.0.1', self.transport.bound_port))[0]}:" \
+                     f"{self.transport.bound_port}"
+        while not self.stopped and not self._is_member():
+            self.transport.send(seed, "rpc", ["join", self.name, my_address])
+            await asyncio.sleep(1.0)
+        if not self.stopped:
+            log.info("node %s is a member of the cluster (via %s)", self.name, seed)
+
+
+def read_cluster_file(data_dir: str) -> dict:
+    p = Path(data_dir) / CLUSTER_FILE
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cluster_file(data_dir: str, doc: dict) -> None:
+    p = Path(data_dir) / CLUSTER_FILE
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, p)
