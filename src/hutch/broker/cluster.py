@@ -66,6 +66,10 @@ _dec = msgspec.msgpack.Decoder()
 
 
 def home_down(q) -> AMQPError:
+    """A queue whose home node is down: a durable one waits for its node; a non-durable one is
+    being deleted (RabbitMQ's rule), so it is already reported missing."""
+    if not q.durable:
+        return AMQPError(spec.NOT_FOUND, f"no queue '{q.name}' in vhost '{q.vhost}'")
     return AMQPError(spec.NOT_FOUND, f"home node '{q.home_node}' of durable queue '{q.name}' in vhost "
                                      f"'{q.vhost}' is down or inaccessible")
 
@@ -220,11 +224,12 @@ class ProxyConsumer:
 
     proxy = True
     __slots__ = ("cid", "origin", "tag", "no_ack", "exclusive", "priority", "prefetch", "credit", "inflight",
-                 "cluster", "arguments", "channel")
+                 "cluster", "arguments", "channel", "queue")
 
-    def __init__(self, cluster: ClusterBroker, origin: str, cid: int, tag: str, no_ack: bool, exclusive: bool,
-                 priority: int, prefetch: int, arguments: dict):
+    def __init__(self, cluster: ClusterBroker, queue, origin: str, cid: int, tag: str, no_ack: bool,
+                 exclusive: bool, priority: int, prefetch: int, arguments: dict):
         self.cluster = cluster
+        self.queue = queue
         self.origin = origin
         self.cid = cid
         self.tag = tag
@@ -656,7 +661,7 @@ class ClusterBroker:
             self.send(origin, ["CR", cid, spec.ACCESS_REFUSED,
                                f"queue '{qname}' in vhost '{vhost}' in exclusive use"])
             return
-        p = ProxyConsumer(self, origin, cid, tag, no_ack, exclusive, priority, prefetch, arguments)
+        p = ProxyConsumer(self, q, origin, cid, tag, no_ack, exclusive, priority, prefetch, arguments)
         self.proxies[(origin, cid)] = (q, p)
         q.add_consumer(p)
         q.ever_consumed = True

@@ -233,6 +233,12 @@ def channel(broker: Broker, s: Session, ch: Channel) -> dict[str, Any]:
 
 def consumer(broker: Broker, c: ChannelConsumer) -> dict[str, Any]:
     ch = c.channel
+    if ch is None:  # a consumer attached through another node: that node knows its channel
+        q = c.queue
+        return {"consumer_tag": c.tag, "queue": {"name": q.name, "vhost": q.vhost},
+                "channel_details": {"node": c.origin}, "ack_required": not c.no_ack, "exclusive": c.exclusive,
+                "prefetch_count": c.prefetch, "arguments": jsonable(c.arguments), "active": True,
+                "activity_status": "up"}
     s = ch.session
     peer_host, peer_port = _host_port(s.peer)
     q = c.queue

@@ -938,7 +938,9 @@ class Lab:
             with contextlib.suppress(LabError):
                 self._call("POST", "/shutdown", {"timeout_s": timeout_s})
             deadline = time.monotonic() + timeout_s + 15.0
-            while self.controller_running() and time.monotonic() < deadline:
+            # The lock goes with the controller's files, a moment before the process itself is gone.
+            while ((self.controller_running() or (ctl_pid and process_state(ctl_pid) != "stopped"))
+                   and time.monotonic() < deadline):
                 if self._controller_proc is not None:
                     self._controller_proc.poll()
                 time.sleep(POLL_INTERVAL_S / 2)
