@@ -369,6 +369,8 @@ class ClusterBroker:
         elif t in (cat.AddVhost, cat.DeleteVhost, cat.PutUser, cat.DeleteUser, cat.SetPermissions,
                    cat.ClearPermissions):
             self._sync_vhosts_and_users()
+            if t is cat.DeleteVhost:
+                self._sync_policies()
         elif t in (cat.SetPolicy, cat.ClearPolicy):
             self._sync_policies()
         elif t in (cat.SetGlobalParameter, cat.ClearGlobalParameter):
@@ -746,6 +748,30 @@ class ClusterBroker:
                     b.delivered(q, entry)
                 m = entry.message
                 result = [200, [entry.seq, entry.delivery_count > 1, m.route_enc, q.message_count, m.props, m.body]]
+        elif kind == "take":  # the management API's get: [count, requeue, reject]
+            count, requeue, reject = args[2], args[3], args[4]
+            b.expire_queue(q)
+            taken = []
+            for _ in range(count):
+                entry = q.get(no_ack=False)
+                if entry is None:
+                    break
+                b.delivered(q, entry)
+                taken.append(entry)
+            rows = [[e.message.exchange, e.message.routing_key, e.message.props, e.message.body,
+                     e.delivery_count > 1, q.message_count] for e in taken]
+            for e in taken:
+                if requeue:
+                    q.requeue(e.seq)
+                elif reject:
+                    q.discard(e.seq)
+                else:
+                    q.settle(e.seq)
+                    b.settled(q, e)
+            if reject and not requeue and taken:
+                b.dead_letter(q, taken, "rejected")
+            b.dirty_queues.add(q)
+            result = [200, rows]
         else:
             result = [spec.NOT_IMPLEMENTED, f"unknown call {kind}"]
         self.send(origin, ["RR", rid, result])

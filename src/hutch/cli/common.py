@@ -20,7 +20,15 @@ from typing import Any
 
 import click
 
-from hutch.cli.http import DEFAULT_TIMEOUT_S, EX_UNAVAILABLE, EX_USAGE, Client, CliError, resolve_url
+from hutch.cli.http import (
+    DEFAULT_TIMEOUT_S,
+    EX_UNAVAILABLE,
+    EX_USAGE,
+    Client,
+    CliError,
+    lab_node,
+    resolve_url,
+)
 from hutch.cli.output import FORMATTERS, Printer
 
 _GLOBALS = ("node", "url", "api_username", "api_password", "quiet", "silent", "timeout", "formatter")
@@ -43,12 +51,21 @@ def global_options(f):
     return f
 
 
+def lab_peer_address(node: str) -> str | None:
+    """HOST:PORT of a node's peer listener when `hutch lab` started it here."""
+    n = lab_node(node)
+    return f"127.0.0.1:{n['peer_port']}" if n is not None and n.get("peer_port") else None
+
+
 class Session:
     """One CLI invocation: options, the HTTP client and the printer."""
 
     def __init__(self, options: dict[str, Any]):
         self.options = options
         self.node_option = options.get("node")
+        lab = lab_node(self.node_option)
+        if lab is not None:
+            self.node_option = lab["name"]  # hutch-2 names hutch-2@localhost of the local lab
         self.url = resolve_url(options.get("url"), self.node_option)
         self.printer = Printer(options.get("formatter") or "table", bool(options.get("quiet")),
                                bool(options.get("silent")))

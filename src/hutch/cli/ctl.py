@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from hutch.cli.common import Session, command, global_options, usage_error
+from hutch.cli.common import Session, command, global_options, lab_peer_address, usage_error
 from hutch.cli.http import EX_DATAERR, EX_SOFTWARE, CliError, q
 
 # ---------------------------------------------------------------- columns
@@ -516,21 +516,24 @@ def status(s: Session) -> None:
 
 @command(cli, "cluster_status")
 def cluster_status(s: Session) -> None:
-    """The cluster's members, running nodes, alarms and listeners (one node for now)."""
+    """The cluster's members, running nodes, the catalogue's leader, alarms and listeners."""
     overview = s.overview()
-    nodes = s.client.get("/api/nodes")
-    names = [n["name"] for n in nodes]
-    running = [n["name"] for n in nodes if n.get("running")]
-    alarms = [{"node": n["name"], "resource": r} for n in nodes
+    cluster = s.client.get("/api/hutch/cluster")
+    nodes = {n["name"]: n for n in s.client.get("/api/nodes")}
+    names = cluster.get("disk_nodes") or list(nodes)
+    running = cluster.get("running_nodes") or [n for n, o in nodes.items() if o.get("running")]
+    alarms = [{"node": n["name"], "resource": r} for n in nodes.values()
               for r, on in (("memory", n.get("mem_alarm")), ("disk", n.get("disk_free_alarm"))) if on]
     doc = {"cluster_name": overview.get("cluster_name"), "disk_nodes": names, "ram_nodes": [],
-           "running_nodes": running, "alarms": alarms, "partitions": {},
+           "running_nodes": running, "leader": cluster.get("leader"), "alarms": alarms,
+           "partitions": cluster.get("partitions", {}),
            "listeners": {n: [ln for ln in overview.get("listeners", []) if ln.get("node") == n] for n in names},
            "versions": {n: {"hutch_version": overview.get("product_version"),
                             "rabbitmq_version": overview.get("rabbitmq_version")} for n in names}}
     lines = [f"Cluster status of node {overview.get('node')} ...", "Basics", "",
              f"Cluster name: {overview.get('cluster_name')}", "", "Disk Nodes", "", *names, "",
-             "Running Nodes", "", *running, "", "Versions", ""]
+             "Running Nodes", "", *running, "", "Metadata store leader", "", cluster.get("leader") or "(none)",
+             "", "Versions", ""]
     lines += [f"{n}: {overview.get('product_name')} {overview.get('product_version')} (RabbitMQ API "
               f"{overview.get('rabbitmq_version')})" for n in names]
     lines += ["", "Alarms", ""]
@@ -539,6 +542,52 @@ def cluster_status(s: Session) -> None:
     lines += [f"Node: {ln.get('node')}, interface: {ln.get('ip_address')}, port: {ln.get('port')}, "
               f"protocol: {ln.get('protocol')}" for ln in overview.get("listeners", [])]
     s.printer.document(doc, "\n".join(lines))
+
+
+@command(cli, "stop_app")
+def stop_app(s: Session) -> None:
+    """Stop the hutch application on the node (its HTTP API stays up)."""
+    s.info(f"Stopping hutch application on node {s.node} ...")
+    s.client.post("/api/hutch/app/stop", {})
+
+
+@command(cli, "start_app")
+def start_app(s: Session) -> None:
+    """Start the hutch application on the node."""
+    s.info(f"Starting node {s.node} ...")
+    s.client.post("/api/hutch/app/start", {})
+
+
+@command(cli, "reset")
+def reset(s: Session) -> None:
+    """Return a stopped node to a blank state: it leaves its cluster, its data is deleted."""
+    s.info(f"Resetting node {s.node} ...")
+    s.client.post("/api/hutch/app/reset", {})
+
+
+@command(cli, "join_cluster")
+@click.argument("seed")
+@click.option("--address", default=None, help="The seed's peer address HOST:PORT (default: its host, port 25672, "
+                                              "or what `hutch lab` recorded for it).")
+def join_cluster(s: Session, seed: str, address: str | None) -> None:
+    """Make the (stopped) node join SEED's cluster; start_app then completes the join."""
+    if "@" not in seed:
+        raise usage_error(f"'{seed}' is not a node name (NAME@HOST)")
+    if address is None:
+        address = lab_peer_address(seed)
+    s.info(f"Clustering node {s.node} with {seed}")
+    s.client.post("/api/hutch/cluster/join", {"node": seed, **({"address": address} if address else {})})
+
+
+@command(cli, "forget_cluster_node")
+@click.argument("node_name")
+@click.option("--offline", is_flag=True, help="Not supported: run this on a running member.")
+def forget_cluster_node(s: Session, node_name: str, offline: bool) -> None:
+    """Remove a stopped node from the cluster; its queues are deleted."""
+    if offline:
+        raise usage_error("--offline is not supported: run forget_cluster_node against a running member")
+    s.info(f"Removing node {node_name} from the cluster")
+    s.client.post("/api/hutch/cluster/forget", {"node": node_name})
 
 
 # ---------------------------------------------------------------- definitions

@@ -39,12 +39,36 @@ def q(segment: str) -> str:
     return quote(segment, safe="")
 
 
+def lab_nodes() -> list[dict]:
+    """The nodes a `hutch lab` on this machine recorded ($HUTCH_LAB_DIR, default ./var/lab)."""
+    path = os.path.join(os.environ.get("HUTCH_LAB_DIR", os.path.join("var", "lab")), "lab.json")
+    try:
+        with open(path) as f:
+            nodes = json.load(f).get("nodes", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [n for n in nodes if isinstance(n, dict) and isinstance(n.get("name"), str)]
+
+
+def lab_node(node: str | None) -> dict | None:
+    """A lab node by name (hutch-2@localhost or hutch-2)."""
+    if not node:
+        return None
+    for n in lab_nodes():
+        if n["name"] == node or n["name"].split("@", 1)[0] == node:
+            return n
+    return None
+
+
 def resolve_url(url: str | None, node: str | None) -> str:
     if url:
         return url.rstrip("/")
     env = os.environ.get("HUTCH_URL")
     if env:
         return env.rstrip("/")
+    lab = lab_node(node)
+    if lab is not None and lab.get("mgmt_port"):
+        return f"http://127.0.0.1:{lab['mgmt_port']}"
     if node and "@" in node:
         host = node.split("@", 1)[1]
         return f"http://{host}:15672"

@@ -12,8 +12,10 @@
     GET|PUT|DELETE /api/permissions/{vhost}/{user}   PUT {"configure", "write", "read"}
 
 A PUT answers 201 when it created the object and 204 when it changed an existing one;
-a DELETE answers 204, or 404 when there was nothing to delete. Every change is persisted
-with the node's durable definitions.
+a DELETE answers 204, or 404 when there was nothing to delete. On a single node every change
+is persisted with the node's durable definitions; on a clustered node it is a catalogue
+command (`hutch.control.changes`), answered once committed, and passwords are hashed here,
+before the command is proposed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import re
 from aiohttp import web
 
 from hutch.broker.broker import User, hash_password
-from hutch.control import ops, shapes
+from hutch.cluster import catalogue as cat
+from hutch.control import changes, ops, shapes
 from hutch.control.app import api_of, read_json, requires, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
 
@@ -76,7 +79,7 @@ async def bulk_delete_users(request: web.Request) -> web.Response:
         raise bad_request("users must be a list of user names")
     for name in names:
         if name in broker.users:
-            ops.delete_user(broker, name)
+            await ops.remove_user(broker, name)
     return web.Response(status=204)
 
 
@@ -121,6 +124,8 @@ async def put_user(request: web.Request) -> web.Response:
     else:
         old = broker.users.get(name)
         password_hash = old.password_hash if old is not None else ""  # no password: cannot log in with one
+    if broker.cluster is not None:
+        return changes.put_answer(await changes.commit(broker, cat.PutUser(name, password_hash, tuple(tags))))
     old = broker.users.get(name)
     u = User(name, password_hash, tags)
     if old is not None:
@@ -137,7 +142,8 @@ async def delete_user(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in broker.users:
         raise not_found()
-    ops.delete_user(broker, name)
+    if not await ops.remove_user(broker, name):
+        raise not_found()
     return web.Response(status=204)
 
 
@@ -181,6 +187,8 @@ async def put_vhost(request: web.Request) -> web.Response:
     tags = parse_tags(body["tags"]) if "tags" in body else None
     if "tracing" in body and not isinstance(body["tracing"], bool):
         raise bad_request("tracing must be true or false")
+    if broker.cluster is not None:
+        return await _put_vhost_in_cluster(request, name, description, tags, body.get("tracing"))
     existed = name in broker.vhosts
     v = broker.add_vhost(name)
     if not existed:  # as RabbitMQ's API does: the creator may use the vhost it made
@@ -195,6 +203,24 @@ async def put_vhost(request: web.Request) -> web.Response:
     return web.Response(status=204 if existed else 201)
 
 
+async def _put_vhost_in_cluster(request: web.Request, name: str, description: str | None, tags: list[str] | None,
+                                tracing: bool | None) -> web.Response:
+    """PUT /api/vhosts/{name} on a clustered node: what the request leaves out stays as it is."""
+    broker = api_of(request).broker
+    old = broker.cluster.catalogue.vhosts.get(name)
+    if description is None:
+        description = old.description if old is not None else ""
+    if tags is None:
+        tags = list(old.tags) if old is not None else []
+    res = await changes.commit(broker, cat.AddVhost(name, description, tuple(tags)))
+    if res.status == cat.CREATED:  # as on a single node: the creator may use the vhost it made
+        await changes.commit(broker, cat.SetPermissions(user_of(request).name, name, ".*", ".*", ".*"))
+    v = broker.vhosts.get(name)
+    if tracing is not None and v is not None:
+        v.tracing = tracing  # the firehose is this node's: it traces what passes through here
+    return changes.put_answer(res)
+
+
 @routes.delete("/api/vhosts/{name}")
 @requires("administrator")
 async def delete_vhost(request: web.Request) -> web.Response:
@@ -202,7 +228,8 @@ async def delete_vhost(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in broker.vhosts:
         raise not_found()
-    ops.delete_vhost(broker, name)
+    if not await ops.remove_vhost(broker, name):
+        raise not_found()
     return web.Response(status=204)
 
 
@@ -261,6 +288,8 @@ async def put_permission(request: web.Request) -> web.Response:
     u = broker.users.get(name)
     if u is None or vhost not in broker.vhosts:
         raise bad_request("vhost_or_user_not_found")
+    if broker.cluster is not None:
+        return changes.put_answer(await changes.commit(broker, cat.SetPermissions(name, vhost, *regexes)))
     existed = vhost in u.permissions
     u.set_permissions(vhost, *regexes)
     broker.persist_definitions()
@@ -275,6 +304,8 @@ async def delete_permission(request: web.Request) -> web.Response:
     u = broker.users.get(name)
     if u is None or vhost not in u.permissions:
         raise not_found()
+    if broker.cluster is not None:
+        return changes.delete_answer(await changes.commit(broker, cat.ClearPermissions(name, vhost)))
     del u.permissions[vhost]
     broker.persist_definitions()
     return web.Response(status=204)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import sys
@@ -27,7 +28,7 @@ from aiohttp import web
 from hutch import __version__
 from hutch.control import ops
 from hutch.control.app import Api, api_of, read_json, requires, user_of
-from hutch.control.errors import bad_request, not_authorised, not_found
+from hutch.control.errors import ApiError, bad_request, not_authorised, not_found
 
 routes = web.RouteTableDef()
 
@@ -221,7 +222,7 @@ async def put_cluster_name(request: web.Request) -> web.Response:
     name = body.get("name")
     if not isinstance(name, str) or not name:
         raise bad_request("name must be a non-empty string")
-    api_of(request).broker.config.cluster_name = name
+    await ops.set_cluster_name(api_of(request).broker, name)
     return web.Response(status=204)
 
 
@@ -235,7 +236,7 @@ async def aliveness(request: web.Request) -> web.Response:
         raise not_found()
     if name not in user.permissions:
         raise not_authorised("User not authorised to access virtual host")
-    ops.aliveness_test(api.broker, user, v)
+    await ops.run_aliveness_test(api.broker, user, v)
     return web.json_response({"status": "ok"})
 
 
@@ -305,3 +306,90 @@ async def health_protocol(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "protocol": protocol})
     return web.json_response({"status": "failed", "reason": f"No active listener for protocol {protocol}",
                               "missing": protocol, "protocols": protocols}, status=503)
+
+
+# ---------------------------------------------------------------- the application and membership
+#
+#   POST /api/hutch/app/stop | /api/hutch/app/start | /api/hutch/app/reset
+#   POST /api/hutch/cluster/join    {"node": "NAME@HOST", "address": "HOST:PEER_PORT" (optional)}
+#   POST /api/hutch/cluster/forget  {"node": "NAME@HOST"}
+#
+# What rabbitmqctl does over Erlang distribution, hutchctl does through these: the node's
+# runtime (`api.node_ops`) carries them out; the HTTP listener stays up while the app is stopped.
+
+def _node_ops(api: Api):
+    ops_ = getattr(api, "node_ops", None)
+    if ops_ is None:
+        raise ApiError(501, "not_implemented", "this node cannot be controlled over HTTP")
+    return ops_
+
+
+async def _app_call(request: web.Request, fn) -> web.Response:
+    try:
+        result = fn(_node_ops(api_of(request)))
+        if hasattr(result, "__await__"):
+            await result
+    except ApiError:
+        raise
+    except Exception as e:  # the runtime's refusal (AppStateError) or a failure to start
+        if type(e).__name__ != "AppStateError":
+            raise bad_request(f"{type(e).__name__}: {e}") from None
+        raise bad_request(str(e)) from None
+    return web.Response(status=204)
+
+
+@routes.post("/api/hutch/app/stop")
+@requires("administrator")
+async def stop_app(request: web.Request) -> web.Response:
+    return await _app_call(request, lambda n: n.stop_app())
+
+
+@routes.post("/api/hutch/app/start")
+@requires("administrator")
+async def start_app(request: web.Request) -> web.Response:
+    return await _app_call(request, lambda n: n.start_app())
+
+
+@routes.post("/api/hutch/app/reset")
+@requires("administrator")
+async def reset_node(request: web.Request) -> web.Response:
+    return await _app_call(request, lambda n: n.reset())
+
+
+def _node_name(body: dict) -> str:
+    name = body.get("node")
+    if not isinstance(name, str) or "@" not in name:
+        raise bad_request("'node' must be a node name, NAME@HOST")
+    return name
+
+
+@routes.post("/api/hutch/cluster/join")
+@requires("administrator")
+async def join_cluster(request: web.Request) -> web.Response:
+    body = await read_json(request, required=True)
+    seed = _node_name(body)
+    address = body.get("address")
+    addr = None
+    if address is not None:
+        host, _, port = str(address).rpartition(":")
+        if not host or not port.isdigit():
+            raise bad_request("'address' must be HOST:PEER_PORT")
+        addr = (host, int(port))
+    return await _app_call(request, lambda n: n.join_cluster(seed, addr))
+
+
+@routes.post("/api/hutch/cluster/forget")
+@requires("administrator")
+async def forget_cluster_node(request: web.Request) -> web.Response:
+    body = await read_json(request, required=True)
+    name = _node_name(body)
+    fut = asyncio.get_running_loop().create_future()
+
+    def done(error: str | None) -> None:
+        if not fut.done():
+            fut.set_result(error)
+    await _app_call(request, lambda n: n.forget_cluster_node(name, done))
+    error = await fut
+    if error is not None:
+        raise bad_request(error)
+    return web.Response(status=204)

@@ -1,9 +1,12 @@
 """What the API does to the broker beyond one broker method: publish and get over HTTP,
-close a connection, delete a vhost, delete a user.
+close a connection, delete a vhost, delete a user, the aliveness test, the cluster name.
 
 Each operation checks everything it can before it changes anything, then changes the
 broker only through its own methods (declare, delete, purge, enqueue, settle, dead-letter,
-persist_definitions), so an HTTP change is the same change an AMQP client would make.
+persist_definitions), so an HTTP change is the same change an AMQP client would make. On a
+clustered node the vhosts, users, queues and global parameters are the catalogue's, so the
+operations that change them (the `async` ones) commit a catalogue command instead
+(`hutch.control.changes`) and act on this node only once it is applied.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from pamqp import commands
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
-from hutch.control import shapes
+from hutch.broker.cluster import home_down as cluster_home_down
+from hutch.cluster import catalogue as cat
+from hutch.control import changes, shapes
 from hutch.control.errors import bad_request
 from hutch.queues.message import Message
 
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.http")
 
 CLOSE_OK_WAIT_S = 3.0
+ALIVENESS_QUEUE = "aliveness-test"
 GET_COUNT_MAX = 10_000
 ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 _PROP_TYPES: dict[str, type | tuple] = {
@@ -130,8 +136,8 @@ def publish(broker: Broker, user: User, v: VHost, exchange_name: str, body: dict
     return bool(queues)
 
 
-def get_messages(broker: Broker, q: ClassicQueue, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """POST /api/queues/{vhost}/{queue}/get: fetch up to `count` messages, then ack, requeue or reject them."""
+def get_request(body: dict[str, Any]) -> tuple[int, str, str, int | None]:
+    """The checked fields of a POST /api/queues/{vhost}/{queue}/get body."""
     for key in ("count", "ackmode", "encoding"):
         if key not in body:
             raise bad_request(f"[{{key_missing,{key}}}]")
@@ -149,6 +155,46 @@ def get_messages(broker: Broker, q: ClassicQueue, body: dict[str, Any]) -> list[
         truncate = int(truncate)
     if truncate is not None and (not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < 0):
         raise bad_request("truncate must be a non-negative integer")
+    return count, ackmode, encoding, truncate
+
+
+async def get_messages_anywhere(broker: Broker, q, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The management get on a queue here, or on its home node when that is another."""
+    if not q.remote:
+        return get_messages(broker, q, body)
+    count, ackmode, encoding, truncate = get_request(body)
+    rows = await call_home(broker, q, "take", [count, ackmode.endswith("requeue_true"),
+                                               ackmode == "reject_requeue_false"])
+    return [shapes.message(b, props, x, rk, redelivered, remaining, encoding, truncate)
+            for x, rk, props, b, redelivered, remaining in rows]
+
+
+async def purge_anywhere(broker: Broker, q) -> int:
+    if not q.remote:
+        return broker.purge_queue(q)
+    return await call_home(broker, q, "purge", [])
+
+
+async def call_home(broker: Broker, q, kind: str, args: list) -> Any:
+    """Ask a queue's home node (another node); its answer, or the AMQP error it gives."""
+    q.check_up()
+    fut = asyncio.get_running_loop().create_future()
+
+    def answered(result) -> None:
+        if not fut.done():
+            fut.set_result(result)
+    broker.cluster.call(q.home_node, kind, [q.vhost, q.name, *args], answered)
+    result = await asyncio.wait_for(fut, broker.config.metadata_timeout_ms / 1000)
+    if result is None:
+        raise cluster_home_down(q)
+    if result[0] != 200:
+        raise AMQPError(result[0], result[1])
+    return result[1]
+
+
+def get_messages(broker: Broker, q: ClassicQueue, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """POST /api/queues/{vhost}/{queue}/get: fetch up to `count` messages, then ack, requeue or reject them."""
+    count, ackmode, encoding, truncate = get_request(body)
     broker.expire_queue(q)
     taken = []
     out = []
@@ -195,20 +241,56 @@ def close_connection(broker: Broker, s: Session, reason: str) -> None:
 
 
 def aliveness_test(broker: Broker, user: User, v: VHost) -> None:
-    """Declare `aliveness-test`, publish one message to it and get it back, as RabbitMQ does."""
-    name = "aliveness-test"
-    q = v.queues.get(name)
+    """Declare `aliveness-test`, publish one message to it and get it back, as RabbitMQ does
+    (a single node; `run_aliveness_test` also works in a cluster)."""
+    q = v.queues.get(ALIVENESS_QUEUE)
     if q is None:
-        broker.check_permission(user, v.name, "configure", "queue", name)
-        q = broker.declare_queue(v, name, durable=False, exclusive=False, auto_delete=False, arguments={},
-                                 owner=None)
+        broker.check_permission(user, v.name, "configure", "queue", ALIVENESS_QUEUE)
+        q = broker.declare_queue(v, ALIVENESS_QUEUE, durable=False, exclusive=False, auto_delete=False,
+                                 arguments={}, owner=None)
+    _aliveness_round_trip(broker, user, v, q)
+
+
+async def run_aliveness_test(broker: Broker, user: User, v: VHost) -> None:
+    """The aliveness test on any node. In a cluster a missing `aliveness-test` queue is
+    declared through the catalogue, homed on this node; one homed on another node is used
+    there (the message and the get travel on the same peer link, in that order)."""
+    if broker.cluster is None:
+        return aliveness_test(broker, user, v)
+    cl = broker.cluster
+    if v.queues.get(ALIVENESS_QUEUE) is None:
+        broker.check_permission(user, v.name, "configure", "queue", ALIVENESS_QUEUE)
+        await changes.commit(broker, cat.DeclareQueue(v.name, ALIVENESS_QUEUE, cat.CLASSIC, False, False, None,
+                                                      {}, cl.node, (), 0))
+    q = v.queues.get(ALIVENESS_QUEUE)
+    if q is None:
+        raise bad_request("aliveness-test queue was deleted during the test")
+    if not getattr(q, "remote", False):
+        return _aliveness_round_trip(broker, user, v, q)
+    _aliveness_check_and_publish(broker, user, v, q)
+    cl.flush()  # the publish leaves before the get below
+    fut: asyncio.Future = asyncio.get_running_loop().create_future()
+    cl.call(q.home_node, "get", [v.name, q.name, True], lambda r: fut.done() or fut.set_result(r))
+    answer = await fut
+    if answer is None or answer[0] != 200:
+        raise bad_request(f"aliveness-test queue on node '{q.home_node}' did not answer: "
+                          f"{answer[1] if answer else 'the node is down'}")
+    if answer[1] is None:
+        raise bad_request("aliveness-test message could not be fetched")
+
+
+def _aliveness_check_and_publish(broker: Broker, user: User, v: VHost, q) -> None:
     if q.exclusive_owner is not None:
         raise bad_request("aliveness-test queue is exclusive to another connection")
-    routed = publish(broker, user, v, "", {"routing_key": name, "payload": "test_message",
+    routed = publish(broker, user, v, "", {"routing_key": ALIVENESS_QUEUE, "payload": "test_message",
                                             "payload_encoding": "string", "properties": {}})
     if not routed:
         raise bad_request("aliveness-test message was not routed")
-    broker.check_permission(user, v.name, "read", "queue", name)
+    broker.check_permission(user, v.name, "read", "queue", ALIVENESS_QUEUE)
+
+
+def _aliveness_round_trip(broker: Broker, user: User, v: VHost, q: ClassicQueue) -> None:
+    _aliveness_check_and_publish(broker, user, v, q)
     got = get_messages(broker, q, {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
     if not got:
         raise bad_request("aliveness-test message could not be fetched")
@@ -235,3 +317,40 @@ def delete_user(broker: Broker, name: str) -> None:
     del broker.users[name]
     broker.persist_definitions()
     log.info("deleted user '%s'", name)
+
+
+async def remove_vhost(broker: Broker, name: str) -> bool:
+    """DELETE /api/vhosts/{name}. False when it was gone already (in a cluster, deleted by
+    someone else before this delete committed)."""
+    if broker.cluster is None:
+        delete_vhost(broker, name)
+        return True
+    v = broker.vhosts[name]
+    res = await changes.commit(broker, cat.DeleteVhost(name))
+    # its queues, exchanges, permissions and policies went with the catalogue's record; the
+    # connections to it on this node are closed as on a single node
+    for s in list(broker.sessions):
+        if s.vhost is v and not s.closed:
+            close_connection(broker, s, f"vhost '{name}' is deleted")
+    if res.status == cat.DELETED:
+        log.info("deleted vhost '%s'", name)
+    return res.status == cat.DELETED
+
+
+async def remove_user(broker: Broker, name: str) -> bool:
+    """DELETE /api/users/{name}. False when it was gone already."""
+    if broker.cluster is None:
+        delete_user(broker, name)
+        return True
+    res = await changes.commit(broker, cat.DeleteUser(name))
+    if res.status == cat.DELETED:
+        log.info("deleted user '%s'", name)
+    return res.status == cat.DELETED
+
+
+async def set_cluster_name(broker: Broker, name: str) -> None:
+    """PUT /api/cluster-name: a global parameter of the catalogue in a cluster."""
+    if broker.cluster is None:
+        broker.config.cluster_name = name
+        return
+    await changes.commit(broker, cat.SetGlobalParameter("cluster_name", name))

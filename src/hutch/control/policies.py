@@ -9,14 +9,16 @@
 Changing policies needs the policymaker (or administrator) tag and permissions in the
 vhost. A policy is validated whole (see `hutch.control.policy`) before it replaces the one of
 the same name; an invalid one is a 400 whose reason names the problem, and nothing changes.
-Policies are stored with the node's durable definitions.
+Policies are stored with the node's durable definitions, or on a clustered node in the
+catalogue (`SetPolicy` / `ClearPolicy`, see `hutch.control.changes`).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from hutch.control import listing
+from hutch.cluster import catalogue as cat
+from hutch.control import changes, listing
 from hutch.control.app import api_of, has_tag, read_json, requires, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
 from hutch.control.policy import PolicyError, validate_policy
@@ -64,6 +66,12 @@ async def get_policy(request: web.Request) -> web.Response:
     return web.json_response(dict(p))
 
 
+def set_policy_command(record: dict) -> cat.SetPolicy:
+    """The catalogue command for a validated policy record (`validate_policy`'s result)."""
+    return cat.SetPolicy(record["vhost"], record["name"], record["pattern"], record["apply-to"],
+                         record["priority"], record["definition"])
+
+
 def _check_policymaker(request: web.Request, vhost: str) -> None:
     user = user_of(request)
     if vhost not in user.permissions and not has_tag(user, "administrator"):
@@ -86,6 +94,8 @@ async def put_policy(request: web.Request) -> web.Response:
     old = _find(broker.policies, vhost, name)
     if old is None and len(broker.policies) >= POLICIES_MAX:
         raise bad_request(f"too many policies (at most {POLICIES_MAX})")
+    if broker.cluster is not None:
+        return changes.put_answer(await changes.commit(broker, set_policy_command(record)))
     broker.policies = [p for p in broker.policies if p is not old] + [record]
     broker.policies.sort(key=lambda p: (p["vhost"], p["name"]))
     broker.persist_definitions()
@@ -101,6 +111,8 @@ async def delete_policy(request: web.Request) -> web.Response:
     old = _find(broker.policies, vhost, name)
     if old is None:
         raise not_found()
+    if broker.cluster is not None:
+        return changes.delete_answer(await changes.commit(broker, cat.ClearPolicy(vhost, name)))
     broker.policies = [p for p in broker.policies if p is not old]
     broker.persist_definitions()
     return web.Response(status=204)

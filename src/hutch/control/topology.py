@@ -13,7 +13,9 @@
 
 The default exchange is named `amq.default` in paths. Changes check the user's
 configure/write/read permissions exactly as the same AMQP method would, and go through the
-broker's declare/delete/bind/unbind/purge methods.
+broker's declare/delete/bind/unbind/purge methods — on a clustered node through the
+catalogue instead (`hutch.control.changes`), after the same checks. A queue created there
+is homed on the node the body's `node` names, or where the queue-master-locator puts it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from aiohttp import web
 from hutch.amqp.spec import AMQPError, access_refused, precondition_failed
 from hutch.broker import arguments as qargs
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
-from hutch.control import listing, ops, shapes
+from hutch.cluster import catalogue as cat
+from hutch.control import changes, listing, ops, shapes
 from hutch.control.app import Api, api_of, read_json, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
 
@@ -151,6 +154,9 @@ async def put_exchange(request: web.Request) -> web.Response:
     if name.startswith("amq."):
         raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
     qargs.validate_exchange_args(args, name, v.name)
+    if broker.cluster is not None:
+        return changes.put_answer(await changes.commit(
+            broker, cat.DeclareExchange(v.name, name, xtype, durable, auto_delete, internal, args)))
     broker.add_exchange(v, Exchange(name, xtype, durable=durable, auto_delete=auto_delete, internal=internal,
                                     arguments=args))
     return web.Response(status=201)
@@ -170,8 +176,11 @@ async def delete_exchange(request: web.Request) -> web.Response:
     if name.startswith("amq."):
         raise access_refused(f"deletion of system exchange '{name}' in vhost '{v.name}' not allowed")
     broker.check_permission(user, v.name, "configure", "exchange", name)
-    if _query_flag(request, "if-unused") and v.exchange_in_use(x):
+    if_unused = _query_flag(request, "if-unused")
+    if if_unused and v.exchange_in_use(x):
         raise precondition_failed(f"exchange '{name}' in vhost '{v.name}' in use")
+    if broker.cluster is not None:
+        return changes.delete_answer(await changes.commit(broker, cat.DeleteExchange(v.name, name, if_unused)))
     broker.delete_exchange(v, x)
     return web.Response(status=204)
 
@@ -240,7 +249,8 @@ async def put_queue(request: web.Request) -> web.Response:
     auto_delete = _flag(body, "auto_delete", False)
     args = _arguments(body)
     node = body.get("node")
-    if node is not None and node != broker.config.node_name:
+    members = broker.cluster.members if broker.cluster is not None else (broker.config.node_name,)
+    if node is not None and node not in members:
         raise bad_request(f"node '{node}' is not a member of this cluster")
     broker.check_permission(user, v.name, "configure", "queue", name)
     q = v.queues.get(name)
@@ -253,6 +263,12 @@ async def put_queue(request: web.Request) -> web.Response:
         return web.Response(status=204)
     if name.startswith("amq."):
         raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+    if broker.cluster is not None:
+        qargs.queue_settings(args, name, v.name)  # 400 for bad x- arguments, before anything changes
+        home = node or broker.cluster.choose_home(args, False, v.name, name)
+        journal_id = changes.new_journal_id() if durable else 0
+        return changes.put_answer(await changes.commit(broker, cat.DeclareQueue(
+            v.name, name, cat.CLASSIC, durable, auto_delete, None, args, home, (), journal_id)))
     broker.declare_queue(v, name, durable=durable, exclusive=False, auto_delete=auto_delete, arguments=args,
                          owner=None)
     return web.Response(status=201)
@@ -276,6 +292,8 @@ async def delete_queue(request: web.Request) -> web.Response:
         raise precondition_failed(f"queue '{q.name}' in vhost '{v.name}' in use")
     if _query_flag(request, "if-empty") and q.message_count:
         raise precondition_failed(f"queue '{q.name}' in vhost '{v.name}' not empty")
+    if broker.cluster is not None:
+        return changes.delete_answer(await changes.commit(broker, cat.DeleteQueue(v.name, q.name)))
     broker.delete_queue(q)
     return web.Response(status=204)
 
@@ -287,7 +305,7 @@ async def purge_queue(request: web.Request) -> web.Response:
     q = _queue(request, v)
     v.queue(q.name, owner=None)
     broker.check_permission(user_of(request), v.name, "read", "queue", q.name)
-    broker.purge_queue(q)
+    await ops.purge_anywhere(broker, q)
     return web.Response(status=204)
 
 
@@ -299,7 +317,7 @@ async def get_messages(request: web.Request) -> web.Response:
     v.queue(q.name, owner=None)
     broker.check_permission(user_of(request), v.name, "read", "queue", q.name)
     body = await read_json(request)
-    return web.json_response(ops.get_messages(broker, q, body))
+    return web.json_response(await ops.get_messages_anywhere(broker, q, body))
 
 
 @routes.get("/api/queues/{vhost}/{name}/bindings")
@@ -324,6 +342,7 @@ async def list_vhost_bindings(request: web.Request) -> web.Response:
 
 
 _KINDS = {"q": QUEUE, "e": EXCHANGE}
+_CATALOGUE_KINDS = {QUEUE: cat.QUEUE, EXCHANGE: cat.EXCHANGE}
 
 
 def _ends(request: web.Request, v, kind: str) -> tuple[str, str]:
@@ -371,7 +390,11 @@ def _binding_routes(letter: str) -> None:
             v.queue(destination, owner=None)
         broker.check_permission(user, v.name, "write", kind, destination)
         broker.check_permission(user, v.name, "read", "exchange", source)
-        broker.bind(v, source, kind, destination, routing_key, args)
+        if broker.cluster is not None:
+            await changes.commit(broker, cat.Bind(v.name, source, _CATALOGUE_KINDS[kind], destination, routing_key,
+                                                  args))
+        else:
+            broker.bind(v, source, kind, destination, routing_key, args)
         key = shapes.properties_key(routing_key, args)
         return web.Response(status=201, headers={"Location": key})
 
@@ -400,6 +423,9 @@ def _binding_routes(letter: str) -> None:
                     v.queue(destination, owner=None)
                 broker.check_permission(user, v.name, "write", kind, destination)
                 broker.check_permission(user, v.name, "read", "exchange", source)
+                if broker.cluster is not None:
+                    return changes.delete_answer(await changes.commit(broker, cat.Unbind(
+                        v.name, source, _CATALOGUE_KINDS[kind], destination, b.routing_key, dict(b.arguments))))
                 broker.unbind(v, source, kind, destination, b.routing_key, b.arguments)
                 return web.Response(status=204)
         raise not_found()

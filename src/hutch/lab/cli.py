@@ -57,7 +57,7 @@ def cli() -> None:
     """
 
 
-@cli.command()
+@cli.command(short_help="Start an N-node lab and wait until it is healthy.")
 @click.argument("count", type=click.IntRange(1, 16))
 @click.option("--base-port", type=int, default=BASE_PORT_DEFAULT, show_default=True,
               help="Node i gets AMQP P+i, HTTP P+10000+i, peer P+20000+i.")
@@ -87,7 +87,7 @@ def up(count, base_port, lab_dir, net_ticktime, metadata_timeout, secret, log_le
     click.echo(f"Stop it with: hutch lab down --dir {lab_dir}")
 
 
-@cli.command()
+@cli.command(short_help="Nodes: pid, state, ports, HTTP; --links: proxies.")
 @dir_option
 @click.option("--links", "show_links", is_flag=True, help="Also list every proxied peer link.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -119,14 +119,14 @@ def status(lab_dir, show_links, as_json):
             lt.add_column(col)
         for link in links:
             state = f"[red]cut ({link['partitioned']})[/]" if link["partitioned"] else "[green]open[/]"
-            lt.add_row(link["from"], link["to"], str(link["listen_port"]), state, f"{link['delay_ms']:g}",
+            lt.add_row(link["from"].split("@")[0], link["to"].split("@")[0], str(link["listen_port"]), state, f"{link['delay_ms']:g}",
                        str(link["connections_accepted"]), str(link["bytes_forwarded"]))
         console.print(lt)
     if not running:
         console.print(f"[yellow]The lab controller is not running[/] (start a lab with `hutch lab up N --dir {lab_dir}`).")
 
 
-@cli.command()
+@cli.command(short_help="Stop the nodes and the controller.")
 @dir_option
 @click.option("--wipe", is_flag=True, help="Also delete the lab directory (data, logs, faults.jsonl).")
 @click.option("--timeout", "timeout_s", type=float, default=STOP_TIMEOUT_S_DEFAULT, show_default=True,
@@ -166,7 +166,7 @@ def stop(node, lab_dir, timeout_s):
     click.echo(_fault_line(rec) + ("" if rec.get("graceful") else f"; it did not stop in {timeout_s:g} s and was killed"))
 
 
-@cli.command()
+@cli.command(short_help="Start a stopped node again.")
 @click.argument("node")
 @dir_option
 @click.option("--timeout", "timeout_s", type=float, default=NODE_START_TIMEOUT_S_DEFAULT, show_default=True,
@@ -177,7 +177,7 @@ def start(node, lab_dir, timeout_s):
     click.echo(_fault_line(Lab(lab_dir).start(node, timeout_s=timeout_s)))
 
 
-@cli.command()
+@cli.command(short_help="Isolate NODES from the other nodes.")
 @click.argument("nodes", nargs=-1, required=True)
 @dir_option
 @click.option("--mode", type=click.Choice(PARTITION_MODES), default=PARTITION_MODE_DEFAULT, show_default=True,
@@ -198,7 +198,7 @@ def heal(lab_dir):
     click.echo(_fault_line(rec) + f": {len(rec['links'])} cut and {len(rec['delayed_links'])} delayed links restored")
 
 
-@cli.command()
+@cli.command(short_help="Delay the link between A and B by MS each way.")
 @click.argument("a")
 @click.argument("b")
 @click.argument("ms", type=click.FloatRange(0, 600_000))

@@ -212,6 +212,16 @@ def _is_lab_node(pid: int, name: str) -> bool:
     return name.encode() in argv and process_state(pid) != "stopped"
 
 
+def _die_with_parent(sig: int) -> None:
+    """In a child before exec: receive `sig` when the parent dies, however it dies (Linux prctl)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def _write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -353,6 +363,7 @@ class Controller:
                     cmd = node_command(s, self.specs, ports, self.secret_file, self.config["net_ticktime_s"],
                                        self.config["metadata_timeout_ms"], self.config["log_level"])
                     self.nodes[s.name] = _Node(s, cmd)
+
                 @web.middleware
                 async def serve(request, handler):
                     return await self._serve(request, handler)
@@ -426,9 +437,10 @@ class Controller:
     async def _spawn(self, node: _Node) -> None:
         Path(node.spec.data_dir).mkdir(parents=True, exist_ok=True)
         with open(node.spec.console_log, "ab") as out:
+            tied = self.config.get("tied_to_caller", False)
             node.proc = await asyncio.create_subprocess_exec(
                 *node.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=(lambda: _die_with_parent(signal.SIGKILL)) if tied else None)
         node.starts += 1
         self._tg.create_task(self._watch(node, node.proc))
         log.info("started %s (pid %d)", node.spec.name, node.proc.pid)
@@ -729,11 +741,14 @@ class Lab:
     def up(cls, count: int, lab_dir: str | os.PathLike = LAB_DIR_DEFAULT, *, base_port: int = BASE_PORT_DEFAULT,
            net_ticktime_s: float = NET_TICKTIME_S_DEFAULT, secret: str | None = None,
            metadata_timeout_ms: int = METADATA_TIMEOUT_MS_DEFAULT, log_level: str = "info",
-           wait: str = "healthy", timeout_s: float = UP_TIMEOUT_S_DEFAULT) -> Lab:
+           wait: str = "healthy", timeout_s: float = UP_TIMEOUT_S_DEFAULT, tied_to_caller: bool = False) -> Lab:
         """Start a lab of `count` nodes and wait until it is `healthy` (every node sees every member
         running and a leader), until every node's HTTP API answers (`http`), or not at all (`none`).
         On failure everything started is stopped again and LabError says which node is not up and
-        where its log is."""
+        where its log is.
+
+        The lab outlives the calling process unless `tied_to_caller` (for tests): then the
+        controller is stopped when the caller dies, however it dies, and the nodes with it."""
         if wait not in ("healthy", "http", "none"):
             raise ValueError(f"wait must be healthy, http or none, not {wait!r}")
         if net_ticktime_s <= 0:
@@ -760,12 +775,13 @@ class Lab:
             (lab.dir / LAB_JSON).unlink()
         config = {"nodes": [s.__dict__ for s in specs], "base_port": base_port, "net_ticktime_s": net_ticktime_s,
                   "metadata_timeout_ms": metadata_timeout_ms, "log_level": log_level,
-                  "token": secrets.token_urlsafe(24), "started_ms": time.time_ns() // 1_000_000}
+                  "token": secrets.token_urlsafe(24), "started_ms": time.time_ns() // 1_000_000,
+                  "tied_to_caller": tied_to_caller}
         with open(lab.dir / CONTROLLER_LOG, "ab") as out:
             lab._controller_proc = subprocess.Popen(
                 [sys.executable, "-m", "hutch.lab.cluster", "--dir", str(lab.dir), "--config", json.dumps(config)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                cwd=lab.dir)
+                cwd=lab.dir, preexec_fn=(lambda: _die_with_parent(signal.SIGTERM)) if tied_to_caller else None)
         try:
             lab._wait_controller(config["token"])
             if wait != "none":
@@ -809,7 +825,7 @@ class Lab:
                 raise LabError(gone)
             if time.monotonic() > deadline:
                 raise LabError(f"{spec.name} is not up: its HTTP API ({spec.http_url}) did not answer in "
-                               f"{timeout_s:.0f} s; see its log {spec.console_log}")
+                               f"{timeout_s:g} s; see its log {spec.console_log}")
             time.sleep(POLL_INTERVAL_S)
 
     def health(self) -> dict[str, str | None]:
@@ -839,7 +855,7 @@ class Lab:
             if time.monotonic() > deadline:
                 name, why = next(iter(problems.items()))
                 spec = self.node(name)
-                raise LabError(f"the cluster is not healthy after {timeout_s:.0f} s: {name} is not up ({why}); "
+                raise LabError(f"the cluster is not healthy after {timeout_s:g} s: {name} is not up ({why}); "
                                f"see its log {spec.console_log} and {spec.node_log}")
             time.sleep(POLL_INTERVAL_S * 2)
 
@@ -970,7 +986,9 @@ class Lab:
                 done.append(f"killed {name} (pid {pid})")
             else:
                 done.append(f"stopped {name} (pid {pid})")
-        if wipe:
+        if wipe and self.dir.is_dir():
+            if not any((self.dir / f).exists() for f in (LAB_JSON, LAB_LOCK, SECRET_FILE)):
+                raise LabError(f"{self.dir} does not look like a lab directory (no {LAB_JSON}); not wiping it")
             shutil.rmtree(self.dir, ignore_errors=True)
             done.append(f"removed {self.dir}")
         return done

@@ -113,6 +113,7 @@ class ClusterRuntime:
         self.joins: dict[str, str] = {}  # leader: joining node -> its address
         self._cleanup_own = True
         self.stopped = False
+        self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
 
     # ------------------------------------------------------------ start and stop
 
@@ -337,6 +338,9 @@ class ClusterRuntime:
             elif (leader := self.leader_name()) is not None:
                 self.transport.send(leader, "rpc", payload)
             self.transport.send(name, "rpc", ["members", {n: f"{h}:{p}" for n, (h, p) in self.addresses.items()}])
+        elif kind == "forget":
+            if not self.is_up(payload[1]):
+                self._remove_member(payload[1])
         elif kind == "members":
             for n, addr in payload[1].items():
                 if n != self.name:
@@ -363,6 +367,8 @@ class ClusterRuntime:
         now = self.loop.time()
         if self.pending:
             self._expire_pending(now)
+        if self.forgets:
+            self._check_forgets(now)
         if self.group.role == LEADER:
             self._leader_chores(now)
         if self._cleanup_own and self.leader_name() is not None:
@@ -428,12 +434,52 @@ class ClusterRuntime:
         for cmd in cmds:
             self.submit(cmd, lambda _r: None)
 
+    # ------------------------------------------------------------ forgetting a member
+
+    def forget(self, name: str, callback) -> None:
+        """Remove `name` from the cluster: its queues are deleted and it leaves the catalogue's
+        group. callback(None) when done, callback(error text) when refused or timed out."""
+        if name == self.name:
+            return callback(f"node {name} cannot forget itself; run forget_cluster_node on another node")
+        if name not in self.members():
+            return callback(f"node {name} is not a member of the cluster")
+        if self.is_up(name):
+            return callback(f"node {name} is running; stop it (hutchctl -n {name} stop_app) before forgetting it")
+        log.info("Removing node %s from the cluster", name)
+        for rec in self.cluster.queues_homed_on(name):
+            self.submit(cat.DeleteQueue(rec.vhost, rec.name), lambda _r: None)
+        self.submit(cat.ClearGlobalParameter(NODE_PARAM + name), lambda _r: None)
+        self.forgets.append([name, callback, self.loop.time() + self.cfg.metadata_timeout_ms / 1000])
+        self._remove_member(name)
+
+    def _remove_member(self, name: str) -> None:
+        if self.group.role == LEADER:
+            try:
+                self.group.propose_conf_change(rm.ConfChange(rm.CONF_REMOVE, (node_id(name),)))
+                self._schedule()
+            except (ProposalRejected, NotLeader):
+                pass  # retried from the tick
+        elif (leader := self.leader_name()) is not None:
+            self.transport.send(leader, "rpc", ["forget", name])
+
+    def _check_forgets(self, now: float) -> None:
+        for item in list(self.forgets):
+            name, callback, deadline = item
+            if name not in self.members():
+                self.forgets.remove(item)
+                log.info("node %s was removed from the cluster", name)
+                callback(None)
+            elif now >= deadline:
+                self.forgets.remove(item)
+                callback(f"timed out removing node {name}: no majority of the cluster's nodes is reachable")
+            elif self._ticks % 10 == 0:
+                self._remove_member(name)
+
     # ------------------------------------------------------------ joining
 
     async def _join_loop(self, seed: str, seed_address: tuple[str, int]) -> None:
         self._learn(seed, f"{seed_address[0]}:{seed_address[1]}")
-        my_address = f"{self.cfg.peer_addresses.get(self.name, ('127.0.0.1', self.transport.bound_port))[0]}:" \
-                     f"{self.transport.bound_port}"
+        my_address = f"{self.name.split('@', 1)[1]}:{self.transport.bound_port}"
         while not self.stopped and not self._is_member():
             self.transport.send(seed, "rpc", ["join", self.name, my_address])
             await asyncio.sleep(1.0)

@@ -32,8 +32,8 @@ from hutch.amqp import connection as amqp_conn
 from hutch.amqp import spec
 from hutch.broker.broker import Broker, Config
 from hutch.broker.session import Session
-from hutch.control.app import HttpListener
-from hutch.server.clustering import ClusterRuntime, read_cluster_file
+from hutch.control.app import API, HttpListener
+from hutch.server.clustering import CLUSTER_FILE, ClusterRuntime, read_cluster_file, write_cluster_file
 
 log = logging.getLogger("hutch.node")
 
@@ -157,6 +157,10 @@ class AMQPProtocol(asyncio.Protocol):
             self.close_after_flush()
 
 
+class AppStateError(Exception):
+    """An operation that needs the application stopped (or running) found it otherwise."""
+
+
 class Node:
     def __init__(self, config: Config):
         self.config = config
@@ -167,6 +171,8 @@ class Node:
         self._stopping: asyncio.Event | None = None
         self.http: HttpListener | None = None  # the management HTTP API
         self._proc = psutil.Process()
+        self._app_running = False
+        self.clustering = None
         self._total_mem = psutil.virtual_memory().total
 
     def _schedule_run(self) -> None:
@@ -201,20 +207,46 @@ class Node:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        os.makedirs(self.config.data_dir, exist_ok=True)
+        log.info("\n Starting hutch %s on Python %s\n node           : %s\n data dir       : %s\n",
+                 __version__, sys.version.split()[0], self.config.node_name, os.path.abspath(self.config.data_dir))
+        await self.start_app()
+        if self.config.mgmt_port:
+            self.http = HttpListener(self.broker)
+            self.http.app[API].node_ops = self
+            for host, port in await self.http.start(self.config.amqp_host or None, self.config.mgmt_port):
+                log.info("started HTTP listener on %s:%s", host, port)
+        self._baseline_rss = self._proc.memory_info().rss
+        self._tick_task = self.loop.call_later(0.1, self._tick)
+        self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
+        self._disk_check()
+        log.info("Server startup complete; node %s is ready to accept connections", self.config.node_name)
+
+    # ---------------------------------------------------------------- the application
+
+    @property
+    def app_running(self) -> bool:
+        return self.broker is not None and self._app_running
+
+    async def start_app(self) -> None:
+        """Start the broker proper: the cluster runtime, storage and AMQP listeners (what
+        `rabbitmqctl start_app` starts; the HTTP API stays up while the app is stopped)."""
+        if self.broker is not None and self._app_running:
+            raise AppStateError(f"the hutch application is already running on node {self.config.node_name}")
         if not self.config.cluster_nodes and read_cluster_file(self.config.data_dir).get("join"):
             self.config.cluster_nodes = [f"{self.config.node_name}:{self.config.peer_port}"]
         self.broker = Broker(self.config, schedule=self._schedule_run,
                              clock_ms=lambda: int(self.loop.time() * 1000))
-        os.makedirs(self.config.data_dir, exist_ok=True)
         self._sync_running = False
         self.broker.request_sync = self._request_sync
-        log.info("\n Starting hutch %s on Python %s\n node           : %s\n data dir       : %s\n",
-                 __version__, sys.version.split()[0], self.config.node_name, os.path.abspath(self.config.data_dir))
+        if self.http is not None:
+            self.http.app[API].broker = self.broker
         self.clustering = None
-        if self.config.cluster_nodes or read_cluster_file(self.config.data_dir).get("join"):
+        if self.config.cluster_nodes:
             self.clustering = ClusterRuntime(self)
             await self.clustering.start()
         self.broker.open_storage(self.config.data_dir)
+        self.servers = []
         server = await self.loop.create_server(self._protocol, host=self.config.amqp_host or None,
                                                port=self.config.amqp_port, reuse_address=True, backlog=1024)
         self.servers.append(server)
@@ -230,15 +262,77 @@ class Node:
             for sock in tls_server.sockets:
                 addr = sock.getsockname()
                 log.info("started TLS (SSL) listener on %s:%s", addr[0], addr[1])
-        if self.config.mgmt_port:
-            self.http = HttpListener(self.broker)
-            for host, port in await self.http.start(self.config.amqp_host or None, self.config.mgmt_port):
-                log.info("started HTTP listener on %s:%s", host, port)
-        self._baseline_rss = self._proc.memory_info().rss
-        self._tick_task = self.loop.call_later(0.1, self._tick)
-        self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
-        self._disk_check()
-        log.info("Server startup complete; node %s is ready to accept connections", self.config.node_name)
+        self._app_running = True
+
+    async def stop_app(self) -> None:
+        """Stop the broker: listeners and client connections close, the node leaves its
+        cluster's running nodes (peers see it down), its storage is closed."""
+        if not self.app_running:
+            raise AppStateError(f"the hutch application is not running on node {self.config.node_name}")
+        self._app_running = False
+        log.info("Stopping hutch application on node %s", self.config.node_name)
+        for server in self.servers:
+            server.close()
+        for p in list(self.protocols):
+            s = p.session
+            if s is not None and s.proto.state == amqp_conn.OPEN:
+                s.proto.close(spec.CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'")
+                out = s.take_output()
+                if out:
+                    p.write(out)
+        await asyncio.sleep(0)
+        for p in list(self.protocols):
+            if p.transport is not None:
+                p.transport.close()
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 2)
+        self.servers = []
+        for _ in range(100):
+            if not self._sync_running:
+                break
+            await asyncio.sleep(0.01)
+        if self.clustering is not None:
+            await self.clustering.stop()
+        self.broker.close_storage()
+        log.info("Stopped hutch application on node %s", self.config.node_name)
+
+    def _require_stopped(self, what: str) -> None:
+        if self.app_running:
+            raise AppStateError(f"the hutch application is running on node {self.config.node_name}; stop it "
+                                f"first ('hutchctl stop_app') before {what}")
+
+    def reset(self) -> None:
+        """Return the node to a blank state: its catalogue log, messages, definitions and
+        cluster membership are deleted (rabbitmqctl reset). The app must be stopped."""
+        self._require_stopped("resetting it")
+        for entry in ("raft", "msgs", "definitions.json", CLUSTER_FILE):
+            path = os.path.join(self.config.data_dir, entry)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
+        self.config.cluster_nodes = []
+        log.info("Resetting node %s", self.config.node_name)
+
+    def join_cluster(self, seed: str, address: tuple[str, int] | None = None) -> None:
+        """Prepare to join the cluster that `seed` belongs to (rabbitmqctl join_cluster): the node is
+        reset, and the next start_app asks the seed to add it."""
+        self._require_stopped("joining a cluster")
+        if seed == self.config.node_name:
+            raise AppStateError("a node cannot join itself")
+        if address is None:
+            address = (seed.split("@", 1)[1], self.config.peer_port)
+        self.reset()
+        write_cluster_file(self.config.data_dir, {"join": seed, "address": [address[0], address[1]]})
+        self.config.cluster_nodes = [f"{self.config.node_name}:{self.config.peer_port}"]
+        log.info("Clustering node %s with %s", self.config.node_name, seed)
+
+    def forget_cluster_node(self, name: str, callback) -> None:
+        """Remove a stopped node from the cluster (rabbitmqctl forget_cluster_node)."""
+        if self.clustering is None or not self.app_running:
+            raise AppStateError(f"node {self.config.node_name} is not running as a member of a cluster")
+        self.clustering.forget(name, callback)
 
     def _request_sync(self) -> None:
         """Group commit: one fsync at a time, in a worker thread, covering every record
@@ -290,6 +384,9 @@ class Node:
     async def shutdown(self) -> None:
         if self.http is not None:
             await self.http.stop()
+        if not self.app_running:
+            log.info("Successfully stopped hutch node %s", self.config.node_name)
+            return
         for server in self.servers:
             server.close()
         for p in list(self.protocols):
