@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install run run-node test test-fast test-unit test-integration lint bench conformance soak check-demo clean
+.PHONY: install run run-node test test-fast test-unit test-integration lint bench bench-cluster conformance soak check-demo clean
 
 install: $(STAMP)
 
@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,pipeline]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
-# The main job: a hutch node on 5672 with its data under ./var/.
+# The main job: a 3-node hutch cluster on loopback (AMQP 5672-5674, HTTP API 15672-15674, peer
+# links 25672-25674 through the lab's fault proxies), data under ./var/lab. Stop it with
+# `.venv/bin/hutch lab down`; `make run-node` runs one standalone node in the foreground instead.
 run: install
+	$(BIN)/hutch lab up 3 --dir ./var/lab
+
+run-node: install
 	$(BIN)/hutch server --node-name hutch@localhost --amqp-port 5672 --data-dir ./var/hutch --log-level info
 
 # Fast unit tests and the Raft simulation first, then suites that start real processes.
@@ -35,6 +40,10 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/compare
+
+# Throughput on 3-node clusters (RabbitMQ and hutch): clients on the queue's home node vs another node.
+bench-cluster: install
+	$(BIN)/python bench/cluster_compare
 
 check-demo: install
 	$(BIN)/python bench/check_demo.py

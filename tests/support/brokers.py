@@ -145,7 +145,9 @@ class HutchNode:
     def mgmt_url(self) -> str | None:
         return f"http://127.0.0.1:{self.mgmt_port}" if self.mgmt_port else None
 
-    def start(self, timeout_s: float = 20.0) -> HutchNode:
+    def start(self, timeout_s: float = 20.0, wait: bool = True) -> HutchNode:
+        """Start the node and wait until AMQP (and the HTTP API) answer; `wait=False` returns once
+        the process is launched (then call `wait_ready`), for nodes that must boot together."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "hutch", "server", "--node-name", self.name,
                "--amqp-port", str(self.amqp_port), "--data-dir", str(self.data_dir),
@@ -158,12 +160,16 @@ class HutchNode:
         self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, preexec_fn=_die_with_parent)
         logf.close()
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 20.0) -> None:
         wait_until(lambda: amqp_ready("127.0.0.1", self.amqp_port), timeout_s,
                    f"hutch node {self.name} on {self.amqp_port}", proc=self.proc)
         if self.mgmt_port:
             wait_until(lambda: port_open("127.0.0.1", self.mgmt_port), timeout_s,
                        f"hutch node {self.name} HTTP API on {self.mgmt_port}", proc=self.proc)
-        return self
 
     def log(self) -> str:
         try:
@@ -227,13 +233,18 @@ class RabbitMQNode:
     """
 
     def __init__(self, amqp_port: int | None = None, mgmt_port: int | None = None,
-                 management: bool = True, name: str | None = None, config_extra: str = ""):
+                 management: bool = True, name: str | None = None, config_extra: str = "",
+                 cookie: str | None = None, dist_port: int | None = None, env: dict | None = None):
+        """`cookie`: the Erlang cookie (written to the node's own HOME), the same for nodes that are to
+        form a cluster; `env`: extra environment for the node and its CLI tools (ERL_EPMD_PORT, ...)."""
         self.amqp_port = amqp_port or free_port()
         self.mgmt_port = mgmt_port or free_port()
-        self.dist_port = free_port()
+        self.dist_port = dist_port or free_port()
         self.management = management
         self.nodename = name or f"hutchref{self.amqp_port}@localhost"
         self.config_extra = config_extra
+        self.cookie = cookie
+        self.extra_env = dict(env or {})
         self.dir = Path(tempfile.mkdtemp(prefix="rabbitref-"))
         self.proc: subprocess.Popen | None = None
 
@@ -263,12 +274,21 @@ class RabbitMQNode:
             "RABBITMQ_PID_FILE": str(self.dir / "rabbit.pid"),
             "RABBITMQ_ALLOW_INPUT": "",
         })
+        env.update(self.extra_env)
         return env
 
-    def start(self, timeout_s: float = 90.0) -> RabbitMQNode:
+    def start(self, timeout_s: float = 90.0, wait: bool = True) -> RabbitMQNode:
+        """Start the node and wait until AMQP answers; `wait=False` returns once the process is
+        launched (then call `wait_ready`), so several nodes can boot at once from one thread."""
         ensure_rabbitmq_installed()
         (self.dir / "mnesia").mkdir(parents=True, exist_ok=True)
         (self.dir / "log").mkdir(parents=True, exist_ok=True)
+        if self.cookie is not None:
+            cookie_path = self.dir / ".erlang.cookie"
+            if cookie_path.exists():
+                cookie_path.chmod(0o600)
+            cookie_path.write_text(self.cookie)
+            cookie_path.chmod(0o400)  # Erlang refuses a cookie file others can read
         conf = [f"listeners.tcp.default = {self.amqp_port}", "loopback_users = none"]
         if self.management:
             conf.append(f"management.tcp.port = {self.mgmt_port}")
@@ -283,9 +303,13 @@ class RabbitMQNode:
                                      env=self._env(), start_new_session=True, stdin=subprocess.DEVNULL,
                                      preexec_fn=_die_with_parent)
         logf.close()
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
         wait_until(lambda: amqp_ready("127.0.0.1", self.amqp_port), timeout_s,
                    f"RabbitMQ {self.nodename} on {self.amqp_port}", interval_s=0.2, proc=self.proc)
-        return self
 
     def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(["/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", self.nodename, *args],
