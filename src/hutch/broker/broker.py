@@ -617,6 +617,8 @@ class Broker:
     def _flow_release(self, q: ClassicQueue) -> None:
         waiters, q.flow_waiters = q.flow_waiters, None
         self.flow_limited.discard(q)
+        if self.cluster is not None:
+            self.cluster.flow_released(q)
         for s in waiters:
             s.flow_queues.discard(q)
             if not s.flow_queues and not s.blocked and not s.closed and s.transport_hooks is not None:

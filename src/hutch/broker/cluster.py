@@ -289,6 +289,7 @@ class ClusterBroker:
         self._calls: dict[int, tuple[str, Callable[[Any], None]]] = {}
         self.members: dict[str, str] = {}  # name -> peer address, from the catalogue
         self.get_inflight: dict[str, list[tuple[Any, int]]] = {}  # origin -> [(queue, seq)] from basic.get
+        self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
         self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
 
     # ------------------------------------------------------------ ids and sending
@@ -602,16 +603,26 @@ class ClusterBroker:
                           expiration_ms)
             refused, journalled = b.enqueue_local(queues, msg)
             if journalled and not refused:
-                b.after_sync(self._ack_publish, (origin, token, False))
+                b.after_sync(self._ack_publish, (origin, token, False, queues))
             else:
-                acks_now.append([token, refused])
-        for a in acks_now:
-            self._out_acks.setdefault(origin, []).append(a)
+                self._ack_publish((origin, token, refused, queues))
         b.schedule()
 
-    def _ack_publish(self, arg: tuple[str, int, bool]) -> None:
-        origin, token, refused = arg
+    def _ack_publish(self, arg: tuple[str, int, bool, tuple]) -> None:
+        """Accept a publish from another node, unless a queue it went to holds publishers back
+        (consumers busy behind a backlog): then the accept waits, and the publishing node's
+        window stops its publisher — the same backpressure a local publisher gets."""
+        origin, token, refused, queues = arg
+        for q in queues:
+            if q.flow_waiters is not None and not q.deleted:
+                self._held.setdefault(q, []).append((origin, token, refused))
+                return
         self._out_acks.setdefault(origin, []).append([token, refused])
+        self.broker.schedule()
+
+    def flow_released(self, q) -> None:
+        for origin, token, refused in self._held.pop(q, ()):
+            self._out_acks.setdefault(origin, []).append([token, refused])
         self.broker.schedule()
 
     # ------------------------------------------------------------ consuming from other nodes
