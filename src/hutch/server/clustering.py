@@ -30,7 +30,7 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -40,7 +40,8 @@ from hutch.cluster import catalogue as cat
 from hutch.cluster.raftlog import RaftHostStorage
 from hutch.cluster.transport import PeerTransport
 from hutch.raft import messages as rm
-from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError, RaftGroup
+from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
+from hutch.raft.multi import MultiRaft
 
 if TYPE_CHECKING:
     from hutch.server.runtime import Node
@@ -139,7 +140,9 @@ class ClusterRuntime:
             self.cluster.catalogue.restore(snap.data)
         raft_cfg = RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1,
                               seed=self.id & 0xFFFFFFFF)
-        self.group = RaftGroup(self.id, storage, raft_cfg)
+        self.multi = MultiRaft(self.id, raft_cfg)
+        self.group = self.multi.add_group(CATALOGUE_GROUP, storage)
+        self.apps: dict[Any, GroupApp] = {CATALOGUE_GROUP: _CatalogueApp(self)}
         self._drain(initial=True)
         self.cluster.rebuild()
         for n, addr in self.cluster.members.items():
@@ -224,30 +227,43 @@ class ClusterRuntime:
             self._drain()
 
     def _drain(self, initial: bool = False) -> None:
-        g = self.group
-        while g.has_ready():
-            rd = g.ready()
-            if rd.hard_state is not None or rd.entries or rd.snapshot is not None:
+        """Every group's Ready: persist (one fsync for all), send, apply, advance."""
+        multi = self.multi
+        while True:
+            mr = multi.ready()
+            if mr is None:
+                return
+            if mr.needs_fsync():
                 self.host.sync()
             if not initial:
-                for m in rd.messages:
-                    peer = self.names.get(m.to)
+                for to, gid, m in mr.messages():
+                    peer = self.names.get(to)
                     if peer is not None:
-                        self.transport.send(peer, "meta", rm.encode(m))
-            if rd.snapshot is not None and rd.snapshot.data:
-                self.cluster.catalogue.restore(rd.snapshot.data)
-                self.cluster.rebuild()
-                for n, addr in self.cluster.members.items():
-                    self._learn(n, addr)
-            for e in rd.committed_entries:
-                if e.index > g.applied and e.kind == rm.ENTRY_NORMAL and e.data:
-                    self._apply(e.data)
-            g.advance(rd)
-            if rd.snapshot_wanted:
-                g.compact(g.applied, self.cluster.catalogue.snapshot())
+                        self.transport.send(peer, "raft", [gid, rm.encode(m)])
+            compact = []
+            for gid, rd in mr.groups:
+                app = self.apps.get(gid)
+                g = multi.groups.get(gid)
+                if app is None or g is None:
+                    continue
+                if rd.snapshot is not None and rd.snapshot.data:
+                    app.restore(rd.snapshot.data)
+                applied = g.applied
+                for e in rd.committed_entries:
+                    if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
+                        app.apply(e.data, e.index)
+                if rd.snapshot_wanted:
+                    compact.append((gid, app))
+            multi.advance(mr)
+            for gid, app in compact:
+                g = multi.groups.get(gid)
+                if g is not None:
+                    g.compact(g.applied, app.snapshot())
+                    multi.touched(gid)
+            if compact:
                 self.host.sync()
 
-    def _apply(self, data: bytes) -> None:
+    def _apply_catalogue(self, data: bytes) -> None:
         origin, req, cmd_bytes = _dec.decode(data)
         try:
             cmd = cat.decode_command(cmd_bytes)
@@ -278,7 +294,7 @@ class ClusterRuntime:
         g = self.group
         if g.role == LEADER:
             try:
-                g.propose(env)
+                self.multi.propose(CATALOGUE_GROUP, env)
                 self._schedule()
             except RaftError:
                 pass  # retried
@@ -307,11 +323,12 @@ class ClusterRuntime:
         return self.transport.send(peer, "q", payload)
 
     def _on_message(self, peer: str, group: Any, payload: Any) -> None:
-        if group == "meta":
+        if group == "raft":
             try:
-                self.group.step(rm.decode(payload))
-            except (msgspec.DecodeError, RaftError) as e:
-                log.warning("bad catalogue message from %s: %s", peer, e)
+                gid, data = payload
+                self.multi.step(gid, rm.decode(data))
+            except (msgspec.DecodeError, RaftError, ValueError, TypeError) as e:
+                log.warning("bad Raft message from %s: %s", peer, e)
             self._schedule()
         elif group == "q":
             self.cluster.on_message(peer, payload)
@@ -323,7 +340,7 @@ class ClusterRuntime:
         if kind == "propose":
             if self.group.role == LEADER:
                 try:
-                    self.group.propose(payload[1])
+                    self.multi.propose(CATALOGUE_GROUP, payload[1])
                     self._schedule()
                 except RaftError:
                     pass
@@ -353,7 +370,11 @@ class ClusterRuntime:
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
         self.down_since[peer] = self.loop.time()
-        self.group.report_unreachable(node_id(peer))
+        nid = node_id(peer)
+        for gid, g in self.multi.groups.items():
+            if nid in g.voters or nid in g.learners:
+                g.report_unreachable(nid)
+                self.multi.touched(gid)
         self.cluster.peer_down(peer)
 
     # ------------------------------------------------------------ timers
@@ -363,7 +384,7 @@ class ClusterRuntime:
             return
         self._tick_handle = self.loop.call_later(TICK_S, self._tick)
         self._ticks += 1
-        self.group.tick()
+        self.multi.tick()
         now = self.loop.time()
         if self.pending:
             self._expire_pending(now)
@@ -396,6 +417,7 @@ class ClusterRuntime:
                 continue
             try:
                 self.group.propose_conf_change(rm.ConfChange(rm.CONF_ADD_LEARNER, (nid,)))
+                self.multi.touched(CATALOGUE_GROUP)
                 self._schedule()
             except (ProposalRejected, NotLeader):
                 pass
@@ -456,6 +478,7 @@ class ClusterRuntime:
         if self.group.role == LEADER:
             try:
                 self.group.propose_conf_change(rm.ConfChange(rm.CONF_REMOVE, (node_id(name),)))
+                self.multi.touched(CATALOGUE_GROUP)
                 self._schedule()
             except (ProposalRejected, NotLeader):
                 pass  # retried from the tick
@@ -485,6 +508,36 @@ class ClusterRuntime:
             await asyncio.sleep(1.0)
         if not self.stopped:
             log.info("node %s is a member of the cluster (via %s)", self.name, seed)
+
+
+class GroupApp(Protocol):
+    """What a Raft group hosted by this node applies its committed entries to."""
+
+    def apply(self, data: bytes, index: int) -> None: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+
+class _CatalogueApp:
+    """The catalogue group's application: commands in envelopes, the broker kept in line."""
+
+    def __init__(self, rt: ClusterRuntime):
+        self.rt = rt
+
+    def apply(self, data: bytes, index: int) -> None:
+        self.rt._apply_catalogue(data)
+
+    def restore(self, data: bytes) -> None:
+        cl = self.rt.cluster
+        cl.catalogue.restore(data)
+        cl.rebuild()
+        for n, addr in cl.members.items():
+            self.rt._learn(n, addr)
+
+    def snapshot(self) -> bytes:
+        return self.rt.cluster.catalogue.snapshot()
 
 
 def read_cluster_file(data_dir: str) -> dict:
