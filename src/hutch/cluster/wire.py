@@ -6,7 +6,7 @@ connection are a handshake in which both nodes prove they know the shared cluste
 without ever sending it, as Erlang distribution does with its cookie: each side sends a fresh
 random nonce and the other answers with an HMAC-SHA256 over both nonces, both node names and
 its role. Only then do data frames flow: ``Data(group, payload)`` multiplexes the metadata
-Raft group ("meta"), a queue's Raft group, a GM ring or "rpc" over the one connection, and
+Raft group, a queue's Raft group, a GM ring or "rpc" over the one connection, and
 ``Tick`` keeps the connection provably alive (see ``docs/design/transport.md``).
 
 This module is sans-I/O: ``PeerCodec`` takes bytes and returns events, and queues the bytes

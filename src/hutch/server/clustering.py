@@ -3,7 +3,8 @@
 `ClusterRuntime` wires the sans-I/O pieces under the node's event loop:
 
 - the `PeerTransport` (one authenticated TCP link per pair of nodes, heartbeats, net_ticktime),
-  carrying three groups: `"meta"` (the catalogue's Raft messages), `"q"` (operations on queues
+  carrying three groups: `"raft"` (`[group id, message]` for every Raft group: the catalogue is
+  group 0), `"q"` (operations on queues
   homed on another node, `hutch.broker.cluster`) and `"rpc"` (proposals forwarded to the
   leader, joins);
 - the catalogue's `RaftGroup` on the node's `RaftHostStorage` (DATA_DIR/raft): every Ready is
