@@ -259,6 +259,43 @@ def test_definitions_imported_through_one_node_are_on_every_node(cluster):
     assert http2("DELETE", f"/api/vhosts/{v}")[0] == 204
 
 
+# The fields RabbitMQ 3.10's /api/nodes object has that a hutch node reports about itself;
+# every member is listed on every node with them (what a peer last reported, with `running` now).
+NODE_FIELDS = {"name", "type", "running", "mem_used", "mem_limit", "mem_alarm", "disk_free", "disk_free_limit",
+               "disk_free_alarm", "fd_used", "fd_total", "sockets_used", "proc_used", "uptime", "partitions"}
+
+
+def test_every_node_lists_every_member_in_api_nodes_with_rabbitmqs_fields(cluster):
+    names = set(cluster.names)
+    for http in apis(cluster):
+        def complete(http=http) -> bool:
+            nodes = http.get("/api/nodes")
+            return {n["name"] for n in nodes} == names and all(NODE_FIELDS <= set(n) for n in nodes)
+        wait_until(complete, PROPAGATION_S, "full node objects")
+        for n in http.get("/api/nodes"):
+            assert n["running"] is True and n["type"] == "disc" and n["partitions"] == []
+    status = apis(cluster)[1].get("/api/hutch/cluster")
+    assert set(status["running_nodes"]) == names and status["leader"] in names
+    assert apis(cluster)[2].get(f"/api/nodes/{q(cluster.names[0])}")["name"] == cluster.names[0]
+
+
+def test_connections_and_channels_are_listed_cluster_wide_from_any_node(cluster):
+    conns = [amqp(cluster, i, "/", "guest", "guest") for i in range(3)]
+    try:
+        for c in conns:
+            c.channel()
+        for http in apis(cluster):
+            rows = http.get("/api/connections")
+            nodes = {r["node"] for r in rows}
+            assert set(cluster.names) <= nodes, nodes
+            assert len(rows) >= 3
+            chans = http.get("/api/channels")
+            assert set(cluster.names) <= {r["node"] for r in chans}
+    finally:
+        for c in conns:
+            c.close()
+
+
 def test_a_change_without_a_majority_is_503_and_changes_nothing(cluster):
     """Last in this module: it leaves node 1 alone."""
     cluster.kill(1)

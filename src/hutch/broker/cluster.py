@@ -289,6 +289,9 @@ class ClusterBroker:
         self._calls: dict[int, tuple[str, Callable[[Any], None]]] = {}
         self.members: dict[str, str] = {}  # name -> peer address, from the catalogue
         self.get_inflight: dict[str, list[tuple[Any, int]]] = {}  # origin -> [(queue, seq)] from basic.get
+        self.local_info: Callable[[], dict] | None = None  # this node's /api/nodes object (set by the runtime)
+        self.lister: Callable[[str, dict], list] | None = None  # this node's connections, channels (runtime)
+        self.peer_info: dict[str, dict] = {}  # the last one each peer sent
         self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
         self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
 
@@ -734,6 +737,10 @@ class ClusterBroker:
 
     def _on_call(self, origin: str, rid: int, kind: str, args: list) -> None:
         b = self.broker
+        if kind == "list":  # a management listing of this node's own objects: [what, params]
+            rows = self.lister(args[0], args[1]) if self.lister is not None else []
+            self.send(origin, ["RR", rid, [200, rows]])
+            return
         vhost, qname = args[0], args[1]
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
@@ -818,6 +825,9 @@ class ClusterBroker:
                 item[1](payload[2] if kind == "RR" else [payload[2], payload[3]])
         elif kind == "ST":
             self._on_stats(payload[1])
+        elif kind == "NI":
+            if isinstance(payload[1], dict):
+                self.peer_info[peer] = payload[1]
         self.broker.schedule()
 
     def flush(self) -> None:

@@ -169,7 +169,13 @@ def cluster_nodes(api: Api) -> list[dict[str, Any]]:
         return [me]
     st = cl.status()
     running = set(st.get("running_nodes", ()))
-    return [me if n == api.node_name else _peer_info(n, n in running) for n in st.get("members", [api.node_name])]
+    out = []
+    for n in st.get("members", [api.node_name]):
+        if n == api.node_name:
+            out.append(me)
+        else:  # what the peer last reported of itself, with whether it is running now
+            out.append({**cl.peer_info.get(n, _peer_info(n, False)), "name": n, "running": n in running})
+    return out
 
 
 @routes.get("/api/nodes")

@@ -178,18 +178,30 @@ async def purge_anywhere(broker: Broker, q) -> int:
 async def call_home(broker: Broker, q, kind: str, args: list) -> Any:
     """Ask a queue's home node (another node); its answer, or the AMQP error it gives."""
     q.check_up()
-    fut = asyncio.get_running_loop().create_future()
-
-    def answered(result) -> None:
-        if not fut.done():
-            fut.set_result(result)
-    broker.cluster.call(q.home_node, kind, [q.vhost, q.name, *args], answered)
-    result = await asyncio.wait_for(fut, broker.config.metadata_timeout_ms / 1000)
+    result = await _call(broker, q.home_node, kind, [q.vhost, q.name, *args])
     if result is None:
         raise cluster_home_down(q)
     if result[0] != 200:
         raise AMQPError(result[0], result[1])
     return result[1]
+
+
+async def call_peer(broker: Broker, peer: str, kind: str, args: list) -> Any:
+    """Ask another node; its answer (an error if it goes down or does not answer in time)."""
+    result = await _call(broker, peer, kind, args)
+    if result is None or result[0] != 200:
+        raise AMQPError(spec.INTERNAL_ERROR, f"node {peer} did not answer")
+    return result[1]
+
+
+async def _call(broker: Broker, peer: str, kind: str, args: list) -> Any:
+    fut = asyncio.get_running_loop().create_future()
+
+    def answered(result) -> None:
+        if not fut.done():
+            fut.set_result(result)
+    broker.cluster.call(peer, kind, args, answered)
+    return await asyncio.wait_for(fut, broker.config.metadata_timeout_ms / 1000)
 
 
 def get_messages(broker: Broker, q: ClassicQueue, body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ user sees its own. Closing someone else's connection needs administrator.
 
 from __future__ import annotations
 
+import contextlib
+
 from aiohttp import web
 
 from hutch.control import listing, ops, shapes
@@ -26,10 +28,42 @@ DEFAULT_CLOSE_REASON = "Closed via management plugin"
 
 def _sessions(api: Api, request: web.Request) -> list:
     user = user_of(request)
-    everyone = api.sees_all_connections(user)
-    out = [s for s in api.broker.sessions if s.user is not None and (everyone or s.username == user.name)]
+    return _visible_sessions(api, user.name, api.sees_all_connections(user))
+
+
+def _visible_sessions(api: Api, username: str, everyone: bool) -> list:
+    out = [s for s in api.broker.sessions if s.user is not None and (everyone or s.username == username)]
     out.sort(key=lambda s: s.connected_at_ms)
     return out
+
+
+def local_listing(api: Api, what: str, params: dict) -> list[dict]:
+    """This node's connections or channels, for another node's cluster-wide listing."""
+    sessions = _visible_sessions(api, params.get("user", ""), bool(params.get("everyone")))
+    vhost = params.get("vhost")
+    sessions = [s for s in sessions if vhost is None or (s.vhost is not None and s.vhost.name == vhost)]
+    if what == "connections":
+        return [shapes.connection(api.broker, s) for s in sessions]
+    if what == "channels":
+        return [shapes.channel(api.broker, s, ch) for s in sessions
+                for ch in sorted(s.channels.values(), key=lambda c: c.number)]
+    return []
+
+
+async def cluster_listing(api: Api, request: web.Request, what: str, vhost: str | None = None) -> list[dict]:
+    """RabbitMQ lists connections and channels of every node: this node's, then each running
+    peer's (a peer that does not answer in time is left out)."""
+    user = user_of(request)
+    params = {"user": user.name, "everyone": api.sees_all_connections(user), "vhost": vhost}
+    rows = local_listing(api, what, params)
+    cl = api.broker.cluster
+    if cl is None:
+        return rows
+    for peer in cl.running_nodes():
+        if peer != cl.node:
+            with contextlib.suppress(Exception):
+                rows.extend(await ops.call_peer(api.broker, peer, "list", [what, params]))
+    return rows
 
 
 def _session(api: Api, request: web.Request):
@@ -42,16 +76,13 @@ def _session(api: Api, request: web.Request):
 
 @routes.get("/api/connections")
 async def list_connections(request: web.Request) -> web.Response:
-    api = api_of(request)
-    return listing.respond(request, [shapes.connection(api.broker, s) for s in _sessions(api, request)])
+    return listing.respond(request, await cluster_listing(api_of(request), request, "connections"))
 
 
 @routes.get("/api/vhosts/{vhost}/connections")
 async def list_vhost_connections(request: web.Request) -> web.Response:
-    api = api_of(request)
     v = vhost_for_read(request)
-    return listing.respond(request, [shapes.connection(api.broker, s) for s in _sessions(api, request)
-                                     if s.vhost is v])
+    return listing.respond(request, await cluster_listing(api_of(request), request, "connections", v.name))
 
 
 @routes.get("/api/connections/{name}")
@@ -79,21 +110,15 @@ async def connection_channels(request: web.Request) -> web.Response:
     return listing.respond(request, [shapes.channel(api.broker, s, ch) for ch in s.channels.values()])
 
 
-def _channels(api: Api, request: web.Request, vhost=None) -> list[dict]:
-    return [shapes.channel(api.broker, s, ch) for s in _sessions(api, request)
-            if vhost is None or s.vhost is vhost for ch in sorted(s.channels.values(), key=lambda c: c.number)]
-
-
 @routes.get("/api/channels")
 async def list_channels(request: web.Request) -> web.Response:
-    api = api_of(request)
-    return listing.respond(request, _channels(api, request))
+    return listing.respond(request, await cluster_listing(api_of(request), request, "channels"))
 
 
 @routes.get("/api/vhosts/{vhost}/channels")
 async def list_vhost_channels(request: web.Request) -> web.Response:
-    api = api_of(request)
-    return listing.respond(request, _channels(api, request, vhost_for_read(request)))
+    v = vhost_for_read(request)
+    return listing.respond(request, await cluster_listing(api_of(request), request, "channels", v.name))
 
 
 @routes.get("/api/channels/{name}")

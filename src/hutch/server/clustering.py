@@ -52,7 +52,8 @@ log = logging.getLogger("hutch.cluster")
 CATALOGUE_GROUP = 0
 TICK_S = 0.1
 RETRY_S = 1.0  # a forwarded proposal not applied by then is sent again
-STATS_EVERY_TICKS = 10
+STATS_EVERY_TICKS = 10  # queue figures to every peer each second
+NODE_INFO_EVERY_TICKS = 50  # the node's /api/nodes object every five seconds
 DEFAULT_PEER_PORT = 25672
 CLUSTER_FILE = "cluster.json"
 
@@ -366,6 +367,8 @@ class ClusterRuntime:
 
     def _on_peer_up(self, peer: str) -> None:
         self.down_since.pop(peer, None)
+        if self.cluster.local_info is not None:
+            self.transport.send(peer, "q", ["NI", self.cluster.local_info()])
         log.info("node %s up", peer)
         self.cluster.broker.schedule()
 
@@ -398,8 +401,12 @@ class ClusterRuntime:
             self._delete_transient_queues_of(self.name, now)
         if self._ticks % STATS_EVERY_TICKS == 0:
             rows = self.cluster.stats()
+            info = self.cluster.local_info() if self.cluster.local_info and self._ticks % NODE_INFO_EVERY_TICKS == 0 \
+                else None
             for peer in self.transport.up_peers:
                 self.transport.send(peer, "q", ["ST", rows])
+                if info is not None:
+                    self.transport.send(peer, "q", ["NI", info])
         self._drain()
 
     def _leader_chores(self, now: float) -> None:

@@ -33,6 +33,8 @@ from hutch.amqp import spec
 from hutch.broker.broker import Broker, Config
 from hutch.broker.session import Session
 from hutch.control.app import API, HttpListener
+from hutch.control.node import node_info
+from hutch.control.sessions import local_listing
 from hutch.server.clustering import CLUSTER_FILE, ClusterRuntime, read_cluster_file, write_cluster_file
 
 log = logging.getLogger("hutch.node")
@@ -214,6 +216,7 @@ class Node:
         if self.config.mgmt_port:
             self.http = HttpListener(self.broker)
             self.http.app[API].node_ops = self
+            self._wire_node_info()
             for host, port in await self.http.start(self.config.amqp_host or None, self.config.mgmt_port):
                 log.info("started HTTP listener on %s:%s", host, port)
         self._baseline_rss = self._proc.memory_info().rss
@@ -245,6 +248,7 @@ class Node:
         if self.config.cluster_nodes:
             self.clustering = ClusterRuntime(self)
             await self.clustering.start()
+            self._wire_node_info()
         self.broker.open_storage(self.config.data_dir)
         self.servers = []
         server = await self.loop.create_server(self._protocol, host=self.config.amqp_host or None,
@@ -263,6 +267,13 @@ class Node:
                 addr = sock.getsockname()
                 log.info("started TLS (SSL) listener on %s:%s", addr[0], addr[1])
         self._app_running = True
+
+    def _wire_node_info(self) -> None:
+        """Peers show this node in their /api/nodes as it describes itself."""
+        if self.broker.cluster is not None and self.http is not None:
+            api = self.http.app[API]
+            self.broker.cluster.local_info = lambda: node_info(api)
+            self.broker.cluster.lister = lambda what, params: local_listing(api, what, params)
 
     async def stop_app(self) -> None:
         """Stop the broker: listeners and client connections close, the node leaves its
