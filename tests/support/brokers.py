@@ -121,6 +121,8 @@ class HutchNode:
         self.data_dir = Path(data_dir)
         self.log_level = log_level
         self.extra_args = list(extra_args or [])
+        if "--peer-port" not in self.extra_args:  # every node listens for peers; keep clear of 25672
+            self.extra_args += ["--peer-port", str(free_port())]
         self.env = env
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir / "node.log"

@@ -33,8 +33,6 @@ from hutch import __version__
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
-from hutch.broker import definitions
-from hutch.broker.definitions import DefinitionsFile
 from hutch.broker.exchanges import QUEUE, Exchange
 from hutch.broker.journal import Journal
 from hutch.broker.vhost import VHost
@@ -133,19 +131,14 @@ class Broker:
         self.ttl_queues: set[ClassicQueue] = set()
         self.policies: list[dict[str, Any]] = []
         self.journal: Journal | None = None
-        self.definitions_file: DefinitionsFile | None = None
         self.request_sync: Callable[[], None] = lambda: None  # set by the runtime
         self._direct_replies: dict[str, tuple[Any, str]] = {}
         self.flow_limited: set[ClassicQueue] = set()
         self._sync_waiters: deque[tuple[int, Callable, Any]] = deque()  # (log seq, fn, arg), in seq order
         self.started_ms = self.now_ms()
-        self.cluster = None  # a ClusterBroker when this node is part of a cluster
-        if config.cluster_nodes:
-            return  # vhosts and users come from the cluster's catalogue
-        self.add_vhost(config.default_vhost)
-        if config.default_user:
-            u = self.add_user(config.default_user, config.default_pass, ["administrator"])
-            u.set_permissions(config.default_vhost, ".*", ".*", ".*")
+        # The node's part in its cluster (a standalone node is a cluster of one): vhosts, users,
+        # exchanges and queues come from the cluster's catalogue through it.
+        self.cluster: Any = None
 
     # ---------------------------------------------------------------- scheduling
 
@@ -197,13 +190,8 @@ class Broker:
     # ---------------------------------------------------------------- storage
 
     def open_storage(self, data_dir: str) -> None:
-        """Load durable definitions and recover journalled messages (start-up). In a cluster
-        the definitions are the catalogue's, already applied: only messages are recovered."""
-        if self.cluster is None:
-            self.definitions_file = DefinitionsFile(data_dir)
-            doc = self.definitions_file.load()
-            if doc is not None:
-                definitions.apply(self, doc)
+        """Recover journalled messages into the queues homed here (start-up, after the
+        catalogue has been replayed and has made those queues)."""
         self.journal = Journal(os.path.join(data_dir, "msgs"))
         queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values()
                   if not q.remote and q.journal_id}
@@ -217,10 +205,6 @@ class Broker:
             if gc_was_enabled:
                 gc.enable()
         gc.freeze()  # what recovery built stays: keep it out of every later collection
-        # always written back: a definitions file that came without journal ids (an export from
-        # RabbitMQ, a hand-written one) must keep the ids given now, or the next start would
-        # assign new ones and lose the messages journalled under these
-        self.persist_definitions()
         log.info("recovered %d queue(s) and %d persistent message(s)", len(queues), total)
 
     def _recover_messages(self, queues: dict) -> int:
@@ -255,10 +239,6 @@ class Broker:
             total += len(msgs)
             log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)", q.name, q.vhost, len(msgs))
         return total
-
-    def persist_definitions(self) -> None:
-        if self.definitions_file is not None:
-            self.definitions_file.save(definitions.export(self, durable_only=True, internal=True))
 
     def durable_done(self, seq: int) -> None:
         """An fsync covered the journal up to `seq`: confirm what waited for it."""
@@ -363,47 +343,13 @@ class Broker:
             v = self.vhosts[name] = VHost(name)
         return v
 
-    def add_user(self, name: str, password: str, tags: list[str]) -> User:
-        u = User(name, hash_password(password), tags)
-        self.users[name] = u
-        return u
-
-    def add_exchange(self, vhost: VHost, x: Exchange, persist: bool = True) -> None:
+    def add_exchange(self, vhost: VHost, x: Exchange) -> None:
         vhost.exchanges[x.name] = x
         vhost.topology_changed()
-        if persist and x.durable:
-            self.persist_definitions()
-
-    def delete_exchange(self, vhost: VHost, x: Exchange) -> None:
-        for touched in vhost.remove_exchange(x.name):
-            self._maybe_auto_delete_exchange(vhost, touched)
-        if x.durable:
-            self.persist_definitions()
-
-    def _durable_binding(self, vhost: VHost, source: str, kind: str, destination: str) -> bool:
-        x = vhost.exchanges.get(source)
-        d = vhost.queues.get(destination) if kind == QUEUE else vhost.exchanges.get(destination)
-        return x is not None and x.durable and d is not None and d.durable
-
-    def bind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str, args: dict) -> None:
-        if vhost.bind(source, kind, destination, routing_key, args) and \
-                self._durable_binding(vhost, source, kind, destination):
-            self.persist_definitions()
-
-    def unbind(self, vhost: VHost, source: str, kind: str, destination: str, routing_key: str, args: dict) -> None:
-        durable = self._durable_binding(vhost, source, kind, destination)
-        x = vhost.unbind(source, kind, destination, routing_key, args)
-        if x is not None:
-            self._maybe_auto_delete_exchange(vhost, x)
-            if durable:
-                self.persist_definitions()
-
-    def _maybe_auto_delete_exchange(self, vhost: VHost, x: Exchange) -> None:
-        if x.auto_delete and not x.bindings and x.name in vhost.exchanges:
-            self.delete_exchange(vhost, x)
 
     def declare_queue(self, vhost: VHost, name: str, *, durable: bool, exclusive: bool, auto_delete: bool,
-                      arguments: dict, owner, persist: bool = True) -> ClassicQueue:
+                      arguments: dict, owner) -> ClassicQueue:
+        """This node's object for a queue homed here (the catalogue has its record)."""
         s = qargs.queue_settings(arguments, name, vhost.name)
         q = ClassicQueue(name, vhost.name, durable=durable, auto_delete=auto_delete,
                          exclusive_owner=owner if exclusive else None, arguments=dict(arguments), limits=s.limits,
@@ -417,10 +363,6 @@ class Broker:
             owner.exclusive_queues.append(q)
         if s.expires_ms is not None or s.message_ttl_ms is not None:
             self.ttl_queues.add(q)
-        if durable and not exclusive:
-            q.journal_id = int.from_bytes(os.urandom(8), "big") >> 1 or 1
-            if persist:
-                self.persist_definitions()
         return q
 
     def delete_queue(self, q: ClassicQueue, propose: bool = True) -> None:
@@ -438,8 +380,7 @@ class Broker:
             return
         if vhost.queues.get(q.name) is q:
             del vhost.queues[q.name]
-        for x in vhost.remove_bindings_of_queue(q.name):
-            self._maybe_auto_delete_exchange(vhost, x)
+        vhost.remove_bindings_of_queue(q.name)  # auto-delete exchanges follow with the catalogue's change
         self.ttl_queues.discard(q)
         self.dirty_queues.discard(q)
         for c in q.consumers():
@@ -458,8 +399,6 @@ class Broker:
             st = q.state
             self.journal.purged(q.journal_id, [e.log_seq for e in list(st.ready()) + list(st.unacked.values())
                                                if e.log_seq])
-        if q.durable and q.exclusive_owner is None:
-            self.persist_definitions()
 
     def purge_queue(self, q: ClassicQueue) -> int:
         removed = q.state.purge()
@@ -673,8 +612,8 @@ class Broker:
 
     def dead_letter(self, q: ClassicQueue, entries: list[Entry], reason: str) -> None:
         """Republish discarded messages to the queue's dead-letter exchange, with x-death."""
-        if q.remote:
-            return  # its home node dead-letters
+        if q.remote and not q.quorum:
+            return  # its home node dead-letters (a quorum queue's leader calls this itself)
         for e in entries:
             self.settled(q, e)
         dlx_name = q.dead_letter_exchange

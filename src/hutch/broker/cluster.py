@@ -44,6 +44,7 @@ import msgspec
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
+from hutch.broker.quorumq import QuorumHost
 from hutch.broker.vhost import VHost
 from hutch.cluster import catalogue as cat
 from hutch.queues.message import Message
@@ -124,6 +125,7 @@ class RemoteQueue:
     Acknowledgements made on this node are collected here and sent home once per loop."""
 
     remote = True
+    quorum = False
     message_ttl_ms = None
     expires_ms = None
     journal_id = 0
@@ -270,6 +272,8 @@ class ClusterBroker:
                  call_soon: Callable[..., Any], status: Callable[[], dict] | None = None):
         self.broker = broker
         self.status = status or (lambda: {})
+        self.incarnation = int.from_bytes(os.urandom(8), "big") >> 1 or 1  # this run of the node
+        self.peer_incarnation: Callable[[str], int | None] = lambda _n: None  # set by the runtime
         self.node = node
         self._send = send
         self.is_up = is_up
@@ -293,7 +297,8 @@ class ClusterBroker:
         self.lister: Callable[[str, dict], list] | None = None  # this node's connections, channels (runtime)
         self.peer_info: dict[str, dict] = {}  # the last one each peer sent
         self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
-        self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
+        self._cancelled: dict[int, tuple[str, str, str]] = {}
+        self.quorum = QuorumHost(self)  # recently cancelled cid -> (home, vhost, queue)
 
     # ------------------------------------------------------------ ids and sending
 
@@ -323,6 +328,12 @@ class ClusterBroker:
             return True
         return self._send(peer, payload)
 
+    def incarnation_of(self, node: str) -> int | None:
+        """The run of `node` this node is connected to (this node's own for itself)."""
+        if node == self.node:
+            return self.incarnation
+        return self.peer_incarnation(node)
+
     def running_nodes(self) -> list[str]:
         return sorted(n for n in self.members if n == self.node or self.is_up(n))
 
@@ -345,7 +356,7 @@ class ClusterBroker:
             v = b.vhosts.get(cmd.vhost)
             if v is not None and cmd.name not in v.exchanges:
                 b.add_exchange(v, Exchange(cmd.name, cmd.type, durable=cmd.durable, auto_delete=cmd.auto_delete,
-                                           internal=cmd.internal, arguments=dict(cmd.arguments)), persist=False)
+                                           internal=cmd.internal, arguments=dict(cmd.arguments)))
         elif t is cat.DeleteExchange:
             v = b.vhosts.get(cmd.vhost)
             if v is not None:
@@ -363,7 +374,7 @@ class ClusterBroker:
         elif t is cat.DeclareQueue or t is cat.SetQueueNodes:
             rec = self.catalogue.queue(cmd.vhost, cmd.name)
             if rec is not None:
-                self._make_queue(rec)
+                self._make_queue(rec, declared=t is cat.DeclareQueue and res.status == cat.CREATED)
         elif t is cat.DeleteQueue:
             v = b.vhosts.get(cmd.vhost)
             q = v.queues.get(cmd.name) if v is not None else None
@@ -384,13 +395,25 @@ class ClusterBroker:
         for name in names:
             v.remove_exchange(name)
 
-    def _make_queue(self, rec: cat.QueueRecord) -> None:
+    def _make_queue(self, rec: cat.QueueRecord, declared: bool = False) -> None:
         """Bring this node's object for a queue record in line: real here, a stand-in elsewhere."""
         b = self.broker
         v = b.vhosts.get(rec.vhost)
         if v is None:
             return
         cur = v.queues.get(rec.name)
+        if rec.type == cat.QUORUM:
+            if cur is not None and cur.quorum and cur.gid == rec.journal_id:
+                if tuple(rec.member_nodes) != cur.members:
+                    self.quorum.members_changed(cur, tuple(rec.member_nodes))
+                return
+            if cur is not None:
+                self.drop_queue(cur)
+            handle = self.quorum.make_handle(rec, declared)
+            if handle is not None:
+                v.queues[rec.name] = handle
+                v.topology_changed()
+            return
         here = rec.leader_node == self.node
         if cur is not None:
             if (not getattr(cur, "remote", False)) == here:
@@ -399,6 +422,11 @@ class ClusterBroker:
                 return
             self.drop_queue(cur)
         if here:
+            transient = not rec.durable or rec.exclusive_owner is not None
+            if transient and rec.home_incarnation not in (0, self.incarnation):
+                # a non-durable or exclusive queue of an earlier run of this node: gone with it
+                self.submit(cat.DeleteQueue(rec.vhost, rec.name), _ignore)
+                return
             owner = None
             if rec.exclusive_owner is not None:
                 owner = self.owners.get(rec.exclusive_owner)
@@ -407,8 +435,7 @@ class ClusterBroker:
                     self.submit(cat.DeleteQueue(rec.vhost, rec.name), _ignore)
                     return
             q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=rec.exclusive_owner is not None,
-                                auto_delete=rec.auto_delete, arguments=dict(rec.arguments), owner=owner,
-                                persist=False)
+                                auto_delete=rec.auto_delete, arguments=dict(rec.arguments), owner=owner)
             q.journal_id = rec.journal_id if rec.durable and rec.exclusive_owner is None else 0
         else:
             v.queues[rec.name] = RemoteQueue(self, rec)
@@ -417,6 +444,13 @@ class ClusterBroker:
     def drop_queue(self, q) -> None:
         """The catalogue no longer has this queue: remove this node's object for it."""
         b = self.broker
+        if q.quorum:
+            v = b.vhosts.get(q.vhost)
+            if v is not None and v.queues.get(q.name) is q:
+                del v.queues[q.name]
+                v.remove_bindings_of_queue(q.name)
+            self.quorum.drop_handle(q)
+            return
         if getattr(q, "remote", False):
             q.deleted = True
             v = b.vhosts.get(q.vhost)
@@ -472,7 +506,7 @@ class ClusterBroker:
         self.broker.policies = [
             {"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
              "priority": p.priority, "definition": dict(p.definition)}
-            for p in self.catalogue.policies.values()]
+            for _key, p in sorted(self.catalogue.policies.items())]
 
     def _sync_members(self) -> None:
         self.members = {k[len(NODE_PARAM):]: v for k, v in self.catalogue.global_parameters.items()
@@ -540,11 +574,17 @@ class ClusterBroker:
     # ------------------------------------------------------------ publishing to other nodes
 
     def forward(self, queues: list[RemoteQueue], msg: Message, channel, seq: int) -> tuple[int, bool]:
-        """Send a routed message to the home nodes of `queues`. Returns (accepts to wait for,
-        refused): a durable queue whose home is down refuses it."""
+        """Send a routed message to the home nodes of `queues` (to the Raft leader of a quorum
+        queue). Returns (accepts to wait for, refused): a durable queue whose home is down
+        refuses it."""
         by_home: dict[str, list[str]] = {}
         refused = False
+        waits = 0
         for q in queues:
+            if q.quorum:
+                self.quorum.publish(q, msg, channel, seq)
+                waits += 1
+                continue
             if not self.is_up(q.home_node):
                 refused = refused or q.durable
                 continue
@@ -556,14 +596,9 @@ class ClusterBroker:
             self._pub_tokens[token] = (home, channel, seq, session)
             self._out_pubs.setdefault(home, []).append(
                 [token, vhost, names, msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent])
-            if session is None:
-                continue
-            n = self._session_inflight.get(session, 0) + 1
-            self._session_inflight[session] = n
-            if n >= PUBLISH_WINDOW and session not in self._paused_sessions and session.transport_hooks:
-                self._paused_sessions.add(session)
-                session.transport_hooks.pause_reading()
-        return len(by_home), refused
+            if session is not None:
+                self.window_add(session)
+        return len(by_home) + waits, refused
 
     def _publish_accepted(self, token: int, refused: bool) -> None:
         item = self._pub_tokens.pop(token, None)
@@ -572,6 +607,24 @@ class ClusterBroker:
         _home, ch, seq, session = item
         if session is None:
             return
+        self.window_done(session)
+        if seq and not ch.closed:
+            if refused:
+                ch.confirm_wait_count.pop(seq, None)
+                ch.nack_publish(seq)
+            else:
+                ch.accepted(seq)
+            self.output(session)
+
+    def window_add(self, session) -> None:
+        """One more of this session's publishes is in flight to another node (or a Raft leader)."""
+        n = self._session_inflight.get(session, 0) + 1
+        self._session_inflight[session] = n
+        if n >= PUBLISH_WINDOW and session not in self._paused_sessions and session.transport_hooks:
+            self._paused_sessions.add(session)
+            session.transport_hooks.pause_reading()
+
+    def window_done(self, session) -> None:
         n = self._session_inflight.get(session, 1) - 1
         if n <= 0:
             self._session_inflight.pop(session, None)
@@ -581,15 +634,12 @@ class ClusterBroker:
             self._paused_sessions.discard(session)
             if not session.closed and not session.flow_queues and not session.blocked and session.transport_hooks:
                 session.transport_hooks.resume_reading()
-        if seq and not ch.closed:
-            if refused:
-                ch.confirm_wait_count.pop(seq, None)
-                ch.nack_publish(seq)
-            else:
-                ch.accepted(seq)
-            if not session.output_pending:
-                session.output_pending = True
-                self.broker.output_due(session)
+
+    def output(self, session) -> None:
+        """Something was queued for this session's client: have the loop write it."""
+        if session is not None and not session.output_pending:
+            session.output_pending = True
+            self.broker.output_due(session)
 
     def _on_publishes(self, origin: str, pubs: list) -> None:
         b = self.broker
@@ -741,6 +791,12 @@ class ClusterBroker:
             rows = self.lister(args[0], args[1]) if self.lister is not None else []
             self.send(origin, ["RR", rid, [200, rows]])
             return
+        if kind == "qstatus":  # this node's view of a quorum queue's Raft group: [gid]
+            self.send(origin, ["RR", rid, [200, self.quorum.local_status(args[0])]])
+            return
+        if kind == "qmember":  # on a quorum queue's leader: [gid, "add"|"remove", node]
+            self.send(origin, ["RR", rid, self.quorum.membership_op(args[0], args[1], args[2])])
+            return
         vhost, qname = args[0], args[1]
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
@@ -823,6 +879,10 @@ class ClusterBroker:
             item = self._calls.pop(payload[1], None)
             if item is not None:
                 item[1](payload[2] if kind == "RR" else [payload[2], payload[3]])
+        elif kind == "QP":
+            self.quorum.on_forwarded(payload[1], payload[2])
+        elif kind == "QE":
+            self.quorum.on_effects(payload[1])
         elif kind == "ST":
             self._on_stats(payload[1])
         elif kind == "NI":
@@ -846,23 +906,31 @@ class ClusterBroker:
             dels, self._out_deliveries = self._out_deliveries, {}
             for (origin, cid), items in dels.items():
                 self.send(origin, ["D", cid, items])
+        self.quorum.flush()
 
     def stats(self) -> list:
         return [[q.vhost, q.name, q.message_count, q.unacked_count, q.consumer_count]
                 for v in self.broker.vhosts.values() for q in v.queues.values()
-                if not getattr(q, "remote", False)]
+                if not q.remote] + self.quorum.stats()
 
     def _on_stats(self, rows: list) -> None:
         for vhost, name, ready, unacked, consumers in rows:
             v = self.broker.vhosts.get(vhost)
             q = v.queues.get(name) if v is not None else None
-            if q is not None and getattr(q, "remote", False):
+            if q is not None and q.quorum:
+                q.figures = (ready, unacked, consumers)
+            elif q is not None and q.remote:
                 q.ready, q.unacked_remote, q.consumers_remote = ready, unacked, consumers
 
     # ------------------------------------------------------------ peers coming and going
 
+    def peer_up(self, peer: str) -> None:
+        self.quorum.peer_up(peer)
+        self.broker.schedule()
+
     def peer_down(self, peer: str) -> None:
         b = self.broker
+        self.quorum.peer_down(peer)
         # publishes it had not accepted: nacked, never silently confirmed
         for token, (home, *_rest) in list(self._pub_tokens.items()):
             if home == peer:

@@ -1,11 +1,11 @@
 """Definitions: users, vhosts, permissions, policies, exchanges, queues and bindings as JSON.
 
 The format is RabbitMQ's definitions export (`rabbitmqctl export_definitions`,
-`GET /api/definitions`), so files move between RabbitMQ and hutch. A node also keeps its own
-durable definitions in this format (`definitions.json` in its data directory), rewritten
-atomically (write, fsync, rename, fsync the directory) whenever a durable thing changes, and
-read back at start-up. Only durable exchanges and queues, and bindings whose both ends are
-durable, are kept — the rest dies with the node, as in RabbitMQ.
+`GET /api/definitions`), so files move between RabbitMQ and hutch. This module exports a
+node's objects and checks a document's shape; importing goes through the cluster catalogue
+(`hutch.cluster.catalogue.from_definitions`), which is also where a node keeps its
+definitions. A `definitions.json` left in a data directory by an older hutch is brought into
+the catalogue once, at the first start (`hutch.server.clustering`).
 
 Queue records carry one hutch-only field, `hutch_id`: the identity under which a durable
 queue's messages are journalled. A queue deleted and declared again gets a new id, so
@@ -14,13 +14,10 @@ records of the old one can never reappear in the new one. Exports for users leav
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hutch import __version__
-from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
+from hutch.broker.exchanges import EXCHANGE, QUEUE
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker
@@ -142,82 +139,3 @@ def validate(doc: Any) -> None:
         if b["destination_type"] not in (QUEUE, EXCHANGE):
             raise DefinitionsError(f"binding destination_type must be 'queue' or 'exchange', "
                                    f"got '{b['destination_type']}'")
-
-
-def apply(broker: Broker, doc: dict[str, Any]) -> None:
-    """Import a (validated) document into the broker. Existing things are kept or updated."""
-    from hutch.broker.broker import User, hash_password
-
-    validate(doc)
-    for v in doc.get("vhosts", []):
-        broker.add_vhost(v["name"])
-    for u in doc.get("users", []):
-        ph = u.get("password_hash") or hash_password(u.get("password", ""))
-        tags = u.get("tags", [])
-        if isinstance(tags, str):
-            tags = [t for t in tags.split(",") if t]
-        old = broker.users.get(u["name"])
-        user = User(u["name"], ph, list(tags))
-        if old is not None:
-            user.permissions = old.permissions
-        broker.users[u["name"]] = user
-    for p in doc.get("permissions", []):
-        user = broker.users.get(p["user"])
-        if user is None:
-            raise DefinitionsError(f"permission for unknown user '{p['user']}'")
-        if p["vhost"] not in broker.vhosts:
-            broker.add_vhost(p["vhost"])
-        user.set_permissions(p["vhost"], p["configure"], p["write"], p["read"])
-    for pol in doc.get("policies", []):
-        broker.policies = [x for x in broker.policies if not (x["vhost"] == pol["vhost"] and x["name"] == pol["name"])]
-        broker.policies.append(dict(pol))
-    for x in doc.get("exchanges", []):
-        vhost = broker.add_vhost(x["vhost"])
-        if x["name"] not in vhost.exchanges:
-            broker.add_exchange(vhost, Exchange(x["name"], x["type"], durable=bool(x.get("durable", True)),
-                                                auto_delete=bool(x.get("auto_delete", False)),
-                                                internal=bool(x.get("internal", False)),
-                                                arguments=x.get("arguments") or {}), persist=False)
-    for q in doc.get("queues", []):
-        vhost = broker.add_vhost(q["vhost"])
-        if q["name"] not in vhost.queues:
-            queue = broker.declare_queue(vhost, q["name"], durable=bool(q.get("durable", True)), exclusive=False,
-                                         auto_delete=bool(q.get("auto_delete", False)),
-                                         arguments=q.get("arguments") or {}, owner=None, persist=False)
-            if q.get("hutch_id"):
-                queue.journal_id = int(q["hutch_id"])
-    for b in doc.get("bindings", []):
-        vhost = broker.add_vhost(b["vhost"])
-        if b["source"] in vhost.exchanges and (
-                b["destination"] in (vhost.queues if b["destination_type"] == QUEUE else vhost.exchanges)):
-            vhost.bind(b["source"], b["destination_type"], b["destination"], b.get("routing_key", ""),
-                       b.get("arguments") or {})
-
-
-class DefinitionsFile:
-    """The node's durable definitions on disk, replaced atomically."""
-
-    def __init__(self, data_dir: str | os.PathLike):
-        self.path = Path(data_dir) / "definitions.json"
-
-    def load(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return None
-
-    def save(self, doc: dict[str, Any]) -> None:
-        tmp = self.path.with_suffix(".json.tmp")
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)

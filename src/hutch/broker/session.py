@@ -24,8 +24,11 @@ from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.cluster import RemoteConsumer, RemoteEntry
 from hutch.broker.cluster import home_down as cluster_home_down
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from hutch.broker.quorumq import QuorumConsumer, place_members
+from hutch.broker.quorumq import not_implemented_global_qos as quorum_global_qos
 from hutch.cluster import catalogue as cat
 from hutch.queues.message import Message
+from hutch.quorum import fifo
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker
@@ -173,6 +176,16 @@ class Session:
                 if not err.class_id:
                     err.on(*divmod(m.index, 0x10000))
                 self.fail(ch.number, err)
+            except Exception:  # a fault in hutch: this connection closes, as in receive()
+                log.exception("Error on AMQP connection %s (%s): internal error; closing the connection",
+                              id(self), self.name)
+                self._events = None
+                self._backlog.clear()
+                self.proto.close(spec.INTERNAL_ERROR, "internal error")
+                self.teardown()
+                if not self.output_pending:
+                    self.output_pending = True
+                    self.broker.output_due(self)
             if self.closed:
                 return
             if self.transport_hooks is not None and not self.flow_queues and not self.blocked:
@@ -478,15 +491,11 @@ class Session:
             if name.startswith("amq."):
                 raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
             qargs.validate_exchange_args(args, name, vhost.name)
-            if self.broker.cluster is not None:
-                cmd = cat.DeclareExchange(vhost.name, name, xtype, bool(m.durable), bool(m.auto_delete),
-                                          bool(m.internal), dict(args))
-                self.catalogue_change(ch, m, cmd, lambda _r: m.nowait or self.send_method(
-                    ch.number, commands.Exchange.DeclareOk()))
-                return
-            x = Exchange(name, xtype, durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
-                         arguments=args)
-            self.broker.add_exchange(vhost, x)
+            cmd = cat.DeclareExchange(vhost.name, name, xtype, bool(m.durable), bool(m.auto_delete),
+                                      bool(m.internal), dict(args))
+            self.catalogue_change(ch, m, cmd, lambda _r: m.nowait or self.send_method(
+                ch.number, commands.Exchange.DeclareOk()))
+            return
         else:
             def ineq(arg: str, got: str, cur: str) -> AMQPError:
                 return precondition_failed(f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
@@ -516,12 +525,9 @@ class Session:
         if x is not None:
             if m.if_unused and vhost.exchange_in_use(x):
                 raise precondition_failed(f"exchange '{name}' in vhost '{vhost.name}' in use")
-            if self.broker.cluster is not None:
-                self.catalogue_change(ch, m, cat.DeleteExchange(vhost.name, name, bool(m.if_unused)),
-                                      lambda _r: m.nowait or self.send_method(ch.number,
-                                                                              commands.Exchange.DeleteOk()))
-                return
-            self.broker.delete_exchange(vhost, x)
+            self.catalogue_change(ch, m, cat.DeleteExchange(vhost.name, name, bool(m.if_unused)),
+                                  lambda _r: m.nowait or self.send_method(ch.number, commands.Exchange.DeleteOk()))
+            return
         if not m.nowait:
             self.send_method(ch.number, commands.Exchange.DeleteOk())
 
@@ -553,18 +559,12 @@ class Session:
         self.broker.check_permission(self.user, vhost.name, "write", kind, destination)
         self.broker.check_permission(self.user, vhost.name, "read", "exchange", source)
         nowait = getattr(m, "nowait", False)
-        if self.broker.cluster is not None:
-            exists = vhost.exchanges[source].has_binding(destination, kind, routing_key, arguments)
-            if exists != bind:
-                kind_c = cat.QUEUE if kind == QUEUE else cat.EXCHANGE
-                cmd = (cat.Bind if bind else cat.Unbind)(vhost.name, source, kind_c, destination, routing_key,
-                                                         dict(arguments or {}))
-                self.catalogue_change(ch, m, cmd, lambda _r: nowait or self.send_method(ch.number, ok()))
-                return
-        elif bind:
-            self.broker.bind(vhost, source, kind, destination, routing_key, arguments or {})
-        else:
-            self.broker.unbind(vhost, source, kind, destination, routing_key, arguments or {})
+        if vhost.exchanges[source].has_binding(destination, kind, routing_key, arguments) != bind:
+            kind_c = cat.QUEUE if kind == QUEUE else cat.EXCHANGE
+            cmd = (cat.Bind if bind else cat.Unbind)(vhost.name, source, kind_c, destination, routing_key,
+                                                     dict(arguments or {}))
+            self.catalogue_change(ch, m, cmd, lambda _r: nowait or self.send_method(ch.number, ok()))
+            return
         if not nowait:
             self.send_method(ch.number, ok())
 
@@ -599,11 +599,8 @@ class Session:
                 # as RabbitMQ: whoever declares a dead-lettering queue must be allowed to publish there
                 self.broker.check_permission(self.user, vhost.name, "write", "exchange",
                                              dlx.decode() if isinstance(dlx, bytes) else dlx)
-            if self.broker.cluster is not None:
-                self._declare_in_cluster(ch, m, name, args)
-                return
-            q = self.broker.declare_queue(vhost, name, durable=bool(m.durable), exclusive=bool(m.exclusive),
-                                          auto_delete=bool(m.auto_delete), arguments=args, owner=self)
+            self._declare_new(ch, m, name, args)
+            return
         else:
             vhost.queue(name, owner=self)  # 405 for another connection's exclusive queue
 
@@ -625,7 +622,7 @@ class Session:
 
     def _declare_ok(self, ch: Channel, m, q) -> None:
         """queue.declare-ok with the queue's counts (asked of its home node when that is another)."""
-        if q.remote:
+        if q.remote and not q.quorum:
             self.remote_call(ch, m, q, "stat", [], lambda r: m.nowait or self.send_method(
                 ch.number, commands.Queue.DeclareOk(queue=q.name, message_count=r[1], consumer_count=r[2])))
             return
@@ -633,17 +630,24 @@ class Session:
             self.send_method(ch.number, commands.Queue.DeclareOk(queue=q.name, message_count=q.message_count,
                                                                  consumer_count=q.consumer_count))
 
-    def _declare_in_cluster(self, ch: Channel, m, name: str, args: dict) -> None:
-        """A new queue: its record goes through the catalogue with the home node chosen here."""
+    def _declare_new(self, ch: Channel, m, name: str, args: dict) -> None:
+        """A new queue: its record goes through the catalogue, with the home node chosen here."""
         vhost = self.vhost
         cl = self.broker.cluster
-        qargs.queue_settings(args, name, vhost.name)  # 406 for bad x- arguments, before anything changes
+        s = qargs.queue_settings(args, name, vhost.name)  # 406 for bad x- arguments, before anything changes
         exclusive = bool(m.exclusive)
         durable = bool(m.durable)
-        home = cl.choose_home(args, exclusive, vhost.name, name)
-        journal_id = (int.from_bytes(os.urandom(8), "big") >> 1 or 1) if durable and not exclusive else 0
-        cmd = cat.DeclareQueue(vhost.name, name, cat.CLASSIC, durable, bool(m.auto_delete),
-                               cl.owner_id(self) if exclusive else None, dict(args), home, (), journal_id)
+        if s.queue_type == cat.QUORUM:
+            try:
+                fifo.quorum_config(args, name, vhost.name, durable=durable, exclusive=exclusive,
+                                   auto_delete=bool(m.auto_delete))
+            except fifo.QuorumArgumentError as e:
+                raise precondition_failed(e.text) from None
+            leader, members = place_members(cl, args, name, vhost.name)
+            gid = int.from_bytes(os.urandom(8), "big") >> 1 or 1
+            cmd = cat.DeclareQueue(vhost.name, name, cat.QUORUM, True, False, None, dict(args), leader, members, gid)
+        else:
+            cmd = self._classic_declare(cl, name, args, exclusive, durable, bool(m.auto_delete))
 
         def done(_res: cat.Result) -> None:
             q = vhost.queue(name, owner=self)
@@ -652,6 +656,15 @@ class Session:
                 self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
                                                                      consumer_count=q.consumer_count))
         self.catalogue_change(ch, m, cmd, done)
+
+    def _classic_declare(self, cl, name: str, args: dict, exclusive: bool, durable: bool,
+                         auto_delete: bool) -> cat.DeclareQueue:
+        vhost = self.vhost
+        home = cl.choose_home(args, exclusive, vhost.name, name)
+        journal_id = (int.from_bytes(os.urandom(8), "big") >> 1 or 1) if durable and not exclusive else 0
+        return cat.DeclareQueue(vhost.name, name, cat.CLASSIC, durable, auto_delete,
+                                cl.owner_id(self) if exclusive else None, dict(args), home, (), journal_id,
+                                cl.incarnation if home == cl.node else 0)
 
     def queue_bind(self, ch: Channel, m) -> None:
         self._bind(ch, m, m.exchange, QUEUE, self._queue_name(ch, m.queue), m.routing_key, m.arguments, True,
@@ -669,6 +682,10 @@ class Session:
         vhost = self.vhost
         q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        if q.quorum:
+            self.quorum_call(ch, m, q, fifo.Purge(self.broker.now_ms()), lambda r: m.nowait or self.send_method(
+                ch.number, commands.Queue.PurgeOk(message_count=r[1])))
+            return
         if q.remote:
             self.remote_call(ch, m, q, "purge", [], lambda r: m.nowait or self.send_method(
                 ch.number, commands.Queue.PurgeOk(message_count=r[1])))
@@ -749,6 +766,9 @@ class Session:
             raise access_refused(f"queue '{q.name}' in vhost '{vhost.name}' in exclusive use")
         args = m.arguments or {}
         priority = qargs.consumer_priority(args)
+        if q.quorum:
+            self._consume_quorum(ch, m, q, tag, priority, dict(args))
+            return
         if q.remote:
             self._consume_remote(ch, m, q, tag, priority, dict(args))
             return
@@ -758,6 +778,41 @@ class Session:
         ch.add_consumer(c)
         self.broker.dirty_queues.add(q)
         self.broker.schedule()
+
+    def _consume_quorum(self, ch: Channel, m, q, tag: str, priority: int, args: dict) -> None:
+        if ch.global_prefetch:
+            raise quorum_global_qos(q)  # as RabbitMQ 3.10: a connection error
+        cl = self.broker.cluster
+        consumer_id = cl.quorum.owner_id()
+        c = QuorumConsumer(consumer_id, tag, q, ch, bool(m.no_ack), bool(m.exclusive), priority, ch.prefetch, args)
+        q.add_consumer(c)  # deliveries may follow the commit before the answer does
+
+        def done(_r) -> None:
+            if ch.closed or q.deleted:
+                q.remove_consumer(c)
+                return
+            if not m.nowait:
+                self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
+            ch.consumers[tag] = c
+        self.quorum_call(ch, m, q, fifo.Checkout(consumer_id, tag, c.prefetch, priority, c.no_ack,
+                                                 self.broker.now_ms()), done, undo=lambda: q.remove_consumer(c))
+
+    def quorum_call(self, ch: Channel, m, q, cmd, done, undo=None) -> None:
+        """Propose a command to a quorum queue's leader and finish the method with its answer;
+        541 when no leader answers within metadata_timeout_ms."""
+        resume = self.park(ch, m)
+
+        def answered(result) -> None:
+            def finish() -> None:
+                if result is None:
+                    if undo is not None:
+                        undo()
+                    raise AMQPError(spec.INTERNAL_ERROR, f"timed out waiting for a leader of queue '{q.name}' in "
+                                                         f"vhost '{q.vhost}': no majority of its members "
+                                                         f"({', '.join(q.members)}) is reachable")
+                done(result)
+            resume(finish)
+        self.broker.cluster.quorum.propose(q, cmd, answered)
 
     def _consume_remote(self, ch: Channel, m, q, tag: str, priority: int, args: dict) -> None:
         cl = self.broker.cluster
@@ -796,6 +851,12 @@ class Session:
         vhost = self.vhost
         q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
         self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        if q.quorum:
+            cl = self.broker.cluster
+            requester = cl.quorum.owner_id()
+            self.quorum_call(ch, m, q, fifo.Get(requester, bool(m.no_ack), self.broker.now_ms()),
+                             lambda r: self._got_remote(ch, m, q, cl.quorum.got(q, requester, r, bool(m.no_ack))))
+            return
         if q.remote:
             self.remote_call(ch, m, q, "get", [bool(m.no_ack)], lambda r: self._got_remote(ch, m, q, r[1]))
             return
@@ -820,7 +881,10 @@ class Session:
         if got is None:
             self.send_method(ch.number, commands.Basic.GetEmpty())
             return
-        seq, redelivered, route, count, props, body = got
+        if q.quorum:
+            seq, _delivery_count, redelivered, route, count, props, body = got
+        else:
+            seq, redelivered, route, count, props, body = got
         ch.delivery_tag += 1
         tag = ch.delivery_tag
         if not m.no_ack:

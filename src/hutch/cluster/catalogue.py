@@ -124,6 +124,9 @@ class QueueRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     leader_node: str = ""  # the home node of a classic queue, the leader of a mirrored or quorum one
     member_nodes: tuple[str, ...] = ()  # mirrors of a classic queue, Raft members of a quorum queue
     journal_id: int = 0  # the identity its messages are journalled under; new on every declare
+    # a transient (non-durable or exclusive) queue lives as long as its home node's run that
+    # created it: the run's random incarnation, 0 when the proposer did not know it
+    home_incarnation: int = 0
 
 
 class PolicyRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -228,6 +231,7 @@ class DeclareQueue(Command, tag="queue.declare"):
     leader_node: str = ""
     member_nodes: tuple[str, ...] = ()
     journal_id: int = 0
+    home_incarnation: int = 0
 
 
 class DeleteQueue(Command, tag="queue.delete"):
@@ -603,7 +607,8 @@ class Catalogue:
         old = self.queues.get((c.vhost, c.name))
         if old is None:
             rec = QueueRecord(c.vhost, c.name, c.type, bool(c.durable), bool(c.auto_delete), c.exclusive_owner,
-                              dict(c.arguments), c.leader_node, tuple(c.member_nodes), c.journal_id)
+                              dict(c.arguments), c.leader_node, tuple(c.member_nodes), c.journal_id,
+                              c.home_incarnation)
             self.queues[(c.vhost, c.name)] = rec
             return Result(CREATED, queue=rec)
         if old.exclusive_owner is not None and old.exclusive_owner != c.exclusive_owner:

@@ -26,7 +26,7 @@ import re
 
 from aiohttp import web
 
-from hutch.broker.broker import User, hash_password
+from hutch.broker.broker import hash_password
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, ops, shapes
 from hutch.control.app import api_of, read_json, requires, user_of
@@ -124,15 +124,7 @@ async def put_user(request: web.Request) -> web.Response:
     else:
         old = broker.users.get(name)
         password_hash = old.password_hash if old is not None else ""  # no password: cannot log in with one
-    if broker.cluster is not None:
-        return changes.put_answer(await changes.commit(broker, cat.PutUser(name, password_hash, tuple(tags))))
-    old = broker.users.get(name)
-    u = User(name, password_hash, tags)
-    if old is not None:
-        u.permissions = old.permissions
-    broker.users[name] = u
-    broker.persist_definitions()
-    return web.Response(status=204 if old is not None else 201)
+    return changes.put_answer(await changes.commit(broker, cat.PutUser(name, password_hash, tuple(tags))))
 
 
 @routes.delete("/api/users/{name}")
@@ -177,7 +169,6 @@ async def get_vhost(request: web.Request) -> web.Response:
 @routes.put("/api/vhosts/{name}")
 @requires("administrator")
 async def put_vhost(request: web.Request) -> web.Response:
-    broker = api_of(request).broker
     name = request.match_info["name"]
     _check_name("vhost", name)
     body = await read_json(request, required=False)
@@ -187,23 +178,10 @@ async def put_vhost(request: web.Request) -> web.Response:
     tags = parse_tags(body["tags"]) if "tags" in body else None
     if "tracing" in body and not isinstance(body["tracing"], bool):
         raise bad_request("tracing must be true or false")
-    if broker.cluster is not None:
-        return await _put_vhost_in_cluster(request, name, description, tags, body.get("tracing"))
-    existed = name in broker.vhosts
-    v = broker.add_vhost(name)
-    if not existed:  # as RabbitMQ's API does: the creator may use the vhost it made
-        user_of(request).set_permissions(name, ".*", ".*", ".*")
-    if description is not None:
-        v.description = description
-    if tags is not None:
-        v.tags = tags
-    if "tracing" in body:
-        v.tracing = body["tracing"]
-    broker.persist_definitions()
-    return web.Response(status=204 if existed else 201)
+    return await _put_vhost(request, name, description, tags, body.get("tracing"))
 
 
-async def _put_vhost_in_cluster(request: web.Request, name: str, description: str | None, tags: list[str] | None,
+async def _put_vhost(request: web.Request, name: str, description: str | None, tags: list[str] | None,
                                 tracing: bool | None) -> web.Response:
     """PUT /api/vhosts/{name} on a clustered node: what the request leaves out stays as it is."""
     broker = api_of(request).broker
@@ -288,12 +266,7 @@ async def put_permission(request: web.Request) -> web.Response:
     u = broker.users.get(name)
     if u is None or vhost not in broker.vhosts:
         raise bad_request("vhost_or_user_not_found")
-    if broker.cluster is not None:
-        return changes.put_answer(await changes.commit(broker, cat.SetPermissions(name, vhost, *regexes)))
-    existed = vhost in u.permissions
-    u.set_permissions(vhost, *regexes)
-    broker.persist_definitions()
-    return web.Response(status=204 if existed else 201)
+    return changes.put_answer(await changes.commit(broker, cat.SetPermissions(name, vhost, *regexes)))
 
 
 @routes.delete("/api/permissions/{vhost}/{user}")
@@ -304,8 +277,4 @@ async def delete_permission(request: web.Request) -> web.Response:
     u = broker.users.get(name)
     if u is None or vhost not in u.permissions:
         raise not_found()
-    if broker.cluster is not None:
-        return changes.delete_answer(await changes.commit(broker, cat.ClearPermissions(name, vhost)))
-    del u.permissions[vhost]
-    broker.persist_definitions()
-    return web.Response(status=204)
+    return changes.delete_answer(await changes.commit(broker, cat.ClearPermissions(name, vhost)))

@@ -83,14 +83,7 @@ def check(broker, doc: Any) -> dict[str, Any]:
 
 async def import_document(broker, doc: Any) -> None:
     doc = check(broker, doc)
-    if broker.cluster is not None:
-        await changes.commit_all(broker, cluster_commands(broker, doc))
-        return
-    try:
-        definitions.apply(broker, doc)
-    except definitions.DefinitionsError as e:  # pragma: no cover - check() catches these first
-        raise bad_request(f"invalid definitions: {e}") from None
-    broker.persist_definitions()
+    await changes.commit_all(broker, cluster_commands(broker, doc))
 
 
 INTERNAL_GLOBAL_PREFIX = "hutch_"  # a cluster's own global parameters (member addresses): never imported

@@ -1,12 +1,11 @@
 """What the API does to the broker beyond one broker method: publish and get over HTTP,
 close a connection, delete a vhost, delete a user, the aliveness test, the cluster name.
 
-Each operation checks everything it can before it changes anything, then changes the
-broker only through its own methods (declare, delete, purge, enqueue, settle, dead-letter,
-persist_definitions), so an HTTP change is the same change an AMQP client would make. On a
-clustered node the vhosts, users, queues and global parameters are the catalogue's, so the
-operations that change them (the `async` ones) commit a catalogue command instead
-(`hutch.control.changes`) and act on this node only once it is applied.
+Each operation checks everything it can before it changes anything. Definitions (vhosts,
+users, queues, global parameters) are the cluster catalogue's, so the operations that change
+them (the `async` ones) commit a catalogue command (`hutch.control.changes`) and act on this
+node only once it is applied; messages change through the broker's own methods (enqueue,
+settle, purge, dead-letter), so an HTTP change is the same change an AMQP client would make.
 """
 
 from __future__ import annotations
@@ -252,28 +251,16 @@ def close_connection(broker: Broker, s: Session, reason: str) -> None:
         asyncio.get_running_loop().call_later(CLOSE_OK_WAIT_S, hooks.close_after_flush)
 
 
-def aliveness_test(broker: Broker, user: User, v: VHost) -> None:
-    """Declare `aliveness-test`, publish one message to it and get it back, as RabbitMQ does
-    (a single node; `run_aliveness_test` also works in a cluster)."""
-    q = v.queues.get(ALIVENESS_QUEUE)
-    if q is None:
-        broker.check_permission(user, v.name, "configure", "queue", ALIVENESS_QUEUE)
-        q = broker.declare_queue(v, ALIVENESS_QUEUE, durable=False, exclusive=False, auto_delete=False,
-                                 arguments={}, owner=None)
-    _aliveness_round_trip(broker, user, v, q)
-
-
 async def run_aliveness_test(broker: Broker, user: User, v: VHost) -> None:
-    """The aliveness test on any node. In a cluster a missing `aliveness-test` queue is
-    declared through the catalogue, homed on this node; one homed on another node is used
-    there (the message and the get travel on the same peer link, in that order)."""
-    if broker.cluster is None:
-        return aliveness_test(broker, user, v)
+    """Declare `aliveness-test`, publish one message to it and get it back, as RabbitMQ does.
+    A missing queue is declared through the catalogue, homed on this node; one homed on
+    another node is used there (the message and the get travel on the same peer link, in
+    that order)."""
     cl = broker.cluster
     if v.queues.get(ALIVENESS_QUEUE) is None:
         broker.check_permission(user, v.name, "configure", "queue", ALIVENESS_QUEUE)
         await changes.commit(broker, cat.DeclareQueue(v.name, ALIVENESS_QUEUE, cat.CLASSIC, False, False, None,
-                                                      {}, cl.node, (), 0))
+                                                      {}, cl.node, (), 0, cl.incarnation))
     q = v.queues.get(ALIVENESS_QUEUE)
     if q is None:
         raise bad_request("aliveness-test queue was deleted during the test")
@@ -308,35 +295,10 @@ def _aliveness_round_trip(broker: Broker, user: User, v: VHost, q: ClassicQueue)
         raise bad_request("aliveness-test message could not be fetched")
 
 
-def delete_vhost(broker: Broker, name: str) -> None:
-    """Delete a vhost: its connections are closed, its queues deleted (with their messages),
-    its permissions and policies dropped."""
-    v = broker.vhosts[name]
-    for s in list(broker.sessions):
-        if s.vhost is v and not s.closed:
-            close_connection(broker, s, f"vhost '{name}' is deleted")
-    for q in list(v.queues.values()):
-        broker.delete_queue(q)
-    del broker.vhosts[name]
-    for u in broker.users.values():
-        u.permissions.pop(name, None)
-    broker.policies = [p for p in broker.policies if p.get("vhost") != name]
-    broker.persist_definitions()
-    log.info("deleted vhost '%s'", name)
-
-
-def delete_user(broker: Broker, name: str) -> None:
-    del broker.users[name]
-    broker.persist_definitions()
-    log.info("deleted user '%s'", name)
-
-
 async def remove_vhost(broker: Broker, name: str) -> bool:
-    """DELETE /api/vhosts/{name}. False when it was gone already (in a cluster, deleted by
+    """DELETE /api/vhosts/{name}: its queues, exchanges, permissions and policies go with it,
+    its connections on this node are closed. False when it was gone already (deleted by
     someone else before this delete committed)."""
-    if broker.cluster is None:
-        delete_vhost(broker, name)
-        return True
     v = broker.vhosts[name]
     res = await changes.commit(broker, cat.DeleteVhost(name))
     # its queues, exchanges, permissions and policies went with the catalogue's record; the
@@ -351,9 +313,6 @@ async def remove_vhost(broker: Broker, name: str) -> bool:
 
 async def remove_user(broker: Broker, name: str) -> bool:
     """DELETE /api/users/{name}. False when it was gone already."""
-    if broker.cluster is None:
-        delete_user(broker, name)
-        return True
     res = await changes.commit(broker, cat.DeleteUser(name))
     if res.status == cat.DELETED:
         log.info("deleted user '%s'", name)
@@ -361,8 +320,5 @@ async def remove_user(broker: Broker, name: str) -> bool:
 
 
 async def set_cluster_name(broker: Broker, name: str) -> None:
-    """PUT /api/cluster-name: a global parameter of the catalogue in a cluster."""
-    if broker.cluster is None:
-        broker.config.cluster_name = name
-        return
+    """PUT /api/cluster-name: a global parameter of the catalogue."""
     await changes.commit(broker, cat.SetGlobalParameter("cluster_name", name))

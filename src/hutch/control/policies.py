@@ -94,12 +94,7 @@ async def put_policy(request: web.Request) -> web.Response:
     old = _find(broker.policies, vhost, name)
     if old is None and len(broker.policies) >= POLICIES_MAX:
         raise bad_request(f"too many policies (at most {POLICIES_MAX})")
-    if broker.cluster is not None:
-        return changes.put_answer(await changes.commit(broker, set_policy_command(record)))
-    broker.policies = [p for p in broker.policies if p is not old] + [record]
-    broker.policies.sort(key=lambda p: (p["vhost"], p["name"]))
-    broker.persist_definitions()
-    return web.Response(status=204 if old is not None else 201)
+    return changes.put_answer(await changes.commit(broker, set_policy_command(record)))
 
 
 @routes.delete("/api/policies/{vhost}/{name}")
@@ -111,8 +106,4 @@ async def delete_policy(request: web.Request) -> web.Response:
     old = _find(broker.policies, vhost, name)
     if old is None:
         raise not_found()
-    if broker.cluster is not None:
-        return changes.delete_answer(await changes.commit(broker, cat.ClearPolicy(vhost, name)))
-    broker.policies = [p for p in broker.policies if p is not old]
-    broker.persist_definitions()
-    return web.Response(status=204)
+    return changes.delete_answer(await changes.commit(broker, cat.ClearPolicy(vhost, name)))

@@ -116,7 +116,7 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         "exclusive": q.exclusive_owner is not None,
         "arguments": jsonable(q.arguments),
         "node": q.home_node or broker.config.node_name,
-        "type": "classic",
+        "type": "quorum" if q.quorum else "classic",
         "state": "running",
         **policy_fields(broker, q.vhost, q.name, "queue"),
         "messages": ready + unacked,
@@ -134,6 +134,10 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         "recoverable_slaves": None,
         "message_stats": {"publish": q.stats_published, "deliver_get": q.stats_delivered, "ack": q.stats_acked},
     }
+    if q.quorum:
+        out["leader"] = q.home_node
+        out["members"] = list(q.members)
+        out["online"] = q.online()
     owner = q.exclusive_owner
     if owner is not None and hasattr(owner, "peer"):
         host, port = _host_port(owner.peer)

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from hutch.amqp.spec import AMQPError, access_refused, precondition_failed
 from hutch.broker import arguments as qargs
-from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, listing, ops, shapes
 from hutch.control.app import Api, api_of, read_json, user_of
@@ -154,12 +154,8 @@ async def put_exchange(request: web.Request) -> web.Response:
     if name.startswith("amq."):
         raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
     qargs.validate_exchange_args(args, name, v.name)
-    if broker.cluster is not None:
-        return changes.put_answer(await changes.commit(
-            broker, cat.DeclareExchange(v.name, name, xtype, durable, auto_delete, internal, args)))
-    broker.add_exchange(v, Exchange(name, xtype, durable=durable, auto_delete=auto_delete, internal=internal,
-                                    arguments=args))
-    return web.Response(status=201)
+    return changes.put_answer(await changes.commit(
+        broker, cat.DeclareExchange(v.name, name, xtype, durable, auto_delete, internal, args)))
 
 
 @routes.delete("/api/exchanges/{vhost}/{name}")
@@ -179,10 +175,7 @@ async def delete_exchange(request: web.Request) -> web.Response:
     if_unused = _query_flag(request, "if-unused")
     if if_unused and v.exchange_in_use(x):
         raise precondition_failed(f"exchange '{name}' in vhost '{v.name}' in use")
-    if broker.cluster is not None:
-        return changes.delete_answer(await changes.commit(broker, cat.DeleteExchange(v.name, name, if_unused)))
-    broker.delete_exchange(v, x)
-    return web.Response(status=204)
+    return changes.delete_answer(await changes.commit(broker, cat.DeleteExchange(v.name, name, if_unused)))
 
 
 @routes.get("/api/exchanges/{vhost}/{name}/bindings/source")
@@ -249,7 +242,7 @@ async def put_queue(request: web.Request) -> web.Response:
     auto_delete = _flag(body, "auto_delete", False)
     args = _arguments(body)
     node = body.get("node")
-    members = broker.cluster.members if broker.cluster is not None else (broker.config.node_name,)
+    members = broker.cluster.members
     if node is not None and node not in members:
         raise bad_request(f"node '{node}' is not a member of this cluster")
     broker.check_permission(user, v.name, "configure", "queue", name)
@@ -263,15 +256,12 @@ async def put_queue(request: web.Request) -> web.Response:
         return web.Response(status=204)
     if name.startswith("amq."):
         raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-    if broker.cluster is not None:
-        qargs.queue_settings(args, name, v.name)  # 400 for bad x- arguments, before anything changes
-        home = node or broker.cluster.choose_home(args, False, v.name, name)
-        journal_id = changes.new_journal_id() if durable else 0
-        return changes.put_answer(await changes.commit(broker, cat.DeclareQueue(
-            v.name, name, cat.CLASSIC, durable, auto_delete, None, args, home, (), journal_id)))
-    broker.declare_queue(v, name, durable=durable, exclusive=False, auto_delete=auto_delete, arguments=args,
-                         owner=None)
-    return web.Response(status=201)
+    qargs.queue_settings(args, name, v.name)  # 400 for bad x- arguments, before anything changes
+    home = node or broker.cluster.choose_home(args, False, v.name, name)
+    journal_id = changes.new_journal_id() if durable else 0
+    return changes.put_answer(await changes.commit(broker, cat.DeclareQueue(
+        v.name, name, cat.CLASSIC, durable, auto_delete, None, args, home, (), journal_id,
+        broker.cluster.incarnation if home == broker.cluster.node else 0)))
 
 
 def _queue(request: web.Request, v):
@@ -292,10 +282,7 @@ async def delete_queue(request: web.Request) -> web.Response:
         raise precondition_failed(f"queue '{q.name}' in vhost '{v.name}' in use")
     if _query_flag(request, "if-empty") and q.message_count:
         raise precondition_failed(f"queue '{q.name}' in vhost '{v.name}' not empty")
-    if broker.cluster is not None:
-        return changes.delete_answer(await changes.commit(broker, cat.DeleteQueue(v.name, q.name)))
-    broker.delete_queue(q)
-    return web.Response(status=204)
+    return changes.delete_answer(await changes.commit(broker, cat.DeleteQueue(v.name, q.name)))
 
 
 @routes.delete("/api/queues/{vhost}/{name}/contents")
@@ -390,11 +377,8 @@ def _binding_routes(letter: str) -> None:
             v.queue(destination, owner=None)
         broker.check_permission(user, v.name, "write", kind, destination)
         broker.check_permission(user, v.name, "read", "exchange", source)
-        if broker.cluster is not None:
-            await changes.commit(broker, cat.Bind(v.name, source, _CATALOGUE_KINDS[kind], destination, routing_key,
-                                                  args))
-        else:
-            broker.bind(v, source, kind, destination, routing_key, args)
+        await changes.commit(broker, cat.Bind(v.name, source, _CATALOGUE_KINDS[kind], destination, routing_key,
+                                              args))
         key = shapes.properties_key(routing_key, args)
         return web.Response(status=201, headers={"Location": key})
 
@@ -423,11 +407,8 @@ def _binding_routes(letter: str) -> None:
                     v.queue(destination, owner=None)
                 broker.check_permission(user, v.name, "write", kind, destination)
                 broker.check_permission(user, v.name, "read", "exchange", source)
-                if broker.cluster is not None:
-                    return changes.delete_answer(await changes.commit(broker, cat.Unbind(
-                        v.name, source, _CATALOGUE_KINDS[kind], destination, b.routing_key, dict(b.arguments))))
-                broker.unbind(v, source, kind, destination, b.routing_key, b.arguments)
-                return web.Response(status=204)
+                return changes.delete_answer(await changes.commit(broker, cat.Unbind(
+                    v.name, source, _CATALOGUE_KINDS[kind], destination, b.routing_key, dict(b.arguments))))
         raise not_found()
 
     routes.get(base)(list_between)

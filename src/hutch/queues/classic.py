@@ -72,6 +72,7 @@ class ClassicQueue:
         self.journal_id = 0  # durable queues: the key of their records in the node's message journal
 
     remote = False  # a queue homed on this node (see hutch.broker.cluster for the others)
+    quorum = False
 
     def __repr__(self) -> str:
         return f"ClassicQueue({self.vhost!r}, {self.name!r})"

@@ -114,7 +114,6 @@ class ClusterRuntime:
         self._deleting: dict[tuple[str, str], float] = {}
         self._init_sent_at = -1e9
         self.joins: dict[str, str] = {}  # leader: joining node -> its address
-        self._cleanup_own = True
         self.stopped = False
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
 
@@ -145,6 +144,8 @@ class ClusterRuntime:
         self.multi = MultiRaft(self.id, raft_cfg)
         self.group = self.multi.add_group(CATALOGUE_GROUP, storage)
         self.apps: dict[Any, GroupApp] = {CATALOGUE_GROUP: _CatalogueApp(self)}
+        self._leading: set[Any] = set()
+        self.cluster.quorum.raft = _QueueGroups(self)
         self._drain(initial=True)
         self.cluster.rebuild()
         for n, addr in self.cluster.members.items():
@@ -155,11 +156,51 @@ class ClusterRuntime:
             peers={n: self._address(n) for n in self.addresses if n != self.name},
             net_ticktime_s=cfg.net_ticktime_s, on_message=self._on_message, on_peer_up=self._on_peer_up,
             on_peer_down=self._on_peer_down)
+        self.transport.incarnation = self.cluster.incarnation  # one number names this run everywhere
+        self.cluster.peer_incarnation = lambda n: (self.transport.link_info(n) or {}).get("incarnation")
         await self.transport.start()
         log.info("started peer listener on port %s (node %s)", self.transport.bound_port, self.name)
         if joined.get("join") and not self._is_member():
             self.loop.create_task(self._join_loop(joined["join"], tuple(joined["address"])))
         self._tick_handle = self.loop.call_later(TICK_S, self._tick)
+        if tuple(self.group.voters) == (self.id,):
+            await self._lead_alone()
+
+    async def _lead_alone(self) -> None:
+        """A cluster of one: elect this node at once (nobody else can vote) and wait until the
+        catalogue holds the default vhost and user, so that the first client can log in."""
+        for _ in range(self.group.cfg.election_timeout_ticks * 2):
+            if self.group.role == LEADER:
+                break
+            self.multi.tick()
+            self._drain()
+        restarted = INIT_PARAM in self.cluster.catalogue.global_parameters
+        deadline = self.loop.time() + self.cfg.metadata_timeout_ms / 1000
+        while INIT_PARAM not in self.cluster.catalogue.global_parameters and self.loop.time() < deadline:
+            if self.group.role == LEADER:
+                self._leader_chores(self.loop.time())
+            self._drain()
+            await asyncio.sleep(0.005)
+        if restarted:
+            await self._forget_transient_exchanges()
+
+    async def _forget_transient_exchanges(self) -> None:
+        """The whole cluster (this one node) restarted: its non-durable exchanges are gone, as
+        in RabbitMQ, where they live only while some node of the cluster keeps running."""
+        transient = [x for x in self.cluster.catalogue.exchanges.values() if not x.durable]
+        if not transient:
+            return
+        done = asyncio.Event()
+        left = [len(transient)]
+
+        def one(_r: cat.Result) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+        for x in transient:
+            self.submit(cat.DeleteExchange(x.vhost, x.name), one)
+        self._drain()
+        await asyncio.wait_for(done.wait(), self.cfg.metadata_timeout_ms / 1000 + 1)
 
     async def stop(self) -> None:
         self.stopped = True
@@ -234,6 +275,7 @@ class ClusterRuntime:
         while True:
             mr = multi.ready()
             if mr is None:
+                self._leadership()
                 return
             if mr.needs_fsync():
                 self.host.sync()
@@ -253,7 +295,10 @@ class ClusterRuntime:
                 applied = g.applied
                 for e in rd.committed_entries:
                     if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
-                        app.apply(e.data, e.index)
+                        try:
+                            app.apply(e.data, e.index)
+                        except Exception:  # a bug must not wedge the group: log it and go on
+                            log.exception("Raft group %s: applying entry %d failed", gid, e.index)
                 if rd.snapshot_wanted:
                     compact.append((gid, app))
             multi.advance(mr)
@@ -264,6 +309,19 @@ class ClusterRuntime:
                     multi.touched(gid)
             if compact:
                 self.host.sync()
+
+    def _leadership(self) -> None:
+        """Tell the quorum queues whose group this node started or stopped leading."""
+        for gid, g in self.multi.groups.items():
+            if gid == CATALOGUE_GROUP:
+                continue
+            leading = g.role == LEADER
+            if leading != (gid in self._leading):
+                if leading:
+                    self._leading.add(gid)
+                else:
+                    self._leading.discard(gid)
+                self.cluster.quorum.leadership_changed(gid, leading)
 
     def _apply_catalogue(self, data: bytes) -> None:
         origin, req, cmd_bytes = _dec.decode(data)
@@ -367,6 +425,7 @@ class ClusterRuntime:
 
     def _on_peer_up(self, peer: str) -> None:
         self.down_since.pop(peer, None)
+        self.cluster.peer_up(peer)
         if self.cluster.local_info is not None:
             self.transport.send(peer, "q", ["NI", self.cluster.local_info()])
         log.info("node %s up", peer)
@@ -394,11 +453,9 @@ class ClusterRuntime:
             self._expire_pending(now)
         if self.forgets:
             self._check_forgets(now)
+        self.cluster.quorum.tick(self.cluster.broker.now_ms() / 1000)
         if self.group.role == LEADER:
             self._leader_chores(now)
-        if self._cleanup_own and self.leader_name() is not None:
-            self._cleanup_own = False
-            self._delete_transient_queues_of(self.name, now)
         if self._ticks % STATS_EVERY_TICKS == 0:
             rows = self.cluster.stats()
             info = self.cluster.local_info() if self.cluster.local_info and self._ticks % NODE_INFO_EVERY_TICKS == 0 \
@@ -453,7 +510,10 @@ class ClusterRuntime:
     def _initialise(self) -> None:
         cfg = self.cfg
         cmds: list[cat.Command] = [cat.AddVhost(cfg.default_vhost)]
-        if cfg.default_user:
+        legacy = _legacy_definitions(cfg.data_dir, self.name)
+        if legacy is not None:
+            cmds = legacy
+        elif cfg.default_user:
             cmds.append(cat.PutUser(cfg.default_user, hash_password(cfg.default_pass), ("administrator",)))
             cmds.append(cat.SetPermissions(cfg.default_user, cfg.default_vhost, ".*", ".*", ".*"))
         first = parse_node(cfg.cluster_nodes[0])[0] if cfg.cluster_nodes else self.name
@@ -528,6 +588,99 @@ class GroupApp(Protocol):
     def snapshot(self) -> bytes: ...
 
 
+class _QueueGroups:
+    """The quorum queues' view of this node's Raft groups (hutch.broker.quorumq calls these)."""
+
+    def __init__(self, rt: ClusterRuntime):
+        self.rt = rt
+
+    def ensure_group(self, gid: int, members: tuple[str, ...], app: GroupApp, leader_hint: str = "",
+                     joining: bool = False) -> None:
+        """Host the group here. A new group's first members start from the same bootstrap entry;
+        a member added later (`joining`) starts empty and learns everything from the leader."""
+        rt = self.rt
+        if gid in rt.multi.groups:
+            return
+        for m in members:
+            rt.names[node_id(m)] = m
+        storage = rt.host.group(gid)
+        if storage.last_index() == 0 and storage.snapshot().meta.index == 0 and not joining:
+            for m in members:
+                rt.names[node_id(m)] = m
+            storage = rt.host.bootstrap(gid, tuple(sorted(node_id(m) for m in members)))
+        snap = storage.snapshot()
+        if snap.data:
+            app.restore(snap.data)
+        rt.apps[gid] = app
+        g = rt.multi.add_group(gid, storage)
+        if leader_hint == rt.name or tuple(g.voters) == (rt.id,):
+            # the node the queue was placed on campaigns at once (alone, it wins at once)
+            for _ in range(g.cfg.election_timeout_ticks * 2):
+                if g.role == LEADER:
+                    break
+                g.tick()
+        rt.multi.touched(gid)
+        rt._schedule()
+
+    def drop_group(self, gid: int) -> None:
+        rt = self.rt
+        if gid in rt.multi.groups:
+            rt.multi.remove_group(gid)
+        rt.apps.pop(gid, None)
+        rt._leading.discard(gid)
+
+    def leader(self, gid: int) -> str | None:
+        g = self.rt.multi.groups.get(gid)
+        if g is None or g.leader is None:
+            return None
+        return self.rt.names.get(g.leader)
+
+    def propose(self, gid: int, data: bytes) -> None:
+        try:
+            self.rt.multi.propose(gid, data)
+        except RaftError:
+            return  # not the leader any more, or too many in flight: the proposer resends
+        self.rt._schedule()
+
+    def status(self, gid: int) -> dict | None:
+        g = self.rt.multi.groups.get(gid)
+        if g is None:
+            return None
+        st = g.status()
+        st["snapshot_index"] = g.storage.snapshot().meta.index
+        st["voters"] = [self.rt.names.get(n, str(n)) for n in st["voters"]]
+        st["learners"] = [self.rt.names.get(n, str(n)) for n in st["learners"]]
+        st["leader"] = self.rt.names.get(st["leader"]) if st["leader"] is not None else None
+        st.pop("progress", None)
+        return st
+
+    def change_members(self, gid: int, op: str, node: str) -> str | None:
+        """On the group's leader: add (as a learner that is promoted once caught up) or remove
+        one member. None when proposed (or already so), else why not (yet)."""
+        g = self.rt.multi.groups.get(gid)
+        if g is None or g.role != LEADER:
+            return "not the leader"
+        nid = node_id(node)
+        self.rt.names[nid] = node
+        member = nid in g.voters or nid in g.learners
+        if (op == "add") == member:
+            return None
+        kind = rm.CONF_ADD_LEARNER if op == "add" else rm.CONF_REMOVE
+        try:
+            g.propose_conf_change(rm.ConfChange(kind, (nid,)))
+        except (ProposalRejected, NotLeader) as e:
+            return str(e)
+        self.rt.multi.touched(gid)
+        self.rt._schedule()
+        return None
+
+    def members(self, gid: int) -> list[str] | None:
+        g = self.rt.multi.groups.get(gid)
+        if g is None:
+            return None
+        return sorted(self.rt.names.get(n, str(n)) for n in (*g.voters, *g.learners))
+
+
 class _CatalogueApp:
     """The catalogue group's application: commands in envelopes, the broker kept in line."""
 
@@ -546,6 +699,24 @@ class _CatalogueApp:
 
     def snapshot(self) -> bytes:
         return self.rt.cluster.catalogue.snapshot()
+
+
+def _legacy_definitions(data_dir: str, node: str) -> list[cat.Command] | None:
+    """A node that kept its definitions in DATA_DIR/definitions.json (before it ran the
+    catalogue) brings them into the catalogue once, journal ids included, so that its durable
+    queues keep their messages."""
+    p = Path(data_dir) / "definitions.json"
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        cmds = cat.from_definitions(doc, home_node=node, first_journal_id=1, hash_password=hash_password)
+    except (cat.CatalogueError, ValueError) as e:
+        log.error("cannot bring %s into the catalogue: %s", p, e)
+        return None
+    log.info("bringing the definitions in %s into the cluster catalogue (%d changes)", p, len(cmds))
+    return cmds
 
 
 def read_cluster_file(data_dir: str) -> dict:

@@ -35,7 +35,7 @@ from hutch.broker.session import Session
 from hutch.control.app import API, HttpListener
 from hutch.control.node import node_info
 from hutch.control.sessions import local_listing
-from hutch.server.clustering import CLUSTER_FILE, ClusterRuntime, read_cluster_file, write_cluster_file
+from hutch.server.clustering import CLUSTER_FILE, ClusterRuntime, write_cluster_file
 
 log = logging.getLogger("hutch.node")
 
@@ -236,7 +236,8 @@ class Node:
         `rabbitmqctl start_app` starts; the HTTP API stays up while the app is stopped)."""
         if self.broker is not None and self._app_running:
             raise AppStateError(f"the hutch application is already running on node {self.config.node_name}")
-        if not self.config.cluster_nodes and read_cluster_file(self.config.data_dir).get("join"):
+        if not self.config.cluster_nodes:
+            # a standalone node is a cluster of one (joining nodes start that way too)
             self.config.cluster_nodes = [f"{self.config.node_name}:{self.config.peer_port}"]
         self.broker = Broker(self.config, schedule=self._schedule_run,
                              clock_ms=lambda: int(self.loop.time() * 1000))
@@ -244,11 +245,9 @@ class Node:
         self.broker.request_sync = self._request_sync
         if self.http is not None:
             self.http.app[API].broker = self.broker
-        self.clustering = None
-        if self.config.cluster_nodes:
-            self.clustering = ClusterRuntime(self)
-            await self.clustering.start()
-            self._wire_node_info()
+        self.clustering = ClusterRuntime(self)
+        await self.clustering.start()
+        self._wire_node_info()
         self.broker.open_storage(self.config.data_dir)
         self.servers = []
         server = await self.loop.create_server(self._protocol, host=self.config.amqp_host or None,

@@ -1,0 +1,638 @@
+"""Quorum queues in the broker: one Raft group per queue, the queue state machine applied on
+commit by every member, and clients on any node.
+
+The queue's record is in the catalogue (type `quorum`, its Raft members in `member_nodes`,
+its group id in `journal_id`). Every node has a `QuorumQueue` handle for it in the vhost;
+the members also host the queue's Raft group, whose committed entries each member applies to
+its own `hutch.quorum.fifo.QuorumQueueState`. Only the group's leader carries out the
+effects: deliveries go to the consumer's node, confirms to the publisher's node, dead letters
+are republished from the leader (seed 003; RabbitMQ's Ra runs `rabbit_fifo` the same way).
+
+A client operation becomes a command proposed to the leader: from a member that is not the
+leader, or from a node that is not a member, it travels to the leader over the peer
+transport (group "q": `["QP", gid, envelope]`). Proposals are retried until they are applied:
+
+- publishes carry `(publisher, publisher_seq)`, a gapless counter per channel and queue, so
+  a resend after a leader change is answered with its first outcome and never enqueued twice;
+  the confirm goes out on `Accepted` (after a majority has the message) or a nack on `Rejected`;
+- consumer registration, basic.get and purge wait for their reply (`["QR", req, answer]`);
+  with no leader for `metadata_timeout_ms` they fail with 541 and a clear text;
+- acks, nacks and rejects are collected per consumer and proposed once per loop iteration.
+
+When a node goes down, each queue's leader proposes `NodeDown`: what that node's consumers
+held comes back, redelivered with its `x-delivery-count`. A new leader does the same for the
+nodes it finds down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from hutch.amqp import codec, spec
+from hutch.amqp.spec import AMQPError
+from hutch.cluster import catalogue as cat
+from hutch.queues.message import Message
+from hutch.queues.state import Entry
+from hutch.quorum import fifo
+
+if TYPE_CHECKING:
+    from hutch.broker.cluster import ClusterBroker
+
+log = logging.getLogger("hutch.quorum")
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
+DEFAULT_GROUP_SIZE = 3
+
+
+def node_of(owner: str) -> str:
+    """The node of a consumer, requester or publisher id ("node/incarnation/...")."""
+    return owner.split("/", 1)[0]
+
+
+def incarnation_of(owner: str) -> int | None:
+    parts = owner.split("/", 2)
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
+
+
+class QuorumConsumer:
+    """A basic.consume on a quorum queue, on the consumer's node."""
+
+    __slots__ = ("tag", "ctag_enc", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
+                 "unacked", "arguments", "consumer_id")
+
+    def __init__(self, consumer_id: str, tag: str, queue: QuorumQueue, channel, no_ack: bool, exclusive: bool,
+                 priority: int, prefetch: int, arguments: dict):
+        self.consumer_id = consumer_id
+        self.tag = tag
+        self.ctag_enc = codec.shortstr(tag)
+        self.queue = queue
+        self.channel = channel
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.arguments = arguments
+
+
+class _QuorumEntry:
+    """A delivery from a quorum queue as the channel keeps it: `seq` is the queue's msg_id."""
+
+    __slots__ = ("seq", "log_seq", "delivery_count")
+
+    def __init__(self, msg_id: int, delivery_count: int):
+        self.seq = msg_id
+        self.log_seq = 0
+        self.delivery_count = delivery_count + 1
+
+
+class _Figures:
+    __slots__ = ("ready_count", "unacked_count", "ready_bytes", "unacked_bytes")
+
+    def __init__(self, ready: int, unacked: int, nbytes: int = 0):
+        self.ready_count = ready
+        self.unacked_count = unacked
+        self.ready_bytes = nbytes
+        self.unacked_bytes = 0
+
+
+class QuorumQueue:
+    """A quorum queue's handle in a vhost, on every node."""
+
+    remote = True  # the broker's generic paths: not a classic queue homed here
+    quorum = True
+    message_ttl_ms = None
+    expires_ms = None
+    journal_id = 0
+    exclusive_owner = None
+    durable = True
+    auto_delete = False
+
+    def __init__(self, host: QuorumHost, rec: cat.QueueRecord, config: fifo.QuorumConfig):
+        self.host = host
+        self.name = rec.name
+        self.vhost = rec.vhost
+        self.arguments = dict(rec.arguments)
+        self.gid = rec.journal_id
+        self.members = tuple(rec.member_nodes)
+        self.declared_leader = rec.leader_node
+        self.config = config
+        self.single_active = config.single_active
+        self.dead_letter_exchange = config.dead_letter_exchange
+        self.dead_letter_routing_key = config.dead_letter_routing_key
+        self.deleted = False
+        self.local_consumers: dict[str, QuorumConsumer] = {}
+        self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
+        self._ops: dict[tuple[str, str], list[int]] = {}
+        self.machine: Any = None  # the QuorumQueueState when this node is a member
+        self.figures = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
+        self.stats_published = self.stats_delivered = self.stats_acked = 0
+        self.last_used_ms = 0
+
+    def __repr__(self) -> str:
+        return f"QuorumQueue({self.vhost!r}, {self.name!r}, group {self.gid})"
+
+    # -- who leads
+    @property
+    def home_node(self) -> str:
+        return self.host.leader_of(self) or self.declared_leader
+
+    def online(self) -> list[str]:
+        return [n for n in self.members if self.host.cl.is_up(n)]
+
+    def check_up(self) -> None:
+        return None  # operations wait for a leader (and time out) rather than failing at once
+
+    # -- figures
+    def _counts(self) -> tuple[int, int, int]:
+        st = self.machine
+        if st is not None:
+            return st.messages_ready, st.messages_unacknowledged, st.consumer_count
+        return self.figures
+
+    @property
+    def message_count(self) -> int:
+        return self._counts()[0]
+
+    @property
+    def unacked_count(self) -> int:
+        return self._counts()[1]
+
+    @property
+    def consumer_count(self) -> int:
+        return self._counts()[2]
+
+    @property
+    def state(self) -> _Figures:
+        """The counts in the shape listings read from a queue's state."""
+        ready, unacked, _c = self._counts()
+        return _Figures(ready, unacked, self.machine.message_bytes if self.machine is not None else 0)
+
+    def active_consumer(self) -> Any:
+        return None
+
+    # -- acknowledgements (the channel calls these with the msg_id as the entry's seq)
+    def _op(self, msg_id: int, op: str) -> None:
+        owner = self._owner.pop(msg_id, None)
+        if owner is None:
+            return
+        self._ops.setdefault((owner, op), []).append(msg_id)
+        self.host.cl.broker.dirty_queues.add(self)
+
+    def settle(self, msg_id: int) -> None:
+        self._op(msg_id, "a")
+
+    def requeue(self, msg_id: int) -> None:
+        self._op(msg_id, "r")
+
+    def discard(self, msg_id: int) -> None:
+        self._op(msg_id, "d")
+
+    def flush(self) -> None:
+        if self._ops:
+            ops, self._ops = self._ops, {}
+            make = {"a": fifo.Settle, "r": fifo.Return, "d": fifo.Discard}
+            for (owner, op), ids in ops.items():
+                for i in range(0, len(ids), 1000):
+                    self.host.propose(self, make[op](owner, ids[i:i + 1000]))
+
+    def dispatch(self) -> int:
+        self.flush()
+        return 0
+
+    # -- consumers on this node
+    def add_consumer(self, c: QuorumConsumer) -> None:
+        self.local_consumers[c.consumer_id] = c
+        self.host.consumers[c.consumer_id] = c
+
+    def remove_consumer(self, c: QuorumConsumer) -> bool:
+        if self.local_consumers.pop(c.consumer_id, None) is None:
+            return False
+        self.host.consumers.pop(c.consumer_id, None)
+        self.flush()
+        self.host.propose(self, fifo.Cancel(c.consumer_id, requeue=c.channel.closed,
+                                            now_ms=self.host.now_ms()))
+        return True
+
+    def consumers(self) -> list[QuorumConsumer]:
+        return list(self.local_consumers.values())
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.local_consumers.values())
+
+
+class _QuorumApp:
+    """The application of one quorum queue's Raft group on a member node."""
+
+    def __init__(self, host: QuorumHost, q: QuorumQueue):
+        self.host = host
+        self.q = q
+        q.machine = fifo.QuorumQueueState(q.config)
+
+    def apply(self, data: bytes, index: int) -> None:
+        try:
+            origin, req, cmd_bytes = _dec.decode(data)
+            cmd = fifo.decode_command(cmd_bytes)
+        except (msgspec.DecodeError, ValueError, TypeError):
+            log.error("queue '%s' in vhost '%s': undecodable command at index %d; skipped", self.q.name,
+                      self.q.vhost, index)
+            return
+        effects = self.q.machine.apply(cmd)
+        if self.host.is_leader(self.q):
+            self.host.carry_out(self.q, effects, origin, req)
+
+    def restore(self, data: bytes) -> None:
+        self.q.machine = fifo.QuorumQueueState.restore(data)
+
+    def snapshot(self) -> bytes:
+        return self.q.machine.snapshot()
+
+
+class QuorumHost:
+    """This node's side of every quorum queue: handles, groups it hosts, proposals in flight."""
+
+    def __init__(self, cl: ClusterBroker):
+        self.cl = cl
+        self.raft: Any = None  # the runtime's group host (ensure_group, drop_group, leader, propose)
+        self.queues: dict[int, QuorumQueue] = {}  # gid -> handle
+        self.consumers: dict[str, QuorumConsumer] = {}
+        self._next = 0
+        self._calls: dict[int, list] = {}  # req -> [callback, deadline, q, env, retry_at]
+        self._pubs: dict[tuple[str, int], list] = {}  # (publisher, seq) -> [q, env, channel, seq, session, retry]
+        self._pub_seq: dict[tuple[int, int], int] = {}  # (id(channel), gid) -> last publisher_seq
+        self._out: dict[str, list] = {}  # node -> effects to send it
+        self._leading: set[int] = set()
+
+    def now_ms(self) -> int:
+        return self.cl.broker.now_ms()
+
+    def new_id(self) -> int:
+        self._next += 1
+        return self._next
+
+    # -- the catalogue's records, applied
+    def make_handle(self, rec: cat.QueueRecord, declared: bool = False) -> QuorumQueue | None:
+        """The handle of a queue record; a member hosts its group. Only the declare itself
+        (`declared`) starts a new group from the bootstrap entry naming the initial members; a
+        member that learns of the queue any other way (a snapshot, a restart) starts from its
+        own log or empty, and the leader brings it up to date."""
+        try:
+            config, _warnings = fifo.quorum_config(dict(rec.arguments), rec.name, rec.vhost)
+        except fifo.QuorumArgumentError as e:  # checked at declare; a record that slipped through
+            log.error("quorum queue '%s' in vhost '%s': %s", rec.name, rec.vhost, e.text)
+            return None
+        q = QuorumQueue(self, rec, config)
+        old = self.queues.get(q.gid)
+        if old is not None:
+            return old
+        self.queues[q.gid] = q
+        if self.cl.node in q.members and self.raft is not None:
+            self.raft.ensure_group(q.gid, q.members, _QuorumApp(self, q), leader_hint=rec.leader_node,
+                                   joining=not declared)
+        return q
+
+    def members_changed(self, q: QuorumQueue, members: tuple[str, ...]) -> None:
+        """The catalogue's member list of a queue changed (add_member, delete_member, grow, shrink)."""
+        before = q.members
+        q.members = members
+        me = self.cl.node
+        if self.raft is None:
+            return
+        if me in members and me not in before:
+            self.raft.ensure_group(q.gid, members, _QuorumApp(self, q), joining=True)
+        elif me in before and me not in members:
+            self.raft.drop_group(q.gid)
+            q.machine = None
+
+    def drop_handle(self, q: QuorumQueue) -> None:
+        q.deleted = True
+        self.queues.pop(q.gid, None)
+        for c in list(q.local_consumers.values()):
+            q.local_consumers.pop(c.consumer_id, None)
+            self.consumers.pop(c.consumer_id, None)
+            self.cl._cancel_local(c)
+        if self.raft is not None and self.cl.node in q.members:
+            self.raft.drop_group(q.gid)
+
+    # -- leadership
+    def leader_of(self, q: QuorumQueue) -> str | None:
+        return self.raft.leader(q.gid) if self.raft is not None else None
+
+    def is_leader(self, q: QuorumQueue) -> bool:
+        return self.raft is not None and self.raft.leader(q.gid) == self.cl.node
+
+    def leadership_changed(self, gid: int, leading: bool) -> None:
+        """The runtime tells us when this node starts or stops leading a group."""
+        q = self.queues.get(gid)
+        if q is None:
+            return
+        if leading and gid not in self._leading:
+            self._leading.add(gid)
+            log.info("quorum queue '%s' in vhost '%s': this node is the leader", q.name, q.vhost)
+            now = self.now_ms()
+            for n in q.members:
+                if n != self.cl.node and not self.cl.is_up(n):
+                    self.propose(q, fifo.NodeDown(n, now))
+            for n in self._consumer_nodes(q):
+                if not self.cl.is_up(n):
+                    self.propose(q, fifo.NodeDown(n, now))
+            self._cancel_stale(q)
+            pending = q.machine.dead_letters_pending() if q.machine is not None else None
+            if pending is not None:
+                self._dead_letter(q, pending)
+        elif not leading:
+            self._leading.discard(gid)
+
+    def _cancel_stale(self, q: QuorumQueue, node: str | None = None) -> None:
+        """Consumers registered by an earlier run of a node that is up again (it restarted):
+        their channels are gone, so what they held comes back."""
+        st = q.machine
+        if st is None:
+            return
+        now = self.now_ms()
+        for cid in list(getattr(st, "consumers", {})):
+            n = node_of(cid)
+            if node is not None and n != node:
+                continue
+            current = self.cl.incarnation_of(n) if self.cl.is_up(n) else None
+            if current is not None and incarnation_of(cid) != current:
+                self.propose(q, fifo.Cancel(cid, requeue=True, now_ms=now))
+
+    def _consumer_nodes(self, q: QuorumQueue) -> set[str]:
+        st = q.machine
+        if st is None:
+            return set()
+        return {node_of(cid) for cid in getattr(st, "consumers", {})}
+
+    # -- proposing
+    def propose(self, q: QuorumQueue, cmd, callback: Callable[[Any], None] | None = None) -> None:
+        req = 0
+        if callback is not None:
+            req = self.new_id()
+        env = _enc.encode([self.cl.node, req, fifo.encode_command(cmd)])
+        if callback is not None:
+            now = self.cl.broker.now_ms() / 1000
+            self._calls[req] = [callback, now + self.cl.broker.config.metadata_timeout_ms / 1000, q, env,
+                                now + RETRY_S]
+        self._send(q, env)
+
+    def _send(self, q: QuorumQueue, env: bytes) -> None:
+        raft = self.raft
+        if raft is not None and raft.leader(q.gid) == self.cl.node:
+            raft.propose(q.gid, env)
+            return
+        target = raft.leader(q.gid) if raft is not None else None
+        if target is None or target == self.cl.node or not self.cl.is_up(target):
+            up = [n for n in q.members if n != self.cl.node and self.cl.is_up(n)]
+            target = up[0] if up else None
+        if target is not None:
+            self.cl.send(target, ["QP", q.gid, env])
+
+    def on_forwarded(self, gid: int, env: bytes) -> None:
+        q = self.queues.get(gid)
+        if q is None or self.raft is None:
+            return
+        leader = self.raft.leader(gid)
+        if leader == self.cl.node:
+            self.raft.propose(gid, env)
+        elif leader is not None and self.cl.is_up(leader):
+            self.cl.send(leader, ["QP", gid, env])
+        # no leader known: dropped; the proposer sends it again
+
+    def tick(self, now_s: float) -> None:
+        """Resend what is unanswered; fail calls past their deadline."""
+        for req, item in list(self._calls.items()):
+            cb, deadline, q, env, retry = item
+            if now_s >= deadline:
+                del self._calls[req]
+                cb(None)
+            elif now_s >= retry:
+                item[4] = now_s + RETRY_S
+                self._send(q, env)
+        for item in self._pubs.values():
+            if now_s >= item[5]:
+                item[5] = now_s + RETRY_S
+                if not item[0].deleted:
+                    self._send(item[0], item[1])
+
+    # -- publishing
+    def publish(self, q: QuorumQueue, msg: Message, channel, seq: int) -> None:
+        """Propose the message; the channel's confirm for `seq` waits for its Accepted."""
+        session = channel.session if channel is not None else None
+        key = (id(channel), q.gid)
+        pseq = self._pub_seq.get(key, 0) + 1
+        self._pub_seq[key] = pseq
+        publisher = f"{self.cl.node}/{self.cl.incarnation}/{id(channel)}"
+        now = self.now_ms()
+        cmd = fifo.Enqueue(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent, msg.priority,
+                           msg.expiration_ms, now, publisher, pseq)
+        env = _enc.encode([self.cl.node, 0, fifo.encode_command(cmd)])
+        self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, now / 1000 + RETRY_S]
+        if session is not None:
+            self.cl.window_add(session)
+        self._send(q, env)
+
+    def _confirmed(self, publisher: str, pseq: int, accepted: bool) -> None:
+        item = self._pubs.pop((publisher, pseq), None)
+        if item is None:
+            return
+        _q, _env, ch, seq, session, _retry = item
+        if session is not None:
+            self.cl.window_done(session)
+        if seq and ch is not None and not ch.closed:
+            if accepted:
+                ch.accepted(seq)
+            else:
+                ch.confirm_wait_count.pop(seq, None)
+                ch.nack_publish(seq)
+            self.cl.output(session)
+
+    def channel_closed(self, channel) -> None:
+        for key in [k for k in self._pub_seq if k[0] == id(channel)]:
+            del self._pub_seq[key]
+
+    # -- effects, on the leader
+    def carry_out(self, q: QuorumQueue, effects: list, origin: str, req: int) -> None:
+        reply: Any = [200]
+        for e in effects:
+            t = type(e)
+            if t is fifo.Deliver:
+                self._queue_out(node_of(e.consumer_id), ["D", q.gid, e.consumer_id, e.msg_id, e.delivery_count,
+                                                          e.redelivered, e.exchange, e.routing_key, e.props, e.body])
+            elif t is fifo.Accepted or t is fifo.Rejected:
+                self._queue_out(node_of(e.publisher), ["A", e.publisher, e.publisher_seq, t is fifo.Accepted])
+            elif t is fifo.GetResult:
+                m = e.message
+                reply = [200, None if m is None else [m.msg_id, m.delivery_count, m.redelivered, m.exchange,
+                                                       m.routing_key, m.props, m.body], e.message_count,
+                         e.requester]
+            elif t is fifo.Purged or t is fifo.Deleted:
+                reply = [200, e.message_count]
+            elif t is fifo.DeadLetter:
+                self._dead_letter(q, e)
+            elif t is fifo.ConsumerCancelled:
+                self._queue_out(node_of(e.consumer_id), ["X", q.gid, e.consumer_id])
+            elif t is fifo.DispatchPending:
+                self.propose(q, fifo.Tick(self.now_ms()))
+            elif t is fifo.QueueExpired:
+                self.cl.submit(cat.DeleteQueue(q.vhost, q.name), lambda _r: None)
+        if req:
+            self._queue_out(origin, ["R", req, reply, q.gid])
+        self.cl.broker.schedule()
+
+    def _queue_out(self, node: str, item: list) -> None:
+        self._out.setdefault(node, []).append(item)
+
+    def flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, {}
+            for node, items in out.items():
+                if node == self.cl.node:
+                    self.on_effects(items)
+                else:
+                    self.cl.send(node, ["QE", items])
+
+    def _dead_letter(self, q: QuorumQueue, e: fifo.DeadLetter) -> None:
+        if e.exchange is not None:
+            entries = [Entry(0, Message(m.exchange, m.routing_key, codec.route_encoding(m.exchange, m.routing_key),
+                                        m.props, m.body, m.persistent, 0, None), None) for m in e.messages]
+            self.cl.broker.dead_letter(q, entries, e.reason)
+        if e.strategy == fifo.AT_LEAST_ONCE and e.messages:
+            self.propose(q, fifo.DeadLetterSettled([m.seq for m in e.messages]))
+
+    # -- effects, where they land
+    def on_effects(self, items: list) -> None:
+        for item in items:
+            kind = item[0]
+            if kind == "D":
+                self._deliver(*item[1:])
+            elif kind == "A":
+                self._confirmed(item[1], item[2], item[3])
+            elif kind == "R":
+                call = self._calls.pop(item[1], None)
+                if call is not None:
+                    call[0](item[2])
+                else:
+                    self._orphan_answer(item[2], item[3])
+            elif kind == "X":
+                c = self.consumers.pop(item[2], None)
+                if c is not None:
+                    c.queue.local_consumers.pop(c.consumer_id, None)
+                    self.cl._cancel_local(c)
+        self.cl.broker.schedule()
+
+    def _orphan_answer(self, answer: list, gid: int) -> None:
+        """An answer nobody waits for any more (the call timed out before it committed): a
+        message a basic.get took goes back to the queue."""
+        q = self.queues.get(gid)
+        if q is not None and len(answer) == 4 and answer[1] is not None:
+            self.propose(q, fifo.Return(answer[3], [answer[1][0]]))
+
+    def _deliver(self, gid: int, consumer_id: str, msg_id: int, delivery_count: int, redelivered: bool,
+                 exchange: str, routing_key: str, props: bytes, body: bytes) -> None:
+        c = self.consumers.get(consumer_id)
+        q = self.queues.get(gid)
+        if c is None or q is None:
+            if q is not None:  # the consumer is gone: give it back
+                q.host.propose(q, fifo.Return(consumer_id, [msg_id]))
+            return
+        ch = c.channel
+        session = ch.session
+        props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
+        ch.delivery_tag += 1
+        tag = ch.delivery_tag
+        if not c.no_ack:
+            ch.unacked[tag] = (q, _QuorumEntry(msg_id, delivery_count), c)
+            c.unacked += 1
+            q._owner[msg_id] = consumer_id
+        session.send_frames(codec.deliver_frames(ch.number, c.ctag_enc, tag, redelivered,
+                                                 codec.route_encoding(exchange, routing_key), props, body,
+                                                 session.frame_max))
+        self.cl.output(session)
+
+    def got(self, q: QuorumQueue, requester: str, answer: list, no_ack: bool):
+        """A Get's answer: (msg_id, delivery_count, redelivered, route, count, props, body) or None."""
+        m, count = answer[1], answer[2]
+        if m is None:
+            return None
+        msg_id, delivery_count, redelivered, exchange, routing_key, props, body = m
+        props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
+        if not no_ack:
+            q._owner[msg_id] = requester
+        return msg_id, delivery_count, redelivered, codec.route_encoding(exchange, routing_key), count, props, body
+
+    # -- nodes
+    def peer_down(self, peer: str) -> None:
+        now = self.now_ms()
+        for q in list(self.queues.values()):
+            if self.is_leader(q):
+                self.propose(q, fifo.NodeDown(peer, now))
+        # calls and publishes in flight are resent to the next leader by tick()
+
+    def peer_up(self, peer: str) -> None:
+        now = self.now_ms()
+        for q in list(self.queues.values()):
+            if self.is_leader(q):
+                self.propose(q, fifo.NodeUp(peer, now))
+                self._cancel_stale(q, peer)
+
+    def owner_id(self) -> str:
+        """A new consumer, requester or publisher id of this run of this node."""
+        return f"{self.cl.node}/{self.cl.incarnation}/{self.new_id()}"
+
+    # -- membership (hutch-queues add_member, delete_member, grow, shrink)
+    def membership_op(self, gid: int, op: str, node: str) -> list:
+        """On the node asked to: the queue's leader proposes the change to its group."""
+        if self.raft is None:
+            return [spec.NOT_FOUND, "no such queue group here"]
+        why = self.raft.change_members(gid, op, node)
+        return [200] if why is None else [spec.PRECONDITION_FAILED, why]
+
+    def local_status(self, gid: int) -> dict | None:
+        return self.raft.status(gid) if self.raft is not None else None
+
+    # -- listings
+    def stats(self) -> list:
+        return [[q.vhost, q.name, *q._counts()] for q in self.queues.values() if self.is_leader(q)]
+
+
+def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:
+    return AMQPError(spec.NOT_IMPLEMENTED, f"queue '{q.name}' in vhost '{q.vhost}' does not support global qos")
+
+
+def place_members(cl: ClusterBroker, args: dict, name: str, vhost: str) -> tuple[str, tuple[str, ...]]:
+    """The leader and members of a new quorum queue: x-quorum-initial-group-size members (3 by
+    default, at most the running nodes), placed by queue-leader-locator: client-local puts the
+    declaring node first; balanced prefers the nodes that lead and host the fewest."""
+    nodes = cl.running_nodes() or [cl.node]
+    size = args.get("x-quorum-initial-group-size")
+    size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else DEFAULT_GROUP_SIZE
+    size = min(size, len(nodes))
+    locator = args.get("x-queue-leader-locator")
+    if isinstance(locator, bytes):
+        locator = locator.decode()
+    if locator is None:
+        pol = cl.catalogue.policy_for(vhost, name, cat.QUEUE, cat.QUORUM)
+        locator = pol.definition.get("queue-leader-locator") if pol is not None else None
+    leaders = dict.fromkeys(nodes, 0)
+    hosted = dict.fromkeys(nodes, 0)
+    for rec in cl.catalogue.queues.values():
+        if rec.type == cat.QUORUM:
+            if rec.leader_node in leaders:
+                leaders[rec.leader_node] += 1
+            for m in rec.member_nodes:
+                if m in hosted:
+                    hosted[m] += 1
+    if locator == "balanced":
+        leader = min(nodes, key=lambda n: (leaders[n], hosted[n], n))
+    else:
+        leader = cl.node if cl.node in nodes else nodes[0]
+    others = sorted((n for n in nodes if n != leader), key=lambda n: (hosted[n], n))
+    return leader, (leader, *others[:size - 1])

@@ -1,0 +1,192 @@
+"""Quorum queue membership and status (what rabbitmq-queues does over Erlang distribution).
+
+    GET    /api/hutch/quorum/{vhost}/{name}/status          every member's Raft view of the queue
+    POST   /api/hutch/quorum/{vhost}/{name}/members         {"node": N}: add_member
+    DELETE /api/hutch/quorum/{vhost}/{name}/members/{node}  delete_member
+    POST   /api/hutch/quorum/grow     {"node": N, "strategy": "all"|"even", "vhost_pattern", "queue_pattern"}
+    POST   /api/hutch/quorum/shrink   {"node": N}
+
+Adding a member records it in the catalogue first (the new member then hosts an empty copy of
+the queue's Raft group) and then has the queue's leader add it as a learner, promoted to a
+voter once it has caught up; removing one goes the other way round. Each step is retried
+until it is done or `metadata_timeout_ms` passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from aiohttp import web
+
+from hutch.cluster import catalogue as cat
+from hutch.control import changes, ops
+from hutch.control.app import api_of, read_json, requires
+from hutch.control.errors import ApiError, bad_request, not_found
+
+routes = web.RouteTableDef()
+RETRY_S = 0.25
+
+
+def _quorum_queue(request: web.Request):
+    broker = api_of(request).broker
+    v = broker.vhosts.get(request.match_info["vhost"])
+    q = v.queues.get(request.match_info["name"]) if v is not None else None
+    if q is None:
+        raise not_found()
+    if not q.quorum:
+        raise bad_request(f"queue '{q.name}' in vhost '{q.vhost}' is not a quorum queue")
+    return broker, q
+
+
+@routes.get("/api/hutch/quorum/{vhost}/{name}/status")
+@requires("monitoring")
+async def quorum_status(request: web.Request) -> web.Response:
+    broker, q = _quorum_queue(request)
+    rows = []
+    for node in q.members:
+        try:
+            if node == broker.cluster.node:
+                st = broker.cluster.quorum.local_status(q.gid)
+            else:
+                st = await ops.call_peer(broker, node, "qstatus", [q.gid])
+        except Exception:  # down or not answering: reported as such
+            st = None
+        if st is None:
+            rows.append({"node": node, "raft_state": "noproc", "membership": "unknown"})
+            continue
+        rows.append({"node": node, "raft_state": st["role"],
+                     "membership": "voter" if node in st["voters"] else "promotable",
+                     "last_log_index": st["last_index"], "last_written": st["last_index"],
+                     "last_applied": st["applied"], "commit_index": st["commit"],
+                     "snapshot_index": st["snapshot_index"], "term": st["term"], "machine_version": 1,
+                     "leader": st["leader"]})
+    return web.json_response(rows)
+
+
+async def change_member(broker, q, op: str, node: str) -> None:
+    """add_member / delete_member of one queue; ApiError 400 with the reason when refused."""
+    cl = broker.cluster
+    if op == "add":
+        if node not in cl.members:
+            raise bad_request(f"node {node} is not a member of the cluster")
+        if node in q.members:
+            raise bad_request(f"{node} is already a member of queue '{q.name}' in vhost '{q.vhost}'")
+        if not cl.is_up(node):
+            raise bad_request(f"node {node} is not running")
+        members = (*q.members, node)
+    else:
+        if node not in q.members:
+            raise bad_request(f"{node} is not a member of queue '{q.name}' in vhost '{q.vhost}'")
+        if len(q.members) == 1:
+            raise bad_request(f"{node} is the last member of queue '{q.name}' in vhost '{q.vhost}'")
+        members = tuple(n for n in q.members if n != node)
+    deadline = asyncio.get_running_loop().time() + broker.config.metadata_timeout_ms / 1000
+    if op == "add":  # the catalogue first: the new member makes its (empty) copy of the group
+        await _set_members(broker, q, members)
+    await _leader_changes_group(broker, q, op, node, deadline)
+    if op == "remove":
+        await _set_members(broker, q, members)
+
+
+async def _set_members(broker, q, members: tuple[str, ...]) -> None:
+    rec = broker.cluster.catalogue.queue(q.vhost, q.name)
+    if rec is None:
+        raise not_found()
+    await changes.commit(broker, cat.SetQueueNodes(q.vhost, q.name, q.home_node, members))
+
+
+async def _leader_changes_group(broker, q, op: str, node: str, deadline: float) -> None:
+    loop = asyncio.get_running_loop()
+    why = "no leader"
+    while loop.time() < deadline:
+        leader = q.home_node
+        try:
+            if leader == broker.cluster.node:
+                answer = broker.cluster.quorum.membership_op(q.gid, op, node)
+            else:
+                answer = await asyncio.wait_for(_call(broker, leader, [q.gid, op, node]), 2)
+            if answer is not None and answer[0] == 200:
+                return
+            why = answer[1] if answer else f"{leader} did not answer"
+        except (TimeoutError, OSError):
+            why = f"{leader} did not answer"
+        await asyncio.sleep(RETRY_S)
+    raise ApiError(503, "timeout", f"could not {op} member {node} of queue '{q.name}' in vhost '{q.vhost}': {why}")
+
+
+async def _call(broker, peer: str, args: list) -> Any:
+    fut = asyncio.get_running_loop().create_future()
+    broker.cluster.call(peer, "qmember", args, lambda r: fut.done() or fut.set_result(r))
+    return await fut
+
+
+def _node_arg(body: dict) -> str:
+    node = body.get("node")
+    if not isinstance(node, str) or "@" not in node:
+        raise bad_request("'node' must be a node name, NAME@HOST")
+    return node
+
+
+@routes.post("/api/hutch/quorum/{vhost}/{name}/members")
+@requires("administrator")
+async def add_member(request: web.Request) -> web.Response:
+    broker, q = _quorum_queue(request)
+    await change_member(broker, q, "add", _node_arg(await read_json(request, required=True)))
+    return web.Response(status=204)
+
+
+@routes.delete("/api/hutch/quorum/{vhost}/{name}/members/{node}")
+@requires("administrator")
+async def delete_member(request: web.Request) -> web.Response:
+    broker, q = _quorum_queue(request)
+    await change_member(broker, q, "remove", request.match_info["node"])
+    return web.Response(status=204)
+
+
+def _matching(broker, body: dict) -> list:
+    try:
+        vp = re.compile(body.get("vhost_pattern") or ".*")
+        qp = re.compile(body.get("queue_pattern") or ".*")
+    except re.error as e:
+        raise bad_request(f"invalid pattern: {e}") from None
+    return [q for v in broker.vhosts.values() if vp.search(v.name)
+            for q in list(v.queues.values()) if q.quorum and qp.search(q.name)]
+
+
+@routes.post("/api/hutch/quorum/grow")
+@requires("administrator")
+async def grow(request: web.Request) -> web.Response:
+    body = await read_json(request, required=True)
+    node = _node_arg(body)
+    strategy = body.get("strategy", "all")
+    if strategy not in ("all", "even"):
+        raise bad_request("'strategy' must be all or even")
+    broker = api_of(request).broker
+    rows = []
+    for q in _matching(broker, body):
+        if node in q.members or (strategy == "even" and len(q.members) % 2):
+            continue
+        rows.append(await _outcome(broker, q, "add", node))
+    return web.json_response(rows)
+
+
+@routes.post("/api/hutch/quorum/shrink")
+@requires("administrator")
+async def shrink(request: web.Request) -> web.Response:
+    body = await read_json(request, required=True)
+    node = _node_arg(body)
+    broker = api_of(request).broker
+    rows = [await _outcome(broker, q, "remove", node) for q in _matching(broker, body) if node in q.members]
+    return web.json_response(rows)
+
+
+async def _outcome(broker, q, op: str, node: str) -> dict:
+    row = {"vhost": q.vhost, "name": q.name, "size": len(q.members)}
+    try:
+        await change_member(broker, q, op, node)
+        row.update(result="ok", size=len(q.members))
+    except ApiError as e:
+        row.update(result="error", reason=str(e.reason))
+    return row

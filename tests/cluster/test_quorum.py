@@ -1,0 +1,207 @@
+"""Quorum queues on real 3-node clusters (seed 003): a Raft group per queue, confirms after a
+majority has the message, delivery from the leader to consumers on any node, leader failover
+with nothing lost, and the failure-tolerance rule (a majority of members must be up)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.support.brokers import wait_until
+from tests.support.hutch_cluster import HutchCluster
+
+pytestmark = pytest.mark.timeout(300)
+QUORUM = {"x-queue-type": "quorum"}
+
+
+def connect(cluster: HutchCluster, i: int) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[i].amqp_port, heartbeat=0,
+                                                             blocked_connection_timeout=60))
+
+
+def queue_info(cluster: HutchCluster, name: str, via: int = 0) -> dict:
+    return cluster.api(via, f"/api/queues/%2F/{name}")
+
+
+def consume_all(conn: pika.BlockingConnection, queue: str, count: int, timeout_s: float = 30.0) -> list[bytes]:
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=50)
+    got: list[bytes] = []
+
+    def on_message(c, method, _props, body):
+        got.append(body)
+        c.basic_ack(method.delivery_tag)
+    tag = ch.basic_consume(queue, on_message)
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    ch.basic_cancel(tag)
+    return got
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with HutchCluster(n=3) as c:
+        yield c
+
+
+def test_a_quorum_queue_has_three_members_and_serves_clients_on_every_node(cluster):
+    c1, c2, c3 = connect(cluster, 0), connect(cluster, 1), connect(cluster, 2)
+    try:
+        c1.channel().queue_declare("qq.everywhere", durable=True, arguments=QUORUM)
+        info = queue_info(cluster, "qq.everywhere", via=2)
+        assert info["type"] == "quorum" and sorted(info["members"]) == sorted(cluster.names)
+        assert info["leader"] in cluster.names and sorted(info["online"]) == sorted(cluster.names)
+        ch = c2.channel()
+        ch.confirm_delivery()
+        for i in range(300):
+            ch.basic_publish("", "qq.everywhere", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        assert c3.channel().queue_declare("qq.everywhere", passive=True).method.message_count == 300
+        assert consume_all(c3, "qq.everywhere", 300) == [f"m{i}".encode() for i in range(300)]
+        wait_until(lambda: queue_info(cluster, "qq.everywhere")["messages"] == 0, 10, "settled everywhere")
+    finally:
+        for c in (c1, c2, c3):
+            c.close()
+
+
+def test_initial_group_size_bounds_the_members(cluster):
+    c = connect(cluster, 1)
+    try:
+        c.channel().queue_declare("qq.two", durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 2})
+        info = queue_info(cluster, "qq.two")
+        assert len(info["members"]) == 2 and cluster.names[1] in info["members"]  # client-local: node 2 leads
+        c.channel().queue_declare("qq.nine", durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 9})
+        assert len(queue_info(cluster, "qq.nine")["members"]) == 3
+    finally:
+        c.close()
+
+
+def test_leader_killed_a_new_leader_is_elected_and_no_confirmed_message_is_lost():
+    with HutchCluster(n=3) as cluster:
+        c1 = connect(cluster, 0)
+        c1.channel().queue_declare("qq.failover", durable=True, arguments=QUORUM)
+        wait_until(lambda: queue_info(cluster, "qq.failover")["leader"] == cluster.names[0], 10, "leader on node 1")
+        ch = c1.channel()
+        ch.confirm_delivery()
+        for i in range(200):
+            ch.basic_publish("", "qq.failover", f"a{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        c1.close()
+        started = time.monotonic()
+        cluster.kill(0)
+
+        def new_leader() -> bool:
+            try:
+                leader = queue_info(cluster, "qq.failover", via=1)["leader"]
+            except OSError:
+                return False
+            return leader in cluster.names[1:]
+        wait_until(new_leader, 30, "a new leader")
+        failover_s = time.monotonic() - started
+        c2 = connect(cluster, 1)
+        ch = c2.channel()
+        ch.confirm_delivery()
+        for i in range(100):
+            ch.basic_publish("", "qq.failover", f"b{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        got = consume_all(connect(cluster, 2), "qq.failover", 300)
+        assert got == [f"a{i}".encode() for i in range(200)] + [f"b{i}".encode() for i in range(100)]
+        assert failover_s < 15
+        # the old leader comes back as a follower and catches up
+        cluster.start_node(0)
+        wait_until(lambda: queue_info(cluster, "qq.failover", via=0)["messages"] == 0, 30, "caught up")
+        c2.close()
+
+
+def test_with_two_of_three_members_down_the_queue_stops_and_resumes_without_loss():
+    """Seed 003's table: 3 members tolerate 1 failure, not 2."""
+    with HutchCluster(n=3) as cluster:
+        c1 = connect(cluster, 0)
+        c1.channel().queue_declare("qq.majority", durable=True, arguments=QUORUM)
+        ch = c1.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", "qq.majority", b"before", pika.BasicProperties(delivery_mode=2))
+        cluster.kill(1)
+        ch.basic_publish("", "qq.majority", b"one-down", pika.BasicProperties(delivery_mode=2))  # still a majority
+        cluster.kill(2)
+        ch2 = c1.channel()
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+            ch2.basic_get("qq.majority")
+        assert e.value.reply_code == 541 and "no majority of its members" in e.value.reply_text
+        cluster.start_node(1, wait_healthy=False)
+        cluster.start_node(2)
+        c = connect(cluster, 2)
+        got = consume_all(c, "qq.majority", 2)
+        assert got == [b"before", b"one-down"]
+        c.close()
+
+
+def hutch_queues(cluster: HutchCluster, i: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hutch.cli.queues", "--url",
+                           f"http://127.0.0.1:{cluster.nodes[i].mgmt_port}", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_quorum_status_lists_every_member_with_its_raft_state(cluster):
+    c = connect(cluster, 0)
+    c.channel().queue_declare("qq.status", durable=True, arguments=QUORUM)
+    c.close()
+    wait_until(lambda: queue_info(cluster, "qq.status")["leader"] in cluster.names, 10, "a leader")
+    p = hutch_queues(cluster, 1, "--formatter", "json", "quorum_status", "qq.status")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert sorted(r["Node Name"] for r in rows) == sorted(cluster.names)
+    assert sorted(r["Raft State"] for r in rows) == ["follower", "follower", "leader"]
+    assert len({r["Term"] for r in rows}) == 1 and all(r["Membership"] == "voter" for r in rows)
+    wait_until(lambda: len({r["Commit Index"] for r in json.loads(
+        hutch_queues(cluster, 1, "--formatter", "json", "quorum_status", "qq.status").stdout)}) == 1, 10, "same commit")
+    text = hutch_queues(cluster, 2, "quorum_status", "qq.status").stdout
+    assert "Node Name\tRaft State\tMembership\tLast Log Index" in text
+
+
+def test_delete_member_then_add_member_and_the_new_member_catches_up(cluster):
+    c = connect(cluster, 0)
+    ch = c.channel()
+    ch.queue_declare("qq.members", durable=True, arguments=QUORUM)
+    ch.confirm_delivery()
+    for i in range(50):
+        ch.basic_publish("", "qq.members", f"x{i}".encode())
+    third = cluster.names[2]
+    p = hutch_queues(cluster, 0, "delete_member", "qq.members", third)
+    assert p.returncode == 0, p.stderr
+    wait_until(lambda: third not in queue_info(cluster, "qq.members")["members"], 10, "removed")
+    for i in range(50, 80):
+        ch.basic_publish("", "qq.members", f"x{i}".encode())  # two members: still a majority
+    p = hutch_queues(cluster, 1, "add_member", "qq.members", third)
+    assert p.returncode == 0, p.stderr
+    assert third in queue_info(cluster, "qq.members")["members"]
+
+    def caught_up() -> bool:
+        rows = json.loads(hutch_queues(cluster, 0, "--formatter", "json", "quorum_status", "qq.members").stdout)
+        mine = [r for r in rows if r["Node Name"] == third]
+        return bool(mine) and mine[0]["Membership"] == "voter" and mine[0]["Last Applied"] == max(
+            r["Last Applied"] for r in rows)
+    wait_until(caught_up, 30, "the new member is a voter with the whole log")
+    p = hutch_queues(cluster, 0, "add_member", "qq.members", third)
+    assert p.returncode == 69 and "already a member" in p.stderr
+    # the new member serves a consumer connected to it
+    got = consume_all(connect(cluster, 2), "qq.members", 80)
+    assert got == [f"x{i}".encode() for i in range(80)]
+    c.close()
+
+
+def test_check_if_node_is_quorum_critical_names_the_queues(cluster):
+    """Seed 003: a queue of 2 members tolerates no failure, so each of its members is critical."""
+    c = connect(cluster, 0)
+    c.channel().queue_declare("qq.critical", durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 2})
+    c.close()
+    info = queue_info(cluster, "qq.critical")
+    critical = hutch_queues(cluster, cluster.names.index(info["members"][0]), "check_if_node_is_quorum_critical")
+    assert critical.returncode == 69 and "'qq.critical' in vhost '/'" in critical.stderr
+    outsider = next(n for n in cluster.names if n not in info["members"])
+    p = hutch_queues(cluster, cluster.names.index(outsider), "check_if_node_is_quorum_critical")
+    assert "'qq.critical'" not in p.stderr
