@@ -480,3 +480,19 @@ def test_durable_exchange_is_visible_from_another_connection(broker, ch, names):
         other.channel().exchange_declare(x, "topic", passive=True)
     finally:
         other.close()
+
+
+def test_an_auto_delete_exchange_gone_with_its_last_queue_can_be_declared_again_at_once(broker, names):
+    """kombu's SimpleBuffer does this: an auto-delete exchange and queue, used, closed, and the
+    same names declared at once on a new connection; the bind must find the new exchange."""
+    x, q = names.exchange(), names.queue()
+    for round_ in range(3):
+        c = connect(broker)
+        ch = c.channel()
+        ch.exchange_declare(x, "direct", auto_delete=True)
+        ch.queue_declare(q, auto_delete=True)
+        ch.queue_bind(q, x, q)
+        ch.basic_publish(x, q, f"r{round_}".encode())
+        tag = ch.basic_consume(q, lambda *a: None, auto_ack=True)
+        ch.basic_cancel(tag)  # the last consumer: the queue goes, then the exchange
+        c.close()

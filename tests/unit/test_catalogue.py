@@ -440,3 +440,11 @@ def test_random_commands_give_equal_results_and_snapshots_on_every_replica(cmds,
     for cmd in c.from_definitions(json.loads(json.dumps(doc))):
         k.apply(cmd)
     assert k.to_definitions(internal=True) == doc
+
+
+def test_policy_for_breaks_priority_ties_by_the_greatest_name_as_rabbitmq():
+    k = c.Catalogue()
+    k.apply(c.AddVhost("/"))
+    k.apply(c.SetPolicy("/", "alpha", "^q", "queues", 1, {"max-length": 1}))
+    k.apply(c.SetPolicy("/", "beta", "^q", "queues", 1, {"max-length": 2}))
+    assert k.policy_for("/", "q1", c.QUEUE).name == "beta"

@@ -380,18 +380,12 @@ class Broker:
             return
         if vhost.queues.get(q.name) is q:
             del vhost.queues[q.name]
-        vhost.remove_bindings_of_queue(q.name)  # auto-delete exchanges follow with the catalogue's change
+        # the catalogue's change will cascade the same way: this node's view does it at once, so
+        # that a client that redeclares right away finds what it would find afterwards
+        self._auto_delete_exchanges(vhost, vhost.remove_bindings_of_queue(q.name))
         self.ttl_queues.discard(q)
         self.dirty_queues.discard(q)
-        for c in q.consumers():
-            ch = c.channel
-            q.remove_consumer(c)
-            if ch is None:
-                continue  # a consumer on another node: its node cancels it
-            if ch.consumers.pop(c.tag, None) is not None and not ch.closed:
-                session = ch.session
-                if session.proto.capabilities.get("consumer_cancel_notify"):
-                    session.send_method(ch.number, commands.Basic.Cancel(consumer_tag=c.tag, nowait=True))
+        self.cancel_consumers(q)
         owner = q.exclusive_owner
         if owner is not None and q in owner.exclusive_queues:
             owner.exclusive_queues.remove(q)
@@ -399,6 +393,31 @@ class Broker:
             st = q.state
             self.journal.purged(q.journal_id, [e.log_seq for e in list(st.ready()) + list(st.unacked.values())
                                                if e.log_seq])
+
+    def _auto_delete_exchanges(self, vhost: VHost, touched: list[Exchange]) -> None:
+        """Auto-delete exchanges that lost their last binding go, which may empty others."""
+        while touched:
+            x = touched.pop()
+            if x.auto_delete and not x.bindings and vhost.exchanges.get(x.name) is x:
+                touched.extend(vhost.remove_exchange(x.name))
+
+    def cancel_consumers(self, q: ClassicQueue) -> None:
+        """The queue cancels its consumers (basic.cancel to the clients that take it); what they
+        held unacknowledged returns to the queue when their channels settle or close."""
+        for c in q.consumers():
+            ch = c.channel
+            q.remove_consumer(c)
+            if ch is None:  # a consumer on another node: its node cancels it
+                if self.cluster is not None and not q.deleted:
+                    self.cluster.cancel_proxy(q, c)
+                continue
+            if ch.consumers.pop(c.tag, None) is not None and not ch.closed:
+                session = ch.session
+                if session.proto.capabilities.get("consumer_cancel_notify"):
+                    session.send_method(ch.number, commands.Basic.Cancel(consumer_tag=c.tag, nowait=True))
+                    if not session.output_pending:
+                        session.output_pending = True
+                        self.output_due(session)
 
     def purge_queue(self, q: ClassicQueue) -> int:
         removed = q.state.purge()

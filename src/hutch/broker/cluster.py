@@ -295,6 +295,8 @@ class ClusterBroker:
         self.get_inflight: dict[str, list[tuple[Any, int]]] = {}  # origin -> [(queue, seq)] from basic.get
         self.local_info: Callable[[], dict] | None = None  # this node's /api/nodes object (set by the runtime)
         self.lister: Callable[[str, dict], list] | None = None  # this node's connections, channels (runtime)
+        self.migrator: Callable[[list, Callable], None] | None = None  # migrate_to_quorum here (runtime)
+        self.migrations: dict[tuple[str, str], Any] = {}  # classic queue being migrated -> its quorum queue
         self.peer_info: dict[str, dict] = {}  # the last one each peer sent
         self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
         self._cancelled: dict[int, tuple[str, str, str]] = {}
@@ -464,6 +466,10 @@ class ClusterBroker:
             return
         for key in [k for k, (pq, _p) in self.proxies.items() if pq is q]:
             del self.proxies[key]
+        target = self.migrations.get((q.vhost, q.name))
+        if target is not None:  # messages that arrived since the move: they go on, unconfirmed
+            for e in list(q.state.ready()):
+                self.quorum.publish(target, e.message, None, 0)
         b.delete_queue(q, propose=False)
 
     def _cancel_local(self, c: RemoteConsumer) -> None:
@@ -735,6 +741,11 @@ class ClusterBroker:
         b.dirty_queues.add(q)
         b.schedule()
 
+    def cancel_proxy(self, q, p: ProxyConsumer) -> None:
+        """The home queue cancels a consumer attached from another node (queue still there)."""
+        self.proxies.pop((p.origin, p.cid), None)
+        self.send(p.origin, ["CX", p.cid])
+
     def _on_cancel(self, origin: str, cid: int) -> None:
         item = self.proxies.pop((origin, cid), None)
         if item is None:
@@ -790,6 +801,12 @@ class ClusterBroker:
         if kind == "list":  # a management listing of this node's own objects: [what, params]
             rows = self.lister(args[0], args[1]) if self.lister is not None else []
             self.send(origin, ["RR", rid, [200, rows]])
+            return
+        if kind == "migrate":  # [vhost, queue, timeout_s]: run here, the classic queue's home
+            if self.migrator is None:
+                self.send(origin, ["RR", rid, [spec.NOT_IMPLEMENTED, "migration is not available here"]])
+            else:
+                self.migrator(args, lambda result: self.send(origin, ["RR", rid, result]))
             return
         if kind == "qstatus":  # this node's view of a quorum queue's Raft group: [gid]
             self.send(origin, ["RR", rid, [200, self.quorum.local_status(args[0])]])
@@ -873,6 +890,11 @@ class ClusterBroker:
             self._on_consume(peer, *payload[1:])
         elif kind == "X":
             self._on_cancel(peer, payload[1])
+        elif kind == "CX":  # the home node cancelled our consumer
+            c = self.consumers.pop(payload[1], None)
+            if c is not None:
+                c.queue.local_consumers.pop(c.cid, None)
+                self._cancel_local(c)
         elif kind == "R":
             self._on_call(peer, *payload[1:])
         elif kind in ("RR", "CR"):

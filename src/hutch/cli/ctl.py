@@ -13,6 +13,7 @@ credentials). This module never imports the broker: it knows a node only through
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -588,6 +589,48 @@ def forget_cluster_node(s: Session, node_name: str, offline: bool) -> None:
         raise usage_error("--offline is not supported: run forget_cluster_node against a running member")
     s.info(f"Removing node {node_name} from the cluster")
     s.client.post("/api/hutch/cluster/forget", {"node": node_name})
+
+
+# ---------------------------------------------------------------- the way to quorum queues
+
+@command(cli, "migrate_to_quorum")
+@_vhost_option
+@click.argument("queue", required=False)
+@click.option("--all-matching", "pattern", default=None, metavar="PATTERN",
+              help="Every durable classic queue of the vhost whose name matches this regular expression.")
+@click.option("--migration-timeout", default=60.0, show_default=True,
+              help="Seconds to wait for consumers to settle what they hold and for confirms.")
+def migrate_to_quorum(s: Session, vhost: str, queue: str | None, pattern: str | None,
+                      migration_timeout: float) -> None:
+    """Turn a classic (mirrored) queue into a quorum queue of the same name, with its bindings
+    and messages (docs/migration.md)."""
+    if (queue is None) == (pattern is None):
+        raise usage_error("give a QUEUE or --all-matching PATTERN")
+    if pattern is not None:
+        try:
+            rx = re.compile(pattern)
+        except re.error as e:
+            raise usage_error(f"invalid pattern: {e}") from None
+        names = [qu["name"] for qu in s.client.get(f"/api/queues/{q(vhost)}")
+                 if qu.get("type", "classic") == "classic" and qu.get("durable") and not qu.get("exclusive")
+                 and rx.search(qu["name"])]
+    else:
+        names = [queue]
+    rows = []
+    for name in names:
+        s.info(f'Migrating queue "{name}" in vhost "{vhost}" to a quorum queue ...')
+        try:
+            r = s.client.post(f"/api/hutch/migrate/{q(vhost)}/{q(name)}",
+                              {"timeout_ms": int(migration_timeout * 1000)})
+            rows.append({"name": name, "result": "ok", "moved": r.get("moved"), "members": r.get("members"),
+                         "dropped_arguments": r.get("dropped_arguments"),
+                         "policies_changed": r.get("policies_changed")})
+        except CliError as e:
+            if queue is not None:
+                raise
+            rows.append({"name": name, "result": f"error: {e}"})
+    cols = ("name", "result", "moved", "members", "dropped_arguments", "policies_changed")
+    s.printer.rows(cols, rows)
 
 
 # ---------------------------------------------------------------- definitions

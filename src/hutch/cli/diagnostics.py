@@ -70,6 +70,11 @@ def check_port_connectivity(s: Session) -> None:
                        f"Successfully connected to ports {', '.join(str(p) for p in ok)} on node {node}.")
 
 
+MIGRATION_HINT = ("Classic queue mirroring is deprecated (seed 000): move the queues these policies match to "
+                  "quorum queues with 'hutchctl migrate_to_quorum QUEUE' or 'hutchctl migrate_to_quorum "
+                  "--all-matching PATTERN' (docs/migration.md).")
+
+
 def _mirroring_policies(s: Session, vhost: str | None) -> list[dict]:
     path = "/api/policies" if vhost is None else f"/api/policies/{q(vhost)}"
     return [p for p in s.client.get(path) if "ha-mode" in (p.get("definition") or {})]
@@ -82,6 +87,8 @@ def list_policies_with_classic_queue_mirroring(s: Session, vhost: str) -> None:
     cols = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
     _, rows = select(_mirroring_policies(s, vhost), cols, POLICY_COLUMNS, cols)
     s.printer.rows(cols, rows, [f'Listing policies with classic queue mirroring for vhost "{vhost}" ...'])
+    if rows:
+        s.info(MIGRATION_HINT)
 
 
 @command(cli, "check_if_cluster_has_classic_queue_mirroring_policy")
@@ -91,7 +98,8 @@ def check_if_cluster_has_classic_queue_mirroring_policy(s: Session) -> None:
     found = _mirroring_policies(s, None)
     if found:
         names = ", ".join(f"'{p['name']}' in vhost '{p['vhost']}'" for p in found)
-        raise CliError(f"Cluster reported classic queue mirroring policies: {names}", EX_UNAVAILABLE)
+        raise CliError(f"Cluster reported classic queue mirroring policies: {names}\n{MIGRATION_HINT}",
+                       EX_UNAVAILABLE)
     s.printer.document({"result": "ok"}, "Cluster reported no classic queue mirroring policies")
 
 

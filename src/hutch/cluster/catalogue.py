@@ -436,13 +436,14 @@ class Catalogue:
         return [p for (v, _n), p in sorted(self.policies.items()) if v == vhost]
 
     def policy_for(self, vhost: str, name: str, kind: str, queue_type: str = CLASSIC) -> PolicyRecord | None:
-        """The policy that applies to a queue or exchange: the highest priority match (ties go
-        to the policy whose name sorts first, so every node picks the same one)."""
+        """The policy that applies to a queue or exchange: the highest priority match; among
+        equal priorities the greatest name (RabbitMQ's rule, as `hutch.control.policy.match`),
+        so every node picks the same one whatever order the policies were stored in."""
         best: PolicyRecord | None = None
         for p in self.policies_of(vhost):
             if not _policy_applies(p, kind, queue_type) or re.search(p.pattern, name) is None:
                 continue
-            if best is None or p.priority > best.priority:
+            if best is None or (p.priority, p.name) > (best.priority, best.name):
                 best = p
         return best
 

@@ -155,13 +155,13 @@ async def _api_middleware(request: web.Request, handler):
 
 
 def make_app(broker: Broker) -> web.Application:
-    from hutch.control import access, definitions, node, policies, quorum, sessions, topology
+    from hutch.control import access, definitions, migrate, node, policies, quorum, sessions, topology
 
     app = web.Application(middlewares=[_api_middleware], client_max_size=BODY_BYTES_MAX)
     app[API] = Api(broker)
-    for module in (node, access, topology, sessions, policies, definitions, quorum):
+    for module in (node, access, topology, sessions, policies, definitions, quorum, migrate):
         app.add_routes(module.routes)
-    for module in (node, access, topology, sessions, policies, definitions, quorum):
+    for module in (node, access, topology, sessions, policies, definitions, quorum, migrate):
         for r in module.routes:  # RabbitMQ also answers "/api/queues/" and the like
             app.router.add_route(r.method, r.path + "/", r.handler)
     return app

@@ -185,22 +185,27 @@ async def call_home(broker: Broker, q, kind: str, args: list) -> Any:
     return result[1]
 
 
-async def call_peer(broker: Broker, peer: str, kind: str, args: list) -> Any:
+async def call_peer(broker: Broker, peer: str, kind: str, args: list, timeout_s: float | None = None) -> Any:
     """Ask another node; its answer (an error if it goes down or does not answer in time)."""
-    result = await _call(broker, peer, kind, args)
+    result = await _call(broker, peer, kind, args, timeout_s)
     if result is None or result[0] != 200:
         raise AMQPError(spec.INTERNAL_ERROR, f"node {peer} did not answer")
     return result[1]
 
 
-async def _call(broker: Broker, peer: str, kind: str, args: list) -> Any:
+async def ask_peer(broker: Broker, peer: str, kind: str, args: list, timeout_s: float | None = None) -> Any:
+    """Ask another node; its raw answer ([code, ...]), or None if it goes down first."""
+    return await _call(broker, peer, kind, args, timeout_s)
+
+
+async def _call(broker: Broker, peer: str, kind: str, args: list, timeout_s: float | None = None) -> Any:
     fut = asyncio.get_running_loop().create_future()
 
     def answered(result) -> None:
         if not fut.done():
             fut.set_result(result)
     broker.cluster.call(peer, kind, args, answered)
-    return await asyncio.wait_for(fut, broker.config.metadata_timeout_ms / 1000)
+    return await asyncio.wait_for(fut, timeout_s or broker.config.metadata_timeout_ms / 1000)
 
 
 def get_messages(broker: Broker, q: ClassicQueue, body: dict[str, Any]) -> list[dict[str, Any]]:

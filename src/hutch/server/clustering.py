@@ -143,6 +143,7 @@ class ClusterRuntime:
                               seed=self.id & 0xFFFFFFFF)
         self.multi = MultiRaft(self.id, raft_cfg)
         self.group = self.multi.add_group(CATALOGUE_GROUP, storage)
+        logged_at_start = storage.last_index()
         self.apps: dict[Any, GroupApp] = {CATALOGUE_GROUP: _CatalogueApp(self)}
         self._leading: set[Any] = set()
         self.cluster.quorum.raft = _QueueGroups(self)
@@ -163,17 +164,35 @@ class ClusterRuntime:
         if joined.get("join") and not self._is_member():
             self.loop.create_task(self._join_loop(joined["join"], tuple(joined["address"])))
         self._tick_handle = self.loop.call_later(TICK_S, self._tick)
-        if tuple(self.group.voters) == (self.id,):
+        alone = tuple(self.group.voters) == (self.id,)
+        if alone:
+            for _ in range(self.group.cfg.election_timeout_ticks * 2):  # nobody else can vote: elect at once
+                if self.group.role == LEADER:
+                    break
+                self.multi.tick()
+                self._drain()
+        await self._catch_up(logged_at_start)
+        if alone:
             await self._lead_alone()
 
-    async def _lead_alone(self) -> None:
-        """A cluster of one: elect this node at once (nobody else can vote) and wait until the
-        catalogue holds the default vhost and user, so that the first client can log in."""
-        for _ in range(self.group.cfg.election_timeout_ticks * 2):
-            if self.group.role == LEADER:
-                break
-            self.multi.tick()
+    async def _catch_up(self, target: int) -> None:
+        """Before clients are let in: a leader is known and every entry this node's log held at
+        start is applied (an entry applied before a crash may not have been known committed on
+        disk: routing to a queue it declared must not see the queue missing). A node that
+        cannot reach a majority starts after metadata_timeout_ms with what it has."""
+        deadline = self.loop.time() + self.cfg.metadata_timeout_ms / 1000
+        while self.loop.time() < deadline:
             self._drain()
+            if self.group.leader is not None and self.group.applied >= target:
+                return
+            await asyncio.sleep(0.005)
+        log.warning("the catalogue did not catch up within %d ms (applied %d of %d, leader %s): starting with "
+                    "what this node has", self.cfg.metadata_timeout_ms, self.group.applied, target,
+                    self.leader_name())
+
+    async def _lead_alone(self) -> None:
+        """A cluster of one: wait until the catalogue holds the default vhost and user, so that
+        the first client can log in."""
         restarted = INIT_PARAM in self.cluster.catalogue.global_parameters
         deadline = self.loop.time() + self.cfg.metadata_timeout_ms / 1000
         while INIT_PARAM not in self.cluster.catalogue.global_parameters and self.loop.time() < deadline:

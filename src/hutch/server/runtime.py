@@ -32,6 +32,7 @@ from hutch.amqp import connection as amqp_conn
 from hutch.amqp import spec
 from hutch.broker.broker import Broker, Config
 from hutch.broker.session import Session
+from hutch.control import migrate
 from hutch.control.app import API, HttpListener
 from hutch.control.node import node_info
 from hutch.control.sessions import local_listing
@@ -273,6 +274,7 @@ class Node:
             api = self.http.app[API]
             self.broker.cluster.local_info = lambda: node_info(api)
             self.broker.cluster.lister = lambda what, params: local_listing(api, what, params)
+            self.broker.cluster.migrator = lambda args, reply: migrate.run_for_peer(api.broker, args, reply)
 
     async def stop_app(self) -> None:
         """Stop the broker: listeners and client connections close, the node leaves its
