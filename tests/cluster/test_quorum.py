@@ -205,3 +205,25 @@ def test_check_if_node_is_quorum_critical_names_the_queues(cluster):
     outsider = next(n for n in cluster.names if n not in info["members"])
     p = hutch_queues(cluster, cluster.names.index(outsider), "check_if_node_is_quorum_critical")
     assert "'qq.critical'" not in p.stderr
+
+
+def test_five_members_tolerate_two_failures_not_three():
+    """Seed 003's table, 5-member row: a majority is 3."""
+    with HutchCluster(n=5) as cluster:
+        c1 = connect(cluster, 0)
+        c1.channel().queue_declare("qq.five", durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 5})
+        assert len(queue_info(cluster, "qq.five")["members"]) == 5
+        ch = c1.channel()
+        ch.confirm_delivery()
+        cluster.kill(3)
+        cluster.kill(4)
+        for i in range(10):  # three of five: still a majority
+            ch.basic_publish("", "qq.five", f"f{i}".encode(), pika.BasicProperties(delivery_mode=2))
+        cluster.kill(2)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+            connect(cluster, 1).channel().basic_get("qq.five")
+        assert e.value.reply_code == 541
+        cluster.start_node(2, wait_healthy=False)
+        c2 = connect(cluster, 1)
+        assert consume_all(c2, "qq.five", 10) == [f"f{i}".encode() for i in range(10)]
+        c2.close()

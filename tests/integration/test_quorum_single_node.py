@@ -115,3 +115,17 @@ def test_consuming_from_a_quorum_queue_with_global_qos_is_540(conn, names):
     ch.basic_qos(prefetch_count=5, global_qos=True)
     code, text = connection_error(ch.basic_consume, q, lambda *a: None)
     assert (code, text) == (540, f"NOT_IMPLEMENTED - queue '{q}' in vhost '/' does not support global qos")
+
+
+def test_message_ttl_expires_messages_at_the_head_and_dead_letters_them(ch, names):
+    q = names.queue()
+    dlq = q + ".dead"
+    ch.queue_declare(dlq, durable=True)
+    ch.queue_declare(q, durable=True, arguments={**QUORUM, "x-message-ttl": 300, "x-dead-letter-exchange": "",
+                                                 "x-dead-letter-routing-key": dlq})
+    ch.basic_publish("", q, b"short-lived")
+    method, props, body = drain(ch.connection, lambda: (r := ch.basic_get(dlq, auto_ack=True))[0] and r,
+                                what="expired message")
+    assert body == b"short-lived"
+    assert props.headers["x-death"][0]["reason"] == "expired"
+    assert ch.queue_declare(q, passive=True).method.message_count == 0

@@ -411,13 +411,45 @@ class Broker:
                 if self.cluster is not None and not q.deleted:
                     self.cluster.cancel_proxy(q, c)
                 continue
-            if ch.consumers.pop(c.tag, None) is not None and not ch.closed:
-                session = ch.session
-                if session.proto.capabilities.get("consumer_cancel_notify"):
-                    session.send_method(ch.number, commands.Basic.Cancel(consumer_tag=c.tag, nowait=True))
-                    if not session.output_pending:
-                        session.output_pending = True
-                        self.output_due(session)
+            self.cancel_notify(c)
+
+    def cancel_notify(self, c) -> None:
+        """A consumer was cancelled by the queue: its channel forgets it, and its client is
+        told with basic.cancel if it accepts that (capability consumer_cancel_notify)."""
+        ch = c.channel
+        if ch.consumers.pop(c.tag, None) is not None and not ch.closed:
+            session = ch.session
+            if session.proto.capabilities.get("consumer_cancel_notify"):
+                session.send_method(ch.number, commands.Basic.Cancel(consumer_tag=c.tag, nowait=True))
+                if not session.output_pending:
+                    session.output_pending = True
+                    self.output_due(session)
+
+    def take_messages(self, q: ClassicQueue, count: int, requeue: bool, reject: bool) -> list[tuple[Entry, int]]:
+        """Up to `count` messages from the head, each with the ready count left after it, then
+        requeued, rejected (dead-lettered) or acknowledged: the management API's get."""
+        self.expire_queue(q)
+        taken = []
+        for _ in range(count):
+            entry = q.get(no_ack=False)
+            if entry is None:
+                break
+            self.delivered(q, entry)
+            taken.append((entry, q.message_count))
+        for entry, _left in taken:
+            if requeue:
+                q.requeue(entry.seq)
+            elif reject:
+                q.discard(entry.seq)
+            else:
+                q.settle(entry.seq)
+                self.settled(q, entry)
+        if reject and not requeue and taken:
+            self.dead_letter(q, [e for e, _left in taken], "rejected")
+        self.queue_used(q)
+        self.dirty_queues.add(q)
+        self.schedule()
+        return taken
 
     def purge_queue(self, q: ClassicQueue) -> int:
         removed = q.state.purge()

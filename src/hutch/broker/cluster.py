@@ -43,6 +43,7 @@ import msgspec
 
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
+from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
 from hutch.broker.quorumq import QuorumHost
 from hutch.broker.vhost import VHost
@@ -51,7 +52,6 @@ from hutch.queues.message import Message
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker
-    from hutch.broker.channel import Channel
 
 log = logging.getLogger("hutch.cluster")
 
@@ -86,25 +86,16 @@ class RemoteEntry:
         self.delivery_count = 2 if redelivered else 1
 
 
-class RemoteConsumer:
-    """A basic.consume on a queue homed elsewhere, on the consuming node."""
+class RemoteConsumer(ChannelConsumer):
+    """A basic.consume on a queue homed elsewhere, on the consuming node: the home node's
+    stand-in for it (`ProxyConsumer`) is what its queue dispatches to."""
 
-    __slots__ = ("tag", "ctag_enc", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
-                 "unacked", "arguments", "cid", "received")
+    __slots__ = ("cid", "received")
 
     def __init__(self, cid: int, tag: str, queue: RemoteQueue, channel: Channel, no_ack: bool, exclusive: bool,
                  priority: int, prefetch: int, arguments: dict):
+        super().__init__(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments)
         self.cid = cid
-        self.tag = tag
-        self.ctag_enc = codec.shortstr(tag)
-        self.queue = queue
-        self.channel = channel
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.priority = priority
-        self.prefetch = prefetch
-        self.unacked = 0
-        self.arguments = arguments
         self.received = 0  # deliveries not yet returned as credit
 
 
@@ -473,15 +464,7 @@ class ClusterBroker:
         b.delete_queue(q, propose=False)
 
     def _cancel_local(self, c: RemoteConsumer) -> None:
-        ch = c.channel
-        if ch.consumers.pop(c.tag, None) is not None and not ch.closed:
-            session = ch.session
-            if session.proto.capabilities.get("consumer_cancel_notify"):
-                from pamqp import commands
-                session.send_method(ch.number, commands.Basic.Cancel(consumer_tag=c.tag, nowait=True))
-                if not session.output_pending:
-                    session.output_pending = True
-                    self.broker.output_due(session)
+        self.broker.cancel_notify(c)
 
     def _sync_vhosts_and_users(self) -> None:
         from hutch.broker.broker import User
@@ -840,29 +823,9 @@ class ClusterBroker:
                 m = entry.message
                 result = [200, [entry.seq, entry.delivery_count > 1, m.route_enc, q.message_count, m.props, m.body]]
         elif kind == "take":  # the management API's get: [count, requeue, reject]
-            count, requeue, reject = args[2], args[3], args[4]
-            b.expire_queue(q)
-            taken = []
-            for _ in range(count):
-                entry = q.get(no_ack=False)
-                if entry is None:
-                    break
-                b.delivered(q, entry)
-                taken.append(entry)
-            rows = [[e.message.exchange, e.message.routing_key, e.message.props, e.message.body,
-                     e.delivery_count > 1, q.message_count] for e in taken]
-            for e in taken:
-                if requeue:
-                    q.requeue(e.seq)
-                elif reject:
-                    q.discard(e.seq)
-                else:
-                    q.settle(e.seq)
-                    b.settled(q, e)
-            if reject and not requeue and taken:
-                b.dead_letter(q, taken, "rejected")
-            b.dirty_queues.add(q)
-            result = [200, rows]
+            taken = b.take_messages(q, args[2], args[3], args[4])
+            result = [200, [[e.message.exchange, e.message.routing_key, e.message.props, e.message.body,
+                             e.delivery_count > 1, left] for e, left in taken]]
         else:
             result = [spec.NOT_IMPLEMENTED, f"unknown call {kind}"]
         self.send(origin, ["RR", rid, result])

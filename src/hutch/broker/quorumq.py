@@ -34,6 +34,7 @@ import msgspec
 
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
+from hutch.broker.channel import ChannelConsumer
 from hutch.cluster import catalogue as cat
 from hutch.queues.message import Message
 from hutch.queues.state import Entry
@@ -48,6 +49,7 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
+CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to expire
 DEFAULT_GROUP_SIZE = 3
 
 
@@ -61,25 +63,16 @@ def incarnation_of(owner: str) -> int | None:
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
 
 
-class QuorumConsumer:
-    """A basic.consume on a quorum queue, on the consumer's node."""
+class QuorumConsumer(ChannelConsumer):
+    """A basic.consume on a quorum queue, on the consumer's node; the queue's state machine
+    knows it by `consumer_id`."""
 
-    __slots__ = ("tag", "ctag_enc", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
-                 "unacked", "arguments", "consumer_id")
+    __slots__ = ("consumer_id",)
 
     def __init__(self, consumer_id: str, tag: str, queue: QuorumQueue, channel, no_ack: bool, exclusive: bool,
                  priority: int, prefetch: int, arguments: dict):
+        super().__init__(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments)
         self.consumer_id = consumer_id
-        self.tag = tag
-        self.ctag_enc = codec.shortstr(tag)
-        self.queue = queue
-        self.channel = channel
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.priority = priority
-        self.prefetch = prefetch
-        self.unacked = 0
-        self.arguments = arguments
 
 
 class _QuorumEntry:
@@ -269,6 +262,7 @@ class QuorumHost:
         self._pub_seq: dict[tuple[int, int], int] = {}  # (id(channel), gid) -> last publisher_seq
         self._out: dict[str, list] = {}  # node -> effects to send it
         self._leading: set[int] = set()
+        self._next_clock_s = 0.0
 
     def now_ms(self) -> int:
         return self.cl.broker.now_ms()
@@ -373,6 +367,9 @@ class QuorumHost:
 
     # -- proposing
     def propose(self, q: QuorumQueue, cmd, callback: Callable[[Any], None] | None = None) -> None:
+        """Propose `cmd` to the queue's leader, after the acks, nacks and rejects collected so
+        far (a basic.get right after a reject must find the message back)."""
+        q.flush()
         req = 0
         if callback is not None:
             req = self.new_id()
@@ -407,7 +404,13 @@ class QuorumHost:
         # no leader known: dropped; the proposer sends it again
 
     def tick(self, now_s: float) -> None:
-        """Resend what is unanswered; fail calls past their deadline."""
+        """Resend what is unanswered; fail calls past their deadline; as a leader, let time
+        pass in the queues that have something to expire (message TTL at the head, x-expires)."""
+        if now_s >= self._next_clock_s:
+            self._next_clock_s = now_s + CLOCK_S
+            for q in list(self.queues.values()):
+                if self.is_leader(q) and self._wants_clock(q, int(now_s * 1000)):
+                    self.propose(q, fifo.Tick(int(now_s * 1000)))
         for req, item in list(self._calls.items()):
             cb, deadline, q, env, retry = item
             if now_s >= deadline:
@@ -421,6 +424,15 @@ class QuorumHost:
                 item[5] = now_s + RETRY_S
                 if not item[0].deleted:
                     self._send(item[0], item[1])
+
+    def _wants_clock(self, q: QuorumQueue, now_ms: int) -> bool:
+        st = q.machine
+        if st is None:
+            return False
+        if q.config.expires_ms is not None:
+            return True
+        head = st.queue.head() if st.messages_ready else None
+        return head is not None and head.expires_at_ms is not None and head.expires_at_ms <= now_ms
 
     # -- publishing
     def publish(self, q: QuorumQueue, msg: Message, channel, seq: int) -> None:

@@ -193,32 +193,26 @@ class Session:
             self._pump()
         return resume
 
+    def wait_for(self, ch: Channel, m, start, finish) -> None:
+        """Park the connection, `start(reply)` something another node or the catalogue
+        answers, then finish the method with `finish(answer)` (an AMQPError it raises fails the
+        method)."""
+        resume = self.park(ch, m)
+        start(lambda answer: resume(finish, answer))
+
     def catalogue_change(self, ch: Channel, m, cmd: cat.Command, done) -> None:
         """Propose a catalogue change; done(result) runs once this node has applied it."""
-        resume = self.park(ch, m)
-
-        def applied(res: cat.Result) -> None:
-            def finish() -> None:
-                if res.code != cat.OK:
-                    raise AMQPError(res.code, res.text)
-                done(res)
-            resume(finish)
-        self.broker.cluster.submit(cmd, applied)
+        def finish(res: cat.Result) -> None:
+            if res.code != cat.OK:
+                raise AMQPError(res.code, res.text)
+            done(res)
+        self.wait_for(ch, m, lambda reply: self.broker.cluster.submit(cmd, reply), finish)
 
     def remote_call(self, ch: Channel, m, q, kind: str, args: list, done) -> None:
         """Ask a queue's home node; done(result) with its answer (a 404 if it is down)."""
         q.check_up()
-        resume = self.park(ch, m)
-
-        def answered(result) -> None:
-            def finish() -> None:
-                if result is None:
-                    raise cluster_home_down(q)
-                if result[0] != 200:
-                    raise AMQPError(result[0], result[1])
-                done(result)
-            resume(finish)
-        self.broker.cluster.call(q.home_node, kind, [q.vhost, q.name, *args], answered)
+        self.wait_for(ch, m, lambda reply: self.broker.cluster.call(q.home_node, kind, [q.vhost, q.name, *args], reply),
+                      lambda result: done(_home_answer(q, result)))
 
     def handle(self, ev: events.Event) -> None:
         t = type(ev)
@@ -800,43 +794,37 @@ class Session:
     def quorum_call(self, ch: Channel, m, q, cmd, done, undo=None) -> None:
         """Propose a command to a quorum queue's leader and finish the method with its answer;
         541 when no leader answers within metadata_timeout_ms."""
-        resume = self.park(ch, m)
-
-        def answered(result) -> None:
-            def finish() -> None:
-                if result is None:
-                    if undo is not None:
-                        undo()
-                    raise AMQPError(spec.INTERNAL_ERROR, f"timed out waiting for a leader of queue '{q.name}' in "
-                                                         f"vhost '{q.vhost}': no majority of its members "
-                                                         f"({', '.join(q.members)}) is reachable")
-                done(result)
-            resume(finish)
-        self.broker.cluster.quorum.propose(q, cmd, answered)
+        def finish(result) -> None:
+            if result is None:
+                if undo is not None:
+                    undo()
+                raise AMQPError(spec.INTERNAL_ERROR, f"timed out waiting for a leader of queue '{q.name}' in "
+                                                     f"vhost '{q.vhost}': no majority of its members "
+                                                     f"({', '.join(q.members)}) is reachable")
+            done(result)
+        self.wait_for(ch, m, lambda reply: self.broker.cluster.quorum.propose(q, cmd, reply), finish)
 
     def _consume_remote(self, ch: Channel, m, q, tag: str, priority: int, args: dict) -> None:
         cl = self.broker.cluster
         q.check_up()
         cid = cl.new_id()
         c = RemoteConsumer(cid, tag, q, ch, bool(m.no_ack), bool(m.exclusive), priority, ch.prefetch, args)
-        resume = self.park(ch, m)
 
-        def answered(result) -> None:
-            def finish() -> None:
-                if result is None:
-                    raise cluster_home_down(q)
-                if result[0] != 200:
-                    raise AMQPError(result[0], result[1])
-                if ch.closed or q.deleted:
-                    cl.send(q.home_node, ["X", cid])
-                    return
-                if not m.nowait:
-                    self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
-                ch.consumers[tag] = c
-                q.add_consumer(c)
-            resume(finish)
-        cl.expect_reply(cid, q.home_node, answered)
-        cl.send(q.home_node, ["C", cid, q.vhost, q.name, tag, c.no_ack, c.exclusive, priority, c.prefetch, args])
+        def finish(result) -> None:
+            _home_answer(q, result)
+            if ch.closed or q.deleted:
+                cl.send(q.home_node, ["X", cid])
+                return
+            if not m.nowait:
+                self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
+            ch.consumers[tag] = c
+            q.add_consumer(c)
+
+        def start(reply) -> None:
+            cl.expect_reply(cid, q.home_node, reply)
+            cl.send(q.home_node, ["C", cid, q.vhost, q.name, tag, c.no_ack, c.exclusive, priority, c.prefetch,
+                                  args])
+        self.wait_for(ch, m, start, finish)
 
     def basic_cancel(self, ch: Channel, m) -> None:
         if ch.reply_token is not None and m.consumer_tag == ch.reply_tag:
@@ -950,6 +938,15 @@ class Session:
 
     def access_request(self, ch: Channel, m) -> None:
         self.send_method(ch.number, commands.Access.RequestOk())
+
+
+def _home_answer(q, result):
+    """A queue's home node answered (None: it went down): the answer, or the error it carries."""
+    if result is None:
+        raise cluster_home_down(q)
+    if result[0] != 200:
+        raise AMQPError(result[0], result[1])
+    return result
 
 
 def _method_name(err: AMQPError) -> str:

@@ -362,7 +362,7 @@ async def reset_node(request: web.Request) -> web.Response:
     return await _app_call(request, lambda n: n.reset())
 
 
-def _node_name(body: dict) -> str:
+def node_name_arg(body: dict) -> str:
     name = body.get("node")
     if not isinstance(name, str) or "@" not in name:
         raise bad_request("'node' must be a node name, NAME@HOST")
@@ -373,7 +373,7 @@ def _node_name(body: dict) -> str:
 @requires("administrator")
 async def join_cluster(request: web.Request) -> web.Response:
     body = await read_json(request, required=True)
-    seed = _node_name(body)
+    seed = node_name_arg(body)
     address = body.get("address")
     addr = None
     if address is not None:
@@ -388,7 +388,7 @@ async def join_cluster(request: web.Request) -> web.Response:
 @requires("administrator")
 async def forget_cluster_node(request: web.Request) -> web.Response:
     body = await read_json(request, required=True)
-    name = _node_name(body)
+    name = node_name_arg(body)
     fut = asyncio.get_running_loop().create_future()
 
     def done(error: str | None) -> None:

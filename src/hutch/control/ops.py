@@ -211,34 +211,9 @@ async def _call(broker: Broker, peer: str, kind: str, args: list, timeout_s: flo
 def get_messages(broker: Broker, q: ClassicQueue, body: dict[str, Any]) -> list[dict[str, Any]]:
     """POST /api/queues/{vhost}/{queue}/get: fetch up to `count` messages, then ack, requeue or reject them."""
     count, ackmode, encoding, truncate = get_request(body)
-    broker.expire_queue(q)
-    taken = []
-    out = []
-    for _ in range(count):
-        entry = q.get(no_ack=False)
-        if entry is None:
-            break
-        broker.delivered(q, entry)
-        taken.append(entry)
-        m = entry.message
-        out.append(shapes.message(m.body, m.props, m.exchange, m.routing_key, entry.delivery_count > 1,
-                                  q.message_count, encoding, truncate))
-    dead = []
-    for entry in taken:
-        if ackmode == "ack_requeue_false":
-            q.settle(entry.seq)
-            broker.settled(q, entry)
-        elif ackmode.endswith("requeue_true"):
-            q.requeue(entry.seq)
-        else:
-            q.discard(entry.seq)
-            dead.append(entry)
-    if dead:
-        broker.dead_letter(q, dead, "rejected")
-    broker.queue_used(q)
-    broker.dirty_queues.add(q)
-    broker.schedule()
-    return out
+    taken = broker.take_messages(q, count, ackmode.endswith("requeue_true"), ackmode == "reject_requeue_false")
+    return [shapes.message(e.message.body, e.message.props, e.message.exchange, e.message.routing_key,
+                           e.delivery_count > 1, left, encoding, truncate) for e, left in taken]
 
 
 def close_connection(broker: Broker, s: Session, reason: str) -> None:

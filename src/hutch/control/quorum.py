@@ -24,6 +24,7 @@ from hutch.cluster import catalogue as cat
 from hutch.control import changes, ops
 from hutch.control.app import api_of, read_json, requires
 from hutch.control.errors import ApiError, bad_request, not_found
+from hutch.control.node import node_name_arg
 
 routes = web.RouteTableDef()
 RETRY_S = 0.25
@@ -122,18 +123,11 @@ async def _call(broker, peer: str, args: list) -> Any:
     return await fut
 
 
-def _node_arg(body: dict) -> str:
-    node = body.get("node")
-    if not isinstance(node, str) or "@" not in node:
-        raise bad_request("'node' must be a node name, NAME@HOST")
-    return node
-
-
 @routes.post("/api/hutch/quorum/{vhost}/{name}/members")
 @requires("administrator")
 async def add_member(request: web.Request) -> web.Response:
     broker, q = _quorum_queue(request)
-    await change_member(broker, q, "add", _node_arg(await read_json(request, required=True)))
+    await change_member(broker, q, "add", node_name_arg(await read_json(request, required=True)))
     return web.Response(status=204)
 
 
@@ -159,7 +153,7 @@ def _matching(broker, body: dict) -> list:
 @requires("administrator")
 async def grow(request: web.Request) -> web.Response:
     body = await read_json(request, required=True)
-    node = _node_arg(body)
+    node = node_name_arg(body)
     strategy = body.get("strategy", "all")
     if strategy not in ("all", "even"):
         raise bad_request("'strategy' must be all or even")
@@ -176,7 +170,7 @@ async def grow(request: web.Request) -> web.Response:
 @requires("administrator")
 async def shrink(request: web.Request) -> web.Response:
     body = await read_json(request, required=True)
-    node = _node_arg(body)
+    node = node_name_arg(body)
     broker = api_of(request).broker
     rows = [await _outcome(broker, q, "remove", node) for q in _matching(broker, body) if node in q.members]
     return web.json_response(rows)

@@ -396,32 +396,8 @@ class Node:
     async def shutdown(self) -> None:
         if self.http is not None:
             await self.http.stop()
-        if not self.app_running:
-            log.info("Successfully stopped hutch node %s", self.config.node_name)
-            return
-        for server in self.servers:
-            server.close()
-        for p in list(self.protocols):
-            s = p.session
-            if s is not None and s.proto.state == amqp_conn.OPEN:
-                s.proto.close(spec.CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'")
-                out = s.take_output()
-                if out:
-                    p.write(out)
-        await asyncio.sleep(0)
-        for p in list(self.protocols):
-            if p.transport is not None:
-                p.transport.close()
-        for server in self.servers:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 2)
-        for _ in range(100):
-            if not self._sync_running:
-                break
-            await asyncio.sleep(0.01)
-        if self.clustering is not None:
-            await self.clustering.stop()
-        self.broker.close_storage()
+        if self.app_running:
+            await self.stop_app()
         log.info("Successfully stopped hutch node %s", self.config.node_name)
 
 
