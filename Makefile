@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install run run-node test test-fast test-unit test-integration lint bench bench-cluster conformance soak check-demo clean
+.PHONY: install run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum conformance soak check-demo clean campaign
 
 install: $(STAMP)
 
@@ -45,8 +45,21 @@ bench: install
 bench-cluster: install
 	$(BIN)/python bench/cluster_compare
 
+# Quorum queues on 3-node clusters (RabbitMQ and hutch): throughput, latency at 1,000 msg/s, leader failover.
+bench-quorum: install
+	$(BIN)/python bench/quorum_compare
+
 check-demo: install
 	$(BIN)/python bench/check_demo.py
+
+# Jepsen-style fault campaign on quorum queues (docs/lab.md, "Fault campaigns"): seeds 1-3, 200 s
+# of faults each on a fresh 3-node lab (base port 7672), then the Spark checker on every history.
+# Results in ./var/campaign/seed-N/ (campaign.json, history/, check/, lab/ with the node logs).
+campaign: install
+	rc=0; $(BIN)/hutch lab campaign --seed 1 --seed 2 --seed 3 --duration 200 --out ./var/campaign \
+	  --base-port 7672 || rc=$$?; \
+	for s in 1 2 3; do $(BIN)/hutch check ./var/campaign/seed-$$s/history --out ./var/campaign/seed-$$s/check \
+	  --expect lost=0 --expect unexpected=0 || rc=1; done; exit $$rc
 
 soak: install
 	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000

@@ -129,3 +129,26 @@ def test_message_ttl_expires_messages_at_the_head_and_dead_letters_them(ch, name
     assert body == b"short-lived"
     assert props.headers["x-death"][0]["reason"] == "expired"
     assert ch.queue_declare(q, passive=True).method.message_count == 0
+
+
+def test_confirms_with_some_publishes_refused_settle_every_tag_exactly_once(broker, names):
+    """reject-publish refuses some publishes while earlier ones still wait for their confirm:
+    every tag gets one ack or one nack, and no `multiple` ack covers a nacked tag (aiormq drops
+    such a frame, leaving its publishes unconfirmed)."""
+    import asyncio
+
+    import aiormq
+    q = names.queue()
+
+    async def run() -> list[str]:
+        conn = await aiormq.connect(f"amqp://guest:guest@{broker.host}:{broker.port}/")
+        ch = await conn.channel()
+        await ch.queue_declare(q, durable=True, arguments={**QUORUM, "x-max-length": 3,
+                                                          "x-overflow": "reject-publish"})
+        futures = [asyncio.ensure_future(ch.basic_publish(f"m{i}".encode(), routing_key=q)) for i in range(40)]
+        done = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 20)
+        await conn.close()
+        return ["Nack" if isinstance(d, aiormq.exceptions.DeliveryError) else type(d).__name__ for d in done]
+    outcomes = asyncio.run(run())
+    assert len(outcomes) == 40
+    assert "Ack" in outcomes and "Nack" in outcomes, outcomes

@@ -120,13 +120,28 @@ def test_resent_publish_that_was_refused_is_refused_again():
     assert s.apply(enq("a", seq=1)) == [Accepted("n1/ch1", 1)]
 
 
-def test_publish_past_a_gap_is_refused_so_the_missing_one_still_counts_when_resent():
+def test_publishes_arriving_out_of_order_are_each_enqueued_once_and_none_is_taken_for_a_resend():
+    """A publish can reach the leader before an earlier one (the earlier one was resent after a
+    leader change, or went another way): every one is decided once, in whatever order."""
     s = queue()
-    s.apply(enq("a", seq=1))
-    assert s.apply(enq("c", seq=3)) == [Rejected("n1/ch1", 3)]  # 2 was lost with the old leader
-    assert s.apply(enq("b", seq=2)) == [Accepted("n1/ch1", 2)]
-    assert s.apply(enq("c", seq=3)) == [Accepted("n1/ch1", 3)]
-    assert [e.message.body for e in s.ready_entries()] == [b"a", b"b", b"c"]
+    assert s.apply(enq("b", seq=2)) == [Accepted("n1/ch1", 2)]  # 1 is still on its way
+    assert s.apply(enq("a", seq=1)) == [Accepted("n1/ch1", 1)]  # not a duplicate of anything
+    assert s.apply(enq("b", seq=2)) == [Accepted("n1/ch1", 2)]  # a resend: answered, not enqueued again
+    assert sorted(e.message.body for e in s.ready_entries()) == [b"a", b"b"]
+    s2 = queue()
+    outcomes = [s2.apply(enq(f"m{i}", seq=i)) for i in (1, 3, 2, 4, 5, 6)]
+    assert all(o == [Accepted("n1/ch1", i)] for o, i in zip(outcomes, (1, 3, 2, 4, 5, 6), strict=True))
+    assert s2.messages_ready == 6
+
+
+def test_a_publish_too_far_past_a_gap_is_refused_and_decided_when_resent():
+    s = queue()
+    far = 1 + 1024 + 1  # beyond the window the queue remembers past a gap
+    assert s.apply(enq("far", seq=far)) == [Rejected("n1/ch1", far)]
+    for i in range(1, far):
+        s.apply(enq(f"m{i}", seq=i))
+    assert s.apply(enq("far", seq=far)) == [Accepted("n1/ch1", far)]
+    assert s.messages_ready == far
 
 
 def test_publisher_gone_forgets_its_sequence_numbers():

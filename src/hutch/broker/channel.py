@@ -93,6 +93,7 @@ class Channel:
         self.confirm_waiting: deque[int] = deque()  # seqs that wait for an accept, in order
         self.confirm_wait_count: dict[int, int] = {}
         self.confirm_acked = 0  # highest seq covered by an ack already sent
+        self.confirm_nacked: set[int] = set()  # nacked past confirm_acked: never in a later ack
         self.confirm_dirty = False
         # transactions
         self.tx: list[tuple] | None = None
@@ -217,14 +218,19 @@ class Channel:
         self.session.confirms_due(self)
 
     def nack_publish(self, seq: int) -> None:
-        """Send basic.nack for one publish, after acks for everything before it."""
+        """Send basic.nack for one publish, after acks for everything before it that is
+        decided; a later `multiple` ack never covers it again (a tag is confirmed once)."""
+        self.confirm_wait_count.pop(seq, None)
         self.flush_confirms(upto=seq - 1)
         self.session.send_bytes(codec.confirm_frame(self.number, seq, False, nack=True))
         if self.confirm_acked == seq - 1:
             self.confirm_acked = seq
+        else:
+            self.confirm_nacked.add(seq)
 
     def flush_confirms(self, upto: int | None = None) -> None:
-        """Ack (multiple) every publish up to the lowest one still waiting."""
+        """Ack (multiple) every publish up to the lowest one still waiting, stepping over the
+        ones already nacked."""
         waiting = self.confirm_waiting
         counts = self.confirm_wait_count
         while waiting and waiting[0] not in counts:
@@ -232,10 +238,20 @@ class Channel:
         limit = (waiting[0] - 1) if waiting else self.publish_seq
         if upto is not None:
             limit = min(limit, upto)
-        if limit > self.confirm_acked:
-            multiple = limit - self.confirm_acked > 1
-            self.session.send_bytes(codec.confirm_frame(self.number, limit, multiple))
-            self.confirm_acked = limit
+        nacked = self.confirm_nacked
+        while limit > self.confirm_acked:
+            end = limit
+            if nacked:
+                gap = min((n for n in nacked if n > self.confirm_acked), default=None)
+                if gap is not None and gap <= limit:
+                    end = gap - 1
+            if end > self.confirm_acked:
+                multiple = end - self.confirm_acked > 1
+                self.session.send_bytes(codec.confirm_frame(self.number, end, multiple))
+                self.confirm_acked = end
+            if end < limit:  # the next one was nacked already: step over it
+                nacked.discard(end + 1)
+                self.confirm_acked = end + 1
         self.confirm_dirty = False
 
     # ---------------------------------------------------------------- closing

@@ -599,7 +599,6 @@ class ClusterBroker:
         self.window_done(session)
         if seq and not ch.closed:
             if refused:
-                ch.confirm_wait_count.pop(seq, None)
                 ch.nack_publish(seq)
             else:
                 ch.accepted(seq)

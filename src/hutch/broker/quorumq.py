@@ -370,14 +370,14 @@ class QuorumHost:
         """Propose `cmd` to the queue's leader, after the acks, nacks and rejects collected so
         far (a basic.get right after a reject must find the message back)."""
         q.flush()
-        req = 0
-        if callback is not None:
-            req = self.new_id()
+        req = self.new_id()
         env = _enc.encode([self.cl.node, req, fifo.encode_command(cmd)])
-        if callback is not None:
-            now = self.cl.broker.now_ms() / 1000
-            self._calls[req] = [callback, now + self.cl.broker.config.metadata_timeout_ms / 1000, q, env,
-                                now + RETRY_S]
+        now = self.cl.broker.now_ms() / 1000
+        # Every command is resent until the leader answers that it is applied (an ack lost with a
+        # leader would leave its message checked out for good). A client waiting for the answer
+        # gets an error after metadata_timeout_ms; the others are resent as long as the queue exists.
+        deadline = now + self.cl.broker.config.metadata_timeout_ms / 1000 if callback is not None else float("inf")
+        self._calls[req] = [callback or _no_answer, deadline, q, env, now + RETRY_S]
         self._send(q, env)
 
     def _send(self, q: QuorumQueue, env: bytes) -> None:
@@ -413,7 +413,9 @@ class QuorumHost:
                     self.propose(q, fifo.Tick(int(now_s * 1000)))
         for req, item in list(self._calls.items()):
             cb, deadline, q, env, retry = item
-            if now_s >= deadline:
+            if q.deleted and cb is _no_answer:
+                del self._calls[req]
+            elif now_s >= deadline:
                 del self._calls[req]
                 cb(None)
             elif now_s >= retry:
@@ -462,7 +464,6 @@ class QuorumHost:
             if accepted:
                 ch.accepted(seq)
             else:
-                ch.confirm_wait_count.pop(seq, None)
                 ch.nack_publish(seq)
             self.cl.output(session)
 
@@ -613,6 +614,10 @@ class QuorumHost:
     # -- listings
     def stats(self) -> list:
         return [[q.vhost, q.name, *q._counts()] for q in self.queues.values() if self.is_leader(q)]
+
+
+def _no_answer(_answer: Any) -> None:
+    return None
 
 
 def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:

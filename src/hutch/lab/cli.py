@@ -13,6 +13,7 @@ import json
 
 import click
 
+from hutch.lab.campaign import campaign_cli
 from hutch.lab.cluster import (
     BASE_PORT_DEFAULT,
     LAB_DIR_DEFAULT,
@@ -207,3 +208,6 @@ def heal(lab_dir):
 def delay(a, b, ms, lab_dir):
     """Delay the link between nodes A and B by MS milliseconds each way (0 removes the delay)."""
     click.echo(_fault_line(Lab(lab_dir).delay(a, b, ms)) + f": {ms:g} ms each way")
+
+
+cli.add_command(campaign_cli)

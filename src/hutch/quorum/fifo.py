@@ -393,11 +393,13 @@ Effect = (Deliver | Accepted | Rejected | DeadLetter | ConsumerCancelled | Consu
 
 
 class _Publisher:
-    __slots__ = ("last", "rejected")
+    __slots__ = ("last", "rejected", "ahead")
 
-    def __init__(self, last: int = 0, rejected: list[int] | None = None):
-        self.last = last  # the last publisher_seq applied
+    def __init__(self, last: int = 0, rejected: list[int] | None = None, ahead: dict[int, bool] | None = None):
+        self.last = last  # every publisher_seq up to this one is decided
         self.rejected: list[int] = rejected or []  # refused ones within PUBLISHER_WINDOW of `last`
+        # decided ones past a gap (a resend, or another route, brought them first): seq -> accepted
+        self.ahead: dict[int, bool] = ahead or {}
 
 
 class _Consumer:
@@ -474,28 +476,30 @@ class QuorumQueueState:
         rec = None
         if pub is not None and seq > 0:
             rec = self.publishers.get(pub)
-            if rec is not None and seq <= rec.last:  # a resend of a publish already decided
-                answered = seq > rec.last - PUBLISHER_WINDOW and seq not in rec.rejected
-                effects.append(Accepted(pub, seq) if answered else Rejected(pub, seq))
-                return
-            if rec is not None and seq != rec.last + 1:
-                # an earlier publish is missing (lost with a leader): refuse this one, so that the
-                # earlier one still counts when it is resent, and is never taken for a duplicate
-                effects.append(Rejected(pub, seq))
-                return
             if rec is None:
                 if len(self.publishers) >= PUBLISHERS_TRACKED_MAX:
                     del self.publishers[next(iter(self.publishers))]
                 rec = self.publishers[pub] = _Publisher()
-            rec.last = seq
+            if seq <= rec.last:  # a resend of a publish already decided
+                answered = seq > rec.last - PUBLISHER_WINDOW and seq not in rec.rejected
+                effects.append(Accepted(pub, seq) if answered else Rejected(pub, seq))
+                return
+            if seq in rec.ahead:  # a resend of one decided past a gap
+                effects.append(Accepted(pub, seq) if rec.ahead[seq] else Rejected(pub, seq))
+                return
+            if seq > rec.last + PUBLISHER_WINDOW:
+                # too far past a gap to remember: refused and not recorded, so that the publisher's
+                # resend is decided then (a nack, never a message taken for a duplicate)
+                effects.append(Rejected(pub, seq))
+                return
         if self.deleted or self.rejecting:
             if rec is not None:
-                rec.rejected.append(seq)
-                while rec.rejected and rec.rejected[0] <= seq - PUBLISHER_WINDOW:
-                    rec.rejected.pop(0)
+                self._decided(rec, seq, False)
             if pub is not None:
                 effects.append(Rejected(pub, seq))
             return
+        if rec is not None:
+            self._decided(rec, seq, True)
         ttl = cmd.expiration_ms
         if self.config.message_ttl_ms is not None:
             ttl = self.config.message_ttl_ms if ttl is None else min(ttl, self.config.message_ttl_ms)
@@ -507,6 +511,18 @@ class QuorumQueueState:
         if dropped:
             self._dead_letter(MAXLEN, dropped, effects)
         self._dispatch(effects)
+
+    @staticmethod
+    def _decided(rec: _Publisher, seq: int, accepted: bool) -> None:
+        """Record a publish's outcome. Publishes may arrive out of order (resends after a leader
+        change, different routes to the leader): each is decided once, whatever the order."""
+        rec.ahead[seq] = accepted
+        while rec.last + 1 in rec.ahead:
+            rec.last += 1
+            if not rec.ahead.pop(rec.last):
+                rec.rejected.append(rec.last)
+        while rec.rejected and rec.rejected[0] <= rec.last - PUBLISHER_WINDOW:
+            rec.rejected.pop(0)
 
     def _checkout(self, cmd: Checkout, effects: list[Effect]) -> None:
         self.last_used_ms = self.clock_ms
@@ -903,7 +919,7 @@ class QuorumQueueState:
             [(p, list(ring)) for p, ring in self._groups],
             self.active_id, self.next_msg_id,
             [_snap_entry(e) for e in self.dlx_pending.values()],
-            [(p, r.last, list(r.rejected)) for p, r in self.publishers.items()],
+            [(p, r.last, list(r.rejected), sorted(r.ahead.items())) for p, r in self.publishers.items()],
             self.rejecting, self.clock_ms, self.last_used_ms, self.expired_notified, self.deleted)
         return _encoder.encode(snap)
 
@@ -940,7 +956,7 @@ class QuorumQueueState:
             e = _entry(s)
             self.dlx_pending[e.seq] = e
             self.dlx_bytes += len(e.message.body)
-        self.publishers = {p: _Publisher(last, list(rej)) for p, last, rej in snap.publishers}
+        self.publishers = {p: _Publisher(last, list(rej), dict(ahead)) for p, last, rej, ahead in snap.publishers}
         self.rejecting = snap.rejecting
         self.clock_ms = snap.clock_ms
         self.last_used_ms = snap.last_used_ms
@@ -1010,7 +1026,7 @@ class _Snapshot(msgspec.Struct, array_like=True, frozen=True, gc=False):
     active_id: str | None
     next_msg_id: int
     dlx_pending: list[_SnapEntry]
-    publishers: list[tuple[str, int, list[int]]]
+    publishers: list[tuple[str, int, list[int], list[tuple[int, bool]]]]
     rejecting: bool
     clock_ms: int
     last_used_ms: int | None
