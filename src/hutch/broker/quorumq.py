@@ -50,6 +50,8 @@ _dec = msgspec.msgpack.Decoder()
 
 RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
 CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to expire
+SNAPSHOT_LOG_FACTOR = 4  # compact a queue's log when it is this many times longer than the queue
+SNAPSHOT_MESSAGES_MIN = 2048
 DEFAULT_GROUP_SIZE = 3
 
 
@@ -247,6 +249,12 @@ class _QuorumApp:
     def snapshot(self) -> bytes:
         return self.q.machine.snapshot()
 
+    def snapshot_due(self, entries_kept: int) -> bool:
+        """A snapshot holds the whole queue: take one only when the log kept since the last is
+        several times longer than the queue, so its cost stays a small part per entry."""
+        st = self.q.machine
+        return st is None or entries_kept >= SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN)
+
 
 class QuorumHost:
     """This node's side of every quorum queue: handles, groups it hosts, proposals in flight."""
@@ -402,6 +410,19 @@ class QuorumHost:
         elif leader is not None and self.cl.is_up(leader):
             self.cl.send(leader, ["QP", gid, env])
         # no leader known: dropped; the proposer sends it again
+
+    def leader_known(self, gid: int) -> None:
+        """A member learnt of a (new) leader of this queue: what waits for an answer goes to it
+        now rather than at the next resend."""
+        q = self.queues.get(gid)
+        if q is None:
+            return
+        for item in self._calls.values():
+            if item[2] is q:
+                self._send(q, item[3])
+        for item in self._pubs.values():
+            if item[0] is q:
+                self._send(q, item[1])
 
     def tick(self, now_s: float) -> None:
         """Resend what is unanswered; fail calls past their deadline; as a leader, let time

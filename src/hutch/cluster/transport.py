@@ -93,6 +93,10 @@ class _Link:
         self.flush_scheduled = False
         if self.closed.is_set() or not self.pending:
             return
+        if self.writer.transport.is_closing():  # the link is going down: its reader reports it
+            self.pending.clear()
+            self.pending_bytes = 0
+            return
         data = b"".join(self.pending)
         self.pending.clear()
         self.pending_bytes = 0

@@ -146,6 +146,7 @@ class ClusterRuntime:
         logged_at_start = storage.last_index()
         self.apps: dict[Any, GroupApp] = {CATALOGUE_GROUP: _CatalogueApp(self)}
         self._leading: set[Any] = set()
+        self._leaders: dict[Any, int | None] = {}
         self.cluster.quorum.raft = _QueueGroups(self)
         self._drain(initial=True)
         self.cluster.rebuild()
@@ -318,7 +319,7 @@ class ClusterRuntime:
                             app.apply(e.data, e.index)
                         except Exception:  # a bug must not wedge the group: log it and go on
                             log.exception("Raft group %s: applying entry %d failed", gid, e.index)
-                if rd.snapshot_wanted:
+                if rd.snapshot_wanted and app.snapshot_due(g.applied - g.storage.first_index() + 1):
                     compact.append((gid, app))
             multi.advance(mr)
             for gid, app in compact:
@@ -335,6 +336,10 @@ class ClusterRuntime:
             if gid == CATALOGUE_GROUP:
                 continue
             leading = g.role == LEADER
+            if g.leader != self._leaders.get(gid):
+                self._leaders[gid] = g.leader
+                if g.leader is not None:
+                    self.cluster.quorum.leader_known(gid)
             if leading != (gid in self._leading):
                 if leading:
                     self._leading.add(gid)
@@ -606,6 +611,9 @@ class GroupApp(Protocol):
 
     def snapshot(self) -> bytes: ...
 
+    def snapshot_due(self, entries_kept: int) -> bool:
+        """Whether compacting now is worth a snapshot (which may be large: a whole queue)."""
+
 
 class _QueueGroups:
     """The quorum queues' view of this node's Raft groups (hutch.broker.quorumq calls these)."""
@@ -718,6 +726,9 @@ class _CatalogueApp:
 
     def snapshot(self) -> bytes:
         return self.rt.cluster.catalogue.snapshot()
+
+    def snapshot_due(self, entries_kept: int) -> bool:
+        return True
 
 
 def _legacy_definitions(data_dir: str, node: str) -> list[cat.Command] | None:
