@@ -227,3 +227,49 @@ def test_five_members_tolerate_two_failures_not_three():
         c2 = connect(cluster, 1)
         assert consume_all(c2, "qq.five", 10) == [f"f{i}".encode() for i in range(10)]
         c2.close()
+
+
+def test_the_failure_tolerance_table_for_one_to_five_members():
+    """Seed 003's table, every row: a queue of n members serves while a majority of its members
+    (n // 2 + 1) is up, whatever the cluster's other nodes do."""
+    with HutchCluster(n=5) as cluster:
+        c = connect(cluster, 0)
+        for n in range(1, 6):
+            c.channel().queue_declare(f"qq.size{n}", durable=True,
+                                      arguments={**QUORUM, "x-quorum-initial-group-size": n})
+        members = {n: queue_info(cluster, f"qq.size{n}")["members"] for n in range(1, 6)}
+        c.close()
+        assert {n: len(m) for n, m in members.items()} == {1: 1, 2: 2, 3: 3, 4: 4, 5: 5}
+        alive = set(cluster.names)
+        # kill the nodes in an order that takes members away from every queue in turn
+        for victim in reversed(range(1, 5)):
+            cluster.kill(victim)
+            alive.discard(cluster.names[victim])
+            conn = connect(cluster, 0)
+            for n, mem in members.items():
+                up = len([m for m in mem if m in alive])
+                ch = conn.channel()
+                if up >= n // 2 + 1:
+                    ch.confirm_delivery()
+                    ch.basic_publish("", f"qq.size{n}", b"x", pika.BasicProperties(delivery_mode=2))
+                    assert ch.basic_get(f"qq.size{n}", auto_ack=True)[2] == b"x", (n, up)
+                else:
+                    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+                        ch.basic_get(f"qq.size{n}")
+                    assert e.value.reply_code == 541, (n, up)
+                    conn = connect(cluster, 0)
+            conn.close()
+
+
+def test_hutchctl_lists_quorum_queues_with_type_leader_members_online(cluster):
+    c = connect(cluster, 0)
+    c.channel().queue_declare("qq.listed", durable=True, arguments=QUORUM)
+    c.close()
+    wait_until(lambda: queue_info(cluster, "qq.listed")["leader"] in cluster.names, 10, "a leader")
+    p = subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--url",
+                        f"http://127.0.0.1:{cluster.nodes[1].mgmt_port}", "--formatter", "json", "list_queues",
+                        "name", "type", "leader", "members", "online"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    (row,) = [r for r in json.loads(p.stdout) if r["name"] == "qq.listed"]
+    assert row["type"] == "quorum" and row["leader"] in cluster.names
+    assert sorted(row["members"]) == sorted(cluster.names) == sorted(row["online"])
