@@ -147,15 +147,19 @@ class Session:
                     break
                 self._events = self.proto.receive_data(self._backlog.pop(0)) if self._backlog else None
         except Exception:
-            log.exception("Error on AMQP connection %s (%s): internal error; closing the connection",
-                          id(self), self.name)
-            self._events = None
-            self._backlog.clear()
-            self.proto.close(spec.INTERNAL_ERROR, "internal error")
-            self.teardown()
+            self._internal_error()
         if self.proto.has_output and not self.output_pending:
             self.output_pending = True
             self.broker.output_due(self)
+
+    def _internal_error(self) -> None:
+        """A fault in hutch itself: logged, and this connection closes with 541 INTERNAL_ERROR."""
+        log.exception("Error on AMQP connection %s (%s): internal error; closing the connection",
+                      id(self), self.name)
+        self._events = None
+        self._backlog.clear()
+        self.proto.close(spec.INTERNAL_ERROR, "internal error")
+        self.teardown()
 
     def park(self, ch: Channel, m) -> Any:
         """Stop handling this connection's input until the returned `resume(fn)` is called;
@@ -177,12 +181,7 @@ class Session:
                     err.on(*divmod(m.index, 0x10000))
                 self.fail(ch.number, err)
             except Exception:  # a fault in hutch: this connection closes, as in receive()
-                log.exception("Error on AMQP connection %s (%s): internal error; closing the connection",
-                              id(self), self.name)
-                self._events = None
-                self._backlog.clear()
-                self.proto.close(spec.INTERNAL_ERROR, "internal error")
-                self.teardown()
+                self._internal_error()
                 if not self.output_pending:
                     self.output_pending = True
                     self.broker.output_due(self)
