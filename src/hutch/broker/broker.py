@@ -220,7 +220,7 @@ class Broker:
                 route = routes.get(key)
                 if route is None:
                     route = routes[key] = codec.route_encoding(m.exchange, m.routing_key)
-                priority, expiration_ms = _priority_and_expiration(m.props)
+                priority, expiration_ms = priority_and_expiration(m.props)
                 msg = Message(m.exchange, m.routing_key, route, m.props, m.body, True, priority, expiration_ms)
                 entry, dropped = q.publish(msg, now)
                 for d in dropped:  # the queue's limits leave no room for it any more
@@ -803,7 +803,7 @@ def _dead_letter_cycle(queue: str, deaths: list) -> bool:
     return False
 
 
-def _priority_and_expiration(props: bytes) -> tuple[int, int | None]:
+def priority_and_expiration(props: bytes) -> tuple[int, int | None]:
     """A recovered message's priority and per-message TTL (the TTL runs again from recovery,
     not from publish)."""
     if props == b"\x00\x00":

@@ -39,10 +39,9 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
+from hutch.broker.broker import User, priority_and_expiration
 from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
 from hutch.broker.quorumq import QuorumHost
@@ -62,8 +61,6 @@ CREDIT_RETURN = 500
 NODE_PARAM = "hutch_node:"  # global parameter per member: its peer address
 INIT_PARAM = "hutch_initialised"
 
-_enc = msgspec.msgpack.Encoder()
-_dec = msgspec.msgpack.Decoder()
 
 
 def home_down(q) -> AMQPError:
@@ -467,7 +464,6 @@ class ClusterBroker:
         self.broker.cancel_notify(c)
 
     def _sync_vhosts_and_users(self) -> None:
-        from hutch.broker.broker import User
         b = self.broker
         c = self.catalogue
         for name in list(b.vhosts):
@@ -639,7 +635,7 @@ class ClusterBroker:
             if not queues:
                 acks_now.append([token, False])
                 continue
-            priority, expiration_ms = _props_priority_expiration(props)
+            priority, expiration_ms = priority_and_expiration(props)
             msg = Message(exchange, rk, codec.route_encoding(exchange, rk), props, body, persistent, priority,
                           expiration_ms)
             refused, journalled = b.enqueue_local(queues, msg)
@@ -957,11 +953,6 @@ class ClusterBroker:
 
 def _ignore(_result: cat.Result) -> None:
     return None
-
-
-def _props_priority_expiration(props: bytes) -> tuple[int, int | None]:
-    from hutch.broker.broker import _priority_and_expiration
-    return _priority_and_expiration(props)
 
 
 __all__ = ["ClusterBroker", "RemoteQueue", "RemoteConsumer", "ProxyConsumer", "home_down", "EXCHANGE", "QUEUE"]

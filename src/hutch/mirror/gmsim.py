@@ -31,7 +31,7 @@ import random
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import click
 
@@ -49,6 +49,7 @@ from hutch.mirror.gm import (
     decode,
     encode,
 )
+from hutch.raft.sim import SimResult as GMSimResult  # one result record for both simulators
 
 _MSG, _BCAST, _KILL, _DOWN, _JOIN, _LEAVE = range(6)
 EVENTS_MAX = 2_000_000
@@ -67,15 +68,6 @@ class GMSimOptions:
     profile: str = "swarm"  # "swarm": each fault mix drawn per seed; "churn": joins race kills all the time
     member_class: type[GMMember] = GMMember  # tests pass deliberately broken subclasses
     trace: bool = False
-
-
-@dataclass(slots=True)
-class GMSimResult:
-    seed: int
-    ok: bool
-    violation: str | None
-    stats: dict = field(default_factory=dict)
-    trace: list[str] = field(default_factory=list)
 
 
 class _Node:

@@ -562,10 +562,8 @@ class QuorumQueueState:
         c = self.consumers.get(cmd.consumer_id)
         if c is None:
             return
-        for msg_id in cmd.msg_ids:
-            seq = c.checked_out.pop(msg_id, None)
-            if seq is not None:
-                self.queue.settle(seq)
+        for seq in _checked_out_seqs(c, cmd.msg_ids):
+            self.queue.settle(seq)
         self._forget_if_idle(c)
         self._dispatch(effects)
 
@@ -581,11 +579,7 @@ class QuorumQueueState:
         c = self.consumers.get(cmd.consumer_id)
         if c is None:
             return
-        gone = []
-        for msg_id in cmd.msg_ids:
-            seq = c.checked_out.pop(msg_id, None)
-            if seq is not None:
-                gone.append(self.queue.discard(seq))
+        gone = [self.queue.discard(seq) for seq in _checked_out_seqs(c, cmd.msg_ids)]
         if gone:
             self._dead_letter(REJECTED, gone, effects)
         self._forget_if_idle(c)
@@ -776,10 +770,7 @@ class QuorumQueueState:
         delivery limit."""
         limit = self.config.delivery_limit
         over = []
-        for msg_id in msg_ids:
-            seq = c.checked_out.pop(msg_id, None)
-            if seq is None:
-                continue
+        for seq in _checked_out_seqs(c, msg_ids):
             if limit is not None and self.queue.unacked[seq].delivery_count > limit:
                 over.append(self.queue.discard(seq))
             else:
@@ -973,6 +964,12 @@ _HANDLERS = {
     DeadLetterSettled: QuorumQueueState._dead_letter_settled, PublisherGone: QuorumQueueState._publisher_gone,
     Touch: QuorumQueueState._touch, Delete: QuorumQueueState._delete,
 }
+
+
+def _checked_out_seqs(c: _Consumer, msg_ids: list[int]) -> list[int]:
+    """The queue seqs of the deliveries named, taken from what the consumer holds (an id it
+    does not hold — already settled, or from another delivery — is skipped)."""
+    return [seq for seq in (c.checked_out.pop(i, None) for i in msg_ids) if seq is not None]
 
 
 def _dead_message(e: Entry) -> DeadMessage:
