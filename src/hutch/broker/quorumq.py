@@ -49,6 +49,7 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
+ONCE_ONLY = (fifo.Get, fifo.Purge)  # not idempotent: never resent once sent
 CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to expire
 SNAPSHOT_LOG_FACTOR = 4  # compact a queue's log when it is this many times longer than the queue
 SNAPSHOT_MESSAGES_MIN = 2048
@@ -382,23 +383,31 @@ class QuorumHost:
         env = _enc.encode([self.cl.node, req, fifo.encode_command(cmd)])
         now = self.cl.broker.now_ms() / 1000
         # Every command is resent until the leader answers that it is applied (an ack lost with a
-        # leader would leave its message checked out for good). A client waiting for the answer
-        # gets an error after metadata_timeout_ms; the others are resent as long as the queue exists.
+        # leader would leave its message checked out for good), except the ones that are not
+        # idempotent: a basic.get or purge applied twice would take or remove more. Those are sent
+        # once there is somewhere to send them. A client waiting for the answer gets an error
+        # after metadata_timeout_ms; the others are resent as long as the queue exists.
         deadline = now + self.cl.broker.config.metadata_timeout_ms / 1000 if callback is not None else float("inf")
-        self._calls[req] = [callback or _no_answer, deadline, q, env, now + RETRY_S]
-        self._send(q, env)
+        once = isinstance(cmd, ONCE_ONLY)
+        item = [callback or _no_answer, deadline, q, env, now + RETRY_S, once, False]
+        self._calls[req] = item
+        self._send_call(item)
 
-    def _send(self, q: QuorumQueue, env: bytes) -> None:
+    def _send_call(self, item: list) -> None:
+        if not (item[5] and item[6]):  # idempotent, or not sent anywhere yet
+            item[6] = self._send(item[2], item[3]) or item[6]
+
+    def _send(self, q: QuorumQueue, env: bytes) -> bool:
+        """To the leader (proposed here, or sent to it, or to a member that forwards it); False
+        when there was nowhere to send it."""
         raft = self.raft
         if raft is not None and raft.leader(q.gid) == self.cl.node:
-            raft.propose(q.gid, env)
-            return
+            return raft.propose(q.gid, env)
         target = raft.leader(q.gid) if raft is not None else None
         if target is None or target == self.cl.node or not self.cl.is_up(target):
             up = [n for n in q.members if n != self.cl.node and self.cl.is_up(n)]
             target = up[0] if up else None
-        if target is not None:
-            self.cl.send(target, ["QP", q.gid, env])
+        return target is not None and self.cl.send(target, ["QP", q.gid, env])
 
     def on_forwarded(self, gid: int, env: bytes) -> None:
         q = self.queues.get(gid)
@@ -419,7 +428,7 @@ class QuorumHost:
             return
         for item in self._calls.values():
             if item[2] is q:
-                self._send(q, item[3])
+                self._send_call(item)
         for item in self._pubs.values():
             if item[0] is q:
                 self._send(q, item[1])
@@ -433,7 +442,7 @@ class QuorumHost:
                 if self.is_leader(q) and self._wants_clock(q, int(now_s * 1000)):
                     self.propose(q, fifo.Tick(int(now_s * 1000)))
         for req, item in list(self._calls.items()):
-            cb, deadline, q, env, retry = item
+            cb, deadline, q, _env, retry = item[:5]
             if q.deleted and cb is _no_answer:
                 del self._calls[req]
             elif now_s >= deadline:
@@ -441,7 +450,7 @@ class QuorumHost:
                 cb(None)
             elif now_s >= retry:
                 item[4] = now_s + RETRY_S
-                self._send(q, env)
+                self._send_call(item)
         for item in self._pubs.values():
             if now_s >= item[5]:
                 item[5] = now_s + RETRY_S

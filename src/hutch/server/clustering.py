@@ -662,12 +662,13 @@ class _QueueGroups:
             return None
         return self.rt.names.get(g.leader)
 
-    def propose(self, gid: int, data: bytes) -> None:
+    def propose(self, gid: int, data: bytes) -> bool:
         try:
             self.rt.multi.propose(gid, data)
         except RaftError:
-            return  # not the leader any more, or too many in flight: the proposer resends
+            return False  # not the leader any more, or too many in flight: the proposer resends
         self.rt._schedule()
+        return True
 
     def status(self, gid: int) -> dict | None:
         g = self.rt.multi.groups.get(gid)
