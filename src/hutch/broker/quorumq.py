@@ -394,8 +394,13 @@ class QuorumHost:
         self._send_call(item)
 
     def _send_call(self, item: list) -> None:
-        if not (item[5] and item[6]):  # idempotent, or not sent anywhere yet
-            item[6] = self._send(item[2], item[3]) or item[6]
+        once, sent, q = item[5], item[6], item[2]
+        if not once:
+            self._send(q, item[3])
+        elif not sent and (self.raft is None or self.cl.node not in q.members or self.raft.leader(q.gid)):
+            # sent once, and by a member only when it knows a leader (a member that does not
+            # would drop it): a Get right after a declare waits for the election
+            item[6] = self._send(q, item[3])
 
     def _send(self, q: QuorumQueue, env: bytes) -> bool:
         """To the leader (proposed here, or sent to it, or to a member that forwards it); False
