@@ -83,6 +83,9 @@ class Config:
     net_ticktime_s: float = 60.0
     metadata_timeout_ms: int = 15000  # a catalogue change that cannot commit in this long fails
     queue_master_locator: str = "client-local"  # client-local | min-masters | random
+    mirroring_sync_batch_size: int = 4096  # messages per sync batch unless ha-sync-batch-size says
+    mirroring_sync_max_throughput: int = 0  # bytes/s a sync may send (0: no limit)
+    cluster_partition_handling: str = "ignore"  # ignore | pause_minority | autoheal
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:
@@ -365,9 +368,10 @@ class Broker:
             self.ttl_queues.add(q)
         return q
 
-    def delete_queue(self, q: ClassicQueue, propose: bool = True) -> None:
+    def delete_queue(self, q: ClassicQueue, propose: bool = True, keep_bindings: bool = False) -> None:
         """Delete a queue homed here. In a cluster the catalogue is told too (unless the
-        catalogue is what asks), so other nodes drop their stand-ins."""
+        catalogue is what asks), so other nodes drop their stand-ins. `keep_bindings`: the
+        queue lives on elsewhere (its leader moved), only this node's object goes."""
         if q.deleted:
             return
         if self.cluster is not None and propose:
@@ -382,7 +386,8 @@ class Broker:
             del vhost.queues[q.name]
         # the catalogue's change will cascade the same way: this node's view does it at once, so
         # that a client that redeclares right away finds what it would find afterwards
-        self._auto_delete_exchanges(vhost, vhost.remove_bindings_of_queue(q.name))
+        if not keep_bindings:
+            self._auto_delete_exchanges(vhost, vhost.remove_bindings_of_queue(q.name))
         self.ttl_queues.discard(q)
         self.dirty_queues.discard(q)
         self.cancel_consumers(q)
@@ -452,7 +457,7 @@ class Broker:
         return taken
 
     def purge_queue(self, q: ClassicQueue) -> int:
-        removed = q.state.purge()
+        removed = q.purge()
         if q.journal_id and self.journal is not None:
             self.journal.purged(q.journal_id, [e.log_seq for e in removed if e.log_seq])
         return len(removed)
@@ -505,10 +510,14 @@ class Broker:
                 continue
             if entry.log_seq:
                 journalled = entry.log_seq
+            if q.mirror is not None and seq:
+                waits += 1
+                q.mirror.after_stable(channel.accepted, seq)
             if q.flow_waiters is not None:
                 self._flow_wait(q, channel.session)
         if remote is not None:
-            waits, remote_refused = self.cluster.forward(remote, msg, channel, seq)
+            remote_waits, remote_refused = self.cluster.forward(remote, msg, channel, seq)
+            waits += remote_waits
             refused = refused or remote_refused
         if seq and not refused and (journalled or waits):
             channel.confirm_later(seq, waits + (1 if journalled else 0))
@@ -591,11 +600,15 @@ class Broker:
         acknowledging) release the publishers: the queue then simply grows, up to the memory
         alarm, so a consumer that never acknowledges can never stall a publisher for good."""
         st = q.state
+        mirror = q.mirror
         if q.flow_waiters is None:
-            if st.ready_count > self.FLOW_READY_HIGH and q.consumer_count and self._consumers_busy(q):
+            if (st.ready_count > self.FLOW_READY_HIGH and q.consumer_count and self._consumers_busy(q)) or (
+                    mirror is not None and mirror.backlogged()):
                 q.flow_waiters = set()
                 self.flow_limited.add(q)
             return
+        if mirror is not None and not mirror.drained():
+            return  # a mirror has not caught up: publishers wait (credit flow through the ring)
         if st.ready_count <= self.FLOW_READY_LOW or not q.consumer_count or not self._consumers_busy(q):
             self._flow_release(q)
 

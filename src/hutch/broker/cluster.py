@@ -44,8 +44,10 @@ from hutch.amqp.spec import AMQPError
 from hutch.broker.broker import User, priority_and_expiration
 from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
+from hutch.broker.mirrored import STALE, MirrorHost, cancel_on_failover
 from hutch.broker.quorumq import QuorumHost
 from hutch.broker.vhost import VHost
+from hutch.mirror.placement import declare_node, mirrors_for, params_of
 from hutch.cluster import catalogue as cat
 from hutch.queues.message import Message
 
@@ -58,6 +60,7 @@ PUBLISH_WINDOW = 4096  # messages a session may have in flight to other nodes be
 PUBLISH_WINDOW_LOW = 1024
 CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
 CREDIT_RETURN = 500
+ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
 NODE_PARAM = "hutch_node:"  # global parameter per member: its peer address
 INIT_PARAM = "hutch_initialised"
 
@@ -128,6 +131,9 @@ class RemoteQueue:
         self.exclusive_owner = rec.exclusive_owner  # a string: never this node's session
         self.arguments = dict(rec.arguments)
         self.home_node = rec.leader_node
+        self.mirrored = bool(rec.member_nodes)
+        self.mirror_nodes: list[str] = []  # as the leader last reported them
+        self.synced_nodes: list[str] = []
         self.deleted = False
         self.ready = 0
         self.unacked_remote = 0
@@ -287,8 +293,14 @@ class ClusterBroker:
         self.migrations: dict[tuple[str, str], Any] = {}  # classic queue being migrated -> its quorum queue
         self.peer_info: dict[str, dict] = {}  # the last one each peer sent
         self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
-        self._cancelled: dict[int, tuple[str, str, str]] = {}
-        self.quorum = QuorumHost(self)  # recently cancelled cid -> (home, vhost, queue)
+        self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
+        self.quorum = QuorumHost(self)
+        self.mirroring = MirrorHost(self)
+        # publishes to mirrored queues, kept until accepted so that they can be sent again to a
+        # promoted mirror: token -> [vhost, names, pub item]; and those waiting for a new leader
+        self._pub_items: dict[int, list] = {}
+        self._orphans: dict[int, float] = {}  # token -> give up (nack) at this time
+        self._token_waiters: dict[int, list] = {}  # token -> countdowns waiting for its accept
 
     # ------------------------------------------------------------ ids and sending
 
@@ -406,11 +418,23 @@ class ClusterBroker:
             return
         here = rec.leader_node == self.node
         if cur is not None:
-            if (not getattr(cur, "remote", False)) == here:
-                if getattr(cur, "remote", False):
-                    cur.home_node = rec.leader_node
+            remote = getattr(cur, "remote", False)
+            if here and remote and (rec.vhost, rec.name) in self.mirroring.mirrors:
+                if not self.mirroring.become_leader(rec, cur):
+                    cur.home_node = rec.leader_node  # until the old leader has left the ring
+                    return
+                new = v.queues.get(rec.name)
+                if new is not cur and new is not None and not new.remote:
+                    self.mirroring.record_changed(rec, new)
+                    return
+            if (not remote) == here:
+                if remote:
+                    cur.mirrored = bool(rec.member_nodes)
+                    if cur.home_node != rec.leader_node:
+                        self._leader_moved(cur, rec.leader_node)
+                self.mirroring.record_changed(rec, cur)
                 return
-            self.drop_queue(cur)
+            self.drop_queue(cur, keep_bindings=True)
         if here:
             transient = not rec.durable or rec.exclusive_owner is not None
             if transient and rec.home_incarnation not in (0, self.incarnation):
@@ -428,12 +452,16 @@ class ClusterBroker:
                                 auto_delete=rec.auto_delete, arguments=dict(rec.arguments), owner=owner)
             q.journal_id = rec.journal_id if rec.durable and rec.exclusive_owner is None else 0
         else:
-            v.queues[rec.name] = RemoteQueue(self, rec)
+            q = v.queues[rec.name] = RemoteQueue(self, rec)
             v.topology_changed()
+        self.mirroring.record_changed(rec, q)
 
-    def drop_queue(self, q) -> None:
-        """The catalogue no longer has this queue: remove this node's object for it."""
+    def drop_queue(self, q, keep_bindings: bool = False) -> None:
+        """The catalogue no longer has this queue (or it moved: `keep_bindings`): remove this
+        node's object for it."""
         b = self.broker
+        if not keep_bindings:
+            self.mirroring.queue_gone(q.vhost, q.name)
         if q.quorum:
             v = b.vhosts.get(q.vhost)
             if v is not None and v.queues.get(q.name) is q:
@@ -446,7 +474,8 @@ class ClusterBroker:
             v = b.vhosts.get(q.vhost)
             if v is not None and v.queues.get(q.name) is q:
                 del v.queues[q.name]
-                v.remove_bindings_of_queue(q.name)
+                if not keep_bindings:
+                    v.remove_bindings_of_queue(q.name)
             for c in list(q.local_consumers.values()):
                 q.local_consumers.pop(c.cid, None)
                 self.consumers.pop(c.cid, None)
@@ -458,7 +487,62 @@ class ClusterBroker:
         if target is not None:  # messages that arrived since the move: they go on, unconfirmed
             for e in list(q.state.ready()):
                 self.quorum.publish(target, e.message, None, 0)
-        b.delete_queue(q, propose=False)
+        if q.mirror is not None:
+            self.mirroring.drop_leader(q.mirror)
+        b.delete_queue(q, propose=False, keep_bindings=keep_bindings)
+
+    def leader_here(self, cur: RemoteQueue, q) -> None:
+        """A mirror here was promoted: this node's consumers of the queue attach to it directly."""
+        from hutch.broker.channel import ChannelConsumer
+        cur.deleted = True
+        for c in list(cur.local_consumers.values()):
+            cur.local_consumers.pop(c.cid, None)
+            self.consumers.pop(c.cid, None)
+            self._forget_unacked(c.channel, cur)
+            if cancel_on_failover(c.arguments) or c.channel.closed:
+                self._cancel_local(c)
+                continue
+            lc = ChannelConsumer(c.tag, q, c.channel, c.no_ack, c.exclusive, c.priority, c.prefetch, c.arguments)
+            c.channel.consumers[c.tag] = lc
+            q.add_consumer(lc)
+        self.broker.dirty_queues.add(q)
+
+    def _forget_unacked(self, ch, q) -> None:
+        """Deliveries from a leader that is gone: the new leader requeued them, so their tags
+        settle nothing (a late ack must not settle the message's next delivery)."""
+        for tag, (uq, entry, c) in list(ch.unacked.items()):
+            if uq is q:
+                ch.unacked[tag] = (STALE, entry, c)
+
+    def _leader_moved(self, q: RemoteQueue, new_home: str) -> None:
+        """A mirrored queue led elsewhere has a new leader: consumers here follow it, or are
+        cancelled if they asked for x-cancel-on-ha-failover."""
+        old = q.home_node
+        q.home_node = new_home
+        log.info("Mirrored queue '%s' in vhost '%s': leader moved from %s to %s", q.name, q.vhost, old, new_home)
+        for c in list(q.local_consumers.values()):
+            self._forget_unacked(c.channel, q)
+            if cancel_on_failover(c.arguments) or c.channel.closed:
+                q.local_consumers.pop(c.cid, None)
+                self.consumers.pop(c.cid, None)
+                self._cancel_local(c)
+                continue
+            self._reattach(q, c)
+        self._retry_orphans()
+
+    def _reattach(self, q: RemoteQueue, c: RemoteConsumer) -> None:
+        c.received = 0
+        if not self.is_up(q.home_node):
+            return
+
+        def answered(result) -> None:
+            if result is None or result[0] != 200:
+                if q.local_consumers.pop(c.cid, None) is not None:
+                    self.consumers.pop(c.cid, None)
+                    self._cancel_local(c)
+        self.expect_reply(c.cid, q.home_node, answered)
+        self.send(q.home_node, ["C", c.cid, q.vhost, q.name, c.tag, c.no_ack, c.exclusive, c.priority, c.prefetch,
+                                c.arguments])
 
     def _cancel_local(self, c: RemoteConsumer) -> None:
         self.broker.cancel_notify(c)
@@ -546,6 +630,10 @@ class ClusterBroker:
                 strategy = pol.definition.get("queue-master-locator")
         strategy = strategy or self.broker.config.queue_master_locator
         nodes = self.running_nodes() or [self.node]
+        pol = self.catalogue.policy_for(vhost, name, cat.QUEUE)
+        params = params_of(pol.definition if pol is not None else None)
+        if params is not None and params.mode == "nodes":  # seed 000: listed nodes, else the client's
+            return declare_node(params, self.node, nodes)
         if strategy == "random":
             return random.choice(nodes)
         if strategy == "min-masters":
@@ -555,6 +643,14 @@ class ClusterBroker:
                     counts[rec.leader_node] += 1
             return min(nodes, key=lambda n: (counts[n], n))
         return self.node
+
+    def initial_mirrors(self, vhost: str, name: str, home: str) -> tuple[str, ...]:
+        """The mirrors a new classic queue starts with, from the policy that matches it."""
+        pol = self.catalogue.policy_for(vhost, name, cat.QUEUE)
+        params = params_of(pol.definition if pol is not None else None)
+        if params is None:
+            return ()
+        return mirrors_for(params, home, (), list(self.members) or [self.node], self.running_nodes() or [self.node])
 
     # ------------------------------------------------------------ publishing to other nodes
 
@@ -570,25 +666,78 @@ class ClusterBroker:
                 self.quorum.publish(q, msg, channel, seq)
                 waits += 1
                 continue
-            if not self.is_up(q.home_node):
+            if not self.is_up(q.home_node) and not q.mirrored:
                 refused = refused or q.durable
                 continue
             by_home.setdefault(q.home_node, []).append(q.name)
         session = channel.session if channel is not None else None
         vhost = queues[0].vhost
+        v = self.broker.vhosts.get(vhost)
         for home, names in by_home.items():
             token = self.new_id()
             self._pub_tokens[token] = (home, channel, seq, session)
-            self._out_pubs.setdefault(home, []).append(
-                [token, vhost, names, msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent])
+            item = [token, vhost, names, msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent]
+            if v is not None and any(getattr(v.queues.get(n), "mirrored", False) for n in names):
+                self._pub_items[token] = item  # kept to send again to a promoted mirror
+                if not self.is_up(home):  # its leader is down: wait for a promotion
+                    self._orphans[token] = self.mirroring.now() + ORPHAN_TIMEOUT_S
+                    if session is not None:
+                        self.window_add(session)
+                    continue
+            self._out_pubs.setdefault(home, []).append(item)
             if session is not None:
                 self.window_add(session)
         return len(by_home) + waits, refused
+
+    def _retry_orphans(self) -> None:
+        """Publishes whose mirrored queue lost its leader: send them to the new one (it drops
+        those it already has), or nack them once waiting is pointless."""
+        if not self._orphans:
+            return
+        now = self.mirroring.now()
+        for token, deadline in list(self._orphans.items()):
+            item = self._pub_items.get(token)
+            entry = self._pub_tokens.get(token)
+            if item is None or entry is None:
+                self._orphans.pop(token, None)
+                continue
+            homes = {rec.leader_node for rec in (self.catalogue.queue(item[1], n) for n in item[2]) if rec is not None}
+            if len(homes) == 1:
+                home = homes.pop()
+                if self.is_up(home) and home != entry[0] or (home == entry[0] and self.is_up(home)):
+                    del self._orphans[token]
+                    self._pub_tokens[token] = (home, *entry[1:])
+                    self._out_pubs.setdefault(home, []).append(item)
+                    continue
+            if now >= deadline or not homes or len(homes) > 1:
+                del self._orphans[token]
+                self._publish_accepted(token, True)
+        self.broker.schedule()
+
+    def tick(self, now_s: float) -> None:
+        self.mirroring.tick(now_s)
+        self._retry_orphans()
+
+    def after_forwarded(self, session, fn: Callable[[Any], None], arg: Any) -> None:
+        """fn(arg) once every publish this session sent to other nodes so far is accepted or
+        refused (tx.commit-ok waits for it)."""
+        tokens = [t for t, (_h, _ch, _s, sess) in self._pub_tokens.items() if sess is session]
+        if not tokens:
+            fn(arg)
+            return
+        countdown = [len(tokens), fn, arg]
+        for t in tokens:
+            self._token_waiters.setdefault(t, []).append(countdown)
 
     def _publish_accepted(self, token: int, refused: bool) -> None:
         item = self._pub_tokens.pop(token, None)
         if item is None:
             return
+        self._pub_items.pop(token, None)
+        for countdown in self._token_waiters.pop(token, ()):
+            countdown[0] -= 1
+            if countdown[0] == 0:
+                countdown[1](countdown[2])
         _home, ch, seq, session = item
         if session is None:
             return
@@ -627,23 +776,54 @@ class ClusterBroker:
 
     def _on_publishes(self, origin: str, pubs: list) -> None:
         b = self.broker
-        acks_now = []
         for token, vhost, names, exchange, rk, props, body, persistent in pubs:
             v = b.vhosts.get(vhost)
             queues = tuple(q for q in (v.queues.get(n) for n in names) if q is not None and not q.deleted
                            and not getattr(q, "remote", False)) if v is not None else ()
+            if len(queues) < len(names) and v is not None and any(
+                    self.catalogue.queue(vhost, n) is not None and getattr(v.queues.get(n), "remote", False)
+                    for n in names):
+                # a queue that has just moved to another leader: its publisher must not take
+                # silence for success
+                self._out_acks.setdefault(origin, []).append([token, True])
+                continue
             if not queues:
-                acks_now.append([token, False])
+                self._out_acks.setdefault(origin, []).append([token, False])
+                continue
+            mirrored = [q for q in queues if q.mirror is not None]
+            if mirrored and any((origin, token) in q.mirror.recent_tokens for q in mirrored):
+                # sent again after a promotion, and the old leader had passed it on: it is here
+                self._out_acks.setdefault(origin, []).append([token, False])
                 continue
             priority, expiration_ms = priority_and_expiration(props)
             msg = Message(exchange, rk, codec.route_encoding(exchange, rk), props, body, persistent, priority,
                           expiration_ms)
+            self.mirroring.token = (origin, token)
             refused, journalled = b.enqueue_local(queues, msg)
-            if journalled and not refused:
-                b.after_sync(self._ack_publish, (origin, token, False, queues))
+            self.mirroring.token = ("", 0)
+            arg = (origin, token, refused, queues)
+            if mirrored and not refused:
+                arg = (self._ack_publish, arg, mirrored)
+                fn = self._after_mirrors
             else:
-                self._ack_publish((origin, token, refused, queues))
+                fn = self._ack_publish
+            if journalled and not refused:
+                b.after_sync(fn, arg)
+            else:
+                fn(arg)
         b.schedule()
+
+    def _after_mirrors(self, arg: tuple) -> None:
+        """Then fn(arg) once every mirrored queue in `queues` has passed the message to all its mirrors."""
+        fn, inner, queues = arg
+        if not queues:
+            fn(inner)
+            return
+        q = queues[0]
+        if q.mirror is None or q.deleted:
+            self._after_mirrors((fn, inner, queues[1:]))
+        else:
+            q.mirror.after_stable(self._after_mirrors, (fn, inner, queues[1:]))
 
     def _ack_publish(self, arg: tuple[str, int, bool, tuple]) -> None:
         """Accept a publish from another node, unless a queue it went to holds publishers back
@@ -792,6 +972,12 @@ class ClusterBroker:
         if kind == "qmember":  # on a quorum queue's leader: [gid, "add"|"remove", node]
             self.send(origin, ["RR", rid, self.quorum.membership_op(args[0], args[1], args[2])])
             return
+        if kind == "gmid":  # a mirror asks which GM member to join: [vhost, queue]
+            self.send(origin, ["RR", rid, self.mirroring.leader_member(args[0], args[1])])
+            return
+        if kind == "sync":  # sync_queue / cancel_sync_queue on the leader: [vhost, queue, action]
+            self.send(origin, ["RR", rid, self.mirroring.sync_action(args[0], args[1], args[2])])
+            return
         vhost, qname = args[0], args[1]
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
@@ -802,6 +988,10 @@ class ClusterBroker:
             result = [200, q.message_count, q.consumer_count]
         elif kind == "purge":
             result = [200, b.purge_queue(q)]
+        elif kind in ("get", "take") and q.mirror is not None and q.mirror.syncing:
+            # a synchronising queue answers nothing else until it is done (seed 000)
+            q.mirror.after_sync(lambda _r: self._on_call(origin, rid, kind, args))
+            return
         elif kind == "get":
             no_ack = args[2]
             b.queue_used(q)
@@ -865,6 +1055,8 @@ class ClusterBroker:
             self.quorum.on_effects(payload[1])
         elif kind == "ST":
             self._on_stats(payload[1])
+        elif kind == "G":
+            self.mirroring.on_gm(peer, payload[1], payload[2], payload[3])
         elif kind == "NI":
             if isinstance(payload[1], dict):
                 self.peer_info[peer] = payload[1]
@@ -887,34 +1079,48 @@ class ClusterBroker:
             for (origin, cid), items in dels.items():
                 self.send(origin, ["D", cid, items])
         self.quorum.flush()
+        self.mirroring.flush()
 
     def stats(self) -> list:
-        return [[q.vhost, q.name, q.message_count, q.unacked_count, q.consumer_count]
+        return [[q.vhost, q.name, q.message_count, q.unacked_count, q.consumer_count,
+                 *(q.mirror.mirror_nodes() if q.mirror is not None else ())]
                 for v in self.broker.vhosts.values() for q in v.queues.values()
                 if not q.remote] + self.quorum.stats()
 
     def _on_stats(self, rows: list) -> None:
-        for vhost, name, ready, unacked, consumers in rows:
+        for vhost, name, ready, unacked, consumers, *mirrors in rows:
             v = self.broker.vhosts.get(vhost)
             q = v.queues.get(name) if v is not None else None
             if q is not None and q.quorum:
                 q.figures = (ready, unacked, consumers)
             elif q is not None and q.remote:
                 q.ready, q.unacked_remote, q.consumers_remote = ready, unacked, consumers
+                q.mirror_nodes, q.synced_nodes = mirrors if mirrors else ([], [])
 
     # ------------------------------------------------------------ peers coming and going
 
     def peer_up(self, peer: str) -> None:
         self.quorum.peer_up(peer)
+        self.mirroring.peer_up(peer)
+        for c in list(self.consumers.values()):  # a mirrored queue's leader is back, unpromoted
+            if c.queue.home_node == peer and c.queue.mirrored:
+                self._reattach(c.queue, c)
+        self._retry_orphans()
         self.broker.schedule()
 
     def peer_down(self, peer: str) -> None:
         b = self.broker
         self.quorum.peer_down(peer)
-        # publishes it had not accepted: nacked, never silently confirmed
+        self.mirroring.peer_down(peer)
+        # publishes it had not accepted: nacked, never silently confirmed; those to a mirrored
+        # queue wait for its promoted mirror
+        now = self.mirroring.now()
         for token, (home, *_rest) in list(self._pub_tokens.items()):
             if home == peer:
-                self._publish_accepted(token, True)
+                if token in self._pub_items:
+                    self._orphans.setdefault(token, now + ORPHAN_TIMEOUT_S)
+                else:
+                    self._publish_accepted(token, True)
         # calls it will not answer
         for rid, (p, cb) in list(self._calls.items()):
             if p == peer:
@@ -933,9 +1139,12 @@ class ClusterBroker:
             if not q.deleted and seq in q.state.unacked:
                 q.requeue(seq)
                 b.dirty_queues.add(q)
-        # consumers here of queues there: the queue is gone for now
+        # consumers here of queues there: the queue is gone for now (a mirrored queue's
+        # consumers wait for its promoted mirror; what they had is redelivered by it)
         for c in list(self.consumers.values()):
-            if c.queue.home_node == peer:
+            if c.queue.home_node == peer and c.queue.mirrored:
+                self._forget_unacked(c.channel, c.queue)
+            elif c.queue.home_node == peer:
                 c.queue.local_consumers.pop(c.cid, None)
                 self.consumers.pop(c.cid, None)
                 self._drop_unacked_of(c)
@@ -946,6 +1155,20 @@ class ClusterBroker:
         ch = c.channel
         for tag in [t for t, (_q, _e, cc) in ch.unacked.items() if cc is c]:
             del ch.unacked[tag]
+
+    def catalogue_leader_of(self, vhost: str, name: str) -> str | None:
+        rec = self.catalogue.queue(vhost, name)
+        return rec.leader_node if rec is not None else None
+
+    def mirror_status(self, vhost: str, name: str) -> tuple[list[str], list[str]]:
+        """(mirror nodes, synchronised mirror nodes) of a classic queue, as its leader reports them."""
+        v = self.broker.vhosts.get(vhost)
+        q = v.queues.get(name) if v is not None else None
+        if q is None or q.quorum:
+            return [], []
+        if q.remote:
+            return list(q.mirror_nodes), list(q.synced_nodes)
+        return q.mirror.mirror_nodes() if q.mirror is not None else ([], [])
 
     def queues_homed_on(self, node: str) -> list[cat.QueueRecord]:
         return [rec for rec in self.catalogue.queues.values() if rec.leader_node == node]

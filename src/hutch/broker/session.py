@@ -656,7 +656,8 @@ class Session:
         home = cl.choose_home(args, exclusive, vhost.name, name)
         journal_id = (int.from_bytes(os.urandom(8), "big") >> 1 or 1) if durable and not exclusive else 0
         return cat.DeclareQueue(vhost.name, name, cat.CLASSIC, durable, auto_delete,
-                                cl.owner_id(self) if exclusive else None, dict(args), home, (), journal_id,
+                                cl.owner_id(self) if exclusive else None, dict(args), home,
+                                () if exclusive else cl.initial_mirrors(vhost.name, name, home), journal_id,
                                 cl.incarnation if home == cl.node else 0)
 
     def queue_bind(self, ch: Channel, m) -> None:
@@ -847,6 +848,9 @@ class Session:
         if q.remote:
             self.remote_call(ch, m, q, "get", [bool(m.no_ack)], lambda r: self._got_remote(ch, m, q, r[1]))
             return
+        if q.mirror is not None and q.mirror.syncing:  # answered once the sync is done (seed 000)
+            self.wait_for(ch, m, q.mirror.after_sync, lambda _r: self.basic_get(ch, m))
+            return
         self.broker.queue_used(q)
         self.broker.expire_queue(q)
         entry = q.get(bool(m.no_ack))
@@ -919,8 +923,14 @@ class Session:
                 ch.ack(op[1], op[2])
             else:
                 ch.reject(op[1], op[2], op[3])
-        # commit-ok once what the transaction journalled is on disk
-        self.broker.after_sync(self._commit_ok, ch)
+        # commit-ok once what the transaction journalled is on disk, every mirror of a mirrored
+        # queue has it, and every other node has accepted what went there
+        cl = self.broker.cluster
+        if cl is None:
+            self.broker.after_sync(self._commit_ok, ch)
+            return
+        self.broker.after_sync(lambda c: cl.mirroring.after_all_stable(
+            lambda c2: cl.after_forwarded(self, self._commit_ok, c2), c), ch)
 
     def _commit_ok(self, ch: Channel) -> None:
         if not ch.closed and not self.closed:

@@ -439,6 +439,24 @@ def purge_queue(s: Session, vhost: str, queue: str) -> None:
     _delete(s, f"/api/queues/{q(vhost)}/{q(queue)}/contents", f"Queue '{queue}' in vhost '{vhost}' does not exist")
 
 
+@command(cli, "sync_queue")
+@_vhost_option
+@click.argument("queue")
+def sync_queue(s: Session, vhost: str, queue: str) -> None:
+    """Synchronise a mirrored queue's mirrors (the queue serves nothing else while it runs)."""
+    s.info(f"Synchronising queue '{queue}' in vhost '{vhost}' ...")
+    s.client.post(f"/api/queues/{q(vhost)}/{q(queue)}/actions", {"action": "sync"})
+
+
+@command(cli, "cancel_sync_queue")
+@_vhost_option
+@click.argument("queue")
+def cancel_sync_queue(s: Session, vhost: str, queue: str) -> None:
+    """Stop a mirrored queue's synchronisation in progress."""
+    s.info(f"Stopping synchronising queue '{queue}' in vhost '{vhost}' ...")
+    s.client.post(f"/api/queues/{q(vhost)}/{q(queue)}/actions", {"action": "cancel_sync"})
+
+
 @command(cli, "delete_queue")
 @_vhost_option
 @click.argument("queue")

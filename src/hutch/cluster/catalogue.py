@@ -246,6 +246,9 @@ class SetQueueNodes(Command, tag="queue.nodes"):
     name: str
     leader_node: str
     member_nodes: tuple[str, ...] = ()
+    # applied only while the leader is still this node ("" = whatever it is): a promotion or a
+    # placement decided from an older record must not undo a change made since
+    expect_leader: str = ""
 
 
 class SetPolicy(Command, tag="policy.set"):
@@ -642,6 +645,9 @@ class Catalogue:
         old = self.queues.get((c.vhost, c.name))
         if old is None:
             return _err(NOT_FOUND, f"no queue '{c.name}' in vhost '{c.vhost}'")
+        if c.expect_leader and old.leader_node != c.expect_leader:
+            return _err(PRECONDITION_FAILED, f"queue '{c.name}' in vhost '{c.vhost}' is led by "
+                                             f"{old.leader_node}, not {c.expect_leader}")
         if len(c.member_nodes) > MEMBER_NODES_MAX:
             return _err(PRECONDITION_FAILED, f"queue '{c.name}' in vhost '{c.vhost}': more than "
                                              f"{MEMBER_NODES_MAX} member nodes")

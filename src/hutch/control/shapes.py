@@ -138,6 +138,12 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         out["leader"] = q.home_node
         out["members"] = list(q.members)
         out["online"] = q.online()
+    elif broker.cluster is not None:
+        mirrors, synced = broker.cluster.mirror_status(q.vhost, q.name)
+        if mirrors or "ha-mode" in out["effective_policy_definition"]:
+            out["slave_nodes"] = out["mirror_nodes"] = mirrors
+            out["synchronised_slave_nodes"] = out["synchronised_mirror_nodes"] = synced
+            out["recoverable_slaves"] = synced
     owner = q.exclusive_owner
     if owner is not None and hasattr(owner, "peer"):
         host, port = _host_port(owner.peer)

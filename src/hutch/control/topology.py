@@ -7,6 +7,7 @@
     DELETE /api/queues/{vhost}/{name}/contents         purge
     POST /api/queues/{vhost}/{name}/get                {"count", "ackmode", "encoding", "truncate"}
     GET /api/queues/{vhost}/{name}/bindings
+    POST /api/queues/{vhost}/{name}/actions            {"action": "sync" | "cancel_sync"} (mirrored queues)
     GET /api/bindings[/{vhost}]
     GET|POST /api/bindings/{vhost}/e/{source}/q/{queue}     GET|DELETE .../{properties_key}
     GET|POST /api/bindings/{vhost}/e/{source}/e/{exchange}  GET|DELETE .../{properties_key}
@@ -260,7 +261,8 @@ async def put_queue(request: web.Request) -> web.Response:
     home = node or broker.cluster.choose_home(args, False, v.name, name)
     journal_id = changes.new_journal_id() if durable else 0
     return changes.put_answer(await changes.commit(broker, cat.DeclareQueue(
-        v.name, name, cat.CLASSIC, durable, auto_delete, None, args, home, (), journal_id,
+        v.name, name, cat.CLASSIC, durable, auto_delete, None, args, home,
+        broker.cluster.initial_mirrors(v.name, name, home), journal_id,
         broker.cluster.incarnation if home == broker.cluster.node else 0)))
 
 
@@ -305,6 +307,31 @@ async def get_messages(request: web.Request) -> web.Response:
     broker.check_permission(user_of(request), v.name, "read", "queue", q.name)
     body = await read_json(request)
     return web.json_response(await ops.get_messages_anywhere(broker, q, body))
+
+
+@routes.post("/api/queues/{vhost}/{name}/actions")
+async def queue_action(request: web.Request) -> web.Response:
+    """Synchronise a mirrored queue's mirrors, or stop a sync in progress (seed 000)."""
+    broker = api_of(request).broker
+    v = vhost_for_write(request)
+    q = _queue(request, v)
+    broker.check_permission(user_of(request), v.name, "configure", "queue", q.name)
+    body = await read_json(request)
+    action = body.get("action") if isinstance(body, dict) else None
+    if action not in ("sync", "cancel_sync"):
+        raise bad_request(f'unknown action {action!r}: expected "sync" or "cancel_sync"')
+    if q.quorum or broker.cluster is None:
+        raise bad_request(f"queue '{q.name}' in vhost '{v.name}' is not a mirrored classic queue")
+    if q.remote:
+        try:
+            await ops.call_home(broker, q, "sync", [action])
+        except AMQPError as e:
+            raise bad_request(e.text) from None
+    else:
+        code, text = broker.cluster.mirroring.sync_action(v.name, q.name, action)
+        if code != 200:
+            raise bad_request(text)
+    return web.Response(status=204)
 
 
 @routes.get("/api/queues/{vhost}/{name}/bindings")

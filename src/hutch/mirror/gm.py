@@ -361,6 +361,13 @@ class GMMember:
         st = self._streams.get(sender)
         return 0 if st is None else st.ended
 
+    def peers(self) -> list[MemberId]:
+        """Every other member this one knows of (alive or not), and the member it asked to join."""
+        out = [m for m in self._ring if m != self.id]
+        if self._via is not None and self._via not in out:
+            out.append(self._via)
+        return out
+
     def known_dead(self) -> frozenset[MemberId]:
         return frozenset(self._dead)
 

@@ -36,7 +36,7 @@ class ClassicQueue:
                  "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
                  "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
                  "deleted", "home_node", "_registered", "stats_published", "stats_delivered", "stats_acked", "dispatch_blocked",
-                 "flow_waiters", "journal_id", "last_dispatch_ms")
+                 "flow_waiters", "journal_id", "last_dispatch_ms", "mirror")
 
     def __init__(self, name: str, vhost: str, *, durable: bool = False, auto_delete: bool = False,
                  exclusive_owner: Any = None, arguments: dict[str, Any] | None = None,
@@ -70,6 +70,8 @@ class ClassicQueue:
         self.flow_waiters: set | None = None  # publishers held back while consumers are backed up
         self.last_dispatch_ms = -10**9  # when consumers last received (the owner's clock)
         self.journal_id = 0  # durable queues: the key of their records in the node's message journal
+        # a mirrored queue's leader side (hutch.broker.mirrored.Leader): told every operation
+        self.mirror: Any = None
 
     remote = False  # a queue homed on this node (see hutch.broker.cluster for the others)
     quorum = False
@@ -130,6 +132,11 @@ class ClassicQueue:
         except Refused:
             return None, []
         self.stats_published += 1
+        mirror = self.mirror
+        if mirror is not None:
+            mirror.enqueued(entry)
+            for d in dropped:
+                mirror.removed(d.seq)
         return entry, dropped
 
     def next_consumer(self) -> Consumer | None:
@@ -149,12 +156,20 @@ class ClassicQueue:
         if self.dispatch_blocked or not self._groups:
             return 0
         st = self.state
+        mirror = self.mirror
         n = 0
         while st.ready_count:
             c = self.next_consumer()
             if c is None:
                 break
-            entry = st.take() if c.no_ack else st.checkout()
+            if c.no_ack:
+                entry = st.take()
+                if mirror is not None:
+                    mirror.removed(entry.seq)
+            else:
+                entry = st.checkout()
+                if mirror is not None:
+                    mirror.checked_out(entry.seq)
             c.deliver(self, entry)
             n += 1
         self.stats_delivered += n
@@ -164,20 +179,39 @@ class ClassicQueue:
         entry = self.state.take() if no_ack else self.state.checkout()
         if entry is not None:
             self.stats_delivered += 1
+            if self.mirror is not None:
+                if no_ack:
+                    self.mirror.removed(entry.seq)
+                else:
+                    self.mirror.checked_out(entry.seq)
         return entry
 
     def settle(self, seq: int) -> Entry:
         self.stats_acked += 1
-        return self.state.settle(seq)
+        entry = self.state.settle(seq)
+        if self.mirror is not None:
+            self.mirror.removed(seq)
+        return entry
 
     def requeue(self, seq: int) -> Entry:
-        return self.state.return_(seq)
+        entry = self.state.return_(seq)
+        if self.mirror is not None:
+            self.mirror.returned(seq)
+        return entry
 
     def discard(self, seq: int) -> Entry:
-        return self.state.discard(seq)
+        entry = self.state.discard(seq)
+        if self.mirror is not None:
+            self.mirror.removed(seq)
+        return entry
 
-    def purge(self) -> int:
-        return len(self.state.purge())
+    def purge(self) -> list[Entry]:
+        """Every ready message leaves; returns them."""
+        removed = self.state.purge()
+        if self.mirror is not None:
+            for e in removed:
+                self.mirror.removed(e.seq)
+        return removed
 
     def expire(self, now_ms: int) -> list[Entry]:
         """Discard expired messages at the head (the owner's decision, made explicit)."""
@@ -188,6 +222,8 @@ class ClassicQueue:
             if h is None:
                 return out
             out.append(st.discard(h.seq))
+            if self.mirror is not None:
+                self.mirror.removed(h.seq)
 
     @property
     def message_count(self) -> int:

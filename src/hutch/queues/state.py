@@ -193,6 +193,24 @@ class QueueState:
                 dropped.append(self._pop_head())
         return entry, dropped
 
+    def restore(self, entry: Entry) -> None:
+        """Put back a ready entry that keeps its sequence number and delivery count (recovery of
+        a replica on promotion). Entries must come in sequence order."""
+        level = self._single if self._single is not None else self._level_of(entry.message)
+        level.fifo.append(entry)
+        self.ready_count += 1
+        self.ready_bytes += len(entry.message.body)
+        if entry.seq >= self.next_seq:
+            self.next_seq = entry.seq + 1
+
+    def ready_heads(self) -> Iterator[Entry]:
+        """The oldest ready entry of each priority level (returned ones first)."""
+        for level in self._levels:
+            if level.returned:
+                yield level.returned[0]
+            if level.fifo:
+                yield level.fifo[0]
+
     def checkout(self) -> Entry | None:
         """Hand the head to a consumer: it moves to `unacked` with its delivery count raised."""
         if not self.ready_count:

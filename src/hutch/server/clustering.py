@@ -40,6 +40,7 @@ from hutch.broker.cluster import INIT_PARAM, NODE_PARAM, ClusterBroker
 from hutch.cluster import catalogue as cat
 from hutch.cluster.raftlog import RaftHostStorage
 from hutch.cluster.transport import PeerTransport
+from hutch.mirror.placement import leader_move, mirrors_for, params_of
 from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
@@ -53,6 +54,7 @@ CATALOGUE_GROUP = 0
 TICK_S = 0.1
 RETRY_S = 1.0  # a forwarded proposal not applied by then is sent again
 STATS_EVERY_TICKS = 10  # queue figures to every peer each second
+PLACE_EVERY_TICKS = 5  # the catalogue leader checks mirror placement twice a second
 NODE_INFO_EVERY_TICKS = 50  # the node's /api/nodes object every five seconds
 DEFAULT_PEER_PORT = 25672
 CLUSTER_FILE = "cluster.json"
@@ -112,6 +114,7 @@ class ClusterRuntime:
         self.started = self.loop.time()
         self.down_since: dict[str, float] = {}
         self._deleting: dict[tuple[str, str], float] = {}
+        self._placing: dict[tuple[str, str], float] = {}
         self._init_sent_at = -1e9
         self.joins: dict[str, str] = {}  # leader: joining node -> its address
         self.stopped = False
@@ -223,6 +226,12 @@ class ClusterRuntime:
         await asyncio.wait_for(done.wait(), self.cfg.metadata_timeout_ms / 1000 + 1)
 
     async def stop(self) -> None:
+        # a controlled shutdown: mirrored queues led here tell their mirrors (which then apply
+        # ha-promote-on-shutdown) and leave their rings before the links close
+        if self.cluster.mirroring.leaders or self.cluster.mirroring.mirrors:
+            self.cluster.mirroring.shutdown()
+            self.cluster.mirroring.flush()
+            await asyncio.sleep(0.05)  # the links write what was queued on the next loop turns
         self.stopped = True
         self._tick_handle.cancel()
         for req in list(self.pending):
@@ -478,8 +487,11 @@ class ClusterRuntime:
         if self.forgets:
             self._check_forgets(now)
         self.cluster.quorum.tick(self.cluster.broker.now_ms() / 1000)
+        self.cluster.tick(self.cluster.broker.now_ms() / 1000)
         if self.group.role == LEADER:
             self._leader_chores(now)
+            if self._ticks % PLACE_EVERY_TICKS == 0:
+                self._place_mirrors(now)
         if self._ticks % STATS_EVERY_TICKS == 0:
             rows = self.cluster.stats()
             info = self.cluster.local_info() if self.cluster.local_info and self._ticks % NODE_INFO_EVERY_TICKS == 0 \
@@ -518,10 +530,45 @@ class ClusterRuntime:
             if now >= since:
                 self._delete_transient_queues_of(member, now)
 
+    def _place_mirrors(self, now: float) -> None:
+        """Keep each classic queue's mirror nodes in line with the policy that applies to it
+        (hutch.mirror.placement): nodes that start or join get mirrors, a down mirror under
+        `exactly` is replaced, a `nodes` change moves the leader once a listed mirror is
+        synchronised. A queue whose leader's node is down is left to its mirrors' promotion."""
+        c = self.cluster.catalogue
+        members = self.members()
+        running = [m for m in members if m == self.name or self.transport.is_up(m)]
+        for rec in list(c.queues.values()):
+            if rec.type != cat.CLASSIC or rec.exclusive_owner is not None or rec.leader_node not in running:
+                continue
+            pol = c.policy_for(rec.vhost, rec.name, cat.QUEUE)
+            params = params_of(pol.definition if pol is not None else None)
+            if params is None and not rec.member_nodes:
+                continue
+            key = (rec.vhost, rec.name)
+            if now - self._placing.get(key, -1e9) < 2.0:
+                continue
+            leader = rec.leader_node
+            want = mirrors_for(params, leader, rec.member_nodes, members, running)
+            move = leader_move(params, leader, self.cluster.mirror_status(rec.vhost, rec.name)[1])
+            if move is not None:
+                log.info("Mirrored queue '%s' in vhost '%s': moving its leader from %s to the synchronised mirror "
+                         "on %s (policy ha-mode nodes)", rec.name, rec.vhost, leader, move)
+                want = tuple(n for n in want if n != move)
+                leader = move
+            if leader == rec.leader_node and want == tuple(rec.member_nodes):
+                continue
+            self._placing[key] = now
+            self.submit(cat.SetQueueNodes(rec.vhost, rec.name, leader, want, expect_leader=rec.leader_node),
+                        lambda _r: None)
+
     def _delete_transient_queues_of(self, node: str, now: float) -> None:
-        """RabbitMQ's rule: a non-durable (or exclusive) queue whose home node is gone is deleted."""
+        """RabbitMQ's rule: a non-durable (or exclusive) queue whose home node is gone is deleted
+        (a mirrored one only when no mirror is left to promote)."""
         for rec in self.cluster.queues_homed_on(node):
             if rec.durable and rec.exclusive_owner is None:
+                continue
+            if any(n != node and self.is_up(n) for n in rec.member_nodes) and rec.exclusive_owner is None:
                 continue
             key = (rec.vhost, rec.name)
             if now - self._deleting.get(key, -1e9) < 5.0:
@@ -561,6 +608,15 @@ class ClusterRuntime:
             return callback(f"node {name} is running; stop it (hutchctl -n {name} stop_app) before forgetting it")
         log.info("Removing node %s from the cluster", name)
         for rec in self.cluster.queues_homed_on(name):
+            mirrors = [n for n in rec.member_nodes if n != name]
+            if rec.type == cat.CLASSIC and mirrors:
+                # RabbitMQ's forget_cluster_node: a mirror takes over the queue (it starts empty
+                # if its node is stopped: mirrors keep nothing across a restart)
+                log.info("Mirrored queue '%s' in vhost '%s': promoting the mirror on %s (its leader's node %s is "
+                         "forgotten)", rec.name, rec.vhost, mirrors[0], name)
+                self.submit(cat.SetQueueNodes(rec.vhost, rec.name, mirrors[0], tuple(mirrors[1:]),
+                                              expect_leader=name), lambda _r: None)
+                continue
             self.submit(cat.DeleteQueue(rec.vhost, rec.name), lambda _r: None)
         self.submit(cat.ClearGlobalParameter(NODE_PARAM + name), lambda _r: None)
         self.forgets.append([name, callback, self.loop.time() + self.cfg.metadata_timeout_ms / 1000])

@@ -16,6 +16,8 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     ssl_options.verify = verify_peer        ssl_options.fail_if_no_peer_cert = true
     auth_mechanisms.1 = PLAIN               auth_mechanisms.2 = EXTERNAL
     ssl_cert_login_from = common_name
+    mirroring_sync_batch_size = 4096        mirroring_sync_max_throughput = 0 (bytes/s, 0 = no limit)
+    cluster_partition_handling = ignore | pause_minority | autoheal
 
 An unknown key or a bad value is an error that names the line.
 """
@@ -58,6 +60,7 @@ def _listener_port(value: str) -> tuple[str | None, int]:
 
 
 QUEUE_MASTER_LOCATORS = ("client-local", "min-masters", "random")
+PARTITION_HANDLING = ("ignore", "pause_minority", "autoheal")
 
 
 def apply_file(cfg: Config, path: str | Path) -> Config:
@@ -142,6 +145,16 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         if value not in QUEUE_MASTER_LOCATORS:
             raise ValueError(f"expected one of {', '.join(QUEUE_MASTER_LOCATORS)}")
         cfg.queue_master_locator = value
+    elif key == "mirroring_sync_batch_size":
+        cfg.mirroring_sync_batch_size = int(value)
+        if cfg.mirroring_sync_batch_size < 1:
+            raise ValueError("must be at least 1")
+    elif key == "mirroring_sync_max_throughput":
+        cfg.mirroring_sync_max_throughput = parse_bytes(value)
+    elif key == "cluster_partition_handling":
+        if value not in PARTITION_HANDLING:
+            raise ValueError(f"expected one of {', '.join(PARTITION_HANDLING)}")
+        cfg.cluster_partition_handling = value
     elif key == "cluster_formation.peer_port" or key == "distribution.listener.port_range.min":
         cfg.peer_port = int(value)
     elif key.startswith("cluster_formation.classic_config.nodes."):
