@@ -60,6 +60,7 @@ PUBLISH_WINDOW = 4096  # messages a session may have in flight to other nodes be
 PUBLISH_WINDOW_LOW = 1024
 CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
 CREDIT_RETURN = 500
+REATTACH_TRIES = 25
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
 NODE_PARAM = "hutch_node:"  # global parameter per member: its peer address
 INIT_PARAM = "hutch_initialised"
@@ -301,6 +302,7 @@ class ClusterBroker:
         self._pub_items: dict[int, list] = {}
         self._orphans: dict[int, float] = {}  # token -> give up (nack) at this time
         self._token_waiters: dict[int, list] = {}  # token -> countdowns waiting for its accept
+        self._reattach_due: list = []  # (when, queue, consumer, tries): consumers to attach again
 
     # ------------------------------------------------------------ ids and sending
 
@@ -530,12 +532,17 @@ class ClusterBroker:
             self._reattach(q, c)
         self._retry_orphans()
 
-    def _reattach(self, q: RemoteQueue, c: RemoteConsumer) -> None:
+    def _reattach(self, q: RemoteQueue, c: RemoteConsumer, tries: int = 0) -> None:
+        """Attach a consumer to its mirrored queue's new leader. The new leader may not have
+        applied its promotion yet when asked: a few retries, then the consumer is cancelled."""
         c.received = 0
-        if not self.is_up(q.home_node):
+        if not self.is_up(q.home_node) or q.deleted:
             return
 
         def answered(result) -> None:
+            if result is not None and result[0] == spec.NOT_FOUND and tries < REATTACH_TRIES and not q.deleted:
+                self._reattach_due.append((self.mirroring.now() + 0.2, q, c, tries + 1))
+                return
             if result is None or result[0] != 200:
                 if q.local_consumers.pop(c.cid, None) is not None:
                     self.consumers.pop(c.cid, None)
@@ -717,6 +724,13 @@ class ClusterBroker:
     def tick(self, now_s: float) -> None:
         self.mirroring.tick(now_s)
         self._retry_orphans()
+        if self._reattach_due:
+            due, self._reattach_due = self._reattach_due, []
+            for at, q, c, tries in due:
+                if at > now_s:
+                    self._reattach_due.append((at, q, c, tries))
+                elif self.consumers.get(c.cid) is c:
+                    self._reattach(q, c, tries)
 
     def after_forwarded(self, session, fn: Callable[[Any], None], arg: Any) -> None:
         """fn(arg) once every publish this session sent to other nodes so far is accepted or

@@ -265,7 +265,7 @@ class Leader:
         self.sync.finish(cancelled=True)
         return True
 
-    def sync_done(self) -> None:
+    def sync_done(self, cancelled: bool = False) -> None:
         self.sync = None
         self.q.dispatch_blocked = False
         self.host.broker.dirty_queues.add(self.q)
@@ -273,6 +273,8 @@ class Leader:
         waiters, self.sync_waiters = self.sync_waiters, []
         for fn in waiters:
             fn(None)
+        if not cancelled and self.params().sync_mode == AUTOMATIC and self.unsynced() and not self.stopping:
+            self.start_sync()  # a mirror that joined while the last one ran
 
     def tick(self, now: float) -> None:
         self.send_view()
@@ -381,7 +383,7 @@ class SyncJob:
             log.info("%s: Synchronising: %d messages", _qname(q), len(self.entries))
             log.info("%s: Synchronising: complete", _qname(q))
         self.leader.send_view()
-        self.leader.sync_done()
+        self.leader.sync_done(cancelled)
 
 
 class Mirror:
