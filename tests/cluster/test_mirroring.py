@@ -94,6 +94,21 @@ def drain(conn: pika.BlockingConnection, queue: str) -> list[tuple[bytes, bool]]
         out.append((body, method.redelivered))
 
 
+def drain_when_served(cluster: HutchCluster, i: int, queue: str, timeout_s: float = 15.0) -> list[tuple[bytes, bool]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        conn = connect(cluster, i)
+        try:
+            return drain(conn, queue)
+        except pika.exceptions.ChannelClosedByBroker as e:
+            if e.reply_code != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+        finally:
+            if conn.is_open:
+                conn.close()
+
+
 def node_index(cluster: HutchCluster, name: str) -> int:
     return cluster.names.index(name)
 
@@ -423,3 +438,47 @@ def test_000_exactly_a_mirror_on_a_node_that_goes_down_is_replaced_elsewhere():
         cluster.kill(node_index(cluster, first))
         other = [n for n in cluster.names[1:] if n != first][0]
         wait_until(lambda: mirrors(cluster, "two.q")[1] == [other], 30, f"a mirror on {other}")
+
+
+def test_000_nodes_policy_change_moves_the_leader_once_a_listed_mirror_is_synchronised(cluster):
+    """Seed 000: changing a `nodes` policy so that the leader is not listed keeps the leader until
+    a listed mirror is synchronised; then the queue moves and its consumers are cancelled."""
+    assert ctl(cluster, 0, "set_policy", "ha-move", "^move\\.",
+               '{"ha-mode":"nodes","ha-params":["hutch-1@localhost","hutch-2@localhost"]}').returncode == 0
+    c = connect(cluster, 0)
+    c.channel().queue_declare("move.q", durable=True)
+    node, ms, _ = wait_mirrors(cluster, "move.q", 1, synced=1)
+    assert (node, ms) == ("hutch-1@localhost", ["hutch-2@localhost"])
+    publish_confirmed(c, "move.q", [b"%d" % i for i in range(100)])
+    cancelled = []
+    ch = c.channel()
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    ch.basic_qos(prefetch_count=5)
+    ch.basic_consume("move.q", lambda *_a: None)  # holds 5 unacknowledged
+    c.process_data_events(0.5)
+    assert ctl(cluster, 0, "set_policy", "ha-move", "^move\\.",
+               '{"ha-mode":"nodes","ha-params":["hutch-2@localhost","hutch-3@localhost"]}').returncode == 0
+    wait_until(lambda: info(cluster, "move.q", via=2)["node"] == "hutch-2@localhost", 30, "the leader moved")
+    wait_until(lambda: (c.process_data_events(0.05) or True) and cancelled, 20, "the consumer on the old leader cancelled")
+    wait_until(lambda: mirrors(cluster, "move.q", via=2)[1] == ["hutch-3@localhost"], 20, "a mirror on hutch-3")
+    got = drain_when_served(cluster, 2, "move.q")  # a move leaves the queue briefly without a leader
+    assert sorted(int(b) for b, _r in got) == list(range(100))
+    c.close()
+    assert ctl(cluster, 0, "clear_policy", "ha-move").returncode == 0
+
+
+def test_000_a_restarting_mirror_rejoins_empty_and_unsynchronised():
+    with HutchCluster(n=3) as cluster:
+        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.", '{"ha-mode":"all"}').returncode == 0
+        c = connect(cluster, 0)
+        c.channel().queue_declare("ha.restart", durable=True)
+        wait_mirrors(cluster, "ha.restart", 2, synced=2)
+        publish_confirmed(c, "ha.restart", [b"%d" % i for i in range(30)])
+        cluster.kill(2)
+        wait_mirrors(cluster, "ha.restart", 1, synced=1)
+        cluster.start(2)
+        _n, ms, ss = wait_mirrors(cluster, "ha.restart", 2)
+        assert ms == ["hutch-2@localhost", "hutch-3@localhost"] and ss == ["hutch-2@localhost"]
+        assert drain(c, "ha.restart") != []
+        wait_mirrors(cluster, "ha.restart", 2, synced=2)  # drained: nothing older is left
+        c.close()

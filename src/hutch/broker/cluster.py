@@ -521,6 +521,7 @@ class ClusterBroker:
         cancelled if they asked for x-cancel-on-ha-failover."""
         old = q.home_node
         q.home_node = new_home
+        q.mirror_nodes, q.synced_nodes = [], []  # until the new leader reports them
         log.info("Mirrored queue '%s' in vhost '%s': leader moved from %s to %s", q.name, q.vhost, old, new_home)
         for c in list(q.local_consumers.values()):
             self._forget_unacked(c.channel, q)

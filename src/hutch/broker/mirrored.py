@@ -403,6 +403,7 @@ class Mirror:
         self.promoting = False
         self.wants_lead = False  # the catalogue names this node leader; waiting for the old one to go
         self.dead_leader_node = ""
+        self.warned = False
 
     def __repr__(self) -> str:
         return f"Mirror({self.vhost!r}, {self.name!r}, leader {self.leader_node})"
@@ -441,6 +442,7 @@ class Mirror:
         elif t is gm.MembersChanged:
             if self.leader_member in ev.deaths and not self.leader_dead:
                 self.leader_dead = True
+                self.warned = False
                 self.dead_leader_node = self.leader_node
                 self.consider_promotion()
             elif self.leader_dead and ev.deaths:  # the successor may be among them: choose again
@@ -466,19 +468,20 @@ class Mirror:
     def consider_promotion(self) -> None:
         if self.member is None or self.member.status != gm.MEMBER or not self.leader_dead:
             return
+        if self.wants_lead:  # a planned move: the catalogue named this node, the old leader has left
+            self.host.promote(self)
+            return
         if self.host.cluster.catalogue_leader_of(self.vhost, self.name) != self.dead_leader_node:
             return  # the catalogue has moved on (a promotion committed elsewhere)
         chosen = self.successor()
         key = (self.vhost, self.name)
         if chosen is None:
-            if not self.promoting:
+            if not self.warned:
+                self.warned = True
                 log.warning("Mirrored queue '%s' in vhost '%s': no synchronised mirror to promote; the queue is "
                             "unavailable until its leader node %s returns", self.name, self.vhost, self.leader_node)
             return
-        if chosen != self.member.id:
-            return
-        if self.wants_lead:
-            self.host.promote(self)
+        if chosen != self.member.id or self.promoting:
             return
         if self.promoting:
             return
@@ -486,7 +489,7 @@ class Mirror:
         view = self.replica.view
         others = [n for m, n, *_ in view[0] if m != self.member.id and m in set(self.member.members)]
         cmd = cat.SetQueueNodes(self.vhost, self.name, self.host.node, tuple(dict.fromkeys(others)),
-                                expect_leader=self.dead_leader_node)
+                                expect_leader=self.dead_leader_node, promotion=True)
 
         def done(res: cat.Result) -> None:
             if self.host.mirrors.get(key) is not self:
@@ -571,10 +574,11 @@ class MirrorHost:
     def drop_mirror(self, m: Mirror) -> None:
         if self.mirrors.get((m.vhost, m.name)) is m:
             del self.mirrors[(m.vhost, m.name)]
-        if m.member is not None:
-            m.member.leave()
-            self._pump_member(m.member)
-            self.members.pop(m.member.id, None)
+        member = m.member
+        if member is not None:
+            member.leave()
+            self._pump_member(member)
+            self.members.pop(member.id, None)
 
     def queue_gone(self, vhost: str, name: str) -> None:
         ld = self.leaders.get((vhost, name))

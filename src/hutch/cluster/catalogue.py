@@ -249,6 +249,7 @@ class SetQueueNodes(Command, tag="queue.nodes"):
     # applied only while the leader is still this node ("" = whatever it is): a promotion or a
     # placement decided from an older record must not undo a change made since
     expect_leader: str = ""
+    promotion: bool = False  # a mirror taking over from a failed leader (checked before it is proposed)
 
 
 class SetPolicy(Command, tag="policy.set"):

@@ -383,9 +383,27 @@ class ClusterRuntime:
         self.pending[req] = [callback, now + self.cfg.metadata_timeout_ms / 1000, env, now + RETRY_S]
         self._propose(env)
 
+    def _stale_promotion(self, env: bytes) -> bool:
+        """A mirror's promotion whose old leader this (catalogue leader) node still sees running:
+        the mirror is cut off from it, not the other way round (a partition), so it must not
+        take over — least of all once the partition heals and its retried proposal arrives."""
+        try:
+            cmd = cat.decode_command(_dec.decode(env)[2])
+        except (msgspec.DecodeError, IndexError, TypeError):
+            return False
+        if not isinstance(cmd, cat.SetQueueNodes) or not cmd.promotion:
+            return False
+        if cmd.expect_leader == self.name or self.transport.is_up(cmd.expect_leader):
+            log.info("refusing to promote the mirror of queue '%s' in vhost '%s' on %s: its leader %s is running",
+                     cmd.name, cmd.vhost, cmd.leader_node, cmd.expect_leader)
+            return True
+        return False
+
     def _propose(self, env: bytes) -> None:
         g = self.group
         if g.role == LEADER:
+            if self._stale_promotion(env):
+                return
             try:
                 self.multi.propose(CATALOGUE_GROUP, env)
                 self._schedule()
@@ -432,6 +450,8 @@ class ClusterRuntime:
         kind = payload[0]
         if kind == "propose":
             if self.group.role == LEADER:
+                if self._stale_promotion(payload[1]):
+                    return
                 try:
                     self.multi.propose(CATALOGUE_GROUP, payload[1])
                     self._schedule()
