@@ -482,3 +482,26 @@ def test_000_a_restarting_mirror_rejoins_empty_and_unsynchronised():
         assert drain(c, "ha.restart") != []
         wait_mirrors(cluster, "ha.restart", 2, synced=2)  # drained: nothing older is left
         c.close()
+
+
+def test_002_pause_minority_a_node_cut_off_from_the_majority_closes_its_clients():
+    """cluster_partition_handling = pause_minority (seed 002, seed 004 §3.3.3): a node that can
+    reach no majority (here its two peers are gone: it cannot tell that from a partition) stops
+    serving clients, so its leader of a mirrored queue confirms nothing alone, and serves again
+    once the majority is back."""
+    with HutchCluster(n=3, extra_args=["--cluster-partition-handling", "pause_minority"]) as cluster:
+        conn = connect(cluster, 0)
+        cluster.kill(1)
+        time.sleep(1)
+        assert conn.is_open  # one peer gone: 2 of 3 is a majority
+        cluster.kill(2)
+        wait_until(lambda: "Cluster minority status detected" in log_of(cluster, 0), 30, "node 1 pausing")
+        with pytest.raises(pika.exceptions.AMQPError):
+            for _ in range(100):
+                conn.process_data_events(0.1)
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[0].amqp_port,
+                                                              connection_attempts=1))
+        cluster.start_node(1, wait_healthy=False)
+        wait_until(lambda: "Cluster majority status regained" in log_of(cluster, 0), 60, "node 1 resuming")
+        connect(cluster, 0).close()

@@ -44,10 +44,12 @@ from hutch.server.config import ConfigError, apply_file, parse_bytes
               help="Milliseconds a catalogue change may wait for a majority before it fails (15000).")
 @click.option("--queue-master-locator", default=None, type=click.Choice(["client-local", "min-masters", "random"]),
               help="Where new classic queues live (default client-local).")
+@click.option("--cluster-partition-handling", default=None, type=click.Choice(["ignore", "pause_minority", "autoheal"]),
+              help="What a node does when it cannot reach a majority of its cluster (default ignore).")
 def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_file, heartbeat, amqps_port, tls_cert,
         tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, disk_free_limit, vm_memory_high_watermark_bytes,
         peer_port, cluster_nodes, peer_addresses, cluster_secret_file, net_ticktime, metadata_timeout,
-        queue_master_locator) -> None:
+        queue_master_locator, cluster_partition_handling) -> None:
     """Run a hutch node."""
     from hutch.server.runtime import run_node
 
@@ -68,7 +70,8 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
                         ("tls_cacertfile", tls_ca), ("tls_verify_peer", tls_verify_peer),
                         ("tls_fail_if_no_peer_cert", tls_fail_if_no_peer_cert), ("peer_port", peer_port),
                         ("cluster_secret_file", cluster_secret_file), ("net_ticktime_s", net_ticktime),
-                        ("metadata_timeout_ms", metadata_timeout), ("queue_master_locator", queue_master_locator)):
+                        ("metadata_timeout_ms", metadata_timeout), ("queue_master_locator", queue_master_locator),
+                        ("cluster_partition_handling", cluster_partition_handling)):
         if value is not None:
             setattr(cfg, attr, value)
     if cluster_nodes:

@@ -482,7 +482,13 @@ class ClusterRuntime:
         if self.cluster.local_info is not None:
             self.transport.send(peer, "q", ["NI", self.cluster.local_info()])
         log.info("node %s up", peer)
+        self._partition_check()
         self.cluster.broker.schedule()
+
+    def _partition_check(self) -> None:
+        members = self.members()
+        reachable = sum(1 for m in members if m == self.name or self.transport.is_up(m))
+        self.node.partition_changed(reachable, len(members))
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
         self.down_since[peer] = self.loop.time()
@@ -492,6 +498,7 @@ class ClusterRuntime:
                 g.report_unreachable(nid)
                 self.multi.touched(gid)
         self.cluster.peer_down(peer)
+        self._partition_check()
 
     # ------------------------------------------------------------ timers
 

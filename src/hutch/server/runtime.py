@@ -175,6 +175,7 @@ class Node:
         self.http: HttpListener | None = None  # the management HTTP API
         self._proc = psutil.Process()
         self._app_running = False
+        self.paused = False  # pause_minority: clients closed until a majority is reachable
         self.clustering = None
         self._total_mem = psutil.virtual_memory().total
 
@@ -250,6 +251,10 @@ class Node:
         await self.clustering.start()
         self._wire_node_info()
         self.broker.open_storage(self.config.data_dir)
+        await self._open_listeners()
+        self._app_running = True
+
+    async def _open_listeners(self) -> None:
         self.servers = []
         server = await self.loop.create_server(self._protocol, host=self.config.amqp_host or None,
                                                port=self.config.amqp_port, reuse_address=True, backlog=1024)
@@ -266,23 +271,9 @@ class Node:
             for sock in tls_server.sockets:
                 addr = sock.getsockname()
                 log.info("started TLS (SSL) listener on %s:%s", addr[0], addr[1])
-        self._app_running = True
 
-    def _wire_node_info(self) -> None:
-        """Peers show this node in their /api/nodes as it describes itself."""
-        if self.broker.cluster is not None and self.http is not None:
-            api = self.http.app[API]
-            self.broker.cluster.local_info = lambda: node_info(api)
-            self.broker.cluster.lister = lambda what, params: local_listing(api, what, params)
-            self.broker.cluster.migrator = lambda args, reply: migrate.run_for_peer(api.broker, args, reply)
-
-    async def stop_app(self) -> None:
-        """Stop the broker: listeners and client connections close, the node leaves its
-        cluster's running nodes (peers see it down), its storage is closed."""
-        if not self.app_running:
-            raise AppStateError(f"the hutch application is not running on node {self.config.node_name}")
-        self._app_running = False
-        log.info("Stopping hutch application on node %s", self.config.node_name)
+    async def _close_clients(self) -> None:
+        """Listeners stop and every client connection is closed (stop_app, pause_minority)."""
         for server in self.servers:
             server.close()
         for p in list(self.protocols):
@@ -300,6 +291,41 @@ class Node:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 2)
         self.servers = []
+
+    def partition_changed(self, reachable: int, members: int) -> None:
+        """cluster_partition_handling = pause_minority: a node that reaches no more than half of
+        its cluster's nodes (itself included) closes its clients and listeners until it does."""
+        if self.config.cluster_partition_handling != "pause_minority" or not self._app_running:
+            return
+        minority = members > 1 and reachable * 2 <= members
+        if minority and not self.paused:
+            self.paused = True
+            log.warning("Cluster minority status detected (%d of %d nodes reachable): pausing node %s "
+                        "(cluster_partition_handling = pause_minority)", reachable, members, self.config.node_name)
+            self.loop.create_task(self._close_clients())
+        elif not minority and self.paused:
+            self.paused = False
+            log.warning("Cluster majority status regained (%d of %d nodes reachable): resuming node %s",
+                        reachable, members, self.config.node_name)
+            self.loop.create_task(self._open_listeners())
+
+    def _wire_node_info(self) -> None:
+        """Peers show this node in their /api/nodes as it describes itself."""
+        if self.broker.cluster is not None and self.http is not None:
+            api = self.http.app[API]
+            self.broker.cluster.local_info = lambda: node_info(api)
+            self.broker.cluster.lister = lambda what, params: local_listing(api, what, params)
+            self.broker.cluster.migrator = lambda args, reply: migrate.run_for_peer(api.broker, args, reply)
+
+    async def stop_app(self) -> None:
+        """Stop the broker: listeners and client connections close, the node leaves its
+        cluster's running nodes (peers see it down), its storage is closed."""
+        if not self.app_running:
+            raise AppStateError(f"the hutch application is not running on node {self.config.node_name}")
+        self._app_running = False
+        self.paused = False
+        log.info("Stopping hutch application on node %s", self.config.node_name)
+        await self._close_clients()
         for _ in range(100):
             if not self._sync_running:
                 break
