@@ -505,3 +505,91 @@ def test_002_pause_minority_a_node_cut_off_from_the_majority_closes_its_clients(
         cluster.start_node(1, wait_healthy=False)
         wait_until(lambda: "Cluster majority status regained" in log_of(cluster, 0), 60, "node 1 resuming")
         connect(cluster, 0).close()
+
+
+def test_000_randomised_leader_kills_with_when_synced_and_automatic_sync_lose_no_confirmed_message():
+    """Publishers with confirms and consumers with manual acks while the leader's node is killed
+    (kill -9) and restarted, round after round, under ha-promote-on-failure: when-synced and
+    automatic sync: every confirmed message is delivered, and a message delivered twice carries
+    `redelivered` the second time."""
+    import random
+    rnd = random.Random(7)
+    with HutchCluster(n=3) as cluster:
+        assert ctl(cluster, 0, "set_policy", "ha-rnd", "^rnd\\.",
+                   '{"ha-mode":"all","ha-sync-mode":"automatic","ha-promote-on-failure":"when-synced"}'
+                   ).returncode == 0
+        connect(cluster, 0).channel().queue_declare("rnd.q", durable=True)
+        wait_mirrors(cluster, "rnd.q", 2, synced=2)
+        confirmed: set[int] = set()
+        deliveries: list[tuple[int, bool]] = []
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def live_nodes(avoid: str | None) -> list[int]:
+            return [i for i in range(3) if cluster.running(i) and cluster.names[i] != avoid] or [0]
+
+        def leader() -> str | None:
+            for i in live_nodes(None):
+                try:
+                    return info(cluster, "rnd.q", via=i)["node"]
+                except Exception:
+                    continue
+            return None
+
+        def publisher() -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    conn = connect(cluster, rnd.choice(live_nodes(leader())))
+                    ch = conn.channel()
+                    ch.confirm_delivery()
+                    while not stop.is_set():
+                        ch.basic_publish("", "rnd.q", b"%d" % n, PERSISTENT)
+                        with lock:
+                            confirmed.add(n)
+                        n += 1
+                except (pika.exceptions.AMQPError, OSError):
+                    n += 1  # that one is unconfirmed: never counted
+                    time.sleep(0.2)
+
+        def consumer() -> None:
+            while not stop.is_set():
+                try:
+                    conn = connect(cluster, rnd.choice(live_nodes(leader())))
+                    ch = conn.channel()
+                    ch.basic_qos(prefetch_count=50)
+
+                    def on_msg(c, m, _p, b):
+                        with lock:
+                            deliveries.append((int(b), m.redelivered))
+                        c.basic_ack(m.delivery_tag)
+                    ch.basic_consume("rnd.q", on_msg)
+                    while not stop.is_set():
+                        conn.process_data_events(0.1)
+                    conn.close()
+                except (pika.exceptions.AMQPError, OSError):
+                    time.sleep(0.2)
+        threads = [threading.Thread(target=publisher, daemon=True), threading.Thread(target=consumer, daemon=True)]
+        for t in threads:
+            t.start()
+        for _round in range(3):
+            wait_until(lambda: len(confirmed) > 0, 20, "publishing")
+            time.sleep(rnd.uniform(2, 4))
+            victim = cluster.names.index(leader())
+            cluster.kill(victim)
+            wait_until(lambda: leader() not in (None, cluster.names[victim]), 60, "a promoted leader")
+            cluster.start(victim)
+            wait_mirrors(cluster, "rnd.q", 2, synced=2, via=(victim + 1) % 3, timeout_s=60)
+        time.sleep(2)
+        stop.set()
+        for t in threads:
+            t.join(20)
+        rest = drain_when_served(cluster, 0, "rnd.q")
+        delivered = [b for b, _r in deliveries] + [int(b) for b, _r in rest]
+        missing = confirmed - set(delivered)
+        assert len(confirmed) > 300  # the kills happened under load
+        assert not missing, sorted(missing)[:20]
+        seen: set[int] = set()
+        for b, redelivered in deliveries + [(int(b), r) for b, r in rest]:
+            assert b not in seen or redelivered, f"message {b} delivered again without redelivered"
+            seen.add(b)
