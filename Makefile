@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: install run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum conformance soak check-demo clean campaign
+.PHONY: install run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-mirror conformance soak check-demo clean campaign
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ bench-cluster: install
 # Quorum queues on 3-node clusters (RabbitMQ and hutch): throughput, latency at 1,000 msg/s, leader failover.
 bench-quorum: install
 	$(BIN)/python bench/quorum_compare
+
+# Classic mirrored queues on 3-node clusters (RabbitMQ and hutch): throughput, sync time and blocking, failover.
+bench-mirror: install
+	$(BIN)/python bench/mirror_compare
 
 check-demo: install
 	$(BIN)/python bench/check_demo.py
