@@ -593,3 +593,25 @@ def test_000_randomised_leader_kills_with_when_synced_and_automatic_sync_lose_no
         for b, redelivered in deliveries + [(int(b), r) for b, r in rest]:
             assert b not in seen or redelivered, f"message {b} delivered again without redelivered"
             seen.add(b)
+
+
+def test_000_stopping_nodes_one_by_one_the_queue_keeps_its_messages_across_a_full_restart():
+    """Seed 000, "Stopping Nodes and Synchronisation": stopping the nodes one at a time hands a
+    synchronised queue on while a majority can commit the change; the last leader that could be
+    recorded recovers the messages from its journal when the cluster starts again."""
+    with HutchCluster(n=3) as cluster:
+        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.",
+                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
+        c = connect(cluster, 0)
+        c.channel().queue_declare("ha.stops", durable=True)
+        wait_mirrors(cluster, "ha.stops", 2, synced=2)
+        publish_confirmed(c, "ha.stops", [b"%d" % i for i in range(200)])
+        c.close()
+        cluster.stop(0)
+        wait_until(lambda: info(cluster, "ha.stops", via=1)["node"] == "hutch-2@localhost", 30, "handed to hutch-2")
+        cluster.stop(1)
+        cluster.stop(2)
+        cluster.start()
+        assert info(cluster, "ha.stops", via=2)["node"] == "hutch-2@localhost"
+        got = drain_when_served(cluster, 2, "ha.stops")
+        assert sorted(int(b) for b, _r in got) == list(range(200))

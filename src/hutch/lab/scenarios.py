@@ -319,6 +319,8 @@ async def autodelete_partition(lab: Lab, opts: Options, r: Report) -> None:
                 res = await pch.basic_publish(str(seq).encode(), routing_key=QUEUE, mandatory=True,
                                               properties=Basic.Properties(delivery_mode=1))
                 kind = "ack" if isinstance(res, Basic.Ack) else "nack" if isinstance(res, Basic.Nack) else "returned"
+            except aiormq.exceptions.PublishError:  # basic.return: unroutable (aiormq raises it)
+                kind = "returned"
             except aiormq.exceptions.DeliveryError:
                 kind = "nack"
             except Exception as e:  # noqa: BLE001 - counted and reported
@@ -405,7 +407,7 @@ async def autodelete_partition(lab: Lab, opts: Options, r: Report) -> None:
         r.kv("returned as unroutable (queue gone)", len(returned))
 
         r.logs("node log lines", logs_of(lab, t_part - 0.5, any_of=(
-            "down: ", "saw deaths of mirrors", "Promoting", "leader moved", " up")))
+            "down: ", f"'{QUEUE}'", "<hutch.cluster> node ")), limit=16)
         errs = error_lines(lab, t_start)
         if errs:
             r.logs("error lines in the node logs (see the scenario's notes)", errs)
@@ -423,10 +425,15 @@ async def autodelete_partition(lab: Lab, opts: Options, r: Report) -> None:
         r.say("  hutch: the same on the side that lost the consumer: the majority deleted the queue. But the")
         r.say("  consumer's side is a minority here, and hutch's catalogue (queues, leaders, deletions) is a")
         r.say("  Raft log that needs a majority: hutch-3 could neither promote its mirror nor delete the queue;")
-        r.say("  it " + ("kept a stale view (the queue, led by unreachable hutch-1) " if stale else "")
-              + "and its consumer received nothing; at the heal it learned of the deletion and its consumer")
-        r.say("  was cancelled. So the queue is lost on both sides, not kept by one; and messages confirmed")
-        r.say("  before the deletion but not yet consumed are lost with it.")
+        if stale:
+            r.say("  it kept a stale view (the queue, led by unreachable hutch-1) and its consumer received")
+            r.say("  nothing; at the heal it learned of the deletion and its consumer was cancelled.")
+        else:
+            r.say("  its consumer received nothing; at the heal it learned of the deletion and its consumer")
+            r.say("  was cancelled.")
+        r.say("  So the queue is lost on both sides, not kept by one; and messages confirmed before the")
+        r.say("  deletion but not yet consumed are lost with it (the blog: 'unless Publisher Confirms was")
+        r.say("  in play'; in hutch the confirm only says every mirror still in the ring has the message).")
     finally:
         await close(cons)
         await close(prod)
@@ -509,6 +516,10 @@ async def cancel_on_failover(lab: Lab, opts: Options, r: Report) -> None:
         except ScenarioError:
             pass
         t_cancel = cancelled[0] if cancelled else None
+        down = logs_of(lab, t_kill - 0.2, contains=(f"{leader}@localhost down",))
+        if down:
+            why = down[0].text.rsplit("down: ", 1)[-1]
+            r.kv(f"kill -> {down[0].node} declared {leader} down", f"{s(down[0].wall - t_kill)} ({why})")
         r.kv("kill -> basic.cancel", s(t_cancel - t_kill) if t_cancel else "no basic.cancel")
 
         t_consume = None
@@ -570,10 +581,10 @@ async def cancel_on_failover(lab: Lab, opts: Options, r: Report) -> None:
                 "the messages it held unacknowledged came again with redelivered set")
         r.say()
         r.say("  seed 002: the consumer gets basic.cancel once the master is gone and can consume again once")
-        r.say("  a new master is elected. hutch: the same; the cancel is sent when the promotion is committed")
-        r.say(f"  (the failure detector's net_ticktime, {opts.net_ticktime_s:g} s here, plus the catalogue "
-              f"change), so a")
-        r.say("  consumer that consumes again at once finds the new leader.")
+        r.say("  a new master is elected. hutch: the same. The cancel is sent when the promotion is committed")
+        r.say("  in the catalogue, so a consumer that consumes again at once finds the new leader. A kill -9")
+        r.say("  closes the dead node's peer connections at once, so its death is noticed at once; a")
+        r.say(f"  partition (the blog's case) is noticed only after net_ticktime ({opts.net_ticktime_s:g} s here).")
     finally:
         await close(decl)
         await close(cons)
