@@ -61,6 +61,7 @@ PUBLISH_WINDOW_LOW = 1024
 CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
 CREDIT_RETURN = 500
 REATTACH_TRIES = 25
+RETRY = 2  # a publish accept that says: not here yet, send it again
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
 NODE_PARAM = "hutch_node:"  # global parameter per member: its peer address
 INIT_PARAM = "hutch_initialised"
@@ -712,7 +713,7 @@ class ClusterBroker:
             homes = {rec.leader_node for rec in (self.catalogue.queue(item[1], n) for n in item[2]) if rec is not None}
             if len(homes) == 1:
                 home = homes.pop()
-                if self.is_up(home) and home != entry[0] or (home == entry[0] and self.is_up(home)):
+                if home == self.node or self.is_up(home):
                     del self._orphans[token]
                     self._pub_tokens[token] = (home, *entry[1:])
                     self._out_pubs.setdefault(home, []).append(item)
@@ -798,9 +799,9 @@ class ClusterBroker:
             if len(queues) < len(names) and v is not None and any(
                     self.catalogue.queue(vhost, n) is not None and getattr(v.queues.get(n), "remote", False)
                     for n in names):
-                # a queue that has just moved to another leader: its publisher must not take
-                # silence for success
-                self._out_acks.setdefault(origin, []).append([token, True])
+                # a queue that has just moved to another leader (or whose promotion here is not
+                # done yet): its publisher's node sends it again when it can, or nacks it
+                self._out_acks.setdefault(origin, []).append([token, RETRY])
                 continue
             if not queues:
                 self._out_acks.setdefault(origin, []).append([token, False])
@@ -1038,7 +1039,10 @@ class ClusterBroker:
             self._on_publishes(peer, payload[1])
         elif kind == "PA":
             for token, refused in payload[1]:
-                self._publish_accepted(token, refused)
+                if refused == RETRY and token in self._pub_items:
+                    self._orphans.setdefault(token, self.mirroring.now() + ORPHAN_TIMEOUT_S)
+                else:
+                    self._publish_accepted(token, bool(refused))
         elif kind == "D":
             self._on_deliveries(payload[1], payload[2])
         elif kind == "S":

@@ -251,8 +251,10 @@ async def wait_mirrors(spec: NodeSpec, name: str, mirrors: int, synced: int | No
         v = seen[0] = await athread(queue_view, spec, name)
         return (isinstance(v, dict) and len(v.get("slave_nodes") or []) == mirrors
                 and (synced is None or len(v.get("synchronised_slave_nodes") or []) == synced))
-    await wait_until(ok, timeout_s, f"{mirrors} mirror(s) of '{name}' ({synced} synchronised); "
-                                    f"last seen: {describe_queue(seen[0])}", interval_s=0.25)
+    try:
+        await wait_until(ok, timeout_s, f"{mirrors} mirror(s) of '{name}' ({synced} synchronised)", interval_s=0.25)
+    except ScenarioError as e:
+        raise ScenarioError(f"{e}; {spec.short_name} last said: {describe_queue(seen[0])}") from None
     return seen[0]
 
 
@@ -273,7 +275,9 @@ async def close(conn) -> None:
 
 
 def s(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:.2f} s"
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if abs(seconds) < 1 else f"{seconds:.2f} s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,7 +327,7 @@ async def autodelete_partition(lab: Lab, opts: Options, r: Report) -> None:
                 kind = "returned"
             except aiormq.exceptions.DeliveryError:
                 kind = "nack"
-            except Exception as e:  # noqa: BLE001 - counted and reported
+            except Exception as e:  # counted and reported
                 kind = f"error {type(e).__name__}"
             outcome[seq] = (kind, time.time())
 
@@ -357,15 +361,20 @@ async def autodelete_partition(lab: Lab, opts: Options, r: Report) -> None:
                 if v is None:
                     gone_at.setdefault(spec.short_name, time.time())
             return "hutch-1" in gone_at and "hutch-2" in gone_at
-        await wait_until(majority_deleted, opts.net_ticktime_s * 3 + 30, "the majority side to delete the queue")
+        with contextlib.suppress(ScenarioError):  # a check below fails if it does not happen
+            await wait_until(majority_deleted, opts.net_ticktime_s * 3 + 30, "the majority side to delete the queue")
         await asyncio.sleep(2.0)  # the partition goes on a while: does the isolated node change its mind?
         for spec in lab.nodes:
             during[spec.short_name] = await athread(queue_view, spec, QUEUE)
-        r.kv("queue deleted on hutch-1 after", s(gone_at["hutch-1"] - t_part) + " (from the partition)")
-        r.kv("queue deleted on hutch-2 after", s(gone_at["hutch-2"] - t_part))
+        for name in ("hutch-1", "hutch-2"):
+            r.kv(f"queue deleted on {name} after", s(gone_at[name] - t_part) + " (from the partition)"
+                 if name in gone_at else "not deleted")
         for name, v in during.items():
             r.kv(f"during the partition, {name} says the queue", describe_queue(v))
         r.kv("consumer cancelled during the partition", "yes" if cancelled else "no")
+        t_now = time.time()
+        got_during = sum(1 for t in delivered.values() if t_part + 0.05 < t <= t_now)
+        r.kv("consumer received during the partition", f"{got_during} messages")
 
         heal = await athread(lab.heal)
         t_heal = heal["ts_ns"] / 1e9
@@ -410,7 +419,12 @@ async def autodelete_partition(lab: Lab, opts: Options, r: Report) -> None:
             "down: ", f"'{QUEUE}'", "<hutch.cluster> node ")), limit=16)
         errs = error_lines(lab, t_start)
         if errs:
-            r.logs("error lines in the node logs (see the scenario's notes)", errs)
+            r.logs("error lines in the node logs", errs)
+        late = node_log(n1, gone_at.get("hutch-1", time.time()), contains=(f"'{QUEUE}'", "Adding mirror"))
+        if late:
+            r.say(f"  note: after the deletion hutch-1 still let a mirror join the deleted queue's ring "
+                  f"({late[0]}):")
+            r.say("  the queue's ring outlived the queue on its leader's node (a hutch defect, not the blog's).")
 
         r.check(all(spec.short_name in gone_at for spec in (n1, n2)),
                 "the majority side (hutch-1, leader, and hutch-2) deleted the auto-delete queue once hutch-3 "
@@ -425,12 +439,9 @@ async def autodelete_partition(lab: Lab, opts: Options, r: Report) -> None:
         r.say("  hutch: the same on the side that lost the consumer: the majority deleted the queue. But the")
         r.say("  consumer's side is a minority here, and hutch's catalogue (queues, leaders, deletions) is a")
         r.say("  Raft log that needs a majority: hutch-3 could neither promote its mirror nor delete the queue;")
-        if stale:
-            r.say("  it kept a stale view (the queue, led by unreachable hutch-1) and its consumer received")
-            r.say("  nothing; at the heal it learned of the deletion and its consumer was cancelled.")
-        else:
-            r.say("  its consumer received nothing; at the heal it learned of the deletion and its consumer")
-            r.say("  was cancelled.")
+        r.say(("  it kept a stale view (the queue, led by unreachable hutch-1); " if stale else "  ")
+              + f"its consumer received {got_during or 'nothing'}" + (" messages;" if got_during else ";"))
+        r.say("  at the heal it learned of the deletion" + (" and its consumer was cancelled." if cancelled else "."))
         r.say("  So the queue is lost on both sides, not kept by one; and messages confirmed before the")
         r.say("  deletion but not yet consumed are lost with it (the blog: 'unless Publisher Confirms was")
         r.say("  in play'; in hutch the confirm only says every mirror still in the ring has the message).")
@@ -535,7 +546,7 @@ async def cancel_on_failover(lab: Lab, opts: Options, r: Report) -> None:
                         await ch.basic_qos(prefetch_count=CANCEL_PREFETCH)
                     await ch.basic_consume(QUEUE, on_second, arguments=args)
                     t_consume = time.time()
-                except Exception as e:  # noqa: BLE001 - the new leader may not be ready yet
+                except Exception as e:  # the new leader may not be ready yet
                     if time.monotonic() > deadline:
                         r.kv("consuming again failed", f"{type(e).__name__}: {e}")
                         break
@@ -597,6 +608,7 @@ async def cancel_on_failover(lab: Lab, opts: Options, r: Report) -> None:
 SYNC_RATE = 10.0  # the slow consumer: msg/s
 SYNC_PREFETCH = 10
 SYNC_BODY = 32
+SYNC_TOLERANCE_S = 0.15  # a delivery sent just before the sync began may arrive just after it
 
 
 async def fill_queue(spec: NodeSpec, name: str, count: int) -> float:
@@ -718,12 +730,13 @@ async def sync_blocks(lab: Lab, opts: Options, r: Report) -> None:
     for i, (b, e, count, how) in enumerate(windows, 1):
         r.kv(f"sync {i}", f"{count} messages, {how}, {s(e - b) if e else 'did not end'} "
                           f"(log lines 'messages to synchronise' .. '{how}')")
-    # syncs that follow each other (one per mirror that joined) block as one span
+    # syncs that follow each other with no delivery in between (a mirror that joined while one
+    # ran is synchronised right after it) block the queue as one span
     spans: list[list[float]] = []
     for b, e, _c, _h in windows:
         if e is None:
             continue
-        if spans and b - spans[-1][1] < 0.3:
+        if spans and not any(spans[-1][1] < a < b for a in arrivals):
             spans[-1][1] = max(spans[-1][1], e)
         else:
             spans.append([b, e])
@@ -734,12 +747,12 @@ async def sync_blocks(lab: Lab, opts: Options, r: Report) -> None:
     r.kv("consumer deliveries", f"{len(arrivals)} in all, typical gap {typical:.2f} s")
     r.kv("consumer's longest gap between deliveries", f"{longest[0]:.2f} s (from {longest[1] - t_policy:+.2f} s "
                                                        f"to {longest[2] - t_policy:+.2f} s after the policy)")
-    r.logs("leader's log lines (hutch-1)", lines, limit=14)
+    r.logs("leader's log lines (hutch-1)", lines, limit=24)
     errs = error_lines(lab, t_start)
     if errs:
         r.logs("error lines in the node logs", errs)
 
-    tol = 0.5
+    tol = SYNC_TOLERANCE_S
     r.check(bool(windows) and all(e is not None and how == "complete" for _b, e, _c, how in windows)
             and bool(batch_lines) and all(ln.text.endswith("batch size: 2") for ln in batch_lines),
             "the leader synchronised the new mirrors automatically, in batches of 2, to completion")
@@ -748,18 +761,23 @@ async def sync_blocks(lab: Lab, opts: Options, r: Report) -> None:
     if spans:
         big = max(spans, key=lambda sp: sp[1] - sp[0])
         covered = longest[1] <= big[0] + tol and longest[2] >= big[1]
-        r.check(covered, f"the consumer's longest gap ({longest[0]:.2f} s) covers the sync "
-                         f"({big[1] - big[0]:.2f} s, from {big[0] - t_policy:+.2f} s to {big[1] - t_policy:+.2f} s)")
+        what = "sync" if sum(1 for b, e, _c, _h in windows if e is not None and big[0] <= b <= big[1]) == 1 else \
+            "back-to-back syncs"
+        r.check(covered, f"the consumer's longest gap ({longest[0]:.2f} s) covers the {what} "
+                         f"({big[1] - big[0]:.2f} s, from {big[0] - t_policy:+.2f} s to {big[1] - t_policy:+.2f} s "
+                         f"after the policy)")
         r.check(any(a > big[1] for a in arrivals), "deliveries resumed once the sync was complete")
     else:
         r.check(False, "the sync's begin and end were found in the leader's log")
+    total = sum(e - b for b, e, _c, _h in windows if e is not None)
     r.say()
-    r.say("  seed 002 (RabbitMQ, 200,000 messages, batch size 2): the slow consumer waited 'nearly 10")
-    r.say("  seconds', exactly the sync's duration between 'Synchronising: 200000 messages to synchronise'")
-    r.say("  and 'Synchronising: complete'. hutch blocks the queue the same way for as long as the sync")
-    r.say("  runs (it is slower per message than RabbitMQ's: the durations are hutch's, not the blog's).")
-    r.say("  The blog restarts a node to make its mirror resync; here the policy makes the mirrors join,")
-    r.say("  which starts the same automatic sync.")
+    r.say("  seed 002 (RabbitMQ 3.7, 200,000 messages, batch size 2, one mirror): the slow consumer waited")
+    r.say("  'nearly 10 seconds' (9.9 s), the sync's duration from 'Synchronising: 200000 messages to")
+    r.say("  synchronise' to 'Synchronising: complete'. hutch blocks the queue the same way for as long as")
+    r.say(f"  a sync runs: here {len(windows)} sync(s) of ~{n} messages took {total:.1f} s in all; with ha-mode all")
+    r.say("  on 3 nodes each new mirror is synchronised in its own pass, one after the other. The blog")
+    r.say("  restarts a node so that its mirror resyncs; here the policy makes the mirrors join, which")
+    r.say("  starts the same automatic sync.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -804,13 +822,19 @@ class _Rpc:
                 res = await self.pch.basic_publish(str(n).encode(), routing_key=JOBS_QUEUE, properties=Basic.Properties(
                     reply_to=self.reply_queue, correlation_id=corr, delivery_mode=1))
                 call.confirm = "ack" if isinstance(res, Basic.Ack) else type(res).__name__
-            except Exception as e:  # noqa: BLE001 - reported
+            except Exception as e:  # reported
                 call.confirm = f"{type(e).__name__}: {e}"
             call.t_confirm = time.time()
         t = asyncio.create_task(send())
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)
         return call
+
+
+def confirm_hold_s(net_ticktime_s: float) -> float:
+    """How long the partition is held for the confirm: enough for the failure detector (about
+    net_ticktime) at the default; at most 30 s, after which the partition is healed as in the blog."""
+    return min(net_ticktime_s * 1.5 + 10, 30.0)
 
 
 async def confirm_after_reply(lab: Lab, opts: Options, r: Report) -> None:
@@ -880,7 +904,7 @@ async def confirm_after_reply(lab: Lab, opts: Options, r: Report) -> None:
         call = rpc.request("during-partition", 7)
         healed_at = None
         try:
-            await wait_until(lambda: call.t_reply and call.t_confirm, opts.net_ticktime_s * 3 + 20,
+            await wait_until(lambda: call.t_reply and call.t_confirm, confirm_hold_s(opts.net_ticktime_s),
                              "the reply and the confirm", interval_s=0.01)
         except ScenarioError:
             pass
@@ -921,8 +945,10 @@ async def confirm_after_reply(lab: Lab, opts: Options, r: Report) -> None:
         r.say("  confirm waits until all mirrors have the message, and the cut-off one never answers until")
         r.say("  the partition is detected or healed (net_ticktime 120 s there). hutch: the same; the")
         r.say("  confirm waits until the request has gone round the mirrors' ring, which stalls until the")
-        r.say(f"  failure detector declares hutch-3 down (net_ticktime {opts.net_ticktime_s:g} s here; "
-              f"--net-ticktime to lengthen it).")
+        r.say(f"  failure detector declares hutch-3 down (net_ticktime {opts.net_ticktime_s:g} s here) or the "
+              f"partition heals")
+        r.say(f"  (after {confirm_hold_s(opts.net_ticktime_s):g} s without a confirm; --net-ticktime 60 shows "
+              f"the blog's case).")
     finally:
         for c in reversed(conns):
             await close(c)
@@ -994,7 +1020,7 @@ def run(name: str, opts: Options, echo: Callable[[str], None] = print) -> int:
     except (ScenarioError, LabError, OSError, TimeoutError) as e:
         echo(f"error: {sc.name} could not run: {e}")
         return EXIT_ERROR
-    except Exception as e:  # noqa: BLE001 - a client or server failure: say what, exit 2
+    except Exception as e:  # a client or server failure: say what, exit 2
         echo(f"error: {sc.name} failed: {type(e).__name__}: {e}")
         return EXIT_ERROR
     finally:
