@@ -615,3 +615,19 @@ def test_000_stopping_nodes_one_by_one_the_queue_keeps_its_messages_across_a_ful
         assert info(cluster, "ha.stops", via=2)["node"] == "hutch-2@localhost"
         got = drain_when_served(cluster, 2, "ha.stops")
         assert sorted(int(b) for b, _r in got) == list(range(200))
+
+
+def test_000_a_mirrored_queue_deleted_and_declared_again_is_mirrored_again(cluster):
+    assert ctl(cluster, 0, "set_policy", "ha-again", "^again$", '{"ha-mode":"all"}').returncode == 0
+    c = connect(cluster, 0)
+    ch = c.channel()
+    ch.queue_declare("again", durable=True)
+    wait_mirrors(cluster, "again", 2)
+    ch.queue_delete("again")
+    ch.queue_declare("again", durable=True)
+    _n, _ms, ss = wait_mirrors(cluster, "again", 2, synced=2)
+    publish_confirmed(c, "again", [b"x"])
+    assert info(cluster, "again")["messages"] == 1
+    ch.queue_delete("again")
+    c.close()
+    assert ctl(cluster, 0, "clear_policy", "ha-again").returncode == 0

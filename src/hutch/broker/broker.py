@@ -376,6 +376,8 @@ class Broker:
             return
         if self.cluster is not None and propose:
             self.cluster.propose_delete(q)
+        if self.cluster is not None and not keep_bindings:
+            self.cluster.mirroring.queue_gone(q.vhost, q.name)  # its ring goes with it, here and now
         q.deleted = True
         if q.flow_waiters is not None:
             self._flow_release(q)

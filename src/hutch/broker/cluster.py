@@ -60,7 +60,7 @@ PUBLISH_WINDOW = 4096  # messages a session may have in flight to other nodes be
 PUBLISH_WINDOW_LOW = 1024
 CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
 CREDIT_RETURN = 500
-REATTACH_TRIES = 25
+REATTACH_TRIES = 100
 RETRY = 2  # a publish accept that says: not here yet, send it again
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
 NODE_PARAM = "hutch_node:"  # global parameter per member: its peer address
@@ -386,6 +386,7 @@ class ClusterBroker:
             if q is not None:
                 self.drop_queue(q)
                 self._drop_exchanges(v, res.exchanges_deleted)
+            self.mirroring.queue_gone(cmd.vhost, cmd.name)
         elif t in (cat.AddVhost, cat.DeleteVhost, cat.PutUser, cat.DeleteUser, cat.SetPermissions,
                    cat.ClearPermissions):
             self._sync_vhosts_and_users()
@@ -543,7 +544,7 @@ class ClusterBroker:
 
         def answered(result) -> None:
             if result is not None and result[0] == spec.NOT_FOUND and tries < REATTACH_TRIES and not q.deleted:
-                self._reattach_due.append((self.mirroring.now() + 0.2, q, c, tries + 1))
+                self._reattach_due.append((self.mirroring.now() + 0.05, q, c, tries + 1))
                 return
             if result is None or result[0] != 200:
                 if q.local_consumers.pop(c.cid, None) is not None:

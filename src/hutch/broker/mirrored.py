@@ -281,10 +281,13 @@ class Leader:
         if self.sync is not None:
             self.sync.pump(now)
 
-    def detach(self) -> None:
-        """The queue stops being mirrored, or stops being led here."""
+    def detach(self, deleted: bool = False) -> None:
+        """The queue stops being mirrored, stops being led here, or is deleted (then the mirrors
+        are told, so that none of them takes the leader's leaving for a failure)."""
         if self.sync is not None:
             self.sync.finish(cancelled=True)
+        if deleted:
+            self.ops.append(["Z"])
         if self.gm.status == gm.MEMBER:
             self.flush()
             self.gm.leave()
@@ -466,7 +469,7 @@ class Mirror:
         return None
 
     def consider_promotion(self) -> None:
-        if self.member is None or self.member.status != gm.MEMBER or not self.leader_dead:
+        if self.member is None or self.member.status != gm.MEMBER or not self.leader_dead or self.replica.deleted:
             return
         if self.wants_lead:  # a planned move: the catalogue named this node, the old leader has left
             self.host.promote(self)
@@ -562,8 +565,8 @@ class MirrorHost:
         self.touched()
         return ld
 
-    def drop_leader(self, ld: Leader) -> None:
-        ld.detach()
+    def drop_leader(self, ld: Leader, deleted: bool = False) -> None:
+        ld.detach(deleted)
         self._pump_member(ld.gm)
         self.members.pop(ld.gm.id, None)
         if self.leaders.get((ld.q.vhost, ld.q.name)) is ld:
@@ -583,7 +586,7 @@ class MirrorHost:
     def queue_gone(self, vhost: str, name: str) -> None:
         ld = self.leaders.get((vhost, name))
         if ld is not None:
-            self.drop_leader(ld)
+            self.drop_leader(ld, deleted=True)
         m = self.mirrors.get((vhost, name))
         if m is not None:
             self.drop_mirror(m)

@@ -17,6 +17,7 @@ map from the leader's sequence numbers to entries:
     ["H", floor, [seq, ...]]                     a new leader's head: drop what is below `floor`
                                                  except the listed seqs (the leader lacks it)
     ["V", view]                                  the leader's view: who mirrors, since when, synced
+    ["Z"]                                        the queue is deleted: its leader leaves, no failover
 
 A mirror that joined late simply lacks the head: operations on seqs it does not hold are
 ignored. On promotion every checked-out message is returned, marked redelivered, and the
@@ -77,6 +78,7 @@ class Replica:
         self.tokens: dict[tuple[str, int], None] = {}  # recent publishes, oldest first
         self.view: list = []  # the leader's last view (see MirrorHost)
         self.floor = 0  # the leader said: nothing below this exists any more (sync done)
+        self.deleted = False  # the leader said: the queue is deleted (its leaving is no failure)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -118,6 +120,8 @@ class Replica:
                     e.checked_out = False
             elif tag == "V":
                 self.view = op[1]
+            elif tag == "Z":
+                self.deleted = True
 
     def _add(self, e: MirrorEntry) -> None:
         if e.seq in self.entries:

@@ -364,6 +364,17 @@ class RaftGroup:
             if pr is not None and pr.state == REPLICATE:
                 pr.become(PROBE)
 
+    def leader_down(self, peer: NodeId, campaign_now: bool) -> None:
+        """The failure detector says `peer` is dead. If it was our leader, forget it (no lease
+        then holds back other candidates), and with `campaign_now` stand at the next tick rather
+        than after a whole election timeout. Safety does not depend on when elections start;
+        the caller lets one survivor (the lowest id) go first so that they do not split the vote."""
+        if self.role == LEADER or self.leader != peer:
+            return
+        self.leader = None
+        if campaign_now and self.id in self.voters:
+            self.elapsed = max(self.elapsed, self.timeout - 1)
+
     def compact(self, index: int, data: bytes) -> Snapshot:
         """The application took a snapshot of its state at `index` (which must be the applied
         index); record it and drop the log below it, keeping a few trailing entries. The

@@ -493,9 +493,13 @@ class ClusterRuntime:
     def _on_peer_down(self, peer: str, reason: str) -> None:
         self.down_since[peer] = self.loop.time()
         nid = node_id(peer)
+        alive = {node_id(m) for m in self.members() if m == self.name or self.transport.is_up(m)}
         for gid, g in self.multi.groups.items():
             if nid in g.voters or nid in g.learners:
                 g.report_unreachable(nid)
+                if g.leader == nid:  # its leader died: the lowest surviving voter stands at once
+                    live = [v for v in g.voters if v in alive]
+                    g.leader_down(nid, campaign_now=bool(live) and min(live) == g.id)
                 self.multi.touched(gid)
         self.cluster.peer_down(peer)
         self._partition_check()
