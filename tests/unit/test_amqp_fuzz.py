@@ -223,6 +223,18 @@ def mutate(data: bytes, mutations) -> bytes:
     return bytes(buf)
 
 
+def test_a_split_header_announcing_an_oversized_frame_is_never_waited_for(amqp):
+    """Found by the fuzzer: a read ending exactly 7 bytes into a frame header (its size field
+    complete, the 8th byte not yet there) announcing a frame larger than frame_max made the
+    connection buffer up to that size before refusing it."""
+    conn = opened(amqp)
+    obs = Observer(amqp, conn, {1, 2})
+    header = bytes([1, 0, 1]) + (1 << 20).to_bytes(4, "big")  # method frame, channel 1, 1 MiB
+    obs.feed(header)
+    obs.feed(b"\x16" * (FRAME_MAX * 3))  # asserts after each read that at most a frame is held
+    assert conn.state in (CLOSING, CLOSED) and obs.server_close_code == 501
+
+
 # ------------------------------------------------------------------ the fuzz tests
 
 @FUZZ

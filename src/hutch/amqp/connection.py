@@ -472,7 +472,9 @@ class Connection:
         if self.state == AWAIT_HEADER or len(rest) < 7:
             self._buf_need = 8
         else:
-            self._buf_need = 8 + _i.unpack_from(rest, 3)[0]
+            size = _i.unpack_from(rest, 3)[0]
+            # a size over the limit is refused when the next byte arrives, not waited for
+            self._buf_need = 8 + size if size <= self._frame_limit else 8
 
     # ------------------------------------------------------------ handshake
 
