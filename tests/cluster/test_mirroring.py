@@ -631,3 +631,33 @@ def test_000_a_mirrored_queue_deleted_and_declared_again_is_mirrored_again(clust
     ch.queue_delete("again")
     c.close()
     assert ctl(cluster, 0, "clear_policy", "ha-again").returncode == 0
+
+
+def test_000_a_suspended_leader_node_is_replaced_and_rejoins_as_a_mirror():
+    """A hung leader (SIGSTOP: its sockets stay open, it answers nothing) is noticed by the
+    failure detector within seconds (net_ticktime 4 s here), a synchronised mirror takes over,
+    and when the old leader resumes it follows the catalogue: its copy goes, it mirrors again."""
+    import os
+    import signal
+    with HutchCluster(n=3) as cluster:
+        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.",
+                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
+        c = connect(cluster, 1)
+        c.channel().queue_declare("ha.hung", durable=True, arguments={"x-queue-master-locator": "client-local"})
+        publish_confirmed(c, "ha.hung", [b"%d" % i for i in range(100)])
+        c.close()
+        node, _ms, _ = wait_mirrors(cluster, "ha.hung", 2, synced=2)
+        leader = node_index(cluster, node)
+        other = (leader + 1) % 3
+        pid = cluster.nodes[leader].proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            wait_until(lambda: info(cluster, "ha.hung", via=other)["node"] != node, 30, "a promoted mirror")
+            assert time.monotonic() - started < 15
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        new = info(cluster, "ha.hung", via=other)["node"]
+        wait_until(lambda: node in mirrors(cluster, "ha.hung", via=other)[1], 60, "the old leader mirroring again")
+        got = drain_when_served(cluster, other, "ha.hung")
+        assert sorted(int(b) for b, _r in got) == list(range(100)) and new != node
