@@ -577,7 +577,8 @@ def test_000_randomised_leader_kills_with_when_synced_and_automatic_sync_lose_no
             time.sleep(rnd.uniform(2, 4))
             victim = cluster.names.index(leader())
             cluster.kill(victim)
-            wait_until(lambda: leader() not in (None, cluster.names[victim]), 60, "a promoted leader")
+            gone = cluster.names[victim]
+            wait_until(lambda gone=gone: leader() not in (None, gone), 60, "a promoted leader")
             cluster.start(victim)
             wait_mirrors(cluster, "rnd.q", 2, synced=2, via=(victim + 1) % 3, timeout_s=60)
         time.sleep(2)

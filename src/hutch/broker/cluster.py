@@ -47,8 +47,8 @@ from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
 from hutch.broker.mirrored import STALE, MirrorHost, cancel_on_failover
 from hutch.broker.quorumq import QuorumHost
 from hutch.broker.vhost import VHost
-from hutch.mirror.placement import declare_node, mirrors_for, params_of
 from hutch.cluster import catalogue as cat
+from hutch.mirror.placement import declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
 
 if TYPE_CHECKING:
@@ -497,7 +497,6 @@ class ClusterBroker:
 
     def leader_here(self, cur: RemoteQueue, q) -> None:
         """A mirror here was promoted: this node's consumers of the queue attach to it directly."""
-        from hutch.broker.channel import ChannelConsumer
         cur.deleted = True
         for c in list(cur.local_consumers.values()):
             cur.local_consumers.pop(c.cid, None)

@@ -38,7 +38,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp import codec, spec
-from hutch.broker.channel import ChannelConsumer
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
 from hutch.mirror.placement import ALWAYS, AUTOMATIC, SYNC_BATCH_SIZE, WHEN_SYNCED, MirrorParams, params_of
@@ -342,8 +341,7 @@ class SyncJob:
             log.info("%s: Synchronising: %d messages", _qname(q), self.pos)
         while self.pos < len(self.entries) and len(self.inflight) < SYNC_INFLIGHT:
             if self.max_bytes_s and self.sent_bytes > (now - self.started) * self.max_bytes_s:
-                ld.host.wake_at(self.started + self.sent_bytes / self.max_bytes_s)
-                return
+                return  # over mirroring_sync_max_throughput: the next tick (0.1 s) goes on
             chunk = self.entries[self.pos:self.pos + self.batch]
             self.pos += len(chunk)
             items = []
@@ -517,7 +515,6 @@ class MirrorHost:
         self._ids = 0
         self._touched = False
         self.now: Callable[[], float] = lambda: self.broker.now_ms() / 1000
-        self.wake_at: Callable[[float], None] = lambda _t: None  # set by the runtime
 
     def new_member_id(self) -> str:
         self._ids += 1
@@ -640,7 +637,7 @@ class MirrorHost:
         ld = self._attach(q, m.member)
         ld.recent_tokens = m.replica.tokens
         my_since = 0
-        for member, node, _synced, since in (view[0] if view else []):
+        for member, _node, _synced, since in (view[0] if view else []):
             if member == m.member.id:
                 my_since = since
         alive = set(m.member.members)
@@ -775,4 +772,4 @@ def cancel_on_failover(arguments: dict) -> bool:
     return v is True or v == 1
 
 
-__all__ = ["MirrorHost", "Leader", "Mirror", "STALE", "cancel_on_failover", "ChannelConsumer"]
+__all__ = ["MirrorHost", "Leader", "Mirror", "STALE", "cancel_on_failover"]
