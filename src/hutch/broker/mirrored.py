@@ -484,8 +484,6 @@ class Mirror:
             return
         if chosen != self.member.id or self.promoting:
             return
-        if self.promoting:
-            return
         self.promoting = True
         view = self.replica.view
         others = [n for m, n, *_ in view[0] if m != self.member.id and m in set(self.member.members)]
@@ -697,7 +695,7 @@ class MirrorHost:
         for m in list(self.mirrors.values()):
             if m.member is None:
                 m.start(now)
-            elif m.leader_dead and not m.promoting:
+            elif m.leader_dead and not m.promoting and now >= m.retry_at:
                 m.consider_promotion()
         self.touched()
 
