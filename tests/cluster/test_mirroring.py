@@ -109,6 +109,17 @@ def drain_when_served(cluster: HutchCluster, i: int, queue: str, timeout_s: floa
                 conn.close()
 
 
+def mirrored_everywhere(cluster: HutchCluster, queue: str, via: int = 0,
+                        definition: str = '{"ha-mode":"all","ha-sync-mode":"automatic"}') -> pika.BlockingConnection:
+    """Policy ha-all on "^ha\\.", `queue` declared durable through node `via`, both mirrors
+    synchronised; the declaring connection."""
+    assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.", definition).returncode == 0
+    conn = connect(cluster, via)
+    conn.channel().queue_declare(queue, durable=True)
+    wait_mirrors(cluster, queue, 2, synced=2)
+    return conn
+
+
 def node_index(cluster: HutchCluster, name: str) -> int:
     return cluster.names.index(name)
 
@@ -297,11 +308,7 @@ def test_002_automatic_sync_blocks_a_slow_consumer_until_it_is_complete(cluster)
 
 def test_000_leader_failure_promotes_the_oldest_mirror_requeues_unacked_and_loses_nothing_confirmed():
     with HutchCluster(n=3) as cluster:
-        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.",
-                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
-        c1 = connect(cluster, 0)
-        c1.channel().queue_declare("ha.fail", durable=True)
-        wait_mirrors(cluster, "ha.fail", 2, synced=2)
+        c1 = mirrored_everywhere(cluster, "ha.fail")
         c2 = connect(cluster, 1)
         publish_confirmed(c2, "ha.fail", [b"%d" % i for i in range(500)])
         # a consumer on node 3 holds 20 unacknowledged; another asked to be cancelled on failover
@@ -347,10 +354,7 @@ def test_000_leader_failure_promotes_the_oldest_mirror_requeues_unacked_and_lose
 
 def test_004_a_publish_in_flight_while_the_leader_fails_is_confirmed_and_not_lost():
     with HutchCluster(n=3) as cluster:
-        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.",
-                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
-        connect(cluster, 0).channel().queue_declare("ha.flight", durable=True)
-        wait_mirrors(cluster, "ha.flight", 2, synced=2)
+        mirrored_everywhere(cluster, "ha.flight").close()
         confirmed: list[int] = []
         nacked: list[int] = []
         stop = threading.Event()
@@ -469,10 +473,7 @@ def test_000_nodes_policy_change_moves_the_leader_once_a_listed_mirror_is_synchr
 
 def test_000_a_restarting_mirror_rejoins_empty_and_unsynchronised():
     with HutchCluster(n=3) as cluster:
-        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.", '{"ha-mode":"all"}').returncode == 0
-        c = connect(cluster, 0)
-        c.channel().queue_declare("ha.restart", durable=True)
-        wait_mirrors(cluster, "ha.restart", 2, synced=2)
+        c = mirrored_everywhere(cluster, "ha.restart", definition='{"ha-mode":"all"}')
         publish_confirmed(c, "ha.restart", [b"%d" % i for i in range(30)])
         cluster.kill(2)
         wait_mirrors(cluster, "ha.restart", 1, synced=1)
@@ -601,11 +602,7 @@ def test_000_stopping_nodes_one_by_one_the_queue_keeps_its_messages_across_a_ful
     synchronised queue on while a majority can commit the change; the last leader that could be
     recorded recovers the messages from its journal when the cluster starts again."""
     with HutchCluster(n=3) as cluster:
-        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.",
-                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
-        c = connect(cluster, 0)
-        c.channel().queue_declare("ha.stops", durable=True)
-        wait_mirrors(cluster, "ha.stops", 2, synced=2)
+        c = mirrored_everywhere(cluster, "ha.stops")
         publish_confirmed(c, "ha.stops", [b"%d" % i for i in range(200)])
         c.close()
         cluster.stop(0)
@@ -641,10 +638,7 @@ def test_000_a_suspended_leader_node_is_replaced_and_rejoins_as_a_mirror():
     import os
     import signal
     with HutchCluster(n=3) as cluster:
-        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.",
-                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
-        c = connect(cluster, 1)
-        c.channel().queue_declare("ha.hung", durable=True, arguments={"x-queue-master-locator": "client-local"})
+        c = mirrored_everywhere(cluster, "ha.hung", via=1)  # led by hutch-2 (client-local)
         publish_confirmed(c, "ha.hung", [b"%d" % i for i in range(100)])
         c.close()
         node, _ms, _ = wait_mirrors(cluster, "ha.hung", 2, synced=2)

@@ -48,7 +48,7 @@ from hutch.broker.mirrored import STALE, MirrorHost, cancel_on_failover
 from hutch.broker.quorumq import QuorumHost
 from hutch.broker.vhost import VHost
 from hutch.cluster import catalogue as cat
-from hutch.mirror.placement import declare_node, mirrors_for, params_of
+from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
 
 if TYPE_CHECKING:
@@ -386,7 +386,6 @@ class ClusterBroker:
             if q is not None:
                 self.drop_queue(q)
                 self._drop_exchanges(v, res.exchanges_deleted)
-            self.mirroring.queue_gone(cmd.vhost, cmd.name)
         elif t in (cat.AddVhost, cat.DeleteVhost, cat.PutUser, cat.DeleteUser, cat.SetPermissions,
                    cat.ClearPermissions):
             self._sync_vhosts_and_users()
@@ -464,8 +463,6 @@ class ClusterBroker:
         """The catalogue no longer has this queue (or it moved: `keep_bindings`): remove this
         node's object for it."""
         b = self.broker
-        if not keep_bindings:
-            self.mirroring.queue_gone(q.vhost, q.name)
         if q.quorum:
             v = b.vhosts.get(q.vhost)
             if v is not None and v.queues.get(q.name) is q:
@@ -474,6 +471,8 @@ class ClusterBroker:
             self.quorum.drop_handle(q)
             return
         if getattr(q, "remote", False):
+            if not keep_bindings:
+                self.mirroring.queue_gone(q.vhost, q.name)  # the mirror here goes with the queue
             q.deleted = True
             v = b.vhosts.get(q.vhost)
             if v is not None and v.queues.get(q.name) is q:
@@ -491,7 +490,7 @@ class ClusterBroker:
         if target is not None:  # messages that arrived since the move: they go on, unconfirmed
             for e in list(q.state.ready()):
                 self.quorum.publish(target, e.message, None, 0)
-        if q.mirror is not None:
+        if q.mirror is not None and keep_bindings:  # led elsewhere now (deleted: delete_queue drops it)
             self.mirroring.drop_leader(q.mirror)
         b.delete_queue(q, propose=False, keep_bindings=keep_bindings)
 
@@ -639,8 +638,7 @@ class ClusterBroker:
                 strategy = pol.definition.get("queue-master-locator")
         strategy = strategy or self.broker.config.queue_master_locator
         nodes = self.running_nodes() or [self.node]
-        pol = self.catalogue.policy_for(vhost, name, cat.QUEUE)
-        params = params_of(pol.definition if pol is not None else None)
+        params = self.mirror_params(vhost, name)
         if params is not None and params.mode == "nodes":  # seed 000: listed nodes, else the client's
             return declare_node(params, self.node, nodes)
         if strategy == "random":
@@ -653,10 +651,14 @@ class ClusterBroker:
             return min(nodes, key=lambda n: (counts[n], n))
         return self.node
 
+    def mirror_params(self, vhost: str, name: str) -> MirrorParams | None:
+        """The ha-* settings of the policy that applies to a classic queue (None: not mirrored)."""
+        pol = self.catalogue.policy_for(vhost, name, cat.QUEUE)
+        return params_of(pol.definition if pol is not None else None)
+
     def initial_mirrors(self, vhost: str, name: str, home: str) -> tuple[str, ...]:
         """The mirrors a new classic queue starts with, from the policy that matches it."""
-        pol = self.catalogue.policy_for(vhost, name, cat.QUEUE)
-        params = params_of(pol.definition if pol is not None else None)
+        params = self.mirror_params(vhost, name)
         if params is None:
             return ()
         return mirrors_for(params, home, (), list(self.members) or [self.node], self.running_nodes() or [self.node])
@@ -668,6 +670,7 @@ class ClusterBroker:
         queue). Returns (accepts to wait for, refused): a durable queue whose home is down
         refuses it."""
         by_home: dict[str, list[str]] = {}
+        mirrored_homes: set[str] = set()
         refused = False
         waits = 0
         for q in queues:
@@ -679,23 +682,22 @@ class ClusterBroker:
                 refused = refused or q.durable
                 continue
             by_home.setdefault(q.home_node, []).append(q.name)
+            if q.mirrored:
+                mirrored_homes.add(q.home_node)
         session = channel.session if channel is not None else None
         vhost = queues[0].vhost
-        v = self.broker.vhosts.get(vhost)
         for home, names in by_home.items():
             token = self.new_id()
             self._pub_tokens[token] = (home, channel, seq, session)
             item = [token, vhost, names, msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent]
-            if v is not None and any(getattr(v.queues.get(n), "mirrored", False) for n in names):
+            if session is not None:
+                self.window_add(session)
+            if home in mirrored_homes:
                 self._pub_items[token] = item  # kept to send again to a promoted mirror
                 if not self.is_up(home):  # its leader is down: wait for a promotion
                     self._orphans[token] = self.mirroring.now() + ORPHAN_TIMEOUT_S
-                    if session is not None:
-                        self.window_add(session)
                     continue
             self._out_pubs.setdefault(home, []).append(item)
-            if session is not None:
-                self.window_add(session)
         return len(by_home) + waits, refused
 
     def _retry_orphans(self) -> None:

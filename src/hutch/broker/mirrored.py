@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp import codec, spec
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
-from hutch.mirror.placement import ALWAYS, AUTOMATIC, SYNC_BATCH_SIZE, WHEN_SYNCED, MirrorParams, params_of
+from hutch.mirror.placement import ALWAYS, AUTOMATIC, SYNC_BATCH_SIZE, WHEN_SYNCED, MirrorParams
 from hutch.mirror.replica import Backlog, Replica, decode_ops, encode_ops, enqueue_op
 from hutch.queues.message import Message
 from hutch.queues.state import Entry
@@ -126,9 +126,6 @@ class Leader:
 
     def checked_out(self, seq: int) -> None:
         self._seqs("K", seq)
-
-    def returned(self, seq: int) -> None:
-        self._seqs("R", seq)
 
     def removed(self, seq: int) -> None:
         self._seqs("X", seq)
@@ -225,18 +222,19 @@ class Leader:
         return [m for m in self.mirrors.values() if m.since > f]
 
     def params(self) -> MirrorParams:
-        pol = self.host.cluster.catalogue.policy_for(self.q.vhost, self.q.name, cat.QUEUE)
-        return params_of(pol.definition if pol is not None else None) or MirrorParams("all", None)
+        return self.host.cluster.mirror_params(self.q.vhost, self.q.name) or MirrorParams("all", None)
 
     def view(self) -> list:
+        """[mirrors oldest first as [member, node, synchronised, since], stopping,
+        ha-promote-on-failure, ha-promote-on-shutdown, the leader's member]"""
         f = self.floor()
         p = self.params()
         mirrors = sorted(self.mirrors.values(), key=lambda m: m.order)
-        return [[m.member, m.node, m.since <= f, m.since] for m in mirrors], self.stopping, p.promote_on_failure, \
-            p.promote_on_shutdown, self.gm.id
+        return [[[m.member, m.node, m.since <= f, m.since] for m in mirrors], self.stopping, p.promote_on_failure,
+                p.promote_on_shutdown, self.gm.id]
 
     def send_view(self) -> None:
-        v = list(self.view())
+        v = self.view()
         if v != self._view_sent:
             self._view_sent = v
             self.ops.append(["V", v])
@@ -348,10 +346,8 @@ class SyncJob:
             for e in chunk:
                 if e.seq in self.removed:  # acknowledged meanwhile: its removal went out already
                     continue
-                m = e.message
-                items.append(["E", e.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent, m.priority,
-                              m.expiration_ms, e.expires_at_ms, "", 0, e.delivery_count])
-                self.sent_bytes += len(m.body)
+                items.append(enqueue_op(e.seq, e.message, e.expires_at_ms, "", 0) + [e.delivery_count])
+                self.sent_bytes += len(e.message.body)
             ld.flush()  # operations recorded before this batch go first
             n = ld.gm.broadcast(encode_ops([["Y", items]]))
             ld.last_seq = n

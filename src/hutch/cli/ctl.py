@@ -439,13 +439,17 @@ def purge_queue(s: Session, vhost: str, queue: str) -> None:
     _delete(s, f"/api/queues/{q(vhost)}/{q(queue)}/contents", f"Queue '{queue}' in vhost '{vhost}' does not exist")
 
 
+def _queue_action(s: Session, vhost: str, queue: str, action: str) -> None:
+    s.client.post(f"/api/queues/{q(vhost)}/{q(queue)}/actions", {"action": action})
+
+
 @command(cli, "sync_queue")
 @_vhost_option
 @click.argument("queue")
 def sync_queue(s: Session, vhost: str, queue: str) -> None:
     """Synchronise a mirrored queue's mirrors (the queue serves nothing else while it runs)."""
     s.info(f"Synchronising queue '{queue}' in vhost '{vhost}' ...")
-    s.client.post(f"/api/queues/{q(vhost)}/{q(queue)}/actions", {"action": "sync"})
+    _queue_action(s, vhost, queue, "sync")
 
 
 @command(cli, "cancel_sync_queue")
@@ -454,7 +458,7 @@ def sync_queue(s: Session, vhost: str, queue: str) -> None:
 def cancel_sync_queue(s: Session, vhost: str, queue: str) -> None:
     """Stop a mirrored queue's synchronisation in progress."""
     s.info(f"Stopping synchronising queue '{queue}' in vhost '{vhost}' ...")
-    s.client.post(f"/api/queues/{q(vhost)}/{q(queue)}/actions", {"action": "cancel_sync"})
+    _queue_action(s, vhost, queue, "cancel_sync")
 
 
 @command(cli, "delete_queue")

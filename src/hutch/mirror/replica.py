@@ -10,19 +10,19 @@ map from the leader's sequence numbers to entries:
           expires_at_ms, origin, token]          a message joined the queue (origin/token: the
                                                  publishing node's id for it, to deduplicate)
     ["K", [seq, ...]]                            checked out to a consumer (delivery count + 1)
-    ["R", [seq, ...]]                            returned to the queue (requeue, nack, consumer gone)
     ["X", [seq, ...]]                            left the queue (ack, reject, expiry, purge, drop)
-    ["Y", [[seq, ..., delivery_count], ...]]     sync: messages the mirror may lack, oldest first
-    ["YD", floor]                                sync done: nothing older than `floor` exists
+    ["Y", [[E fields..., delivery_count], ...]]  sync: messages the mirror may lack, oldest first
+    ["YD", floor]                                sync done (the leader waits for this to be stable)
     ["H", floor, [seq, ...]]                     a new leader's head: drop what is below `floor`
                                                  except the listed seqs (the leader lacks it)
     ["V", view]                                  the leader's view: who mirrors, since when, synced
     ["Z"]                                        the queue is deleted: its leader leaves, no failover
 
 A mirror that joined late simply lacks the head: operations on seqs it does not hold are
-ignored. On promotion every checked-out message is returned, marked redelivered, and the
-entries are handed to a new `QueueState` in sequence order, keeping their numbers, so the
-other mirrors' copies stay keyed the same way.
+ignored. Whether a message is checked out or ready does not matter to a mirror (a promoted
+mirror returns every checked-out message, marked redelivered), so returns are not sent; only
+the delivery counts are kept. On promotion the entries are handed to a new `QueueState` in
+sequence order, keeping their numbers, so the other mirrors' copies stay keyed the same way.
 
 Nothing here does I/O.
 """
@@ -55,17 +55,12 @@ def enqueue_op(seq: int, m: Message, expires_at_ms: int | None, origin: str, tok
 
 class MirrorEntry:
     __slots__ = ("seq", "exchange", "routing_key", "props", "body", "persistent", "priority", "expiration_ms",
-                 "expires_at_ms", "delivery_count", "checked_out")
+                 "expires_at_ms", "delivery_count")
 
-    def __init__(self, op: list, delivery_count: int = 0, checked_out: bool = False):
+    def __init__(self, op: list, delivery_count: int = 0):
         (_tag, self.seq, self.exchange, self.routing_key, self.props, self.body, self.persistent, self.priority,
          self.expiration_ms, self.expires_at_ms) = op[:10]
         self.delivery_count = delivery_count
-        self.checked_out = checked_out
-
-    def as_sync(self) -> list:
-        return ["E", self.seq, self.exchange, self.routing_key, self.props, self.body, self.persistent,
-                self.priority, self.expiration_ms, self.expires_at_ms, "", 0, self.delivery_count]
 
 
 class Replica:
@@ -73,11 +68,9 @@ class Replica:
 
     def __init__(self) -> None:
         self.entries: dict[int, MirrorEntry] = {}
-        self.bytes = 0
         self.max_seq = 0
         self.tokens: dict[tuple[str, int], None] = {}  # recent publishes, oldest first
         self.view: list = []  # the leader's last view (see MirrorHost)
-        self.floor = 0  # the leader said: nothing below this exists any more (sync done)
         self.deleted = False  # the leader said: the queue is deleted (its leaving is no failure)
 
     def __len__(self) -> int:
@@ -95,29 +88,19 @@ class Replica:
                     e = self.entries.get(seq)
                     if e is not None:
                         e.delivery_count += 1
-                        e.checked_out = True
-            elif tag == "R":
-                for seq in op[1]:
-                    e = self.entries.get(seq)
-                    if e is not None:
-                        e.checked_out = False
             elif tag == "X":
                 for seq in op[1]:
-                    e = self.entries.pop(seq, None)
-                    if e is not None:
-                        self.bytes -= len(e.body)
+                    self.entries.pop(seq, None)
             elif tag == "Y":
                 for item in op[1]:
                     if item[1] not in self.entries:
-                        self._add(MirrorEntry(item, item[12], False))
+                        self._add(MirrorEntry(item, item[12]))
             elif tag == "YD":
-                self.floor = max(self.floor, op[1])
-            elif tag == "H":  # a new leader: what it lacks goes; what was checked out came back
+                pass  # the leader's marker: once it is stable, every mirror has the sync's messages
+            elif tag == "H":  # a new leader: what it lacks goes
                 keep = set(op[2])
                 for seq in [s for s in self.entries if s < op[1] and s not in keep]:
-                    self.bytes -= len(self.entries.pop(seq).body)
-                for e in self.entries.values():
-                    e.checked_out = False
+                    del self.entries[seq]
             elif tag == "V":
                 self.view = op[1]
             elif tag == "Z":
@@ -127,7 +110,6 @@ class Replica:
         if e.seq in self.entries:
             return
         self.entries[e.seq] = e
-        self.bytes += len(e.body)
         if e.seq > self.max_seq:
             self.max_seq = e.seq
 

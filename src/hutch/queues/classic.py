@@ -194,10 +194,7 @@ class ClassicQueue:
         return entry
 
     def requeue(self, seq: int) -> Entry:
-        entry = self.state.return_(seq)
-        if self.mirror is not None:
-            self.mirror.returned(seq)
-        return entry
+        return self.state.return_(seq)  # (a mirror keeps delivery counts only: nothing to tell it)
 
     def discard(self, seq: int) -> Entry:
         entry = self.state.discard(seq)

@@ -40,7 +40,7 @@ from hutch.broker.cluster import INIT_PARAM, NODE_PARAM, ClusterBroker
 from hutch.cluster import catalogue as cat
 from hutch.cluster.raftlog import RaftHostStorage
 from hutch.cluster.transport import PeerTransport
-from hutch.mirror.placement import leader_move, mirrors_for, params_of
+from hutch.mirror.placement import leader_move, mirrors_for
 from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
@@ -572,8 +572,7 @@ class ClusterRuntime:
         for rec in list(c.queues.values()):
             if rec.type != cat.CLASSIC or rec.exclusive_owner is not None or rec.leader_node not in running:
                 continue
-            pol = c.policy_for(rec.vhost, rec.name, cat.QUEUE)
-            params = params_of(pol.definition if pol is not None else None)
+            params = self.cluster.mirror_params(rec.vhost, rec.name)
             if params is None and not rec.member_nodes:
                 continue
             key = (rec.vhost, rec.name)
