@@ -656,3 +656,52 @@ def test_000_a_suspended_leader_node_is_replaced_and_rejoins_as_a_mirror():
         wait_until(lambda: node in mirrors(cluster, "ha.hung", via=other)[1], 60, "the old leader mirroring again")
         got = drain_when_served(cluster, other, "ha.hung")
         assert sorted(int(b) for b, _r in got) == list(range(100)) and new != node
+
+
+def test_000_configuring_synchronisation_max_throughput_paces_a_sync_and_gets_wait_for_it(tmp_path):
+    """Seed 000, "Configuring Synchronisation": `mirroring_sync_max_throughput` caps the bytes a
+    sync sends per second; while it runs, basic.get (on the leader's node and on another) and
+    the management API's get are answered only once it is complete."""
+    conf = tmp_path / "hutch.conf"
+    conf.write_text("mirroring_sync_max_throughput = 40kb\n")
+    with HutchCluster(n=3, extra_args=["--config", str(conf)]) as cluster:
+        c = connect(cluster, 0)
+        c.channel().queue_declare("ha.paced", durable=True)
+        publish_confirmed(c, "ha.paced", [b"%04d" % i + b"x" * 1020 for i in range(120)])  # 120 KiB
+        assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.",
+                   '{"ha-mode":"all","ha-sync-batch-size":10}').returncode == 0
+        wait_mirrors(cluster, "ha.paced", 2, synced=0)
+        started = time.monotonic()
+        assert http(cluster, 0, "POST", "/api/queues/%2F/ha.paced/actions", {"action": "sync"}) == 204
+        answers: dict[str, float] = {}
+
+        def get_amqp(i: int) -> None:
+            conn = connect(cluster, i)
+            method, _p, _b = conn.channel().basic_get("ha.paced", auto_ack=False)
+            answers[f"amqp via node {i + 1}"] = time.monotonic() - started
+            assert method is not None
+            conn.close()  # the message goes back
+
+        def get_http() -> None:
+            req = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[0].mgmt_port}/api/queues/%2F/ha.paced/get",
+                                         method="POST", data=json.dumps({"count": 1, "ackmode": "ack_requeue_true",
+                                                                         "encoding": "auto"}).encode())
+            req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+            req.add_header("Content-Type", "application/json")
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                assert len(json.loads(resp.read())) == 1
+            answers["http on node 1"] = time.monotonic() - started
+        threads = [threading.Thread(target=get_amqp, args=(0,)), threading.Thread(target=get_amqp, args=(1,)),
+                   threading.Thread(target=get_http)]
+        for t in threads:
+            t.start()
+        wait_mirrors(cluster, "ha.paced", 2, synced=2, timeout_s=60)
+        synced_after = time.monotonic() - started
+        for t in threads:
+            t.join(30)
+        assert synced_after > 2.0  # 120 KiB at 40 kB/s: about three seconds, not milliseconds
+        assert len(answers) == 3 and min(answers.values()) > 2.0, answers
+        lines = [ln for ln in log_of(cluster, 0).splitlines() if "'ha.paced'" in ln and "Synchronising" in ln]
+        assert any(ln.endswith("Synchronising: complete") for ln in lines)
+        assert any(ln.endswith("Synchronising: 120 messages to synchronise") for ln in lines)
+        c.close()
