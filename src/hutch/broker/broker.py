@@ -85,7 +85,23 @@ class Config:
     queue_master_locator: str = "client-local"  # client-local | min-masters | random
     mirroring_sync_batch_size: int = 4096  # messages per sync batch unless ha-sync-batch-size says
     mirroring_sync_max_throughput: int = 0  # bytes/s a sync may send (0: no limit)
-    cluster_partition_handling: str = "ignore"  # ignore | pause_minority | autoheal
+    cluster_partition_handling: str = "ignore"  # ignore | pause_minority | pause_if_all_down | autoheal
+    pause_if_all_down_nodes: list[str] = field(default_factory=list)  # pause when none of these is reachable
+    pause_if_all_down_recover: str = "ignore"  # after the heal: ignore | autoheal
+    # management HTTP API: address to bind (None: amqp_host) and the HTTPS listener (management.ssl.*)
+    mgmt_host: str | None = None
+    mgmt_ssl_port: int | None = None  # set: an HTTPS listener serves the API
+    mgmt_ssl_host: str | None = None
+    mgmt_tls_certfile: str | None = None
+    mgmt_tls_keyfile: str | None = None
+    mgmt_tls_cacertfile: str | None = None
+    mgmt_tls_password: str | None = None
+    mgmt_tls_verify_peer: bool = False
+    mgmt_tls_fail_if_no_peer_cert: bool = False
+    mgmt_tcp_configured: bool = False  # a management.tcp.* key was given (with ssl: both listeners)
+    # every log.* key of the configuration file as written (log.file, log.file.rotation.size, ...)
+    log_settings: dict[str, str] = field(default_factory=dict)
+    config_warnings: list[str] = field(default_factory=list)  # logged once logging is set up
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:
