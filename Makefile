@@ -3,18 +3,19 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# pyproject.toml declares version ranges, constraints.txt pins the exact versions: a change to either reinstalls.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: install run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-mirror conformance soak check-demo clean campaign
+.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-mirror conformance soak check-demo clean campaign
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v java >/dev/null 2>&1 || { echo "installing a Java runtime for PySpark (apt-get)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless) >/dev/null; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,pipeline]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,pipeline,lab]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 # The main job: a 3-node hutch cluster on loopback (AMQP 5672-5674, HTTP API 15672-15674, peer
@@ -27,9 +28,21 @@ run-node: install
 	$(BIN)/hutch server --node-name hutch@localhost --amqp-port 5672 --data-dir ./var/hutch --log-level info
 
 # Fast unit tests and the Raft simulation first, then suites that start real processes.
-TEST_DIRS := tests/unit tests/sim tests/cluster tests/integration tests/crash tests/pipeline tests/conformance
+TEST_DIRS := tests/unit tests/sim tests/cluster tests/integration tests/crash tests/pipeline tests/conformance tests/packaging
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(wildcard $(TEST_DIRS))
+
+# The package as a user gets it (docs/deployment.md): build the wheel, install it with only its
+# runtime dependencies (pinned by constraints.txt) into a fresh virtualenv, start a node from it,
+# check that it answers AMQP, stop it. The same check runs in `make test` (tests/packaging).
+wheel-check: install
+	$(BIN)/python -m tests.packaging.wheel_check
+
+# The container image (Dockerfile, docs/deployment.md). Needs Docker with a running daemon.
+image:
+	@command -v docker >/dev/null 2>&1 || { echo "make image: Docker is required (the docker command is not installed)" >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "make image: Docker is required, and its daemon is not running or not reachable" >&2; exit 1; }
+	docker build -t hutch:latest .
 
 test-unit: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/sim

@@ -17,6 +17,7 @@ import base64
 import datetime
 import gc
 import hashlib
+import hmac
 import ipaddress
 import logging
 import os
@@ -111,9 +112,19 @@ def hash_password(password: str, salt: bytes | None = None) -> str:
 
 
 def check_password(password: str, password_hash: str) -> bool:
-    raw = base64.b64decode(password_hash)
+    """True when `password` matches the stored hash. A blank password never matches, and a user
+    without a hash (password login disabled) matches nothing. The digests are compared in
+    constant time."""
+    if not password or not password_hash:
+        return False
+    try:
+        raw = base64.b64decode(password_hash, validate=True)
+    except (ValueError, TypeError):
+        return False
+    if len(raw) <= 4:
+        return False
     salt = raw[:4]
-    return hashlib.sha256(salt + password.encode()).digest() == raw[4:]
+    return hmac.compare_digest(hashlib.sha256(salt + password.encode()).digest(), raw[4:])
 
 
 class User:
@@ -319,6 +330,14 @@ class Broker:
         self.schedule()
 
     def authenticate(self, username: str, password: str, peer: str) -> User | None:
+        """The user when `password` is theirs (PLAIN, AMQPLAIN, HTTP basic auth); None otherwise.
+        A blank password is refused outright, as RabbitMQ's internal backend refuses it."""
+        if not password:
+            log.warning("user '%s' attempted to log in with a blank password, which is prohibited by the "
+                        "internal authN backend. To use TLS/x509 certificate-based authentication, configure "
+                        "the client to use the EXTERNAL authentication mechanism. Alternatively change the "
+                        "password for the user to be non-blank.", username)
+            return None
         user = self.users.get(username)
         if user is None or not check_password(password, user.password_hash):
             return None
