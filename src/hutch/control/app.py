@@ -30,7 +30,14 @@ from aiohttp import BasicAuth, web
 
 from hutch.amqp.spec import AMQPError
 from hutch.broker.broker import Broker, User
-from hutch.control.errors import ApiError, bad_request, from_amqp, login_failed, not_authorised
+from hutch.control.errors import (
+    ApiError,
+    bad_request,
+    error_middleware,
+    from_amqp,
+    login_failed,
+    not_authorised,
+)
 
 log = logging.getLogger("hutch.http")
 
@@ -157,7 +164,8 @@ async def _api_middleware(request: web.Request, handler):
 def make_app(broker: Broker) -> web.Application:
     from hutch.control import access, definitions, migrate, node, policies, quorum, sessions, topology
 
-    app = web.Application(middlewares=[_api_middleware], client_max_size=BODY_BYTES_MAX)
+    app = web.Application(middlewares=[error_middleware, _api_middleware, node.app_state_middleware],
+                          client_max_size=BODY_BYTES_MAX)
     app[API] = Api(broker)
     for module in (node, access, topology, sessions, policies, definitions, quorum, migrate):
         app.add_routes(module.routes)

@@ -11,11 +11,27 @@
     GET /api/health/checks/virtual-hosts
     GET /api/health/checks/port-listener/{port}
     GET /api/health/checks/protocol-listener/{protocol}
+    GET /api/health/checks/node-is-quorum-critical
+    GET /api/health/checks/node-is-mirror-sync-critical
+    GET /api/hutch/node/state           {"node", "app_running", "paused", ...}: what ping and check_running ask
+    GET /api/hutch/node/log?lines=N     the last lines of the node's log file
+    GET /api/hutch/node/memory          the node's memory use by category
+    GET /api/hutch/node/environment     the node's settings (secrets left out)
+    POST /api/hutch/node/stop           stop the node process (rabbitmqctl stop)
+
+Every answer tells the truth about the application: after `stop_app` the node reports itself
+not running, its AMQP listeners gone and its health checks failed (503 with
+`{"status": "failed", "reason": ...}`, as RabbitMQ's health check endpoints answer), and any
+write under /api/ other than the app and node controls answers 503 with a reason
+(`app_state_middleware`). These routes never guess: a peer's state is what it last reported
+and whether its link is up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import os
 import shutil
 import sys
@@ -28,7 +44,7 @@ from aiohttp import web
 from hutch import __version__
 from hutch.control import ops
 from hutch.control.app import Api, api_of, read_json, requires, user_of
-from hutch.control.errors import ApiError, bad_request, not_authorised, not_found
+from hutch.control.errors import ApiError, bad_request, not_authorised, not_found, service_unavailable
 
 routes = web.RouteTableDef()
 
@@ -41,17 +57,48 @@ AUTH_MECHANISMS = {"PLAIN": "SASL PLAIN authentication mechanism", "AMQPLAIN": "
                    "EXTERNAL": "SASL EXTERNAL authentication mechanism (client certificates)"}
 
 
+def app_running(api: Api) -> bool:
+    """Whether the broker proper runs on this node (False between stop_app and start_app)."""
+    ops_ = getattr(api, "node_ops", None)
+    return True if ops_ is None else bool(ops_.app_running)
+
+
+def stopped_reason(api: Api) -> str:
+    return f"hutch is not running on node {api.node_name}; start it with 'hutchctl start_app'"
+
+
+def _amqp_ports(api: Api) -> list[tuple[str, int]]:
+    """(protocol, port) of each AMQP listener that accepts connections right now."""
+    cfg = api.broker.config
+    tls = bool(getattr(cfg, "tls_certfile", None) and getattr(cfg, "tls_keyfile", None))
+    ops_ = getattr(api, "node_ops", None)
+    if ops_ is None:  # an application without a runtime: what the configuration says
+        return [("amqp", cfg.amqp_port)] + ([("amqp/ssl", cfg.amqps_port)] if tls else [])
+    if not ops_.app_running or getattr(ops_, "paused", False):
+        return []
+    out: list[tuple[str, int]] = []
+    for i, server in enumerate(getattr(ops_, "servers", [])):
+        if not server.is_serving():
+            continue
+        for sock in server.sockets:
+            entry = ("amqp/ssl" if i > 0 else "amqp", sock.getsockname()[1])
+            if entry not in out:
+                out.append(entry)
+    return out
+
+
 def listeners(api: Api) -> list[dict[str, Any]]:
     cfg = api.broker.config
     node = cfg.node_name
     ip = cfg.amqp_host or "::"
-    out = [{"node": node, "protocol": "amqp", "ip_address": ip, "port": cfg.amqp_port, "socket_opts": {}}]
-    amqps_port = getattr(cfg, "amqps_port", None)
-    if amqps_port and getattr(cfg, "tls_certfile", None) and getattr(cfg, "tls_keyfile", None):
-        out.append({"node": node, "protocol": "amqp/ssl", "ip_address": ip, "port": amqps_port, "socket_opts": {}})
+    out = [{"node": node, "protocol": proto, "ip_address": ip, "port": port, "socket_opts": {}}
+           for proto, port in _amqp_ports(api)]
     if api.http_port:
         out.append({"node": node, "protocol": "http", "ip_address": api.http_host or "::", "port": api.http_port,
                     "socket_opts": {}})
+    if api.https_port:
+        out.append({"node": node, "protocol": "https", "ip_address": api.https_host or "::",
+                    "port": api.https_port, "socket_opts": {}})
     return out
 
 
@@ -123,7 +170,7 @@ def node_info(api: Api) -> dict[str, Any]:
     return {
         "name": cfg.node_name,
         "type": "disc",
-        "running": True,
+        "running": app_running(api),
         "being_drained": False,
         "os_pid": str(os.getpid()),
         "mem_used": proc.memory_info().rss,
@@ -162,13 +209,24 @@ def _peer_info(name: str, running: bool) -> dict[str, Any]:
             "partitions": [], "cluster_links": []}
 
 
+def _running_nodes(api: Api) -> list[str]:
+    """The members this node sees running: none of them while its own app is stopped (it has
+    left the cluster's links then, so it knows nothing current of the others)."""
+    cl = api.broker.cluster
+    if not app_running(api):
+        return []
+    if cl is None:
+        return [api.node_name]
+    return list(cl.status().get("running_nodes", ()))
+
+
 def cluster_nodes(api: Api) -> list[dict[str, Any]]:
     cl = api.broker.cluster
     me = node_info(api)
     if cl is None:
         return [me]
+    running = set(_running_nodes(api))
     st = cl.status()
-    running = set(st.get("running_nodes", ()))
     out = []
     for n in st.get("members", [api.node_name]):
         if n == api.node_name:
@@ -193,10 +251,15 @@ async def cluster_status(request: web.Request) -> web.Response:
     if cl is None:
         name = api.node_name
         return web.json_response({"cluster_name": cluster_name(api), "node": name, "members": [name],
-                                  "disk_nodes": [name], "running_nodes": [name], "leader": name, "partitions": {},
-                                  "alarms": sorted(api.broker.alarms)})
+                                  "disk_nodes": [name], "running_nodes": _running_nodes(api),
+                                  "leader": name if app_running(api) else None, "partitions": {},
+                                  "alarms": sorted(api.broker.alarms), "app_running": app_running(api)})
     st = dict(cl.status())
+    st["running_nodes"] = _running_nodes(api)
+    if not app_running(api):
+        st["leader"] = None
     st["alarms"] = sorted(api.broker.alarms)
+    st["app_running"] = app_running(api)
     return web.json_response(st)
 
 
@@ -242,6 +305,8 @@ async def aliveness(request: web.Request) -> web.Response:
         raise not_found()
     if name not in user.permissions:
         raise not_authorised("User not authorised to access virtual host")
+    if not app_running(api):
+        return web.json_response({"status": "failed", "reason": stopped_reason(api)}, status=503)
     await ops.run_aliveness_test(api.broker, user, v)
     return web.json_response({"status": "ok"})
 
@@ -260,31 +325,59 @@ async def healthcheck_node(request: web.Request) -> web.Response:
 
 
 def _node_health(api: Api) -> dict[str, Any]:
+    if not app_running(api):
+        return {"status": "failed", "reason": stopped_reason(api)}
     if api.broker.alarms:
         return {"status": "failed", "reason": f"resource alarm(s) in effect: {', '.join(sorted(api.broker.alarms))}"}
     return {"status": "ok"}
 
 
-def _alarms(api: Api) -> web.Response:
-    alarms = [{"node": api.node_name, "resource": a} for a in sorted(api.broker.alarms)]
-    if alarms:
-        return web.json_response({"status": "failed", "reason": "There are alarms in effect in the cluster",
-                                  "alarms": alarms}, status=503)
-    return web.json_response({"status": "ok"})
+def _failed(reason: str, **extra: Any) -> web.Response:
+    return web.json_response({"status": "failed", "reason": reason, **extra}, status=503)
+
+
+def local_alarms(api: Api) -> list[dict[str, str]]:
+    return [{"node": api.node_name, "resource": a} for a in sorted(api.broker.alarms)]
+
+
+def cluster_alarms(api: Api) -> list[dict[str, str]]:
+    """This node's alarms and those its running peers last reported."""
+    out = local_alarms(api)
+    for n in cluster_nodes(api):
+        if n["name"] == api.node_name or not n.get("running"):
+            continue
+        out += [{"node": n["name"], "resource": r}
+                for r, key in (("memory", "mem_alarm"), ("disk", "disk_free_alarm")) if n.get(key)]
+    return out
 
 
 @routes.get("/api/health/checks/alarms")
 async def health_alarms(request: web.Request) -> web.Response:
-    return _alarms(api_of(request))
+    api = api_of(request)
+    if not app_running(api):
+        return _failed(stopped_reason(api))
+    alarms = cluster_alarms(api)
+    if alarms:
+        return _failed("There are alarms in effect in the cluster", alarms=alarms)
+    return web.json_response({"status": "ok"})
 
 
 @routes.get("/api/health/checks/local-alarms")
 async def health_local_alarms(request: web.Request) -> web.Response:
-    return _alarms(api_of(request))
+    api = api_of(request)
+    if not app_running(api):
+        return _failed(stopped_reason(api))
+    alarms = local_alarms(api)
+    if alarms:
+        return _failed("There are alarms in effect on the node", alarms=alarms)
+    return web.json_response({"status": "ok"})
 
 
 @routes.get("/api/health/checks/virtual-hosts")
 async def health_vhosts(request: web.Request) -> web.Response:
+    api = api_of(request)
+    if not app_running(api):
+        return _failed("Some virtual hosts are down", **{"virtual-hosts": sorted(api.broker.vhosts)})
     return web.json_response({"status": "ok"})
 
 
@@ -298,8 +391,11 @@ async def health_port(request: web.Request) -> web.Response:
     ports = [ln["port"] for ln in listeners(api)]
     if port in ports:
         return web.json_response({"status": "ok", "port": port})
-    return web.json_response({"status": "failed", "reason": f"No active listener on port {port}",
-                              "missing": port, "ports": ports}, status=503)
+    return _failed("No active listener", missing=port, ports=ports)
+
+
+PROTOCOL_ALIASES = {"amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp", "https": "http",
+                    "amqps": "amqp/ssl", "amqp/tls": "amqp/ssl"}
 
 
 @routes.get("/api/health/checks/protocol-listener/{protocol}")
@@ -307,11 +403,182 @@ async def health_protocol(request: web.Request) -> web.Response:
     api = api_of(request)
     protocol = request.match_info["protocol"].lower()
     protocols = [ln["protocol"] for ln in listeners(api)]
-    aliases = {"amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp", "https": "http", "amqps": "amqp/ssl"}
-    if aliases.get(protocol, protocol) in protocols:
+    if PROTOCOL_ALIASES.get(protocol, protocol) in protocols:
         return web.json_response({"status": "ok", "protocol": protocol})
-    return web.json_response({"status": "failed", "reason": f"No active listener for protocol {protocol}",
-                              "missing": protocol, "protocols": protocols}, status=503)
+    return _failed("No active listener", missing=protocol, protocols=protocols)
+
+
+def quorum_critical(api: Api) -> list[dict[str, str]]:
+    """Quorum queues with a member here that would lose their majority if this node stopped."""
+    me = api.node_name
+    out = []
+    for v in api.broker.vhosts.values():
+        for qu in v.queues.values():
+            if not getattr(qu, "quorum", False):
+                continue
+            members = list(qu.members)
+            online = [n for n in qu.online() if n != me]
+            if me in members and len(online) < len(members) // 2 + 1:
+                out.append({"name": qu.name, "readable_name": f"queue '{qu.name}' in vhost '{qu.vhost}'",
+                            "virtual_host": qu.vhost, "type": "quorum"})
+    return out
+
+
+def mirror_sync_critical(api: Api) -> list[dict[str, str]]:
+    """Mirrored classic queues led here with no other synchronised replica."""
+    me = api.node_name
+    cl = api.broker.cluster
+    out = []
+    if cl is None:
+        return out
+    for v in api.broker.vhosts.values():
+        for qu in v.queues.values():
+            if getattr(qu, "quorum", False) or (qu.home_node or me) != me:
+                continue
+            mirrors, synced = cl.mirror_status(qu.vhost, qu.name)
+            if mirrors and not [n for n in synced if n != me]:
+                out.append({"name": qu.name, "readable_name": f"queue '{qu.name}' in vhost '{qu.vhost}'",
+                            "virtual_host": qu.vhost, "type": "classic"})
+    return out
+
+
+@routes.get("/api/health/checks/node-is-quorum-critical")
+async def health_quorum_critical(request: web.Request) -> web.Response:
+    api = api_of(request)
+    if not app_running(api):
+        return _failed(stopped_reason(api))
+    critical = quorum_critical(api)
+    if critical:
+        return _failed("There are quorum queues that would lose their quorum if the target node is shut down",
+                       queues=critical)
+    return web.json_response({"status": "ok"})
+
+
+@routes.get("/api/health/checks/node-is-mirror-sync-critical")
+async def health_mirror_sync_critical(request: web.Request) -> web.Response:
+    api = api_of(request)
+    if not app_running(api):
+        return _failed(stopped_reason(api))
+    critical = mirror_sync_critical(api)
+    if critical:
+        return _failed("There are classic mirrored queues without online synchronised mirrors present",
+                       queues=critical)
+    return web.json_response({"status": "ok"})
+
+
+# ---------------------------------------------------------------- the node process
+#
+# What rabbitmq-diagnostics reads from a node over Erlang distribution (ping, its log, its
+# memory, its environment) and what `rabbitmqctl stop` asks, hutch's CLIs ask through these.
+
+LOG_LINES_MAX = 10_000
+LOG_READ_BYTES_MAX = 16 * 1024 * 1024
+SECRET_WORDS = ("pass", "secret", "cookie")
+
+
+@routes.get("/api/hutch/node/state")
+@requires("monitoring")
+async def node_state(request: web.Request) -> web.Response:
+    api = api_of(request)
+    ops_ = getattr(api, "node_ops", None)
+    return web.json_response({"node": api.node_name, "app_running": app_running(api),
+                              "paused": bool(getattr(ops_, "paused", False)), "os_pid": str(os.getpid()),
+                              "uptime": int((time.time() - api.started_at_s) * 1000)})
+
+
+def log_file() -> str | None:
+    """The file the node's log goes to (the root logger's file handler)."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            return h.baseFilename
+    return None
+
+
+def tail(path: str, lines: int) -> list[str]:
+    """The last `lines` lines of a file, read from its end (at most LOG_READ_BYTES_MAX bytes)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        pos, chunk, data = end, 64 * 1024, b""
+        while pos > 0 and data.count(b"\n") <= lines and end - pos < LOG_READ_BYTES_MAX:
+            step = min(chunk, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+    text = data.decode(errors="replace").splitlines()
+    return text[-lines:] if lines else []
+
+
+@routes.get("/api/hutch/node/log")
+@requires("administrator")
+async def node_log(request: web.Request) -> web.Response:
+    api = api_of(request)
+    raw = request.query.get("lines", "50")
+    if not raw.isdigit() or not 0 < int(raw) <= LOG_LINES_MAX:
+        raise bad_request(f"lines must be an integer from 1 to {LOG_LINES_MAX}, got {raw!r}")
+    path = log_file()
+    if path is None:
+        raise ApiError(404, "not_found", f"node {api.node_name} does not log to a file")
+    try:
+        lines = tail(path, int(raw))
+    except OSError as e:
+        raise ApiError(404, "not_found", f"cannot read the log file {path}: {e.strerror}") from None
+    return web.json_response({"node": api.node_name, "file": path, "lines": lines})
+
+
+@routes.get("/api/hutch/node/memory")
+@requires("monitoring")
+async def node_memory(request: web.Request) -> web.Response:
+    api = api_of(request)
+    rss = psutil.Process().memory_info().rss
+    ops_ = getattr(api, "node_ops", None)
+    baseline = min(int(getattr(ops_, "_baseline_rss", 0) or 0), rss)
+    messages = min(api.broker.accounted_bytes() if app_running(api) else 0, rss - baseline)
+    breakdown = {"runtime_at_startup": baseline, "queue_messages": messages,
+                 "other": max(rss - baseline - messages, 0)}
+    return web.json_response({"node": api.node_name, "total": {"rss": rss}, "breakdown": breakdown})
+
+
+def _settings(cfg: Any) -> dict[str, Any]:
+    out = {}
+    for k, v in (dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}).items():
+        if any(w in k for w in SECRET_WORDS) and v:
+            v = "********"
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[k] = v
+    return out
+
+
+@routes.get("/api/hutch/node/environment")
+@requires("administrator")
+async def node_environment(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return web.json_response({"node": api.node_name, "hutch": _settings(api.broker.config)})
+
+
+@routes.post("/api/hutch/node/stop")
+@requires("administrator")
+async def stop_node(request: web.Request) -> web.Response:
+    """Stop the node process once this answer has gone out (what SIGTERM does)."""
+    ops_ = _node_ops(api_of(request))
+    asyncio.get_running_loop().call_later(0.05, ops_.request_stop)
+    return web.json_response({"node": api_of(request).node_name, "os_pid": str(os.getpid())}, status=202)
+
+
+# ---------------------------------------------------------------- writes while the app is stopped
+
+_ALLOWED_WHILE_STOPPED = ("/api/hutch/app/", "/api/hutch/cluster/join", "/api/hutch/node/")
+
+
+@web.middleware
+async def app_state_middleware(request: web.Request, handler):
+    """A write under /api/ while the app is stopped answers 503 with a reason, before any handler
+    touches the stopped broker (only the app and node controls are served then)."""
+    if (request.method not in ("GET", "HEAD", "OPTIONS") and request.path.startswith("/api/")
+            and not request.path.startswith(_ALLOWED_WHILE_STOPPED) and not app_running(api_of(request))):
+        raise service_unavailable(stopped_reason(api_of(request)))
+    return await handler(request)
 
 
 # ---------------------------------------------------------------- the application and membership
