@@ -266,6 +266,22 @@ class ClearPolicy(Command, tag="policy.clear"):
     name: str
 
 
+class SetOperatorPolicy(Command, tag="operator_policy.set"):
+    """An operator policy (set by administrators; only a few numeric keys, see hutch.control.policy)."""
+
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str = "all"
+    priority: int = 0
+    definition: dict[str, Any] = {}
+
+
+class ClearOperatorPolicy(Command, tag="operator_policy.clear"):
+    vhost: str
+    name: str
+
+
 class SetParameter(Command, tag="parameter.set"):
     component: str
     vhost: str
@@ -291,7 +307,7 @@ class ClearGlobalParameter(Command, tag="global_parameter.clear"):
 AnyCommand = (AddVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions | ClearPermissions
               | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue | SetQueueNodes
               | SetPolicy | ClearPolicy | SetParameter | ClearParameter | SetGlobalParameter
-              | ClearGlobalParameter)
+              | ClearGlobalParameter | SetOperatorPolicy | ClearOperatorPolicy)
 
 
 class Result(msgspec.Struct, frozen=True):
@@ -337,6 +353,7 @@ class _State(msgspec.Struct, forbid_unknown_fields=False):
     policies: list[PolicyRecord]
     parameters: list[ParameterRecord]
     global_parameters: list[tuple[str, Any]]
+    operator_policies: list[PolicyRecord] = []
 
 
 _state_decoder = msgspec.msgpack.Decoder(_State)
@@ -415,6 +432,7 @@ class Catalogue:
         self.bindings: dict[BindingKey, BindingRecord] = {}
         self.queues: dict[tuple[str, str], QueueRecord] = {}  # (vhost, name)
         self.policies: dict[tuple[str, str], PolicyRecord] = {}  # (vhost, name)
+        self.operator_policies: dict[tuple[str, str], PolicyRecord] = {}  # (vhost, name)
         self.parameters: dict[tuple[str, str, str], ParameterRecord] = {}  # (component, vhost, name)
         self.global_parameters: dict[str, Any] = {}
         # Indexes over bindings (dicts used as ordered sets: never iterate a set here).
@@ -439,12 +457,15 @@ class Catalogue:
     def policies_of(self, vhost: str) -> list[PolicyRecord]:
         return [p for (v, _n), p in sorted(self.policies.items()) if v == vhost]
 
-    def policy_for(self, vhost: str, name: str, kind: str, queue_type: str = CLASSIC) -> PolicyRecord | None:
-        """The policy that applies to a queue or exchange: the highest priority match; among
-        equal priorities the greatest name (RabbitMQ's rule, as `hutch.control.policy.match`),
-        so every node picks the same one whatever order the policies were stored in."""
+    def policy_for(self, vhost: str, name: str, kind: str, queue_type: str = CLASSIC,
+                   operator: bool = False) -> PolicyRecord | None:
+        """The policy (with `operator`: the operator policy) that applies to a queue or exchange:
+        the highest priority match; among equal priorities the greatest name (RabbitMQ's rule, as
+        `hutch.queues.effective.match`), so every node picks the same one whatever order the
+        policies were stored in."""
         best: PolicyRecord | None = None
-        for p in self.policies_of(vhost):
+        table = self.operator_policies if operator else self.policies
+        for p in [p for (v, _n), p in sorted(table.items()) if v == vhost]:
             if not _policy_applies(p, kind, queue_type) or re.search(p.pattern, name) is None:
                 continue
             if best is None or (p.priority, p.name) > (best.priority, best.name):
@@ -484,7 +505,7 @@ class Catalogue:
         for key in [k for k in self.bindings if k[0] == v]:
             self._remove_binding(key)
             n_bindings += 1
-        for table in (self.exchanges, self.queues, self.policies):
+        for table in (self.exchanges, self.queues, self.policies, self.operator_policies):
             for key in [k for k in table if k[0] == v]:
                 del table[key]
         for key in [k for k in self.permissions if k[1] == v]:
@@ -656,7 +677,7 @@ class Catalogue:
         self.queues[(c.vhost, c.name)] = rec
         return Result(EXISTED if rec == old else UPDATED, queue=rec)
 
-    def _set_policy(self, c: SetPolicy) -> Result:
+    def _set_policy(self, c: SetPolicy | SetOperatorPolicy) -> Result:
         if c.vhost not in self.vhosts:
             return _no_vhost(c.vhost)
         if c.apply_to not in POLICY_APPLY_TO:
@@ -668,10 +689,14 @@ class Catalogue:
         if not c.definition:
             return _err(PRECONDITION_FAILED, f"policy '{c.name}' in vhost '{c.vhost}': the definition is empty")
         rec = PolicyRecord(c.vhost, c.name, c.pattern, c.apply_to, int(c.priority), dict(c.definition))
-        return _store(self.policies, (c.vhost, c.name), rec)
+        table = self.operator_policies if type(c) is SetOperatorPolicy else self.policies
+        return _store(table, (c.vhost, c.name), rec)
 
     def _clear_policy(self, c: ClearPolicy) -> Result:
         return _discard(self.policies, (c.vhost, c.name))
+
+    def _clear_operator_policy(self, c: ClearOperatorPolicy) -> Result:
+        return _discard(self.operator_policies, (c.vhost, c.name))
 
     def _set_parameter(self, c: SetParameter) -> Result:
         if c.vhost not in self.vhosts:
@@ -751,6 +776,7 @@ class Catalogue:
             policies=[p for _, p in sorted(self.policies.items())],
             parameters=[p for _, p in sorted(self.parameters.items())],
             global_parameters=sorted(self.global_parameters.items()),
+            operator_policies=[p for _, p in sorted(self.operator_policies.items())],
         )
         return _encoder.encode(state)
 
@@ -771,6 +797,7 @@ class Catalogue:
         self.exchanges = {(x.vhost, x.name): x for x in state.exchanges}
         self.queues = {(q.vhost, q.name): q for q in state.queues}
         self.policies = {(p.vhost, p.name): p for p in state.policies}
+        self.operator_policies = {(p.vhost, p.name): p for p in state.operator_policies}
         self.parameters = {(p.component, p.vhost, p.name): p for p in state.parameters}
         self.global_parameters = dict(state.global_parameters)
         for b in state.bindings:
@@ -815,6 +842,9 @@ class Catalogue:
             "policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
                           "definition": _jsonable(p.definition), "priority": p.priority}
                          for _, p in sorted(self.policies.items())],
+            "operator_policies": [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+                                   "definition": _jsonable(p.definition), "priority": p.priority}
+                                  for _, p in sorted(self.operator_policies.items())],
             "queues": [],
             "exchanges": [],
             "bindings": [],
@@ -908,6 +938,8 @@ _HANDLERS = {
     SetQueueNodes: Catalogue._set_queue_nodes,
     SetPolicy: Catalogue._set_policy,
     ClearPolicy: Catalogue._clear_policy,
+    SetOperatorPolicy: Catalogue._set_policy,
+    ClearOperatorPolicy: Catalogue._clear_operator_policy,
     SetParameter: Catalogue._set_parameter,
     ClearParameter: Catalogue._clear_parameter,
     SetGlobalParameter: Catalogue._set_global_parameter,
@@ -944,7 +976,7 @@ def from_definitions(doc: Any, *, home_node: str = "", first_journal_id: int = 1
     if not isinstance(doc, dict):
         raise CatalogueError("definitions must be a JSON object")
     for key in ("users", "vhosts", "permissions", "queues", "exchanges", "bindings", "policies", "parameters",
-                "global_parameters"):
+                "global_parameters", "operator_policies"):
         if key in doc and not isinstance(doc[key], list):
             raise CatalogueError(f"'{key}' must be a list")
     out: list[Command] = []
@@ -973,6 +1005,11 @@ def from_definitions(doc: Any, *, home_node: str = "", first_journal_id: int = 1
         out.append(SetPolicy(_field(p, "vhost", "policy", str), _field(p, "name", "policy", str),
                              _field(p, "pattern", "policy", str), _field(p, "apply-to", "policy", str, "all"),
                              int(_field(p, "priority", "policy", int, 0)), _field(p, "definition", "policy", dict)))
+    for p in doc.get("operator_policies", []):
+        out.append(SetOperatorPolicy(
+            _field(p, "vhost", "operator policy", str), _field(p, "name", "operator policy", str),
+            _field(p, "pattern", "operator policy", str), _field(p, "apply-to", "operator policy", str, "all"),
+            int(_field(p, "priority", "operator policy", int, 0)), _field(p, "definition", "operator policy", dict)))
     for p in doc.get("parameters", []):
         out.append(SetParameter(_field(p, "component", "parameter", str), _field(p, "vhost", "parameter", str),
                                 _field(p, "name", "parameter", str), p.get("value")))

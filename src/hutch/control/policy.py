@@ -27,6 +27,8 @@ from typing import Any
 APPLY_TO = ("queues", "exchanges", "all")
 HA_MODES = ("all", "exactly", "nodes")
 QUEUE_MASTER_LOCATORS = ("min-masters", "client-local", "random")
+# 3.13 accepts client-local and balanced; random and least-leaders are older names for balanced
+QUEUE_LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders")
 OVERFLOW_VALUES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")
 PROMOTE_VALUES = ("always", "when-synced")
@@ -98,6 +100,12 @@ def _queue_master_locator(v: Any) -> None:
         raise PolicyError(f"{_show(v)} invalid queue-master-locator value (one of {', '.join(QUEUE_MASTER_LOCATORS)})")
 
 
+def _queue_leader_locator(v: Any) -> None:
+    if v not in QUEUE_LEADER_LOCATORS:
+        raise PolicyError(f"{_show(v)} is not a valid queue leader locator value (one of "
+                          f"{', '.join(QUEUE_LEADER_LOCATORS)})")
+
+
 # key -> check of its value; ha-mode / ha-params are checked together below
 _CHECKS: dict[str, Any] = {
     "ha-mode": lambda v: None,
@@ -107,6 +115,7 @@ _CHECKS: dict[str, Any] = {
     "ha-promote-on-shutdown": _promote("ha-promote-on-shutdown"),
     "ha-promote-on-failure": _promote("ha-promote-on-failure"),
     "queue-master-locator": _queue_master_locator,
+    "queue-leader-locator": _queue_leader_locator,
     "message-ttl": _non_negative_int("message TTL"),
     "expires": _positive_int("queue expiry"),
     "max-length": _non_negative_int("maximum length"),
@@ -119,6 +128,7 @@ _CHECKS: dict[str, Any] = {
     "alternate-exchange": _string("alternate exchange name"),
 }
 POLICY_KEYS = tuple(_CHECKS)
+OPERATOR_POLICY_KEYS = ("expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit")
 
 
 def _check_ha(definition: dict[str, Any]) -> None:
@@ -153,18 +163,21 @@ def _check_ha(definition: dict[str, Any]) -> None:
                 raise PolicyError(f'ha-mode="nodes" takes a list of strings, {_show(p)} was not a string')
 
 
-def validate_definition(definition: Any) -> dict[str, Any]:
-    """A policy definition, checked key by key. Raises PolicyError naming the first problem."""
+def validate_definition(definition: Any, operator: bool = False) -> dict[str, Any]:
+    """A policy definition, checked key by key. Raises PolicyError naming the first problem.
+    `operator`: an operator policy's, which may only set OPERATOR_POLICY_KEYS."""
     if not isinstance(definition, dict):
         raise PolicyError(f"Validation failed\n\ndefinition must be a JSON object, got {_show(definition)}\n")
     if not definition:
         raise PolicyError("Validation failed\n\nno policy provided\n")
-    unknown = sorted(k for k in definition if k not in _CHECKS)
+    known = OPERATOR_POLICY_KEYS if operator else POLICY_KEYS
+    unknown = sorted(k for k in definition if k not in known)
     try:
         if unknown:
             names = ", ".join(_show(k) for k in unknown)
-            verb = "is not a recognised policy setting" if len(unknown) == 1 else "are not recognised policy settings"
-            raise PolicyError(f"{names} {verb} (known: {', '.join(POLICY_KEYS)})")
+            what = "operator policy setting" if operator else "policy setting"
+            verb = f"is not a recognised {what}" if len(unknown) == 1 else f"are not recognised {what}s"
+            raise PolicyError(f"{names} {verb} (known: {', '.join(known)})")
         _check_ha(definition)
         for key in sorted(definition):
             _CHECKS[key](definition[key])
@@ -173,8 +186,9 @@ def validate_definition(definition: Any) -> dict[str, Any]:
     return dict(definition)
 
 
-def validate_policy(vhost: str, name: str, body: Any) -> dict[str, Any]:
-    """The policy record to store for `PUT /api/policies/{vhost}/{name}` with `body`."""
+def validate_policy(vhost: str, name: str, body: Any, operator: bool = False) -> dict[str, Any]:
+    """The policy record to store for `PUT /api/policies/{vhost}/{name}` with `body` (with
+    `operator`: for `PUT /api/operator-policies/{vhost}/{name}`)."""
     if not isinstance(body, dict):
         raise PolicyError("policy must be a JSON object")
     for key in ("pattern", "definition"):
@@ -205,7 +219,7 @@ def validate_policy(vhost: str, name: str, body: Any) -> dict[str, Any]:
             definition = json.loads(definition)
         except ValueError:
             raise PolicyError(f"Validation failed\n\ndefinition is not valid JSON: {definition!r}\n") from None
-    definition = validate_definition(definition)
+    definition = validate_definition(definition, operator)
     return {"vhost": vhost, "name": name, "pattern": pattern, "apply-to": apply_to, "definition": definition,
             "priority": priority}
 
@@ -236,4 +250,4 @@ def match(policies: Iterable[dict[str, Any]], vhost: str, name: str, kind: str) 
 
 
 __all__ = ["PolicyError", "validate_policy", "validate_definition", "match", "applies_to", "POLICY_KEYS",
-           "HA_KEYS"]
+           "OPERATOR_POLICY_KEYS", "HA_KEYS"]
