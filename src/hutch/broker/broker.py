@@ -88,7 +88,7 @@ class Config:
     mirroring_sync_max_throughput: int = 0  # bytes/s a sync may send (0: no limit)
     cluster_partition_handling: str = "ignore"  # ignore | pause_minority | pause_if_all_down | autoheal
     pause_if_all_down_nodes: list[str] = field(default_factory=list)  # pause when none of these is reachable
-    pause_if_all_down_recover: str = "ignore"  # after the heal: ignore | autoheal
+    pause_if_all_down_recover: str | None = None  # after the heal: ignore | autoheal (required with the mode)
     # management HTTP API: address to bind (None: amqp_host) and the HTTPS listener (management.ssl.*)
     mgmt_host: str | None = None
     mgmt_ssl_port: int | None = None  # set: an HTTPS listener serves the API

@@ -65,6 +65,7 @@ QUEUE_ARGS_COMPARED = ("x-message-ttl", "x-expires", "x-max-length", "x-max-leng
                        "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
                        "x-single-active-consumer", "x-queue-type", "x-queue-mode", "x-queue-master-locator")
 HASHING_SHA256 = "rabbit_password_hashing_sha256"
+VHOST_LIMITS = "vhost-limits"  # the runtime parameter component that holds a vhost's limits
 
 NAME_BYTES_MAX = 255  # AMQP shortstr: vhost, exchange, queue and user names
 MEMBER_NODES_MAX = 64
@@ -81,15 +82,27 @@ class VhostRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
 
 class UserRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     name: str
-    password_hash: str
+    password_hash: str  # "": password login disabled
     tags: tuple[str, ...] = ()
     hashing_algorithm: str = HASHING_SHA256
+    limits: dict[str, int] = {}  # max-connections, max-channels (RabbitMQ's user limits)
 
 
 class PermissionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     user: str
     vhost: str
     configure: str
+    write: str
+    read: str
+
+
+class TopicPermissionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """A user's topic permissions on one exchange of a vhost: regexes the routing key must match
+    to publish (`write`) and to bind (`read`); `{username}` and `{vhost}` are expanded first."""
+
+    user: str
+    vhost: str
+    exchange: str
     write: str
     read: str
 
@@ -167,6 +180,19 @@ class PutUser(Command, tag="user.put"):
     password_hash: str
     tags: tuple[str, ...] = ()
     hashing_algorithm: str = HASHING_SHA256
+    limits: dict[str, int] | None = None  # None: an existing user keeps its limits
+
+
+class SetUserLimits(Command, tag="user.limits.set"):
+    """Set some of a user's limits (the others stay); -1 is stored as given (no limit)."""
+
+    user: str
+    limits: dict[str, int]
+
+
+class ClearUserLimits(Command, tag="user.limits.clear"):
+    user: str
+    name: str = "all"  # one limit's name, or "all"
 
 
 class DeleteUser(Command, tag="user.delete"):
@@ -184,6 +210,20 @@ class SetPermissions(Command, tag="permissions.set"):
 class ClearPermissions(Command, tag="permissions.clear"):
     user: str
     vhost: str
+
+
+class SetTopicPermissions(Command, tag="topic_permissions.set"):
+    user: str
+    vhost: str
+    exchange: str
+    write: str
+    read: str
+
+
+class ClearTopicPermissions(Command, tag="topic_permissions.clear"):
+    user: str
+    vhost: str
+    exchange: str | None = None  # None: on every exchange of the vhost
 
 
 class DeclareExchange(Command, tag="exchange.declare"):
@@ -325,6 +365,9 @@ class Result(msgspec.Struct, frozen=True):
         return self.code == OK
 
 
+# topic permissions and user limits
+AnyCommand = AnyCommand | SetTopicPermissions | ClearTopicPermissions | SetUserLimits | ClearUserLimits
+
 _encoder = msgspec.msgpack.Encoder(order="deterministic")
 _command_decoder = msgspec.msgpack.Decoder(AnyCommand)
 
@@ -354,6 +397,8 @@ class _State(msgspec.Struct, forbid_unknown_fields=False):
     parameters: list[ParameterRecord]
     global_parameters: list[tuple[str, Any]]
     operator_policies: list[PolicyRecord] = []
+
+    topic_permissions: list[TopicPermissionRecord] = []
 
 
 _state_decoder = msgspec.msgpack.Decoder(_State)
@@ -428,6 +473,7 @@ class Catalogue:
         self.vhosts: dict[str, VhostRecord] = {}
         self.users: dict[str, UserRecord] = {}
         self.permissions: dict[tuple[str, str], PermissionRecord] = {}  # (user, vhost)
+        self.topic_permissions: dict[tuple[str, str, str], TopicPermissionRecord] = {}  # (user, vhost, exchange)
         self.exchanges: dict[tuple[str, str], ExchangeRecord] = {}  # (vhost, name)
         self.bindings: dict[BindingKey, BindingRecord] = {}
         self.queues: dict[tuple[str, str], QueueRecord] = {}  # (vhost, name)
@@ -510,13 +556,17 @@ class Catalogue:
                 del table[key]
         for key in [k for k in self.permissions if k[1] == v]:
             del self.permissions[key]
+        for key in [k for k in self.topic_permissions if k[1] == v]:
+            del self.topic_permissions[key]
         for key in [k for k in self.parameters if k[1] == v]:
             del self.parameters[key]
         del self.vhosts[v]
         return Result(DELETED, bindings_deleted=n_bindings)
 
     def _put_user(self, c: PutUser) -> Result:
-        rec = UserRecord(c.name, c.password_hash, tuple(c.tags), c.hashing_algorithm)
+        old = self.users.get(c.name)
+        limits = dict(c.limits) if c.limits is not None else (dict(old.limits) if old is not None else {})
+        rec = UserRecord(c.name, c.password_hash, tuple(c.tags), c.hashing_algorithm, limits)
         return _store(self.users, c.name, rec)
 
     def _delete_user(self, c: DeleteUser) -> Result:
@@ -524,7 +574,56 @@ class Catalogue:
             return Result(ABSENT)
         for key in [k for k in self.permissions if k[0] == c.name]:
             del self.permissions[key]
+        for key in [k for k in self.topic_permissions if k[0] == c.name]:
+            del self.topic_permissions[key]
         return Result(DELETED)
+
+    def _set_user_limits(self, c: SetUserLimits) -> Result:
+        old = self.users.get(c.user)
+        if old is None:
+            return _err(NOT_FOUND, f"user '{c.user}' not found")
+        limits = dict(old.limits)
+        limits.update(c.limits)
+        return _store(self.users, c.user, msgspec.structs.replace(old, limits=dict(sorted(limits.items()))))
+
+    def _clear_user_limits(self, c: ClearUserLimits) -> Result:
+        old = self.users.get(c.user)
+        if old is None:
+            return _err(NOT_FOUND, f"user '{c.user}' not found")
+        limits = {} if c.name == "all" else {k: v for k, v in old.limits.items() if k != c.name}
+        if limits == old.limits:
+            return Result(ABSENT)
+        self.users[c.user] = msgspec.structs.replace(old, limits=limits)
+        return Result(DELETED)
+
+    def _set_topic_permissions(self, c: SetTopicPermissions) -> Result:
+        if c.user not in self.users:
+            return _err(NOT_FOUND, f"user '{c.user}' not found")
+        if c.vhost not in self.vhosts:
+            return _no_vhost(c.vhost)
+        for what, pattern in (("write", c.write), ("read", c.read)):
+            problem = _regex_problem(pattern)
+            if problem is not None:
+                return _err(PRECONDITION_FAILED, f"{what} topic permission '{pattern}' is not a valid regular "
+                                                 f"expression: {problem}")
+        rec = TopicPermissionRecord(c.user, c.vhost, c.exchange, c.write, c.read)
+        return _store(self.topic_permissions, (c.user, c.vhost, c.exchange), rec)
+
+    def _clear_topic_permissions(self, c: ClearTopicPermissions) -> Result:
+        if c.exchange is not None:
+            return _discard(self.topic_permissions, (c.user, c.vhost, c.exchange))
+        keys = [k for k in self.topic_permissions if k[0] == c.user and k[1] == c.vhost]
+        for key in keys:
+            del self.topic_permissions[key]
+        return Result(DELETED if keys else ABSENT)
+
+    def topic_permission(self, user: str, vhost: str, exchange: str) -> TopicPermissionRecord | None:
+        return self.topic_permissions.get((user, vhost, exchange))
+
+    def vhost_limits(self, vhost: str) -> dict[str, Any]:
+        """A vhost's limits: RabbitMQ keeps them as the runtime parameter vhost-limits/limits."""
+        p = self.parameters.get((VHOST_LIMITS, vhost, "limits"))
+        return dict(p.value) if p is not None and isinstance(p.value, dict) else {}
 
     def _set_permissions(self, c: SetPermissions) -> Result:
         if c.user not in self.users:
@@ -770,6 +869,7 @@ class Catalogue:
             vhosts=[v for _, v in sorted(self.vhosts.items())],
             users=[u for _, u in sorted(self.users.items())],
             permissions=[p for _, p in sorted(self.permissions.items())],
+            topic_permissions=[p for _, p in sorted(self.topic_permissions.items())],
             exchanges=[x for _, x in sorted(self.exchanges.items())],
             bindings=[b for _, b in sorted(self.bindings.items())],
             queues=[q for _, q in sorted(self.queues.items())],
@@ -794,6 +894,7 @@ class Catalogue:
         self.vhosts = {v.name: v for v in state.vhosts}
         self.users = {u.name: u for u in state.users}
         self.permissions = {(p.user, p.vhost): p for p in state.permissions}
+        self.topic_permissions = {(p.user, p.vhost, p.exchange): p for p in state.topic_permissions}
         self.exchanges = {(x.vhost, x.name): x for x in state.exchanges}
         self.queues = {(q.vhost, q.name): q for q in state.queues}
         self.policies = {(p.vhost, p.name): p for p in state.policies}
@@ -828,13 +929,14 @@ class Catalogue:
             "product_name": "hutch",
             "product_version": product_version,
             "users": [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.hashing_algorithm,
-                       "tags": list(u.tags), "limits": {}} for _, u in sorted(self.users.items())],
-            "vhosts": [{"name": v.name, "limits": [], "metadata": {"description": v.description,
-                                                                   "tags": list(v.tags)}}
+                       "tags": list(u.tags), "limits": dict(u.limits)} for _, u in sorted(self.users.items())],
+            "vhosts": [{"name": v.name, "limits": self.vhost_limits(v.name) or [],
+                        "metadata": {"description": v.description, "tags": list(v.tags)}}
                        for _, v in sorted(self.vhosts.items())],
             "permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write,
                              "read": p.read} for _, p in sorted(self.permissions.items())],
-            "topic_permissions": [],
+            "topic_permissions": [{"user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write,
+                                   "read": p.read} for _, p in sorted(self.topic_permissions.items())],
             "parameters": [{"value": _jsonable(p.value), "vhost": p.vhost, "component": p.component,
                             "name": p.name} for _, p in sorted(self.parameters.items())],
             "global_parameters": [{"name": k, "value": _jsonable(v)}
@@ -944,6 +1046,10 @@ _HANDLERS = {
     ClearParameter: Catalogue._clear_parameter,
     SetGlobalParameter: Catalogue._set_global_parameter,
     ClearGlobalParameter: Catalogue._clear_global_parameter,
+    SetTopicPermissions: Catalogue._set_topic_permissions,
+    ClearTopicPermissions: Catalogue._clear_topic_permissions,
+    SetUserLimits: Catalogue._set_user_limits,
+    ClearUserLimits: Catalogue._clear_user_limits,
 }
 
 

@@ -74,6 +74,8 @@ class Api:
         self.broker = broker
         self.http_host: str | None = None
         self.http_port = 0
+        self.https_host: str | None = None  # management.ssl.*: the HTTPS listener, if any
+        self.https_port = 0
         self.started_at_s = time.time()
 
     @property
@@ -182,15 +184,23 @@ class HttpListener:
         self.app = make_app(broker)
         self._runner: web.AppRunner | None = None
 
-    async def start(self, host: str | None, port: int) -> list[tuple[str, int]]:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host=host, port=port, reuse_address=True, backlog=128)
+    async def start(self, host: str | None, port: int, ssl_context=None) -> list[tuple[str, int]]:
+        """Serve the API on host:port (HTTPS with `ssl_context`); may be called once per listener."""
+        if self._runner is None:
+            self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+            await self._runner.setup()
+        before = {(a[0], a[1]) for a in self._runner.addresses}
+        site = web.TCPSite(self._runner, host=host, port=port, reuse_address=True, backlog=128,
+                           ssl_context=ssl_context)
         await site.start()
-        addresses = [(a[0], a[1]) for a in self._runner.addresses]
+        addresses = [(a[0], a[1]) for a in self._runner.addresses if (a[0], a[1]) not in before]
         api = self.app[API]
-        api.http_host = host
-        api.http_port = addresses[0][1] if addresses else port
+        if ssl_context is None:
+            api.http_host = host
+            api.http_port = addresses[0][1] if addresses else port
+        else:
+            api.https_host = host
+            api.https_port = addresses[0][1] if addresses else port
         return addresses
 
     async def stop(self) -> None:

@@ -96,6 +96,9 @@ def listeners(api: Api) -> list[dict[str, Any]]:
     if api.http_port:
         out.append({"node": node, "protocol": "http", "ip_address": api.http_host or "::", "port": api.http_port,
                     "socket_opts": {}})
+    if api.https_port:
+        out.append({"node": node, "protocol": "https", "ip_address": api.https_host or "::",
+                    "port": api.https_port, "socket_opts": {}})
     return out
 
 

@@ -7,11 +7,12 @@ import sys
 import click
 
 from hutch.broker.broker import Config
-from hutch.server.config import ConfigError, apply_file, parse_bytes
+from hutch.server.config import ConfigError, apply_file, check, complete_node_name, parse_bytes
 
 
 @click.command(name="server")
-@click.option("--node-name", default=None, help="Node name, NAME@HOST (default hutch@localhost).")
+@click.option("--node-name", default=None,
+              help="Node name, NAME@HOST (default hutch@localhost); NAME alone gets this machine's short host name.")
 @click.option("--amqp-port", type=int, default=None, help="AMQP listener port (default 5672).")
 @click.option("--amqp-host", default=None, help="Address to listen on (default all interfaces).")
 @click.option("--mgmt-port", type=int, default=None,
@@ -32,6 +33,10 @@ from hutch.server.config import ConfigError, apply_file, parse_bytes
 @click.option("--disk-free-limit", default=None, help="Disk alarm threshold: free bytes (e.g. 1GB).")
 @click.option("--vm-memory-high-watermark-bytes", default=None,
               help="Memory alarm threshold, absolute (e.g. 2GB); overrides the relative one.")
+@click.option("--prometheus-port", type=int, default=None,
+              help="Prometheus metrics listener port (default 15692; 0: none).")
+@click.option("--collect-statistics-interval", type=int, default=None,
+              help="Milliseconds between message rate samples (default 5000).")
 @click.option("--peer-port", type=int, default=None, help="Inter-node (peer) listener port (default 25672).")
 @click.option("--cluster-nodes", default=None,
               help="Form a cluster of these nodes at first start: NAME@HOST[:PEER_PORT],... (this node included).")
@@ -44,12 +49,15 @@ from hutch.server.config import ConfigError, apply_file, parse_bytes
               help="Milliseconds a catalogue change may wait for a majority before it fails (15000).")
 @click.option("--queue-master-locator", default=None, type=click.Choice(["client-local", "min-masters", "random"]),
               help="Where new classic queues live (default client-local).")
-@click.option("--cluster-partition-handling", default=None, type=click.Choice(["ignore", "pause_minority", "autoheal"]),
-              help="What a node does when it cannot reach a majority of its cluster (default ignore).")
+@click.option("--cluster-partition-handling", default=None,
+              type=click.Choice(["ignore", "pause_minority", "pause_if_all_down", "autoheal"]),
+              help="What a node does when it is cut off from its cluster (default ignore); pause_if_all_down "
+                   "takes its nodes and recover strategy from the configuration file.")
 def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_file, heartbeat, amqps_port, tls_cert,
         tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, disk_free_limit, vm_memory_high_watermark_bytes,
         peer_port, cluster_nodes, peer_addresses, cluster_secret_file, net_ticktime, metadata_timeout,
-        queue_master_locator, cluster_partition_handling) -> None:
+        queue_master_locator, cluster_partition_handling, prometheus_port=None,
+        collect_statistics_interval=None) -> None:
     """Run a hutch node."""
     from hutch.server.runtime import run_node
 
@@ -64,7 +72,8 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
     except (ConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     for attr, value in (("node_name", node_name), ("amqp_port", amqp_port), ("amqp_host", amqp_host),
-                        ("mgmt_port", mgmt_port),
+                        ("mgmt_port", mgmt_port), ("prometheus_port", prometheus_port),
+                        ("collect_statistics_interval_ms", collect_statistics_interval),
                         ("data_dir", data_dir), ("log_level", log_level), ("heartbeat_s", heartbeat),
                         ("amqps_port", amqps_port), ("tls_certfile", tls_cert), ("tls_keyfile", tls_key),
                         ("tls_cacertfile", tls_ca), ("tls_verify_peer", tls_verify_peer),
@@ -74,6 +83,8 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
                         ("cluster_partition_handling", cluster_partition_handling)):
         if value is not None:
             setattr(cfg, attr, value)
+    if mgmt_port is not None:
+        cfg.mgmt_tcp_configured = True
     if cluster_nodes:
         cfg.cluster_nodes = [n.strip() for n in cluster_nodes.split(",") if n.strip()]
     for spec in peer_addresses:
@@ -82,8 +93,14 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
         if not sep or "@" not in name or not host or not port.isdigit():
             raise click.ClickException(f"--peer-address {spec!r}: expected NAME@HOST=ADDR:PORT")
         cfg.peer_addresses[name] = (host, int(port))
-    if "@" not in cfg.node_name:
-        raise click.ClickException(f"node name '{cfg.node_name}' must be NAME@HOST")
+    cfg.node_name = complete_node_name(cfg.node_name)
+    name, _, host = cfg.node_name.partition("@")
+    if not name or not host:
+        raise click.ClickException(f"node name '{cfg.node_name}' must be NAME@HOST or NAME")
+    try:
+        check(cfg)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
     try:
         sys.exit(run_node(cfg))
     except OSError as e:

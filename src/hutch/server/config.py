@@ -17,14 +17,33 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     auth_mechanisms.1 = PLAIN               auth_mechanisms.2 = EXTERNAL
     ssl_cert_login_from = common_name
     mirroring_sync_batch_size = 4096        mirroring_sync_max_throughput = 0 (bytes/s, 0 = no limit)
-    cluster_partition_handling = ignore | pause_minority | autoheal
+    cluster_partition_handling = ignore | pause_minority | pause_if_all_down | autoheal
+    cluster_partition_handling.pause_if_all_down.nodes.1 = hutch@a
+    cluster_partition_handling.pause_if_all_down.recover = ignore | autoheal
+    management.tcp.ip = 127.0.0.1           management.ssl.port = 15671
+    management.ssl.certfile / keyfile / cacertfile / verify / fail_if_no_peer_cert / password / ip
+    log.file = hutch.log | false            log.file.level, log.file.rotation.size, log.file.formatter, ...
+    prometheus.tcp.port = 15692 (0: none)   prometheus.tcp.ip = 127.0.0.1
+    collect_statistics_interval = 5000 (ms between message rate samples)
 
-An unknown key or a bad value is an error that names the line.
+Lines are read as RabbitMQ's configuration parser (cuttlefish) reads them: `#` starts a comment
+wherever it appears outside single quotes, so `default_pass = pa#ss` sets `pa`; a value in single
+quotes (`default_pass = 'pa#ss'`) is taken as it is. A value cut short by a `#` glued to it is
+loaded as RabbitMQ loads it, with a warning. Every `log.*` key RabbitMQ knows is accepted and kept
+as written in `Config.log_settings` for the logging code to read.
+
+Partition-handling keys that the chosen mode does not use (seed 003, "Deprecated rabbitmq.conf
+Keys": accepted but without effect) load with a warning; they never stop a node from starting.
+
+An unknown key or a bad value is an error that names the file, the line and the key. This module
+only parses; it must never open sockets or files other than the configuration file itself.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from pathlib import Path
 
 from hutch.broker.broker import Config
@@ -52,6 +71,33 @@ def _bool(value: str) -> bool:
     raise ValueError("expected true or false")
 
 
+def _ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        raise ValueError(f"not an IP address: {value!r}") from None
+
+
+def _management_ssl(cfg: Config, key: str, value: str) -> None:
+    """management.ssl.*: the HTTPS listener of the management API, with the same certificate
+    options as the AMQPS listener (ssl_options.*)."""
+    opt = key[len("management.ssl."):]
+    if opt == "port":
+        cfg.mgmt_ssl_port = int(value)
+    elif opt == "ip":
+        cfg.mgmt_ssl_host = _ip(value)
+    elif opt in ("certfile", "keyfile", "cacertfile", "password"):
+        setattr(cfg, f"mgmt_tls_{opt}", value)
+    elif opt == "verify":
+        if value not in ("verify_peer", "verify_none"):
+            raise ValueError("expected verify_peer or verify_none")
+        cfg.mgmt_tls_verify_peer = value == "verify_peer"
+    elif opt == "fail_if_no_peer_cert":
+        cfg.mgmt_tls_fail_if_no_peer_cert = _bool(value)
+    else:
+        raise ConfigError(f"unknown configuration key '{key}'")
+
+
 def _listener_port(value: str) -> tuple[str | None, int]:
     if ":" in value:
         host, port = value.rsplit(":", 1)
@@ -60,24 +106,147 @@ def _listener_port(value: str) -> tuple[str | None, int]:
 
 
 QUEUE_MASTER_LOCATORS = ("client-local", "min-masters", "random")
-PARTITION_HANDLING = ("ignore", "pause_minority", "autoheal")
+PARTITION_HANDLING = ("ignore", "pause_minority", "pause_if_all_down", "autoheal")
+PAUSE_IF_ALL_DOWN_RECOVER = ("ignore", "autoheal")
+_PAUSE_IF_ALL_DOWN = "cluster_partition_handling.pause_if_all_down."
+
+_KEY = re.compile(r"(?:\\\.|[A-Za-z0-9_-])+(?:\.(?:\\\.|[A-Za-z0-9_-])+)*")
+_LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency", "none")
+_LOG_OUTPUTS = ("console", "file", "exchange", "journald", "syslog")
+_LOG_CATEGORIES = ("connection", "channel", "mirroring", "queue", "federation", "upgrade", "ra", "default")
+_LOG_FORMATTER_KEYS = ("formatter", "formatter.time_format", "formatter.level_format", "formatter.single_line",
+                       "formatter.plaintext.format", "formatter.json.field_map", "formatter.json.verbosity_map")
+_LOG_ROTATION_KEYS = ("rotation.date", "rotation.compress", "rotation.size", "rotation.count")
+
+
+def split_line(raw: str) -> tuple[str, str, bool] | None:
+    """One line as cuttlefish reads it: None for a blank or comment line, else (key, value,
+    cut) where `cut` says a `#` glued to the value ended it. Raises ValueError on a malformed line."""
+    line = raw.strip(" \t\r")
+    if not line or line.startswith("#"):
+        return None
+    key, eq, rest = line.partition("=")
+    key = key.strip(" \t")
+    if not eq:
+        raise ValueError(f"expected 'key = value', got {raw.strip()!r}")
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"'{key}' is not a configuration key (words of letters, digits, '_' and '-' joined by dots)")
+    rest = rest.lstrip(" \t")
+    if rest.startswith("'"):
+        end = rest.find("'", 1)
+        if end < 0:
+            raise ValueError(f"the quoted value of '{key}' has no closing quote")
+        tail = rest[end + 1:].strip(" \t")
+        if tail and not tail.startswith("#"):
+            raise ValueError(f"unexpected text after the quoted value of '{key}': {tail!r}")
+        return key, rest[1:end], False
+    value, hash_, _ = rest.partition("#")
+    cut = bool(hash_) and value != "" and not value[-1].isspace()
+    value = value.rstrip(" \t")
+    if not value:
+        raise ValueError(f"'{key}' has no value")
+    return key, value, cut
+
+
+def complete_node_name(name: str) -> str:
+    """NAME without @HOST gets this machine's short host name, as RabbitMQ completes it."""
+    if "@" in name:
+        return name
+    return f"{name}@{socket.gethostname().split('.')[0]}"
 
 
 def apply_file(cfg: Config, path: str | Path) -> Config:
+    """Read a rabbitmq.conf-style file into `cfg` (later keys win), then check the settings that
+    only make sense together; raises ConfigError naming the file, line and key."""
+    seen: dict[str, int] = {}
     for lineno, raw in enumerate(Path(path).read_text().splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
+        try:
+            parsed = split_line(raw)
+        except ValueError as e:
+            raise ConfigError(f"{path}:{lineno}: {e}") from None
+        if parsed is None:
             continue
-        if "=" not in line:
-            raise ConfigError(f"{path}:{lineno}: expected 'key = value', got {raw!r}")
-        key, value = (p.strip() for p in line.split("=", 1))
+        key, value, cut = parsed
+        if cut:
+            cfg.config_warnings.append(
+                f"{path}:{lineno}: the value of '{key}' ends at a '#' (the rest of the line is a comment, as "
+                f"RabbitMQ reads it); to keep the '#', put the value in single quotes: {key} = '{raw.split('=', 1)[1].strip()}'")
+        seen[key] = lineno
         try:
             _apply(cfg, key, value)
         except ConfigError as e:
             raise ConfigError(f"{path}:{lineno}: {e}") from None
         except ValueError as e:
             raise ConfigError(f"{path}:{lineno}: bad value for '{key}': {e}") from None
+    try:
+        check(cfg)
+    except ConfigError as e:
+        where = seen.get("cluster_partition_handling")
+        raise ConfigError(f"{path}:{where}: {e}" if where else f"{path}: {e}") from None
     return cfg
+
+
+def check(cfg: Config) -> None:
+    """The settings that depend on each other, once every source (file, options) is read.
+
+    pause_if_all_down needs its nodes and its recover strategy (RabbitMQ refuses to start
+    without them too). The pause_if_all_down keys under any other mode are legacy settings
+    without effect: accepted, with a warning (seed 003)."""
+    if cfg.mgmt_ssl_port is not None and not (cfg.mgmt_tls_certfile and cfg.mgmt_tls_keyfile):
+        raise ConfigError("management.ssl.port needs management.ssl.certfile and management.ssl.keyfile")
+    mode = cfg.cluster_partition_handling
+    if mode == "pause_if_all_down":
+        if not cfg.pause_if_all_down_nodes:
+            raise ConfigError("cluster_partition_handling = pause_if_all_down needs the nodes to watch: "
+                              "cluster_partition_handling.pause_if_all_down.nodes.1 = NAME@HOST ...")
+        if cfg.pause_if_all_down_recover not in PAUSE_IF_ALL_DOWN_RECOVER:
+            raise ConfigError("cluster_partition_handling = pause_if_all_down needs a recover strategy: "
+                              "cluster_partition_handling.pause_if_all_down.recover = ignore | autoheal")
+        return
+    unused = []
+    if cfg.pause_if_all_down_nodes:
+        unused.append("cluster_partition_handling.pause_if_all_down.nodes.*")
+    if cfg.pause_if_all_down_recover is not None:
+        unused.append("cluster_partition_handling.pause_if_all_down.recover")
+    for key in unused:
+        msg = (f"'{key}' has no effect: cluster_partition_handling is {mode}, not pause_if_all_down "
+               f"(a legacy key, accepted and ignored)")
+        if msg not in cfg.config_warnings:
+            cfg.config_warnings.append(msg)
+
+
+def _log_key(key: str, value: str) -> None:
+    """Validate one log.* key against RabbitMQ's schema (rabbit.schema's log section)."""
+    parts = key.split(".", 2)
+    if len(parts) < 2:
+        raise ConfigError(f"unknown configuration key '{key}'")
+    head, rest = parts[1], (parts[2] if len(parts) > 2 else "")
+    known = False
+    if head == "dir" and not rest:
+        known = True
+    elif head in _LOG_OUTPUTS:
+        extra = {"console": ("stdio", "use_colors") + tuple(f"color_esc_seqs.{lv}" for lv in _LOG_LEVELS[:-1]),
+                 "file": _LOG_ROTATION_KEYS, "exchange": (), "journald": ("fields",),
+                 "syslog": ("identity", "facility", "multiline_mode", "ip", "host", "port", "transport",
+                            "protocol")}[head]
+        known = rest in ("", "level") + _LOG_FORMATTER_KEYS + extra or (head == "syslog"
+                                                                       and rest.startswith("ssl_options."))
+    elif head in _LOG_CATEGORIES:
+        known = rest in ("level", "file") + _LOG_ROTATION_KEYS and not (head == "default" and rest == "file")
+    if not known:
+        raise ConfigError(f"unknown configuration key '{key}'")
+    if rest == "level" or (head == "file" and rest == "level"):
+        if value.lstrip("=") not in _LOG_LEVELS:
+            raise ValueError(f"expected one of {', '.join(_LOG_LEVELS)}")
+    elif rest in ("rotation.size", "rotation.count") or (head == "syslog" and rest == "port"):
+        if not value.isdigit():
+            raise ValueError("expected a non-negative integer")
+    elif rest == "formatter" and value not in ("plaintext", "json"):
+        raise ValueError("expected plaintext or json")
+    elif not rest and head != "dir" and head != "file" and value not in ("true", "false"):
+        raise ValueError("expected true or false")
+    elif rest in ("rotation.compress", "multiline_mode") and value not in ("true", "false"):
+        raise ValueError("expected true or false")
 
 
 def _apply(cfg: Config, key: str, value: str) -> None:
@@ -137,6 +306,22 @@ def _apply(cfg: Config, key: str, value: str) -> None:
             cfg.auth_mechanisms.append(value)
     elif key == "management.tcp.port":
         cfg.mgmt_port = int(value)
+        cfg.mgmt_tcp_configured = True
+    elif key == "prometheus.tcp.port":
+        cfg.prometheus_port = int(value)
+        if not 0 <= cfg.prometheus_port <= 65535:
+            raise ValueError("expected a port number, or 0 for no listener")
+    elif key == "prometheus.tcp.ip":
+        cfg.prometheus_host = _ip(value)
+    elif key == "collect_statistics_interval":
+        cfg.collect_statistics_interval_ms = int(value)
+        if cfg.collect_statistics_interval_ms < 100:
+            raise ValueError("expected milliseconds, at least 100")
+    elif key == "management.tcp.ip":
+        cfg.mgmt_host = _ip(value)
+        cfg.mgmt_tcp_configured = True
+    elif key.startswith("management.ssl."):
+        _management_ssl(cfg, key, value)
     elif key == "net_ticktime":
         cfg.net_ticktime_s = float(value)
         if cfg.net_ticktime_s <= 0:
@@ -155,6 +340,15 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         if value not in PARTITION_HANDLING:
             raise ValueError(f"expected one of {', '.join(PARTITION_HANDLING)}")
         cfg.cluster_partition_handling = value
+    elif key.startswith(_PAUSE_IF_ALL_DOWN + "nodes.") and key.count(".") == 3:
+        if "@" not in value:
+            raise ValueError(f"node '{value}' must be NAME@HOST")
+        if value not in cfg.pause_if_all_down_nodes:
+            cfg.pause_if_all_down_nodes.append(value)
+    elif key == _PAUSE_IF_ALL_DOWN + "recover":
+        if value not in PAUSE_IF_ALL_DOWN_RECOVER:
+            raise ValueError(f"expected one of {', '.join(PAUSE_IF_ALL_DOWN_RECOVER)}")
+        cfg.pause_if_all_down_recover = value
     elif key == "cluster_formation.peer_port" or key == "distribution.listener.port_range.min":
         cfg.peer_port = int(value)
     elif key.startswith("cluster_formation.classic_config.nodes."):
@@ -162,7 +356,10 @@ def _apply(cfg: Config, key: str, value: str) -> None:
             cfg.cluster_nodes.append(value)
     elif key == "metadata_store.timeout":
         cfg.metadata_timeout_ms = int(value)
-    elif key == "log.console.level":
-        cfg.log_level = value
+    elif key == "log" or key.startswith("log."):
+        _log_key(key, value)
+        cfg.log_settings[key] = value
+        if key == "log.console.level":
+            cfg.log_level = value
     else:
         raise ConfigError(f"unknown configuration key '{key}'")

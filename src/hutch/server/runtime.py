@@ -197,16 +197,32 @@ class Node:
         cfg = self.config
         if not cfg.tls_certfile or not cfg.tls_keyfile:
             return None
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(cfg.tls_certfile, cfg.tls_keyfile)
-        if cfg.tls_cacertfile:
-            ctx.load_verify_locations(cfg.tls_cacertfile)
-        if cfg.tls_verify_peer:
-            ctx.verify_mode = ssl.CERT_REQUIRED if cfg.tls_fail_if_no_peer_cert else ssl.CERT_OPTIONAL
-        else:
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        return server_tls_context(cfg.tls_certfile, cfg.tls_keyfile, cfg.tls_cacertfile, cfg.tls_verify_peer,
+                                  cfg.tls_fail_if_no_peer_cert)
+
+    def mgmt_tls_context(self) -> ssl.SSLContext:
+        """The management API's HTTPS context, from management.ssl.* (the same options as ssl_options)."""
+        cfg = self.config
+        return server_tls_context(cfg.mgmt_tls_certfile, cfg.mgmt_tls_keyfile, cfg.mgmt_tls_cacertfile,
+                                  cfg.mgmt_tls_verify_peer, cfg.mgmt_tls_fail_if_no_peer_cert, cfg.mgmt_tls_password)
+
+    async def _start_http(self) -> None:
+        """The management API's listeners, as rabbitmq_management picks them: plain HTTP unless only
+        management.ssl.* is configured, HTTPS when management.ssl.port is set, both when both are."""
+        cfg = self.config
+        plain = bool(cfg.mgmt_port) and (cfg.mgmt_ssl_port is None or cfg.mgmt_tcp_configured)
+        if not plain and cfg.mgmt_ssl_port is None:
+            return
+        self.http = HttpListener(self.broker)
+        self.http.app[API].node_ops = self
+        self._wire_node_info()
+        if plain:
+            for host, port in await self.http.start(cfg.mgmt_host or cfg.amqp_host or None, cfg.mgmt_port):
+                log.info("started HTTP listener on %s:%s", host, port)
+        if cfg.mgmt_ssl_port is not None:
+            bind = cfg.mgmt_ssl_host or cfg.mgmt_host or cfg.amqp_host or None
+            for host, port in await self.http.start(bind, cfg.mgmt_ssl_port, self.mgmt_tls_context()):
+                log.info("started HTTPS listener on %s:%s", host, port)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -215,12 +231,7 @@ class Node:
         log.info("\n Starting hutch %s on Python %s\n node           : %s\n data dir       : %s\n",
                  __version__, sys.version.split()[0], self.config.node_name, os.path.abspath(self.config.data_dir))
         await self.start_app()
-        if self.config.mgmt_port:
-            self.http = HttpListener(self.broker)
-            self.http.app[API].node_ops = self
-            self._wire_node_info()
-            for host, port in await self.http.start(self.config.amqp_host or None, self.config.mgmt_port):
-                log.info("started HTTP listener on %s:%s", host, port)
+        await self._start_http()
         self._baseline_rss = self._proc.memory_info().rss
         self._tick_task = self.loop.call_later(0.1, self._tick)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
@@ -427,6 +438,21 @@ class Node:
         log.info("Successfully stopped hutch node %s", self.config.node_name)
 
 
+def server_tls_context(certfile: str, keyfile: str, cacertfile: str | None, verify_peer: bool,
+                       fail_if_no_peer_cert: bool, password: str | None = None) -> ssl.SSLContext:
+    """A TLS server context (TLS 1.2 and later) from RabbitMQ's certificate options."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(certfile, keyfile, password=password)
+    if cacertfile:
+        ctx.load_verify_locations(cacertfile)
+    if verify_peer:
+        ctx.verify_mode = ssl.CERT_REQUIRED if fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 def setup_logging(level: str, data_dir: str, node_name: str) -> None:
     """RabbitMQ-style lines: a UTC timestamp, the level in lower case, the component, the text;
     to standard error and to DATA_DIR/log/NODE_NAME.log."""
@@ -449,6 +475,8 @@ def setup_logging(level: str, data_dir: str, node_name: str) -> None:
 
 def run_node(config: Config) -> int:
     setup_logging(config.log_level, config.data_dir, config.node_name)
+    for warning in config.config_warnings:
+        logging.getLogger("hutch.config").warning("%s", warning)
     try:
         import uvloop
         loop_factory = uvloop.new_event_loop
