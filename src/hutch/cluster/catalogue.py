@@ -397,7 +397,6 @@ class _State(msgspec.Struct, forbid_unknown_fields=False):
     parameters: list[ParameterRecord]
     global_parameters: list[tuple[str, Any]]
     operator_policies: list[PolicyRecord] = []
-
     topic_permissions: list[TopicPermissionRecord] = []
 
 
@@ -1090,6 +1089,9 @@ def from_definitions(doc: Any, *, home_node: str = "", first_journal_id: int = 1
         meta = _field(v, "metadata", "vhost", dict, {})
         out.append(AddVhost(_field(v, "name", "vhost", str), str(meta.get("description", "") or ""),
                             tuple(str(t) for t in (meta.get("tags") or ()))))
+        vlimits = _limits(v, "vhost")
+        if vlimits:
+            out.append(SetParameter(VHOST_LIMITS, v["name"], "limits", vlimits))
     for u in doc.get("users", []):
         name = _field(u, "name", "user", str)
         alg = _field(u, "hashing_algorithm", "user", str, HASHING_SHA256)
@@ -1103,10 +1105,15 @@ def from_definitions(doc: Any, *, home_node: str = "", first_journal_id: int = 1
         tags = u.get("tags", [])
         if isinstance(tags, str):
             tags = [t for t in tags.split(",") if t]
-        out.append(PutUser(name, ph, tuple(str(t) for t in tags), alg))
+        out.append(PutUser(name, ph, tuple(str(t) for t in tags), alg, _limits(u, "user") or None))
     for p in doc.get("permissions", []):
         out.append(SetPermissions(*(_field(p, k, "permission", str) for k in ("user", "vhost", "configure",
                                                                                "write", "read"))))
+    if "topic_permissions" in doc and not isinstance(doc["topic_permissions"], list):
+        raise CatalogueError("'topic_permissions' must be a list")
+    for p in doc.get("topic_permissions", []):
+        out.append(SetTopicPermissions(*(_field(p, k, "topic permission", str)
+                                         for k in ("user", "vhost", "exchange", "write", "read"))))
     for p in doc.get("policies", []):
         out.append(SetPolicy(_field(p, "vhost", "policy", str), _field(p, "name", "policy", str),
                              _field(p, "pattern", "policy", str), _field(p, "apply-to", "policy", str, "all"),
@@ -1145,6 +1152,15 @@ def from_definitions(doc: Any, *, home_node: str = "", first_journal_id: int = 1
                         _field(b, "destination", "binding", str), _field(b, "routing_key", "binding", str, ""),
                         _field(b, "arguments", "binding", dict, {})))
     return out
+
+
+def _limits(rec: dict, kind: str) -> dict[str, int]:
+    """The `limits` of a user or vhost definition: an object of integers ([] or absent: none)."""
+    raw = rec.get("limits") or {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                            for k, v in raw.items()):
+        raise CatalogueError(f"{kind} definition field 'limits' must be an object of integers: {raw!r}")
+    return dict(raw)
 
 
 _MISSING = object()
