@@ -78,6 +78,7 @@ class VhostRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     name: str
     description: str = ""
     tags: tuple[str, ...] = ()
+    default_queue_type: str = ""  # "": none set (RabbitMQ shows 'undefined')
 
 
 class UserRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -169,6 +170,7 @@ class AddVhost(Command, tag="vhost.add"):
     name: str
     description: str = ""
     tags: tuple[str, ...] = ()
+    default_queue_type: str = ""
 
 
 class DeleteVhost(Command, tag="vhost.delete"):
@@ -534,7 +536,7 @@ class Catalogue:
 
     def _add_vhost(self, c: AddVhost) -> Result:
         old = self.vhosts.get(c.name)
-        rec = VhostRecord(c.name, c.description, tuple(c.tags))
+        rec = VhostRecord(c.name, c.description, tuple(c.tags), c.default_queue_type)
         self.vhosts[c.name] = rec
         if old is not None:
             return Result(EXISTED if old == rec else UPDATED)
