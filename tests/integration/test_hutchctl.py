@@ -179,7 +179,7 @@ def test_users_vhosts_and_permissions(node, name):
     assert name not in ok(node, "list_vhosts").splitlines()
     ok(node, "delete_user", name)
     r = ctl(node, "delete_user", name)
-    assert r.returncode == 69 and f'User "{name}" does not exist' in r.stderr
+    assert r.returncode == 67 and f'User "{name}" does not exist' in r.stderr
 
 
 def test_status_and_cluster_status_name_this_node(node):

@@ -37,9 +37,10 @@ from hutch.broker import arguments as qargs
 from hutch.broker.exchanges import QUEUE, Exchange
 from hutch.broker.journal import Journal
 from hutch.broker.vhost import VHost
+from hutch.queues import effective
 from hutch.queues.classic import ClassicQueue
 from hutch.queues.message import Message
-from hutch.queues.state import REJECT_PUBLISH_DLX, Entry
+from hutch.queues.state import DROP_HEAD, REJECT_PUBLISH_DLX, Entry, QueueLimits
 
 log = logging.getLogger("hutch.broker")
 
@@ -160,6 +161,7 @@ class Broker:
         self._blocked_sessions: set = set()
         self.ttl_queues: set[ClassicQueue] = set()
         self.policies: list[dict[str, Any]] = []
+        self.operator_policies: list[dict[str, Any]] = []
         self.journal: Journal | None = None
         self.request_sync: Callable[[], None] = lambda: None  # set by the runtime
         self._direct_replies: dict[str, tuple[Any, str]] = {}
@@ -379,6 +381,7 @@ class Broker:
         v = self.vhosts.get(name)
         if v is None:
             v = self.vhosts[name] = VHost(name)
+            v.policy_alternate = self._policy_alternate
         return v
 
     def add_exchange(self, vhost: VHost, x: Exchange) -> None:
@@ -399,9 +402,71 @@ class Broker:
         vhost.topology_changed()
         if exclusive:
             owner.exclusive_queues.append(q)
-        if s.expires_ms is not None or s.message_ttl_ms is not None:
-            self.ttl_queues.add(q)
+        self.apply_policies(q)
         return q
+
+    # ---------------------------------------------------------------- policies
+
+    def queue_settings(self, vhost: str, name: str, queue_type: str, arguments: dict) -> effective.Effective:
+        """A queue's effective settings: its arguments with the policy and operator policy that
+        match it now (hutch.queues.effective.resolve, RabbitMQ's precedence)."""
+        pol = effective.match(self.policies, vhost, name, "queue", queue_type)
+        op = effective.match(self.operator_policies, vhost, name, "queue", queue_type)
+        return effective.resolve(queue_type, arguments, pol["definition"] if pol else None,
+                                 op["definition"] if op else None, name=name, vhost=vhost)
+
+    def _policy_alternate(self, x: Exchange, vhost: str) -> str | None:
+        pol = effective.match(self.policies, vhost, x.name, "exchange")
+        return effective.exchange_alternate(x.arguments, pol["definition"] if pol else None)
+
+    def apply_policies(self, q: ClassicQueue) -> None:
+        """Bring a classic queue homed here (a mirrored queue's leader) in line with its effective
+        settings. A lowered max-length or max-length-bytes with drop-head overflow pushes out (and
+        dead-letters) heads at once, as RabbitMQ's queue does when its policy changes; a changed
+        message-ttl applies to messages enqueued from now on (each message's expiry is fixed when
+        it is enqueued, in RabbitMQ's classic and quorum queues alike)."""
+        eff = self.queue_settings(q.vhost, q.name, "classic", q.arguments)
+        old = q.policy_settings
+        if old == eff:
+            return
+        q.policy_settings = eff
+        for w in eff.warnings:
+            if old is None or w not in old.warnings:
+                log.warning("%s", w)
+        q.message_ttl_ms = eff.message_ttl_ms
+        q.expires_ms = eff.expires_ms
+        q.dead_letter_exchange = eff.dead_letter_exchange
+        q.dead_letter_routing_key = eff.dead_letter_routing_key
+        st = q.state
+        st.limits = lim = QueueLimits(eff.max_length, eff.max_length_bytes, eff.overflow, st.limits.max_priority)
+        if eff.message_ttl_ms is not None or eff.expires_ms is not None:
+            self.ttl_queues.add(q)
+        if old is None:
+            return  # a new queue: nothing queued yet
+        if lim.overflow == DROP_HEAD:
+            dropped = []
+            while st.ready_count and ((lim.max_length is not None and st.ready_count > lim.max_length) or (
+                    lim.max_length_bytes is not None and st.ready_bytes > lim.max_length_bytes)):
+                dropped.append(q.discard(st.head().seq))
+            if dropped:
+                self.dead_letter(q, dropped, "maxlen")
+        self.dirty_queues.add(q)
+        self.schedule()
+
+    def reapply_policies(self) -> None:
+        """Policies or operator policies changed: every queue homed here takes its new settings
+        (a quorum queue's leader proposes them to its group), and routing sees new alternate
+        exchanges."""
+        for v in list(self.vhosts.values()):
+            v.topology_changed()
+            for q in list(v.queues.values()):
+                if q.deleted:
+                    continue
+                if q.quorum:
+                    if self.cluster is not None:
+                        self.cluster.quorum.reconfigure(q)
+                elif not q.remote:
+                    self.apply_policies(q)
 
     def delete_queue(self, q: ClassicQueue, propose: bool = True, keep_bindings: bool = False) -> None:
         """Delete a queue homed here. In a cluster the catalogue is told too (unless the

@@ -391,8 +391,9 @@ class ClusterBroker:
             self._sync_vhosts_and_users()
             if t is cat.DeleteVhost:
                 self._sync_policies()
-        elif t in (cat.SetPolicy, cat.ClearPolicy):
+        elif t in (cat.SetPolicy, cat.ClearPolicy, cat.SetOperatorPolicy, cat.ClearOperatorPolicy):
             self._sync_policies()
+            b.reapply_policies()  # every matching queue takes its new settings at once
         elif t in (cat.SetGlobalParameter, cat.ClearGlobalParameter):
             self._sync_members()
 
@@ -584,6 +585,10 @@ class ClusterBroker:
             {"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
              "priority": p.priority, "definition": dict(p.definition)}
             for _key, p in sorted(self.catalogue.policies.items())]
+        self.broker.operator_policies = [
+            {"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+             "priority": p.priority, "definition": dict(p.definition)}
+            for _key, p in sorted(self.catalogue.operator_policies.items())]
 
     def _sync_members(self) -> None:
         self.members = {k[len(NODE_PARAM):]: v for k, v in self.catalogue.global_parameters.items()
@@ -623,6 +628,7 @@ class ClusterBroker:
             v = b.vhosts.get(rec.vhost)
             if v is not None and rec.source in v.exchanges:
                 v.bind(rec.source, rec.destination_type, rec.destination, rec.routing_key, dict(rec.arguments))
+        b.reapply_policies()
 
     # ------------------------------------------------------------ placing queues
 

@@ -291,6 +291,7 @@ class QuorumHost:
         except fifo.QuorumArgumentError as e:  # checked at declare; a record that slipped through
             log.error("quorum queue '%s' in vhost '%s': %s", rec.name, rec.vhost, e.text)
             return None
+        config = self._with_policies(config, dict(rec.arguments))
         q = QuorumQueue(self, rec, config)
         old = self.queues.get(q.gid)
         if old is not None:
@@ -324,6 +325,39 @@ class QuorumHost:
         if self.raft is not None and self.cl.node in q.members:
             self.raft.drop_group(q.gid)
 
+    # -- policies
+    def _with_policies(self, config: fifo.QuorumConfig, args: dict) -> fifo.QuorumConfig:
+        """A queue's config from its arguments, with its policy and operator policy applied
+        (hutch.queues.effective: the same resolution as every other queue type)."""
+        eff = self.cl.broker.queue_settings(config.vhost, config.name, "quorum", args)
+        strategy = config.dead_letter_strategy
+        wanted = args.get("x-dead-letter-strategy")
+        if (wanted.decode() if isinstance(wanted, bytes) else wanted) == fifo.AT_LEAST_ONCE:
+            strategy = fifo.AT_LEAST_ONCE if eff.overflow == fifo.REJECT_PUBLISH else fifo.AT_MOST_ONCE
+        return msgspec.structs.replace(
+            config, max_length=eff.max_length, max_length_bytes=eff.max_length_bytes, overflow=eff.overflow,
+            delivery_limit=eff.delivery_limit, dead_letter_exchange=eff.dead_letter_exchange,
+            dead_letter_routing_key=eff.dead_letter_routing_key, dead_letter_strategy=strategy,
+            message_ttl_ms=eff.message_ttl_ms, expires_ms=eff.expires_ms)
+
+    def reconfigure(self, q: QuorumQueue) -> None:
+        """Policies changed: the handle takes the queue's new settings on every node, and the
+        leader proposes them to the group (`Configure`), so every member applies them at the same
+        point of its log (a lowered max-length drops heads there)."""
+        config = self._with_policies(q.config, q.arguments)
+        if config != q.config:
+            eff = self.cl.broker.queue_settings(q.vhost, q.name, "quorum", q.arguments)
+            for w in eff.warnings:
+                log.warning("%s", w)
+        q.config = config
+        q.dead_letter_exchange = config.dead_letter_exchange
+        q.dead_letter_routing_key = config.dead_letter_routing_key
+        st = q.machine
+        if st is not None and self.is_leader(q) and not q.deleted:
+            current = msgspec.structs.replace(st.config, single_active=config.single_active)
+            if current != config:
+                self.propose(q, fifo.Configure(config))
+
     # -- leadership
     def leader_of(self, q: QuorumQueue) -> str | None:
         return self.raft.leader(q.gid) if self.raft is not None else None
@@ -347,6 +381,7 @@ class QuorumHost:
                 if not self.cl.is_up(n):
                     self.propose(q, fifo.NodeDown(n, now))
             self._cancel_stale(q)
+            self.reconfigure(q)  # a policy may have changed while another member led
             pending = q.machine.dead_letters_pending() if q.machine is not None else None
             if pending is not None:
                 self._dead_letter(q, pending)

@@ -36,6 +36,9 @@ class VHost:
         for xname, xtype in DEFAULT_EXCHANGES:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True)
         self.tracing = False
+        # the alternate exchange a policy gives an exchange without an `alternate-exchange`
+        # argument (set by the broker; the argument wins, as in RabbitMQ)
+        self.policy_alternate: Any = None
 
     def __repr__(self) -> str:
         return f"VHost({self.name!r})"
@@ -98,8 +101,11 @@ class VHost:
                 dest = self.exchanges.get(b.destination)
                 if dest is not None:
                     self._collect(dest, routing_key, headers, found, seen)
-        if len(found) == before and x.alternate:
-            alt = self.exchanges.get(x.alternate)
+        alternate = x.alternate
+        if alternate is None and self.policy_alternate is not None:
+            alternate = self.policy_alternate(x, self.name)
+        if len(found) == before and alternate:
+            alt = self.exchanges.get(alternate)
             if alt is not None:
                 self._collect(alt, routing_key, headers, found, seen)
 

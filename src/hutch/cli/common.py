@@ -9,24 +9,35 @@ Global options are accepted before or after the command name, as rabbitmqctl acc
     -q, --quiet  -s, --silent    fewer informational lines
     -t, --timeout SECONDS    per request (default 60)
     --formatter table|json|pretty_table
+
+Failures exit with rabbitmqctl's codes (see `hutch.cli.http`): a usage error, click's own
+included, is 64; a command whose vhost or user does not exist names it and exits 65 or 67;
+a request that outlives --timeout exits 75. `run_cli` is the entry point of every tool.
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import sys
+import time
 from typing import Any
 
 import click
+import psutil
 
 from hutch.cli.http import (
     DEFAULT_TIMEOUT_S,
+    EX_DATAERR,
+    EX_NOUSER,
+    EX_TEMPFAIL,
     EX_UNAVAILABLE,
     EX_USAGE,
     Client,
     CliError,
     lab_node,
+    q,
     resolve_url,
 )
 from hutch.cli.output import FORMATTERS, Printer
@@ -73,11 +84,16 @@ class Session:
         self._overview: dict | None = None
 
     @property
+    def timeout(self) -> float:
+        """Seconds each request may take (--timeout)."""
+        return self.options.get("timeout") or DEFAULT_TIMEOUT_S
+
+    @property
     def client(self) -> Client:
         if self._client is None:
             username = self.options.get("api_username") or os.environ.get("HUTCH_USERNAME") or "guest"
             password = self.options.get("api_password") or os.environ.get("HUTCH_PASSWORD") or "guest"
-            self._client = Client(self.url, username, password, self.options.get("timeout") or DEFAULT_TIMEOUT_S)
+            self._client = Client(self.url, username, password, self.timeout)
             if self.node_option:
                 node = self.overview().get("node")
                 if node != self.node_option:
@@ -89,8 +105,7 @@ class Session:
             if self._client is None:
                 username = self.options.get("api_username") or os.environ.get("HUTCH_USERNAME") or "guest"
                 password = self.options.get("api_password") or os.environ.get("HUTCH_PASSWORD") or "guest"
-                self._client = Client(self.url, username, password,
-                                      self.options.get("timeout") or DEFAULT_TIMEOUT_S)
+                self._client = Client(self.url, username, password, self.timeout)
             self._overview = self._client.get("/api/overview")
         return self._overview
 
@@ -130,11 +145,129 @@ def command(group: click.Group, name: str, **kwargs):
             try:
                 f(s, **params)
             except CliError as e:
+                e = _explain(s, name, params, e)
                 click.echo(f"Error:\n{e.message}", err=True)
                 sys.exit(e.exit_code)
         return run
     return decorate
 
 
+def _missing(s: Session, path: str) -> bool:
+    try:
+        s.client.get(path)
+    except CliError as e:
+        return e.status == 404
+    return False
+
+
+def _explain(s: Session, name: str, params: dict[str, Any], e: CliError) -> CliError:
+    """A failure in rabbitmqctl's words: a timeout names the command, and a "Not Found" names the
+    virtual host or user of the command's arguments that does not exist."""
+    if e.timed_out:
+        return CliError(f"operation {name} on node {s.node_option or s.url} timed out. Timeout value used: "
+                        f"{int(s.timeout * 1000)}", e.exit_code, timed_out=True)
+    if e.status != 404:
+        return e
+    vhost, user = params.get("vhost"), params.get("username")
+    if isinstance(vhost, str) and _missing(s, f"/api/vhosts/{q(vhost)}"):
+        return CliError(f"Virtual host '{vhost}' does not exist", EX_DATAERR, 404)
+    if isinstance(user, str) and _missing(s, f"/api/users/{q(user)}"):
+        return CliError(f'User "{user}" does not exist', EX_NOUSER, 404)
+    return e
+
+
+def run_cli(group: click.Group, prog_name: str) -> None:
+    """Run a tool: click's usage errors exit 64 (EX_USAGE) as rabbitmqctl's do, not click's 2."""
+    try:
+        rv = group.main(prog_name=prog_name, standalone_mode=False)
+    except click.UsageError as e:
+        e.show()
+        sys.exit(EX_USAGE)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
 def usage_error(message: str) -> CliError:
     return CliError(f"(argument validation): {message}", EX_USAGE)
+
+
+AWAIT_STARTUP_TIMEOUT_S = 300.0  # rabbitmq-diagnostics await_startup's default
+POLL_S = 0.2
+
+
+def _is_local(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def await_startup(s: Session) -> None:
+    """Wait until the node answers and its app runs; retries a node that is not up yet. Exits 69
+    when the node never answered, 75 when it answered but its app did not start in time."""
+    limit = s.options.get("timeout") or AWAIT_STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + limit
+    s.info(f"Waiting for {s.node_option or s.url} to start up (timeout: {limit:g} seconds) ...")
+    answered, last = False, None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            client = Client(s.url, *_credentials(s), min(left, s.timeout))
+            state = client.get("/api/hutch/node/state")
+            answered = True
+            if state.get("app_running"):
+                s.printer.document({"result": "ok", "node": state.get("node")},
+                                   f"Node {state.get('node')} has started up")
+                return
+        except CliError as e:
+            if e.status:  # the node answered with an error (credentials, permissions): no point waiting
+                answered = True
+                if e.status in (401, 403):
+                    raise
+            last = e
+        time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0)))
+    if not answered:
+        raise CliError(last.message if last is not None else f"no answer from {s.url}", EX_UNAVAILABLE)
+    raise CliError(f"hutch on node {s.node_option or s.url} did not start within {limit:g} seconds",
+                   EX_TEMPFAIL, timed_out=False)
+
+
+def _credentials(s: Session) -> tuple[str, str]:
+    return (s.options.get("api_username") or os.environ.get("HUTCH_USERNAME") or "guest",
+            s.options.get("api_password") or os.environ.get("HUTCH_PASSWORD") or "guest")
+
+
+def stop_node(s: Session) -> None:
+    """Ask the node to stop its process, then wait (up to --timeout) until its API stops answering
+    and, when it runs on this host, until the process has exited (rabbitmqctl stop)."""
+    s.info(f"Stopping and halting node {s.node} ...")
+    answer = s.client.post("/api/hutch/node/stop", {}) or {}
+    pid = int(answer.get("os_pid") or 0)
+    deadline = time.monotonic() + s.timeout
+    while time.monotonic() < deadline:
+        try:
+            Client(s.url, *_credentials(s), min(1.0, s.timeout)).get("/api/hutch/node/state")
+        except CliError as e:
+            if not e.status:
+                break
+        time.sleep(POLL_S)
+    else:
+        raise CliError(f"node {s.node} still answers after {s.timeout:g} seconds", EX_TEMPFAIL)
+    if pid and _is_local(s.client.host):
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return  # exited; its parent has not collected it yet
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(POLL_S / 4)
+        raise CliError(f"node {s.node} (OS pid {pid}) has not exited after {s.timeout:g} seconds", EX_TEMPFAIL)

@@ -6,7 +6,8 @@
 
 Listings print what rabbitmqctl prints (header lines, then tab-separated columns; see
 `hutch.cli.output`); an unknown column is a usage error (exit 64); a refused or failed
-operation prints "Error:" and the node's reason on stderr and exits 69 (77 for bad
+operation prints "Error:" and the node's reason on stderr and exits with rabbitmqctl's code
+(65 no such vhost, 67 no such user, 69 unavailable, 70 internal error, 75 timeout, 77 bad
 credentials). This module never imports the broker: it knows a node only through its API.
 """
 
@@ -20,8 +21,17 @@ from typing import Any
 
 import click
 
-from hutch.cli.common import Session, command, global_options, lab_peer_address, usage_error
-from hutch.cli.http import EX_DATAERR, EX_SOFTWARE, CliError, q
+from hutch.cli.common import (
+    Session,
+    await_startup,
+    command,
+    global_options,
+    lab_peer_address,
+    run_cli,
+    stop_node,
+    usage_error,
+)
+from hutch.cli.http import EX_DATAERR, EX_NOUSER, EX_SOFTWARE, CliError, q
 
 # ---------------------------------------------------------------- columns
 
@@ -177,7 +187,7 @@ def list_queues(s: Session, vhost: str, columns: tuple[str, ...], online: bool, 
     if local:
         objects = [o for o in objects if o.get("node") == s.node]
     cols, rows = select(objects, columns, QUEUE_COLUMNS, ("name", "messages"))
-    s.printer.rows(cols, rows, ["Timeout: 60.0 seconds ...", f"Listing queues for vhost {vhost} ..."])
+    s.printer.rows(cols, rows, [f"Timeout: {s.timeout:.1f} seconds ...", f"Listing queues for vhost {vhost} ..."])
 
 
 @command(cli, "list_exchanges")
@@ -351,7 +361,7 @@ def _exists(s: Session, path: str) -> dict | None:
 def _user(s: Session, username: str) -> dict:
     u = _exists(s, f"/api/users/{q(username)}")
     if u is None:
-        raise CliError(f'User "{username}" does not exist', EX_SOFTWARE)
+        raise CliError(f'User "{username}" does not exist', EX_NOUSER)
     return u
 
 
@@ -537,9 +547,26 @@ def status(s: Session) -> None:
     s.printer.document({"overview": overview, "node": node}, status_text(overview, node))
 
 
+def partition_lines(cluster: dict) -> list[str]:
+    """cluster_status's Network Partitions section: who cannot reach whom (and when this node
+    last saw each of its own)."""
+    seen = cluster.get("last_seen") or {}
+    out = []
+    for node, peers in sorted((cluster.get("partitions") or {}).items()):
+        mine = node == cluster.get("node")
+        names = ", ".join(f"{p} (last seen {seen[p]})" if mine and p in seen else p for p in peers)
+        out.append(f"Node {node} cannot communicate with {names}")
+    return out
+
+
 @command(cli, "cluster_status")
 def cluster_status(s: Session) -> None:
     """The cluster's members, running nodes, the catalogue's leader, alarms and listeners."""
+    print_cluster_status(s)
+
+
+def print_cluster_status(s: Session) -> None:
+    """What `cluster_status` prints (hutch-diagnostics has the command too)."""
     overview = s.overview()
     cluster = s.client.get("/api/hutch/cluster")
     nodes = {n["name"]: n for n in s.client.get("/api/nodes")}
@@ -561,7 +588,9 @@ def cluster_status(s: Session) -> None:
               f"{overview.get('rabbitmq_version')})" for n in names]
     lines += ["", "Alarms", ""]
     lines += [f"Node {a['node']}: {a['resource']} alarm" for a in alarms] or ["(none)"]
-    lines += ["", "Network Partitions", "", "(none)", "", "Listeners", ""]
+    lines += ["", "Network Partitions", ""]
+    lines += partition_lines(cluster) or ["(none)"]
+    lines += ["", "Listeners", ""]
     lines += [f"Node: {ln.get('node')}, interface: {ln.get('ip_address')}, port: {ln.get('port')}, "
               f"protocol: {ln.get('protocol')}" for ln in overview.get("listeners", [])]
     s.printer.document(doc, "\n".join(lines))
@@ -579,6 +608,18 @@ def start_app(s: Session) -> None:
     """Start the hutch application on the node."""
     s.info(f"Starting node {s.node} ...")
     s.client.post("/api/hutch/app/start", {})
+
+
+@command(cli, "stop")
+def stop(s: Session) -> None:
+    """Stop the node's process (its app first); waits until it has exited when it runs on this host."""
+    stop_node(s)
+
+
+@command(cli, "await_startup")
+def await_startup_command(s: Session) -> None:
+    """Wait until the node's app has started (--timeout, default 300 seconds)."""
+    await_startup(s)
 
 
 @command(cli, "reset")
@@ -703,7 +744,7 @@ def help_command(ctx: click.Context, command_name: str | None) -> None:
 
 
 def main() -> None:
-    cli(prog_name="hutchctl")
+    run_cli(cli, "hutchctl")
 
 
 if __name__ == "__main__":

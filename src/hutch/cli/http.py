@@ -4,7 +4,11 @@ Which node: `--url` (or the HUTCH_URL environment variable), else the host of `-
 on port 15672, else http://localhost:15672. Credentials: `--username/--password` (or
 HUTCH_USERNAME / HUTCH_PASSWORD), default guest/guest. Every request has a timeout; a
 node that cannot be reached, refuses the credentials or answers an error raises
-`CliError` with the exit code rabbitmqctl would use (69 unavailable, 77 no permission).
+`CliError` with the exit code rabbitmqctl would use:
+
+    64  usage error          65  data error, no such virtual host      67  no such user
+    69  node unavailable     70  internal software error (an HTTP 500)  75  timed out
+    77  no permission (credentials refused)
 """
 
 from __future__ import annotations
@@ -21,17 +25,35 @@ DEFAULT_URL = "http://localhost:15672"
 DEFAULT_TIMEOUT_S = 60.0
 EX_USAGE = 64
 EX_DATAERR = 65
-EX_SOFTWARE = 70
+EX_NOUSER = 67
 EX_UNAVAILABLE = 69
+EX_SOFTWARE = 70
+EX_TEMPFAIL = 75
 EX_NOPERM = 77
 
 
 class CliError(Exception):
-    def __init__(self, message: str, exit_code: int = EX_UNAVAILABLE, status: int = 0):
+    def __init__(self, message: str, exit_code: int = EX_UNAVAILABLE, status: int = 0, timed_out: bool = False,
+                 body: Any = None):
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
         self.status = status
+        self.timed_out = timed_out
+        self.body = body  # the error answer's JSON document, when it had one
+
+
+def exit_code_for_status(status: int) -> int:
+    """An HTTP error status as rabbitmqctl's exit code for the same failure."""
+    if status == 401:
+        return EX_NOPERM
+    if status >= 500 and status != 503:
+        return EX_SOFTWARE
+    return EX_UNAVAILABLE
+
+
+def _timed_out(e: BaseException) -> bool:
+    return isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError)
 
 
 def q(segment: str) -> str:
@@ -99,14 +121,17 @@ class Client:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             raw = e.read()
+            err = None
             try:
                 err = json.loads(raw)
                 reason = err.get("reason", err.get("error", "")) if isinstance(err, dict) else str(err)
             except ValueError:
                 reason = raw.decode(errors="replace") or e.reason
-            code = EX_NOPERM if e.code == 401 else EX_UNAVAILABLE
-            raise CliError(str(reason).strip(), code, e.code) from None
+            raise CliError(str(reason).strip(), exit_code_for_status(e.code), e.code, body=err) from None
         except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
+            if _timed_out(e):
+                raise CliError(f"operation {method} {path} on node at {self.url} timed out. Timeout value used: "
+                               f"{int(self.timeout_s * 1000)}", EX_TEMPFAIL, timed_out=True) from None
             why = getattr(e, "reason", e)
             raise CliError(f"unable to perform an operation on node at {self.url}: {why}", EX_UNAVAILABLE) from None
         if not raw.strip():

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import click
 
-from hutch.cli.common import Session, command, global_options
+from hutch.cli.common import Session, command, global_options, run_cli
 from hutch.cli.http import EX_UNAVAILABLE, CliError, q
 
 
@@ -160,7 +160,7 @@ def shrink(s: Session, node_name: str, errors_only: bool) -> None:
 
 
 def main() -> None:
-    cli(prog_name="hutch-queues")
+    run_cli(cli, "hutch-queues")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from hutch.amqp import codec
 from hutch.broker.exchanges import QUEUE, Binding
-from hutch.control import policy as policies_mod
+from hutch.queues import effective
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker, User
@@ -95,12 +95,22 @@ def binding_of(vhost: str, b: Binding) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- queues and exchanges
 
-def policy_fields(broker: Broker, vhost: str, name: str, kind: str) -> dict[str, Any]:
-    p = policies_mod.match(broker.policies, vhost, name, kind)
-    if kind == "queue":
-        return {"policy": p["name"] if p else None, "operator_policy": None,
-                "effective_policy_definition": dict(p["definition"]) if p else {}}
-    return {"policy": p["name"] if p else None}
+def policy_fields(broker: Broker, vhost: str, name: str, kind: str, queue: Any = None) -> dict[str, Any]:
+    """`policy`, and for queues `operator_policy` and `effective_policy_definition` (the two
+    merged, hutch.queues.effective); `unsupported_policy_keys` lists the keys of that definition
+    the queue's type does not act on (only when there are some)."""
+    if kind != "queue":
+        p = effective.match(broker.policies, vhost, name, kind)
+        return {"policy": p["name"] if p else None}
+    qtype = "quorum" if queue is not None and queue.quorum else "classic"
+    p = effective.match(broker.policies, vhost, name, kind, qtype)
+    op = effective.match(broker.operator_policies, vhost, name, kind, qtype)
+    eff = broker.queue_settings(vhost, name, qtype, queue.arguments if queue is not None else {})
+    out = {"policy": p["name"] if p else None, "operator_policy": op["name"] if op else None,
+           "effective_policy_definition": eff.definition}
+    if eff.unsupported:
+        out["unsupported_policy_keys"] = list(eff.unsupported)
+    return out
 
 
 def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, Any]:
@@ -118,7 +128,7 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         "node": q.home_node or broker.config.node_name,
         "type": "quorum" if q.quorum else "classic",
         "state": "running",
-        **policy_fields(broker, q.vhost, q.name, "queue"),
+        **policy_fields(broker, q.vhost, q.name, "queue", q),
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,

@@ -36,7 +36,7 @@ class ClassicQueue:
                  "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
                  "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
                  "deleted", "home_node", "_registered", "stats_published", "stats_delivered", "stats_acked", "dispatch_blocked",
-                 "flow_waiters", "journal_id", "last_dispatch_ms", "mirror")
+                 "flow_waiters", "journal_id", "last_dispatch_ms", "mirror", "policy_settings")
 
     def __init__(self, name: str, vhost: str, *, durable: bool = False, auto_delete: bool = False,
                  exclusive_owner: Any = None, arguments: dict[str, Any] | None = None,
@@ -72,6 +72,8 @@ class ClassicQueue:
         self.journal_id = 0  # durable queues: the key of their records in the node's message journal
         # a mirrored queue's leader side (hutch.broker.mirrored.Leader): told every operation
         self.mirror: Any = None
+        # the settings last resolved from arguments and policies (hutch.queues.effective.Effective)
+        self.policy_settings: Any = None
 
     remote = False  # a queue homed on this node (see hutch.broker.cluster for the others)
     quorum = False
