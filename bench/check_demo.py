@@ -78,7 +78,7 @@ def main() -> int:
     record_killed_run(history, base / "node", duration_s=args.duration, kill_at_s=args.duration / 3)
     print("checking it with Spark ...", flush=True)
     rc = subprocess.call([sys.executable, "-m", "hutch", "check", str(history), "--out", str(out),
-                          "--master", args.master, "--expect", "lost=0"], cwd=ROOT)
+                          "--master", args.master, "--expect", "drained=1", "--expect", "lost=0"], cwd=ROOT)
     print(f"\nHTML report: {out / 'report.html'}")
     return rc
 

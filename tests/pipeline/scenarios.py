@@ -30,6 +30,10 @@ SCENARIOS: dict[str, SynthSpec] = {
         seed=5,
         **BASE,
     ),
+    "a_run_that_did_not_drain": SynthSpec(
+        run_id="undrained", faults=(Fault("kill-node1", 1.0, 1.2),), defects=Defects(lost=6), drained=False, seed=7,
+        **BASE,
+    ),
     "everything_at_once": SynthSpec(
         run_id="all",
         queues=3,

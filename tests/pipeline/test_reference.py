@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from hutch.pipeline.history import SCHEMA, fault_end, fault_start, message_id
+from hutch.pipeline.history import SCHEMA, drain_detail, fault_end, fault_start, message_id
 from hutch.pipeline.model import (
     NS_PER_MS,
     Bin,
@@ -62,7 +62,7 @@ def test_reference_finds_exactly_the_injected_defects(name, tmp_path):
     assert_matches_truth(f.summary, lost, f.gaps, truth)
 
 
-def test_confirmed_and_never_delivered_is_lost_but_a_returned_message_is_not():
+def _outcomes_history(drain: str | None) -> History:
     h = History()
     for i, (confirm, ret, deliver) in enumerate([(1, 0, 1), (1, 0, 0), (1, 1, 0), (0, 0, 0)]):
         m = message_id(0, i)
@@ -73,9 +73,23 @@ def test_confirmed_and_never_delivered_is_lost_but_a_returned_message_is_not():
             h.add("p", "confirm", msg_id=m, ts_ms=i + 1)
         if deliver:
             h.add("c", "deliver", msg_id=m, ts_ms=i + 2, redelivered=False)
-    s = summary_of(h.check())
-    assert (s["published"], s["confirmed"], s["delivered"], s["lost"]) == (4, 3, 1, 1)
+    if drain is not None:
+        h.add("c", "drain", ts_ms=10, detail=drain)
+    return h
+
+
+def test_confirmed_and_never_delivered_is_lost_on_a_drained_queue_but_a_returned_message_is_not():
+    s = summary_of(_outcomes_history(drain_detail(True)).check())
+    assert (s["published"], s["confirmed"], s["delivered"], s["lost"], s["unread"], s["drained"]) == (4, 3, 1, 1, 0, 1)
     assert (s["returned"], s["unconfirmed"], s["unconfirmed_delivered"]) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("drain", [None, drain_detail(False, "messages left: q=1")])
+def test_confirmed_and_never_delivered_is_unread_when_the_run_did_not_drain(drain):
+    f = _outcomes_history(drain).check()
+    s = summary_of(f)
+    assert (s["confirmed"], s["delivered"], s["lost"], s["unread"], s["drained"]) == (3, 1, 0, 1, 0)
+    assert f.lost == []
 
 
 def test_a_repeat_counts_as_duplicate_and_without_redelivered_only_when_the_flag_is_missing():

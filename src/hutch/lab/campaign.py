@@ -852,12 +852,15 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
         views = await asyncio.to_thread(queue_views, nodes, queues)
         swept = await _sweep(shared, nodes)
     if history_dir is not None:
-        from hutch.pipeline.history import HistoryWriter
+        from hutch.pipeline.history import HistoryWriter, drain_detail
 
         with HistoryWriter(history_dir, run_id=run_id, client_id="lab", node=None) as w:
             for ts_ns, detail in fault_history_rows(lab.dir / "faults.jsonl"):
                 if ts_ns >= started_ns:
                     w.record("fault", "", ts_ns=ts_ns, detail=detail)
+            for q in queues:  # the checker calls a missing message lost only on a drained queue
+                w.record("drain", q, detail=drain_detail(drained, f"depth {depths.get(q)} after "
+                                                                   f"{cfg.drain_timeout_s:g} s"))
     check = shared.tally.check()
     reference, gaps = _reference_check(history_dir, run_id) if history_dir is not None else (None, [])
     counts: dict[str, int] = {}

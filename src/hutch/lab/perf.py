@@ -18,6 +18,13 @@ observed through `hutch.pipeline.history.HistoryWriter`, and clients reconnect (
 the `--uri` list, with backoff) and re-consume after failures as a careful application
 would, republishing only messages that were never confirmed.
 
+A recorded run ends with a drain (`--drain`, on by default with `--record`), so that the
+history can tell a lost message from one nobody read: producers stop publishing and wait
+for their outstanding confirms (republishing after a reconnect if they must); once every
+producer has settled, consumers read on until every queue is empty and nothing has been
+delivered for `DRAIN_QUIET_S`, and each consumer records a `drain` row saying whether the
+drain completed or ran out of time (`--drain-timeout`).
+
 It uses a node only through AMQP, as any client does (never the broker's insides).
 """
 
@@ -58,6 +65,10 @@ COUNTS_INTERVAL_S = 0.1
 RECONNECT_DELAY_MIN_S = 0.1
 RECONNECT_DELAY_MAX_S = 2.0
 STOP_TIMEOUT_S = 15.0
+SETTLE_TIMEOUT_S = 15.0  # a stopping producer waits this long for its outstanding confirms
+DRAIN_QUIET_S = 1.0  # a drain ends once the queues are empty and nothing arrived for this long
+DRAIN_TIMEOUT_S_DEFAULT = 30.0
+DRAIN_POLL_S = 0.1
 READY_TIMEOUT_S = 60.0
 PUBLISHER_SHIFT = 32  # msg_id = publisher << 32 | seq, as hutch.pipeline.history defines it
 SEQ_MAX = 2**32 - 1
@@ -94,6 +105,8 @@ class PerfConfig:
     heartbeat_s: int = 60
     run_id: str = ""
     quiet: bool = False
+    drain: bool | None = None  # None: drain when recording (and there are consumers)
+    drain_timeout_s: float = DRAIN_TIMEOUT_S_DEFAULT
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -111,6 +124,8 @@ class PerfConfig:
             raise ValueError("--processes must be at least 1")
         if self.pmessages > SEQ_MAX:
             raise ValueError(f"--pmessages at most {SEQ_MAX}")
+        if self.drain_timeout_s <= 0:
+            raise ValueError("--drain-timeout must be positive")
         if not self.uris:
             raise ValueError("at least one --uri")
         for uri in self.uris:
@@ -127,6 +142,12 @@ class PerfConfig:
     @property
     def recording(self) -> bool:
         return self.record_dir is not None
+
+    @property
+    def draining(self) -> bool:
+        """Whether the run ends with a drain: producers settle, consumers read the queues empty."""
+        wanted = self.recording if self.drain is None else self.drain
+        return bool(wanted and self.consumers and not self.cmessages and not self.autoack)
 
 
 def client_node(uri: str) -> str:
@@ -311,8 +332,27 @@ class Producer(Client):
         await self.publish_loop(conn, ch, pub)
 
     async def publish_loop(self, conn: Connection, ch: Channel, pub: Publisher) -> None:
+        await self.publish(conn, ch, pub)
+        if self.cfg.draining:
+            await self.settle(conn)
+
+    async def settle(self, conn: Connection) -> None:
+        """After the last publish: wait (bounded) until every outstanding publish is confirmed
+        or nacked, so that the history knows what became of each."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while self.outstanding and not self.worker.stopping.done():
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return
+            try:
+                async with asyncio.timeout(remaining_s):
+                    await self.wait_room(conn)
+            except TimeoutError:
+                return
+
+    async def publish(self, conn: Connection, ch: Channel, pub: Publisher) -> None:
         cfg = self.cfg
-        stopping = self.worker.stopping
+        stopping = self.worker.publishing_stopped
         stats = self.stats
         history = self.history
         queue = self.queue
@@ -321,7 +361,9 @@ class Producer(Client):
         rate = cfg.rate
         limit = cfg.pmessages
         t0 = self.worker.t0
-        while not stopping.done():
+        draining = cfg.draining
+        # a draining producer still republishes what a reconnect left unconfirmed
+        while not stopping.done() or (draining and self.resend and not self.worker.stopping.done()):
             if self.resend:
                 ids = self.resend[:BATCH_MAX]
                 if window and len(out) + len(ids) > window:
@@ -431,6 +473,7 @@ class Consumer(Client):
             ts, msg_id = unpack(body)
             st.received += 1
             self.received += 1
+            worker.last_delivery_ns = now
             lats.append(now - ts)
             if history is not None:
                 history.record("deliver", queue, msg_id, redelivered, ts_ns=now)
@@ -454,6 +497,12 @@ class Consumer(Client):
     def resume(self, conn: Connection) -> None:
         self.paused = False
         conn.resume_reading()
+
+    def record_drain(self, complete: bool, why: str) -> None:
+        if self.history is not None:
+            from hutch.pipeline.history import drain_detail
+
+            self.history.record("drain", self.queue, detail=drain_detail(complete, why))
 
     def on_cancel(self, consumer_tag: str) -> None:
         if self.history is not None:
@@ -496,6 +545,9 @@ class Worker:
         self.cpu0_s = _cpu_seconds()
         self.loop = asyncio.get_running_loop()
         self.stopping: asyncio.Future = self.loop.create_future()
+        self.publishing_stopped: asyncio.Future = self.loop.create_future()
+        self.drain_requested: asyncio.Future = self.loop.create_future()
+        self.last_delivery_ns = 0
         self.go: asyncio.Future = self.loop.create_future()
         self.clients: list[Client] = []
         self.done_count = 0
@@ -511,7 +563,18 @@ class Worker:
         if not self.go.done():
             self.go.set_result(None)
 
+    def stop_publishing(self) -> None:
+        """First step of a drained stop: producers stop, settle, and the worker reports `settled`."""
+        if not self.publishing_stopped.done():
+            self.publishing_stopped.set_result(None)
+
     def stop(self) -> None:
+        """Stop; a draining worker with consumers first reads its queues empty (a second call
+        stops at once)."""
+        self.stop_publishing()
+        if self.cfg.draining and self.consumer_ids and not self.drain_requested.done() and not self.stopping.done():
+            self.drain_requested.set_result(None)
+            return
         if not self.stopping.done():
             self.stopping.set_result(None)
 
@@ -533,16 +596,61 @@ class Worker:
                         + [Producer(self, i) for i in self.producer_ids])
         try:
             async with asyncio.TaskGroup() as tg:
-                for c in self.clients:
-                    tg.create_task(c.run())
+                tasks = {c: tg.create_task(c.run()) for c in self.clients}
                 tg.create_task(self._await_producers_ready())
                 tg.create_task(self._report())
+                if self.cfg.draining:
+                    tg.create_task(self._report_settled([t for c, t in tasks.items() if isinstance(c, Producer)]))
+                    if self.consumer_ids:
+                        tg.create_task(self._drain())
         finally:
             for c in self.clients:
                 c.close()
         c_hist, p_hist = self.counters.take_latencies()
         self.send(("final", self.wid, self.counters.counts(), self.done_count, _cpu_seconds() - self.cpu0_s,
                    c_hist, p_hist))
+
+    async def _report_settled(self, producer_tasks: list[asyncio.Task]) -> None:
+        await asyncio.wait([self.publishing_stopped, self.stopping], return_when=asyncio.FIRST_COMPLETED)
+        if producer_tasks:
+            await asyncio.wait(producer_tasks)
+        self.send(("settled", self.wid))
+
+    async def _drain(self) -> None:
+        """Read this worker's queues empty: done when each is empty (a passive declare says so)
+        and nothing was delivered for DRAIN_QUIET_S; then every consumer records how it ended."""
+        await asyncio.wait([self.drain_requested, self.stopping], return_when=asyncio.FIRST_COMPLETED)
+        if self.stopping.done():
+            return
+        consumers = [c for c in self.clients if isinstance(c, Consumer)]
+        queues = sorted({c.queue for c in consumers})
+        timeout_s = self.cfg.drain_timeout_s
+        deadline = time.monotonic() + timeout_s
+        probe = _DepthProbe(self.cfg)
+        complete, why = False, ""
+        try:
+            while not self.stopping.done():
+                if time.monotonic() >= deadline:
+                    why = f"not drained after {timeout_s:g} s: {why or 'deliveries went on'}"
+                    break
+                if time.time_ns() - self.last_delivery_ns >= DRAIN_QUIET_S * 1e9:
+                    depths = await probe.depths(queues)
+                    if depths is None:
+                        why = "queue depths unknown (no node answered)"
+                    elif all(d == 0 for d in depths.values()):
+                        complete, why = True, ""
+                        break
+                    else:
+                        why = "messages left: " + ", ".join(f"{q}={d}" for q, d in depths.items())
+                await asyncio.wait([self.stopping], timeout=DRAIN_POLL_S)
+            else:
+                why = "stopped before the queues were empty"
+        finally:
+            await probe.close()
+        for c in consumers:
+            c.record_drain(complete, why)
+        if not self.stopping.done():
+            self.stopping.set_result(None)
 
     async def _await_producers_ready(self) -> None:
         while not self.go.done() and not self.stopping.done():
@@ -571,6 +679,44 @@ class Worker:
                 self.send(("counts", self.wid, self.counters.counts(), self.done_count))
 
 
+class _DepthProbe:
+    """Queue depths (ready messages) by passive queue.declare on a connection of its own,
+    trying the run's URIs in turn."""
+
+    def __init__(self, cfg: PerfConfig):
+        self.cfg = cfg
+        self.conn: Connection | None = None
+        self.ch: Channel | None = None
+        self.attempt = 0
+
+    async def depths(self, queues: list[str]) -> dict[str, int] | None:
+        try:
+            if self.conn is None or self.conn.closed.done():
+                uri = self.cfg.uris[self.attempt % len(self.cfg.uris)]
+                self.attempt += 1
+                self.conn = await Connection.connect(uri, heartbeat_s=self.cfg.heartbeat_s,
+                                                     client_name=f"{self.cfg.run_id}-drain", timeout_s=5.0)
+                self.ch = await self.conn.channel()
+            out = {}
+            for q in queues:
+                async with asyncio.timeout(5.0):
+                    _, ready, _ = await self.ch.declare_queue(q, passive=True)
+                out[q] = ready
+            return out
+        except (TimeoutError, OSError, AMQPError, ProtocolError):
+            await self.close()
+            return None
+
+    async def close(self) -> None:
+        conn, self.conn, self.ch = self.conn, None, None
+        if conn is not None:
+            if conn.closed.done():
+                conn.abort()
+                return
+            with contextlib.suppress(Exception):
+                await conn.close(timeout_s=5.0)
+
+
 def _cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -586,6 +732,7 @@ class Coordinator:
     echo: object = print
     t0: float = 0.0
     ready: set = field(default_factory=set)
+    settled: set = field(default_factory=set)  # workers whose producers settled after stop_publishing
     counts: dict = field(default_factory=dict)  # wid -> cumulative counts
     done: dict = field(default_factory=dict)  # wid -> clients done
     rounds: dict = field(default_factory=dict)  # round -> {wid: (t, counts, c_hist, p_hist)}
@@ -602,6 +749,8 @@ class Coordinator:
         kind, wid = msg[0], msg[1]
         if kind == "ready":
             self.ready.add(wid)
+        elif kind == "settled":
+            self.settled.add(wid)
         elif kind == "counts":
             self.counts[wid] = msg[2]
             self.done[wid] = msg[3]
@@ -777,10 +926,21 @@ async def _run_in_process(cfg: PerfConfig, share, echo) -> dict:
             asyncio.current_task().uncancel()
     finally:
         coord.stopped_at = time.monotonic()
+        if cfg.draining and worker.go.done() and not task.done():
+            worker.stop_publishing()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SETTLE_TIMEOUT_S + STOP_TIMEOUT_S):
+                    while 0 not in coord.settled and not task.done():
+                        await asyncio.wait([task], timeout=0.02)
         worker.stop()
-        async with asyncio.timeout(STOP_TIMEOUT_S):
+        async with asyncio.timeout(stop_timeout_s(cfg)):
             await task
     return _finish(coord, echo)
+
+
+def stop_timeout_s(cfg: PerfConfig) -> float:
+    """How long stopped workers may take to finish (a drain included)."""
+    return STOP_TIMEOUT_S + (cfg.drain_timeout_s if cfg.draining else 0.0)
 
 
 def _finish(coord: Coordinator, echo) -> dict:
@@ -806,6 +966,8 @@ def _worker_main(cfg: PerfConfig, wid: int, producer_ids, consumer_ids, pipe) ->
                 return
             if cmd[0] == "go":
                 worker.start(cmd[1])
+            elif cmd[0] == "stop_publishing":
+                worker.stop_publishing()
             elif cmd[0] == "stop":
                 worker.stop()
 
@@ -868,10 +1030,18 @@ def _run_processes(cfg: PerfConfig, shares, echo) -> dict:
         except KeyboardInterrupt:
             pass
         coord.stopped_at = time.monotonic()
+        if cfg.draining and not coord.errors:
+            # every producer settles before any consumer starts its drain
+            for p in pipes:
+                with contextlib.suppress(OSError):
+                    p.send(("stop_publishing",))
+            deadline = time.monotonic() + SETTLE_TIMEOUT_S + STOP_TIMEOUT_S
+            while len(coord.settled) < len(shares) and not coord.errors and pipes and time.monotonic() < deadline:
+                pump(0.05)
         for p in pipes:
             with contextlib.suppress(OSError):
                 p.send(("stop",))
-        deadline = time.monotonic() + STOP_TIMEOUT_S
+        deadline = time.monotonic() + stop_timeout_s(cfg)
         while len(coord.finals) + len(coord.errors) < len(shares) and pipes and time.monotonic() < deadline:
             pump(0.05)
     finally:
@@ -919,10 +1089,14 @@ def _run_processes(cfg: PerfConfig, shares, echo) -> dict:
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the final summary here as JSON.")
 @click.option("--record", "record_dir", type=click.Path(file_okay=False),
               help="Record every event as a history (Parquet) under this directory; clients reconnect.")
+@click.option("--drain/--no-drain", default=None,
+              help="End the run by reading the queues empty (default: on with --record), recorded as a drain.")
+@click.option("--drain-timeout", "drain_timeout_s", default=DRAIN_TIMEOUT_S_DEFAULT, show_default=True,
+              help="Seconds a drain may take before the run ends undrained.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 def cli(uris, producers, consumers, rate, consumer_rate, size, confirm, qos, autoack, queue, queues, queue_args,
         pmessages, cmessages, duration_s, auto_delete, predeclared, persistent, durable, mandatory, processes,
-        heartbeat_s, run_id, json_out, record_dir, quiet):
+        heartbeat_s, run_id, json_out, record_dir, drain, drain_timeout_s, quiet):
     """PerfTest-like load: producers and consumers, rates, confirms, latency, recording."""
     try:
         args = json.loads(queue_args) if queue_args else {}
@@ -934,7 +1108,7 @@ def cli(uris, producers, consumers, rate, consumer_rate, size, confirm, qos, aut
                      duration_s=duration_s, auto_delete=auto_delete, predeclared=predeclared,
                      persistent=persistent, durable=durable, mandatory=mandatory, processes=processes,
                      record_dir=record_dir, reconnect=bool(record_dir), heartbeat_s=heartbeat_s,
-                     run_id=run_id, quiet=quiet)
+                     run_id=run_id, quiet=quiet, drain=drain, drain_timeout_s=drain_timeout_s)
     try:
         summary = run_perf(cfg, echo=lambda line: click.echo(line))
     except ValueError as e:

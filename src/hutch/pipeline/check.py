@@ -49,6 +49,7 @@ from hutch.pipeline.model import (
     FaultWindow,
     Findings,
     by_queue_name,
+    drained_queues,
     empty_summary,
     fault_events,
     fault_windows,
@@ -166,6 +167,10 @@ class SparkCheck:
             (r.run_id, r.ts_ns, r.detail) for r in ev.where(F.col("op") == "fault").select("run_id", "ts_ns", "detail").collect()
         )
         windows = fault_windows(events, run_end)
+        drained = drained_queues(
+            (r.run_id, r.queue, r.detail)
+            for r in ev.where(F.col("op") == "drain").select("run_id", "queue", "detail").collect()
+        )
         self._lap("bins_and_faults")
 
         # 2. per message
@@ -192,12 +197,17 @@ class SparkCheck:
         published = F.col("pub_ts").isNotNull()
         confirmed = F.col("confirm_ts").isNotNull()
         nd = F.col("n_deliver")
+        drained_keys = sorted(f"{run}\x00{queue}" for run, queue in drained)
+        in_drained = (F.concat_ws("\x00", "run_id", "queue").isin(drained_keys) if drained_keys
+                      else F.lit(False))
+        undelivered = confirmed & ~F.col("returned") & (nd == 0)
         msgs = (
             msgs.withColumn("published", published)
             .withColumn("confirmed", confirmed)
             .withColumn("nacked", F.col("nack") & ~confirmed)
             .withColumn("unconfirmed", published & ~confirmed & ~F.col("nack") & ~F.col("returned"))
-            .withColumn("lost", confirmed & ~F.col("returned") & (nd == 0))
+            .withColumn("lost", undelivered & in_drained)
+            .withColumn("unread", undelivered & ~in_drained)
             .withColumn("unexpected", (nd > 0) & ~published)
             .withColumn(
                 "repeats_without_redelivered",
@@ -227,6 +237,7 @@ class SparkCheck:
                 n(nd > 0).alias("delivered"),
                 F.sum(nd).alias("deliveries"),
                 n(F.col("lost")).alias("lost"),
+                n(F.col("unread")).alias("unread"),
                 F.sum(F.greatest(nd - 1, F.lit(0))).alias("duplicates"),
                 F.sum("repeats_without_redelivered").alias("duplicates_without_redelivered"),
                 n(F.col("unexpected")).alias("unexpected"),
@@ -315,6 +326,7 @@ class SparkCheck:
             s["confirm_latency_ms"] = _latency(r.confirm_pct, r.confirm_max, r.confirm_count)
             s["e2e_latency_ms"] = _latency(r.e2e_pct, r.e2e_max, r.e2e_count)
         for (run, queue), s in per_queue.items():
+            s["drained"] = int((run, queue) in drained)
             s["reordered"] = int(reordered.get((run, queue), 0))
             s["lost_by_window"] = lost_by_window.get((run, queue), {})
             s.setdefault("confirm_latency_ms", _latency(None, None, 0))
@@ -384,7 +396,8 @@ def write_small_tables(findings: Findings, out: Path) -> None:
     for run, r in findings.summary["runs"].items():
         for queue, s in r["queues"].items():
             for outcome in ("confirmed", "nacked", "returned", "unconfirmed"):
-                delivered = s["confirmed"] - s["lost"] - s["returned"] if outcome == "confirmed" else s[f"{outcome}_delivered"]
+                delivered = (s["confirmed"] - s["lost"] - s["unread"] - s["returned"] if outcome == "confirmed"
+                             else s[f"{outcome}_delivered"])
                 total = s[outcome]
                 outcome_rows.append({"run_id": run, "queue": queue, "outcome": outcome, "messages": total,
                                      "delivered": delivered, "not_delivered": total - delivered})
@@ -426,7 +439,7 @@ def history_bytes(history_dir: Path) -> int:
 
 
 def format_summary(summary: dict) -> str:
-    cols = ("published", "confirmed", "delivered", "lost", "duplicates", "duplicates_without_redelivered",
+    cols = ("published", "confirmed", "delivered", "lost", "unread", "drained", "duplicates", "duplicates_without_redelivered",
             "unexpected", "reordered", "unconfirmed", "nacked", "gaps", "max_gap_ms")
     short = {"duplicates_without_redelivered": "dup_no_flag"}
     header = ["run", "queue"] + [short.get(c, c) for c in cols]

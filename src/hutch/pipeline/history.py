@@ -12,7 +12,8 @@ Columns (see `SCHEMA`):
 
 - `run_id`, `client_id`, `node` (the node the client is connected to), `queue`: strings;
 - `op`: one of `OPS` — `publish`, `confirm` (the broker's basic.ack), `nack`, `return`,
-  `deliver`, `ack`, `reject`, `cancel`, `disconnect`, `reconnect`, and `fault` for lab events;
+  `deliver`, `ack`, `reject`, `cancel`, `disconnect`, `reconnect`, `drain` (below), and
+  `fault` for lab events;
 - `msg_id`: int64, null where no message is concerned. A message id encodes who published
   it and in which order: ``msg_id = publisher << 32 | seq`` with ``0 <= publisher < 2**31``
   unique within a run and ``0 <= seq < 2**32`` counting up from 0 per publisher
@@ -28,6 +29,12 @@ Fault windows. A `fault` row whose detail is ``start NAME ...`` opens the window
 ``end NAME ...`` closes it (`fault_start`, `fault_end`); any other fault row is a point
 event. A window that is never closed lasts to the end of the run. Fault rows have the
 queue ``""``: they concern every queue of the run.
+
+Drains. A workload that ends by reading its queues empty records, per queue, a `drain` row
+whose detail is ``complete`` (every queue empty and nothing delivered for a quiet period)
+or ``incomplete REASON`` (`drain_detail`, `drain_complete`). Only on a queue whose drain
+completed is a confirmed message that was never delivered *lost*; elsewhere the checker
+calls it *unread*, since the run ended before anyone could have read it.
 
 Files. Each writer writes complete Parquet files of at most `rows_per_file` rows named
 ``<client>.<pid>.<token>.<part>.parquet`` (token random per writer), first under a hidden
@@ -58,6 +65,7 @@ OPS = frozenset(
         "cancel",
         "disconnect",
         "reconnect",
+        "drain",
         "fault",
     }
 )
@@ -115,6 +123,15 @@ def parse_fault(detail: str | None) -> tuple[str, str]:
     if len(words) >= 2 and words[0] in ("start", "end"):
         return words[0], words[1]
     return "point", (words[0] if words else "fault")
+
+
+def drain_detail(complete: bool, why: str = "") -> str:
+    """The detail of a `drain` row: ``complete``, or ``incomplete`` and the reason."""
+    return "complete" if complete else f"incomplete {why}".rstrip()
+
+
+def drain_complete(detail: str | None) -> bool:
+    return (detail or "").split(maxsplit=1)[:1] == ["complete"]
 
 
 def _check_fault_name(name: str) -> None:

@@ -12,6 +12,10 @@ Definitions (docs/lab-and-checker.md explains them at length):
   closed lasts to the end of the run (the latest event of any kind in it). A message is
   *published in* the window that contains its first publish time; when windows overlap,
   the one that opened last; when none does, ``healthy``.
+- A confirmed message (not returned) that was never delivered is *lost* when its queue's
+  run recorded a completed drain (`drain` rows), and *unread* otherwise: the run ended
+  before the queue was read empty, so its absence proves nothing. `drained` is 1 for a
+  queue whose drain completed, 0 otherwise.
 - A *gap* of a queue is an interval with no deliveries (or, separately, no confirms) on it
   longer than the threshold, between two consecutive such events — or from the queue's
   first publish to its first such event, or from its last such event to the run's end —
@@ -30,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from hutch.pipeline.history import parse_fault
+from hutch.pipeline.history import drain_complete, parse_fault
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -49,6 +53,8 @@ SUMMARY_INT_FIELDS = (
     "delivered",
     "deliveries",
     "lost",
+    "unread",
+    "drained",
     "duplicates",
     "duplicates_without_redelivered",
     "unexpected",
@@ -62,6 +68,7 @@ SUMMARY_INT_FIELDS = (
     "max_confirm_gap_ms",
 )
 MAX_FIELDS = frozenset({"max_gap_ms", "max_delivery_gap_ms", "max_confirm_gap_ms"})
+MIN_FIELDS = frozenset({"drained"})  # across runs: drained only if every run drained
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,11 @@ class Gap:
             "fault_ts_ns": self.fault_ts_ns,
             "recovery_ms": self.recovery_ms,
         }
+
+
+def drained_queues(rows: Iterable[tuple[str, str, str | None]]) -> set[tuple[str, str]]:
+    """The (run, queue) pairs of (run_id, queue, detail) `drain` rows whose drain completed."""
+    return {(run, queue) for run, queue, detail in rows if queue and drain_complete(detail)}
 
 
 def fault_events(rows: Iterable[tuple[str, int, str | None]]) -> list[FaultEvent]:
@@ -275,7 +287,7 @@ def merge_queue_summaries(per_run: list[dict]) -> dict:
     out: dict = {}
     for f in SUMMARY_INT_FIELDS:
         vals = [s.get(f, 0) for s in per_run]
-        out[f] = max(vals) if f in MAX_FIELDS else sum(vals)
+        out[f] = max(vals) if f in MAX_FIELDS else min(vals) if f in MIN_FIELDS else sum(vals)
     for lat in ("confirm_latency_ms", "e2e_latency_ms"):
         maxima = [s[lat]["max"] for s in per_run if s.get(lat) and s[lat].get("max") is not None]
         out[lat] = {"max": max(maxima) if maxima else None, "count": sum(s[lat]["count"] for s in per_run if s.get(lat))}

@@ -26,6 +26,7 @@ from hutch.pipeline.model import (
     Findings,
     Gap,
     by_queue_name,
+    drained_queues,
     empty_summary,
     fault_events,
     fault_windows,
@@ -62,6 +63,7 @@ def check_table(table: pa.Table, gap_ms: float = 1000.0) -> Findings:
     times: dict[tuple[str, str, str], list[int]] = defaultdict(list)  # (run, queue, op) -> ts
     run_end: dict[str, int] = {}
     fault_rows = []
+    drain_rows = []
     for i in range(n):
         run, queue, op, ts = cols["run_id"][i], cols["queue"][i], cols["op"][i], cols["ts_ns"][i]
         run_end[run] = max(run_end.get(run, ts), ts)
@@ -70,6 +72,8 @@ def check_table(table: pa.Table, gap_ms: float = 1000.0) -> Findings:
             continue
         if not queue:
             continue
+        if op == "drain":
+            drain_rows.append((run, queue, cols["detail"][i]))
         times[(run, queue, op)].append(ts)
         msg_id = cols["msg_id"][i]
         if op not in MSG_OPS or msg_id is None:
@@ -93,15 +97,16 @@ def check_table(table: pa.Table, gap_ms: float = 1000.0) -> Findings:
     events = fault_events(fault_rows)
     windows = fault_windows(events, run_end)
     f = Findings(summary={"runs": {}}, faults=events, windows=windows)
+    drained = drained_queues(drain_rows)
     per_queue: dict[tuple[str, str], dict] = {}
     for run, queue, _op in times:
-        per_queue.setdefault((run, queue), empty_summary())
+        per_queue.setdefault((run, queue), empty_summary())["drained"] = int((run, queue) in drained)
     confirm_lat: dict[tuple[str, str], list[int]] = defaultdict(list)
     e2e_lat: dict[tuple[str, str], list[int]] = defaultdict(list)
     per_second_lat: dict[tuple[str, str, int, str], list[int]] = defaultdict(list)
 
     for (run, queue, msg_id), m in msgs.items():
-        s = per_queue.setdefault((run, queue), empty_summary())
+        s = per_queue[(run, queue)]
         nd = len(m.deliveries)
         published = m.pub_ts is not None
         confirmed = m.confirm_ts is not None
@@ -117,7 +122,9 @@ def check_table(table: pa.Table, gap_ms: float = 1000.0) -> Findings:
         s["nacked_delivered"] += nacked and nd > 0
         s["returned_delivered"] += m.returned and nd > 0
         s["unconfirmed_delivered"] += unconfirmed and nd > 0
-        if confirmed and not m.returned and nd == 0:
+        if confirmed and not m.returned and nd == 0 and (run, queue) not in drained:
+            s["unread"] += 1
+        elif confirmed and not m.returned and nd == 0:
             s["lost"] += 1
             window = window_of(windows, run, m.pub_ts)
             s["lost_by_window"][window] = s["lost_by_window"].get(window, 0) + 1

@@ -19,7 +19,7 @@ from pathlib import Path
 from hutch.pipeline.model import NS_PER_MS, NS_PER_S, Findings
 
 BAD_IF_POSITIVE = ("lost", "duplicates_without_redelivered", "unexpected", "reordered")
-TABLE_FIELDS = ("published", "confirmed", "delivered", "lost", "duplicates", "duplicates_without_redelivered",
+TABLE_FIELDS = ("published", "confirmed", "delivered", "lost", "unread", "drained", "duplicates", "duplicates_without_redelivered",
                 "unexpected", "reordered", "unconfirmed", "nacked", "returned", "gaps", "max_gap_ms")
 OP_STYLE = {"publish": ("#1f77b4", "published/s"), "confirm": ("#2ca02c", "confirmed/s"),
             "deliver": ("#ff7f0e", "delivered/s"), "nack": ("#d62728", "nacked/s")}
@@ -146,10 +146,14 @@ def render_html(findings: Findings, title: str, gap_ms: float) -> str:
         for queue, q in sorted(r["queues"].items()):
             row = [run, queue] + [q.get(f, 0) for f in TABLE_FIELDS]
             for j, f in enumerate(TABLE_FIELDS):
-                if f in BAD_IF_POSITIVE and q.get(f, 0) > 0:
+                if f in BAD_IF_POSITIVE and q.get(f, 0) > 0 or f == "drained" and not q.get(f, 0):
                     bad.add((len(rows), j + 2))
             rows.append(row)
     parts += ["<h2>Promises, per queue</h2>", _table(header, rows, bad)]
+    if any(not q.get("drained", 0) for r in s["runs"].values() for q in r["queues"].values()):
+        parts.append("<p>A queue with <code>drained</code> 0 was not read empty at the end of its run: its "
+                     "confirmed messages that were never delivered are counted as <code>unread</code>, not "
+                     "<code>lost</code>, since nobody could have read them.</p>")
     lat_rows = []
     for run, r in sorted(s["runs"].items()):
         for queue, q in sorted(r["queues"].items()):
@@ -186,7 +190,8 @@ def render_html(findings: Findings, title: str, gap_ms: float) -> str:
                     [[g.kind, f"{(g.start_ns - g0) / NS_PER_S:.2f}", f"{g.gap_ms:.0f}", g.recovered, g.cause or "(none recorded)",
                       _ms(g.recovery_ms)] for g in gaps])]
             outcome = [
-                ["confirmed", q["confirmed"], q["confirmed"] - q["lost"] - q["returned"], q["lost"]],
+                ["confirmed", q["confirmed"], q["confirmed"] - q["lost"] - q.get("unread", 0) - q["returned"],
+                 q["lost"] + q.get("unread", 0)],
                 ["nacked", q["nacked"], q["nacked_delivered"], q["nacked"] - q["nacked_delivered"]],
                 ["returned", q["returned"], q["returned_delivered"], q["returned"] - q["returned_delivered"]],
                 ["never confirmed", q["unconfirmed"], q["unconfirmed_delivered"], q["unconfirmed"] - q["unconfirmed_delivered"]],

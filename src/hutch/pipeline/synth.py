@@ -31,6 +31,7 @@ from hutch.pipeline.history import (
     PUBLISHER_MAX,
     ROWS_PER_FILE_DEFAULT,
     SCHEMA,
+    drain_detail,
     fault_end,
     fault_start,
 )
@@ -98,6 +99,7 @@ class SynthSpec:
     faults: tuple[Fault, ...] = ()
     defects: Defects = field(default_factory=Defects)
     acks: bool = True
+    drained: bool = True  # the run ends with a completed drain of every queue (a `drain` row each)
     seed: int = 0
     start_ns: int = START_NS_DEFAULT
 
@@ -117,6 +119,8 @@ class QueueTruth:
     delivered: int = 0
     deliveries: int = 0
     lost: int = 0
+    unread: int = 0  # never delivered, on a queue whose run did not drain
+    drained: int = 1
     duplicates: int = 0
     duplicates_without_redelivered: int = 0
     unexpected: int = 0
@@ -274,7 +278,11 @@ def generate(spec: SynthSpec, directory: str | os.PathLike, rows_per_file: int =
         raise ValueError("too many defects for the number of messages")
     spacing_ns = int(NS_PER_S / spec.rate_per_publisher)
 
+    last_ts = [spec.start_ns]
+
     def emit(client_id: str, node: str, rows: _Rows) -> None:
+        for part in rows.parts:
+            last_ts[0] = max(last_ts[0], int(part["ts_ns"].max()))
         n, f = _write_client(directory, spec, client_id, node, rows, rows_per_file, token)
         truth.rows += n
         truth.files += f
@@ -406,11 +414,14 @@ def generate(spec: SynthSpec, directory: str | os.PathLike, rows_per_file: int =
         qt.confirmed = int(confirmed.sum())
         qt.delivered = int(delivered.sum()) + d.unexpected
         qt.deliveries = qt.delivered + len(dup_f) + len(dup_u)
-        qt.lost = len(lost)
-        qt.lost_ids = {int(x) for x in msg_id[lost]}
-        for i in lost:
-            w = _window_of(int(pub_ts[i]), spec)
-            qt.lost_by_window[w] = qt.lost_by_window.get(w, 0) + 1
+        if spec.drained:
+            qt.lost = len(lost)
+            qt.lost_ids = {int(x) for x in msg_id[lost]}
+            for i in lost:
+                w = _window_of(int(pub_ts[i]), spec)
+                qt.lost_by_window[w] = qt.lost_by_window.get(w, 0) + 1
+        else:
+            qt.unread, qt.drained = len(lost), 0
         qt.duplicates = len(dup_f) + len(dup_u)
         qt.duplicates_without_redelivered = len(dup_u)
         qt.unexpected = d.unexpected
@@ -427,5 +438,8 @@ def generate(spec: SynthSpec, directory: str | os.PathLike, rows_per_file: int =
             fs = spec.start_ns + int(f.start_s * NS_PER_S)
             fe = fs + int(f.duration_s * NS_PER_S)
             lab.add("fault", "", None, [fs, fe], detail=[fault_start(f.name), fault_end(f.name)])
+    for q in range(spec.queues):  # at the run's last event, so the drain does not lengthen the run
+        lab.add("drain", spec.queue_name(q), None, [last_ts[0]],
+                detail=[drain_detail(spec.drained, "stopped before the queue was empty")])
     emit("lab", "", lab)
     return truth
