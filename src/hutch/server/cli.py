@@ -7,6 +7,7 @@ import sys
 import click
 
 from hutch.broker.broker import Config
+from hutch.server import environment, logs
 from hutch.server.config import ConfigError, apply_file, check, complete_node_name, parse_bytes
 
 
@@ -62,9 +63,13 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
     from hutch.server.runtime import run_node
 
     cfg = Config()
+    env = environment.read()  # HUTCH_* variables: over the configuration file, under the options
     try:
+        if config_file is None:
+            config_file = environment.config_file(env)
         if config_file:
             apply_file(cfg, config_file)
+        environment.apply(cfg, env)
         if disk_free_limit is not None:
             cfg.disk_free_limit_bytes = parse_bytes(disk_free_limit)
         if vm_memory_high_watermark_bytes is not None:
@@ -94,12 +99,17 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
             raise click.ClickException(f"--peer-address {spec!r}: expected NAME@HOST=ADDR:PORT")
         cfg.peer_addresses[name] = (host, int(port))
     cfg.node_name = complete_node_name(cfg.node_name)
+    environment.finish(cfg, env, data_dir)
     name, _, host = cfg.node_name.partition("@")
     if not name or not host:
         raise click.ClickException(f"node name '{cfg.node_name}' must be NAME@HOST or NAME")
     try:
         check(cfg)
     except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        logs.plan(cfg.log_settings, cfg.log_level, cfg.data_dir, cfg.node_name)
+    except logs.LogConfigError as e:
         raise click.ClickException(str(e)) from None
     try:
         sys.exit(run_node(cfg))

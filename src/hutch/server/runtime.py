@@ -22,7 +22,6 @@ import signal
 import socket
 import ssl
 import sys
-import time
 
 import psutil
 from pamqp import commands
@@ -36,6 +35,7 @@ from hutch.control import migrate
 from hutch.control.app import API, HttpListener
 from hutch.control.node import node_info
 from hutch.control.sessions import local_listing
+from hutch.server import logs, sdnotify
 from hutch.server.clustering import CLUSTER_FILE, ClusterRuntime, write_cluster_file
 
 log = logging.getLogger("hutch.node")
@@ -428,6 +428,7 @@ class Node:
 
     def request_stop(self) -> None:
         log.info("hutch is asked to stop...")
+        sdnotify.stopping(f"node {self.config.node_name} is stopping")
         self._stopping.set()
 
     async def shutdown(self) -> None:
@@ -453,28 +454,15 @@ def server_tls_context(certfile: str, keyfile: str, cacertfile: str | None, veri
     return ctx
 
 
-def setup_logging(level: str, data_dir: str, node_name: str) -> None:
-    """RabbitMQ-style lines: a UTC timestamp, the level in lower case, the component, the text;
-    to standard error and to DATA_DIR/log/NODE_NAME.log."""
-    fmt = logging.Formatter("%(asctime)s.%(msecs)03d+00:00 [%(levelname)s] <%(name)s> %(message)s",
-                            datefmt="%Y-%m-%d %H:%M:%S")
-    fmt.converter = time.gmtime
-    root = logging.getLogger()
-    root.handlers.clear()
-    os.makedirs(os.path.join(data_dir, "log"), exist_ok=True)
-    for handler in (logging.StreamHandler(sys.stderr),
-                    logging.FileHandler(os.path.join(data_dir, "log", f"{node_name}.log"))):
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
-    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
-              "critical": logging.CRITICAL}
-    root.setLevel(levels.get(level.lower(), logging.CRITICAL + 10 if level.lower() == "none" else logging.INFO))
-    for name, value in levels.items():
-        logging.addLevelName(value, name)
+def setup_logging(config: Config) -> None:
+    """RabbitMQ-style lines (a UTC timestamp, the level in lower case, the component, the text) to
+    the sinks the log.* settings and HUTCH_LOGS / HUTCH_LOG_BASE ask for; by default to standard
+    error and to DATA_DIR/log/NODE_NAME.log (hutch.server.logs)."""
+    logs.configure(config.log_settings, config.log_level, config.data_dir, config.node_name)
 
 
 def run_node(config: Config) -> int:
-    setup_logging(config.log_level, config.data_dir, config.node_name)
+    setup_logging(config)
     for warning in config.config_warnings:
         logging.getLogger("hutch.config").warning("%s", warning)
     try:
@@ -489,6 +477,8 @@ def run_node(config: Config) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, node.request_stop)
+        # Type=notify units: the node is booted, listening and handles SIGTERM from here on
+        sdnotify.ready(f"node {config.node_name} is running")
         await node.serve_forever()
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
