@@ -189,7 +189,8 @@ def node_info(api: Api) -> dict[str, Any]:
         "run_queue": 0,
         "uptime": int((time.time() - api.started_at_s) * 1000),
         "rates_mode": "none",
-        "partitions": [],
+        "partitions": (b.cluster.status().get("partitions", {}).get(cfg.node_name, [])
+                       if b.cluster is not None else []),
         "cluster_links": [],
         "net_ticktime": 60,
         "exchange_types": EXCHANGE_TYPES,

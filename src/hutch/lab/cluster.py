@@ -176,6 +176,22 @@ def node_command(spec: NodeSpec, nodes: list[NodeSpec], proxy_ports: dict[tuple[
     return cmd
 
 
+def size_mismatch(lab_dir: str | os.PathLike, specs: list[NodeSpec]) -> str | None:
+    """Why a lab of `specs` cannot start on the data left in `lab_dir`, or None.
+
+    A node's data holds its cluster's membership: the nodes of a 3-node lab, started again as a
+    1-node lab, would wait forever for peers that no longer exist (no catalogue majority)."""
+    root = Path(lab_dir)
+    planned = {Path(s.data_dir).name for s in specs}
+    found = sorted((p.name for p in root.glob("hutch-*") if p.is_dir() and (p / "raft").exists()),
+                   key=lambda n: int(n.rsplit("-", 1)[1]) if n.rsplit("-", 1)[1].isdigit() else 0)
+    if not found or set(found) == planned:
+        return None
+    return (f"{root} holds the data of a {len(found)}-node lab ({', '.join(found)}), not of a "
+            f"{len(specs)}-node one; its nodes would wait for members that are not there. "
+            f"Delete it with `hutch lab down --wipe --dir {root}`, or start this lab in another --dir")
+
+
 def port_in_use(port: int) -> bool:
     """True when something listens on `port` (on any address): a node could not bind it."""
     with socket.socket() as s:
@@ -362,6 +378,7 @@ class Controller:
                 for s in self.specs:
                     cmd = node_command(s, self.specs, ports, self.secret_file, self.config["net_ticktime_s"],
                                        self.config["metadata_timeout_ms"], self.config["log_level"])
+                    cmd += self.config.get("node_args", [])
                     self.nodes[s.name] = _Node(s, cmd)
 
                 @web.middleware
@@ -741,11 +758,12 @@ class Lab:
     def up(cls, count: int, lab_dir: str | os.PathLike = LAB_DIR_DEFAULT, *, base_port: int = BASE_PORT_DEFAULT,
            net_ticktime_s: float = NET_TICKTIME_S_DEFAULT, secret: str | None = None,
            metadata_timeout_ms: int = METADATA_TIMEOUT_MS_DEFAULT, log_level: str = "info",
-           wait: str = "healthy", timeout_s: float = UP_TIMEOUT_S_DEFAULT, tied_to_caller: bool = False) -> Lab:
+           wait: str = "healthy", timeout_s: float = UP_TIMEOUT_S_DEFAULT, tied_to_caller: bool = False,
+           node_args: list[str] | None = None) -> Lab:
         """Start a lab of `count` nodes and wait until it is `healthy` (every node sees every member
         running and a leader), until every node's HTTP API answers (`http`), or not at all (`none`).
         On failure everything started is stopped again and LabError says which node is not up and
-        where its log is.
+        where its log is. `node_args` are added to every node's `hutch server` command line.
 
         The lab outlives the calling process unless `tied_to_caller` (for tests): then the
         controller is stopped when the caller dies, however it dies, and the nodes with it."""
@@ -759,6 +777,9 @@ class Lab:
             pid = lab.info().get("controller", {}).get("pid", "?") if (lab.dir / LAB_JSON).exists() else "?"
             raise LabError(f"a lab is already running in {lab.dir} (controller pid {pid}); "
                            f"stop it with `hutch lab down --dir {lab_dir}`")
+        problem = size_mismatch(lab.dir, specs)
+        if problem:
+            raise LabError(problem)
         for s in specs:
             for what, port in s.ports().items():
                 if port_in_use(port):
@@ -776,7 +797,7 @@ class Lab:
         config = {"nodes": [s.__dict__ for s in specs], "base_port": base_port, "net_ticktime_s": net_ticktime_s,
                   "metadata_timeout_ms": metadata_timeout_ms, "log_level": log_level,
                   "token": secrets.token_urlsafe(24), "started_ms": time.time_ns() // 1_000_000,
-                  "tied_to_caller": tied_to_caller}
+                  "tied_to_caller": tied_to_caller, "node_args": list(node_args or [])}
         with open(lab.dir / CONTROLLER_LOG, "ab") as out:
             lab._controller_proc = subprocess.Popen(
                 [sys.executable, "-m", "hutch.lab.cluster", "--dir", str(lab.dir), "--config", json.dumps(config)],

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,6 +45,7 @@ from hutch.mirror.placement import leader_move, mirrors_for
 from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
+from hutch.server.partitions import partitioned_from
 
 if TYPE_CHECKING:
     from hutch.server.runtime import Node
@@ -74,6 +76,10 @@ def parse_node(spec: str) -> tuple[str, tuple[str, int]]:
         raise ValueError(f"node '{spec}' must be NAME@HOST[:PEER_PORT]")
     host = name.split("@", 1)[1]
     return name, (host, int(port) if port else DEFAULT_PEER_PORT)
+
+
+def _iso(wall_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_s))
 
 
 def load_secret(path: str | None) -> bytes:
@@ -118,6 +124,7 @@ class ClusterRuntime:
         self._init_sent_at = -1e9
         self.joins: dict[str, str] = {}  # leader: joining node -> its address
         self.stopped = False
+        self.stopping_peers: set[str] = set()  # peers that announced a controlled stop
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
 
     # ------------------------------------------------------------ start and stop
@@ -226,11 +233,16 @@ class ClusterRuntime:
         await asyncio.wait_for(done.wait(), self.cfg.metadata_timeout_ms / 1000 + 1)
 
     async def stop(self) -> None:
-        # a controlled shutdown: mirrored queues led here tell their mirrors (which then apply
-        # ha-promote-on-shutdown) and leave their rings before the links close
+        # a controlled shutdown: peers hear it is not a partition; mirrored queues led here tell
+        # their mirrors (which then apply ha-promote-on-shutdown) and leave their rings before
+        # the links close
+        peers = self.transport.up_peers
+        for peer in peers:
+            self.transport.send(peer, "rpc", ["leaving"])
         if self.cluster.mirroring.leaders or self.cluster.mirroring.mirrors:
             self.cluster.mirroring.shutdown()
             self.cluster.mirroring.flush()
+        if peers:
             await asyncio.sleep(0.05)  # the links write what was queued on the next loop turns
         self.stopped = True
         self._tick_handle.cancel()
@@ -282,9 +294,33 @@ class ClusterRuntime:
             "leader": self.leader_name(),
             "raft": {"term": self.group.term, "commit_index": self.group.commit, "applied": self.group.applied,
                      "role": self.group.role_name},
-            "partitions": {},
+            "partitions": self.partitions(),
+            "last_seen": {p: _iso(self._wall(self.down_since[p])) for p in self.partitioned() if p in self.down_since},
             "alarms": [],
         }
+
+    def partitioned(self) -> list[str]:
+        """The members this node cannot reach and that did not say they were stopping."""
+        members = self.members()
+        up = {m for m in members if self.is_up(m)}
+        return partitioned_from(self.name, members, up, self.stopping_peers)
+
+    def partitions(self) -> dict[str, list[str]]:
+        """RabbitMQ's shape: node -> the nodes it is partitioned from; this node's own view, and
+        what each peer it still reaches last reported of its own."""
+        out = {}
+        mine = self.partitioned()
+        if mine:
+            out[self.name] = mine
+        for peer in self.members():
+            if peer != self.name and self.is_up(peer):
+                theirs = (self.cluster.peer_info.get(peer) or {}).get("partitions") or []
+                if theirs:
+                    out[peer] = sorted(theirs)
+        return out
+
+    def _wall(self, loop_time: float) -> float:
+        return time.time() - (self.loop.time() - loop_time)
 
     # ------------------------------------------------------------ the Raft loop
 
@@ -471,13 +507,22 @@ class ClusterRuntime:
         elif kind == "forget":
             if not self.is_up(payload[1]):
                 self._remove_member(payload[1])
+        elif kind == "leaving":  # a peer's controlled stop: it is not running, not partitioned
+            self.stopping_peers.add(peer)
         elif kind == "members":
             for n, addr in payload[1].items():
                 if n != self.name:
                     self._learn(n, addr)
 
     def _on_peer_up(self, peer: str) -> None:
+        was_partitioned = peer in self.down_since and peer not in self.stopping_peers
         self.down_since.pop(peer, None)
+        self.stopping_peers.discard(peer)
+        if was_partitioned and (self.cfg.cluster_partition_handling == "autoheal" or (
+                self.cfg.cluster_partition_handling == "pause_if_all_down"
+                and self.cfg.pause_if_all_down_recover == "autoheal")):
+            log.info("Autoheal: the partition with node %s has healed; no node restarts, as the catalogue "
+                     "is Raft-replicated and this node takes the leader's log", peer)
         self.cluster.peer_up(peer)
         if self.cluster.local_info is not None:
             self.transport.send(peer, "q", ["NI", self.cluster.local_info()])
@@ -487,8 +532,8 @@ class ClusterRuntime:
 
     def _partition_check(self) -> None:
         members = self.members()
-        reachable = sum(1 for m in members if m == self.name or self.transport.is_up(m))
-        self.node.partition_changed(reachable, len(members))
+        up = {m for m in members if m == self.name or self.transport.is_up(m)}
+        self.node.partition_changed(up, members)
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
         self.down_since[peer] = self.loop.time()

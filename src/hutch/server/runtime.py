@@ -37,6 +37,7 @@ from hutch.control.node import node_info
 from hutch.control.sessions import local_listing
 from hutch.server import logs, sdnotify
 from hutch.server.clustering import CLUSTER_FILE, ClusterRuntime, write_cluster_file
+from hutch.server.partitions import PAUSING_MODES, pause_reason, should_pause
 
 log = logging.getLogger("hutch.node")
 
@@ -175,7 +176,7 @@ class Node:
         self.http: HttpListener | None = None  # the management HTTP API
         self._proc = psutil.Process()
         self._app_running = False
-        self.paused = False  # pause_minority: clients closed until a majority is reachable
+        self.paused = False  # pause_minority / pause_if_all_down: clients closed until the condition clears
         self.clustering = None
         self._total_mem = psutil.virtual_memory().total
 
@@ -303,21 +304,26 @@ class Node:
                 await asyncio.wait_for(server.wait_closed(), 2)
         self.servers = []
 
-    def partition_changed(self, reachable: int, members: int) -> None:
-        """cluster_partition_handling = pause_minority: a node that reaches no more than half of
-        its cluster's nodes (itself included) closes its clients and listeners until it does."""
-        if self.config.cluster_partition_handling != "pause_minority" or not self._app_running:
+    def partition_changed(self, up: set[str], members: list[str]) -> None:
+        """pause_minority / pause_if_all_down (hutch.server.partitions): a node that should pause
+        closes its clients and AMQP listeners, and opens them again once it should not; the HTTP
+        API stays up throughout, so cluster_status can say why."""
+        cfg = self.config
+        if cfg.cluster_partition_handling not in PAUSING_MODES or not self._app_running:
             return
-        minority = members > 1 and reachable * 2 <= members
-        if minority and not self.paused:
+        args = (cfg.cluster_partition_handling, cfg.node_name, members, up, cfg.pause_if_all_down_nodes)
+        pause = should_pause(*args)
+        if pause and not self.paused:
             self.paused = True
-            log.warning("Cluster minority status detected (%d of %d nodes reachable): pausing node %s "
-                        "(cluster_partition_handling = pause_minority)", reachable, members, self.config.node_name)
+            log.warning("Cluster minority/secondary status detected (%s): pausing node %s "
+                        "(cluster_partition_handling = %s)", pause_reason(*args), cfg.node_name,
+                        cfg.cluster_partition_handling)
             self.loop.create_task(self._close_clients())
-        elif not minority and self.paused:
+        elif not pause and self.paused:
             self.paused = False
-            log.warning("Cluster majority status regained (%d of %d nodes reachable): resuming node %s",
-                        reachable, members, self.config.node_name)
+            reached = sorted(m for m in members if m in up and m != cfg.node_name)
+            log.warning("Cluster recovery detected (reachable again: %s): resuming node %s",
+                        ", ".join(reached) or "none", cfg.node_name)
             self.loop.create_task(self._open_listeners())
 
     def _wire_node_info(self) -> None:
