@@ -174,6 +174,8 @@ def make_app(broker: Broker) -> web.Application:
     for module in (node, access, topology, sessions, policies, definitions, quorum, migrate):
         for r in module.routes:  # RabbitMQ also answers "/api/queues/" and the like
             app.router.add_route(r.method, r.path + "/", r.handler)
+    from hutch.control import ui
+    ui.register(app)  # the web UI at / and its assets under /ui/
     return app
 
 
