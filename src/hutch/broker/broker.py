@@ -88,6 +88,7 @@ class Config:
     mirroring_sync_batch_size: int = 4096  # messages per sync batch unless ha-sync-batch-size says
     mirroring_sync_max_throughput: int = 0  # bytes/s a sync may send (0: no limit)
     cluster_partition_handling: str = "ignore"  # ignore | pause_minority | pause_if_all_down | autoheal
+    load_definitions: str | None = None  # a definitions file (or directory) imported at every boot
     pause_if_all_down_nodes: list[str] = field(default_factory=list)  # pause when none of these is reachable
     pause_if_all_down_recover: str | None = None  # after the heal: ignore | autoheal (required with the mode)
     # management HTTP API: address to bind (None: amqp_host) and the HTTPS listener (management.ssl.*)

@@ -6,7 +6,7 @@
     GET /api/users/without-permissions
     POST /api/users/bulk-delete           {"users": [...]}
     GET /api/vhosts                       the vhosts the user may see
-    GET|PUT|DELETE /api/vhosts/{name}     PUT {"description", "tags"} (optional)
+    GET|PUT|DELETE /api/vhosts/{name}     PUT {"description", "tags", "default_queue_type"} (optional)
     GET /api/vhosts/{name}/permissions
     GET /api/permissions                  administrator
     GET|PUT|DELETE /api/permissions/{vhost}/{user}   PUT {"configure", "write", "read"}
@@ -35,6 +35,7 @@ from hutch.control.errors import bad_request, not_authorised, not_found
 routes = web.RouteTableDef()
 
 NAME_BYTES_MAX = 255
+VHOST_DEFAULT_QUEUE_TYPES = ("classic", "quorum")  # a stream default: no stream queues here
 HASHING = "rabbit_password_hashing_sha256"
 
 
@@ -178,11 +179,14 @@ async def put_vhost(request: web.Request) -> web.Response:
     tags = parse_tags(body["tags"]) if "tags" in body else None
     if "tracing" in body and not isinstance(body["tracing"], bool):
         raise bad_request("tracing must be true or false")
-    return await _put_vhost(request, name, description, tags, body.get("tracing"))
+    dqt = body.get("default_queue_type")
+    if dqt is not None and dqt not in VHOST_DEFAULT_QUEUE_TYPES:
+        raise bad_request(f"default_queue_type must be one of {', '.join(VHOST_DEFAULT_QUEUE_TYPES)}, got {dqt!r}")
+    return await _put_vhost(request, name, description, tags, body.get("tracing"), dqt)
 
 
 async def _put_vhost(request: web.Request, name: str, description: str | None, tags: list[str] | None,
-                                tracing: bool | None) -> web.Response:
+                                tracing: bool | None, default_queue_type: str | None = None) -> web.Response:
     """PUT /api/vhosts/{name} on a clustered node: what the request leaves out stays as it is."""
     broker = api_of(request).broker
     old = broker.cluster.catalogue.vhosts.get(name)
@@ -190,7 +194,9 @@ async def _put_vhost(request: web.Request, name: str, description: str | None, t
         description = old.description if old is not None else ""
     if tags is None:
         tags = list(old.tags) if old is not None else []
-    res = await changes.commit(broker, cat.AddVhost(name, description, tuple(tags)))
+    if default_queue_type is None:
+        default_queue_type = old.default_queue_type if old is not None else ""
+    res = await changes.commit(broker, cat.AddVhost(name, description, tuple(tags), default_queue_type))
     if res.status == cat.CREATED:  # as on a single node: the creator may use the vhost it made
         await changes.commit(broker, cat.SetPermissions(user_of(request).name, name, ".*", ".*", ".*"))
     v = broker.vhosts.get(name)

@@ -1,122 +1,159 @@
-"""Definitions export and import: RabbitMQ's definitions JSON over HTTP.
+"""Definitions export and import over HTTP, in RabbitMQ's definitions format; runtime parameters.
 
-    GET /api/definitions                 the whole node: users, vhosts, permissions, policies,
-                                         exchanges, queues, bindings (administrator)
-    POST /api/definitions                import such a document
-    GET|POST /api/definitions/{vhost}    one vhost's policies, exchanges, queues and bindings
+    GET  /api/definitions                the whole catalogue as RabbitMQ's document (administrator)
+    POST /api/definitions                import one; ?skip_unsupported=true imports what hutch
+                                         can honour and answers 200 with what it left out
+    GET|POST /api/definitions/{vhost}    one vhost's parameters, policies, queues, exchanges, bindings
+    GET  /api/global-parameters[/{name}] global runtime parameters (cluster_name, ...)
+    PUT|DELETE /api/global-parameters/{name}   {"value": ...}
+    GET  /api/parameters[/{component}[/{vhost}[/{name}]]]   vhost-scoped runtime parameters
 
-An import is checked whole before anything is applied — the document's shape, every policy,
-every queue's and exchange's arguments, permissions naming users that exist — so a bad
-document is a 400 with a reason and changes nothing. Imported objects are then created
-through the broker (existing ones are kept) and the node's durable definitions saved.
+An import is planned whole first (`hutch.broker.definitions.plan`): every item becomes
+catalogue commands or a refusal that names it. A document with a malformed item, or with an
+item hutch cannot honour (a stream queue, an `x-delayed-message` exchange, a runtime parameter
+of a plugin's component, ...), is answered 400 with every such item named in the reason, and
+nothing is changed. With `skip_unsupported=true` only malformed items refuse it; the answer
+lists what was skipped. The planned commands are then tried on a scratch copy of the catalogue,
+so whatever the catalogue would refuse (permissions for a user that does not exist, a policy
+for a vhost that does not) is a 400 before anything is proposed, and then committed in
+dependency order. As in RabbitMQ, existing exchanges and queues are left as they are, users,
+permissions, policies and parameters are set to the document's, and a vhost that items refer
+to but the document does not define is created. Queues are homed where the
+queue-master-locator puts them; a durable one keeps the document's `hutch_id` as journal id or
+gets a new random one. Imports are logged as RabbitMQ logs them ("Importing definitions from
+...", then one line per kind with its count).
 
-On a clustered node the document becomes catalogue commands (`catalogue.from_definitions`),
-which are first tried on a scratch copy of the catalogue — so whatever the catalogue would
-refuse is a 400 before anything is proposed — and then committed one by one, in dependency
-order. The single node's leniency is kept: existing exchanges and queues are left as they
-are, bindings whose ends do not exist are skipped, and a vhost that records refer to but the
-document does not define is created. Queues are homed where the queue-master-locator puts
-them; durable ones keep the document's `hutch_id` as journal id or get a new random one.
+What it must never do: change anything when it refuses an import, or answer success for an
+import that left something out without saying so.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from hutch.amqp.spec import AMQPError
-from hutch.broker import arguments as qargs
-from hutch.broker import definitions
+from hutch import __version__
+from hutch.broker import definitions as defs
 from hutch.broker.broker import hash_password
 from hutch.cluster import catalogue as cat
 from hutch.control import changes
 from hutch.control.app import api_of, read_json, requires
-from hutch.control.errors import bad_request, not_found
-from hutch.control.policy import PolicyError, validate_policy
+from hutch.control.errors import ApiError, bad_request, not_found
+from hutch.control.policy import validate_policy
+
+log = logging.getLogger("hutch.definitions")
 
 routes = web.RouteTableDef()
 
-SCOPED_KEYS = ("policies", "exchanges", "queues", "bindings")
+REFUSALS_SHOWN_MAX = 50  # items named in one 400 answer; the count says how many more
+HTTP_SOURCE = "a request to the HTTP API"
 
 
-def check(broker, doc: Any) -> dict[str, Any]:
-    """The document to apply, fully validated (policies normalised). Raises ApiError 400."""
+def context() -> defs.Context:
+    return defs.Context(
+        hash_password=hash_password,
+        check_policy=lambda vhost, name, body: validate_policy(vhost, name, body),
+        check_operator_policy=lambda vhost, name, body: validate_policy(vhost, name, body, operator=True))
+
+
+def refusal_text(plan: defs.Plan, skip_unsupported: bool) -> str:
+    """The reason given when a plan cannot be imported: every item that stops it, by name."""
+    problems = plan.malformed if skip_unsupported else plan.problems
+    shown = "; ".join(problems[:REFUSALS_SHOWN_MAX])
+    more = f"; and {len(problems) - REFUSALS_SHOWN_MAX} more" if len(problems) > REFUSALS_SHOWN_MAX else ""
+    if plan.malformed:
+        head = f"invalid definitions, nothing was imported: {len(problems)} item(s) cannot be imported: "
+    else:
+        head = (f"definitions refused, nothing was imported: {len(problems)} item(s) hutch cannot honour "
+                "(skip_unsupported=true imports the rest and lists them): ")
+    return head + shown + more
+
+
+def prepare(broker, doc: Any, *, skip_unsupported: bool = False) -> tuple[list[cat.Command], defs.Plan]:
+    """The commands to commit for `doc`, checked whole (raises ApiError 400 naming every item
+    that stops the import), and the plan they came from."""
     try:
-        definitions.validate(doc)
-    except definitions.DefinitionsError as e:
+        plan = defs.plan(doc, context())
+    except defs.DefinitionsError as e:
         raise bad_request(f"invalid definitions: {e}") from None
-    doc = dict(doc)
-    vhosts = set(broker.vhosts) | {v["name"] for v in doc.get("vhosts", [])}
-    users = set(broker.users) | {u["name"] for u in doc.get("users", [])}
-    for u in doc.get("users", []):
-        if "tags" in u and not isinstance(u["tags"], (str, list)):
-            raise bad_request(f"invalid definitions: user '{u['name']}': tags must be a string or a list")
-    for p in doc.get("permissions", []):
-        if p["user"] not in users:
-            raise bad_request(f"invalid definitions: permissions for user '{p['user']}', who is not defined")
-    policies = []
-    for p in doc.get("policies", []):
-        if not isinstance(p, dict) or not isinstance(p.get("vhost"), str) or not isinstance(p.get("name"), str):
-            raise bad_request(f"invalid definitions: policy {p!r} needs 'vhost' and 'name'")
-        if p["vhost"] not in vhosts:
-            raise bad_request(f"invalid definitions: policy '{p['name']}' is for vhost '{p['vhost']}', "
-                              "which is not defined")
+    if plan.malformed or (plan.unsupported and not skip_unsupported):
+        raise bad_request(refusal_text(plan, skip_unsupported))
+    return cluster_commands(broker, plan.commands), plan
+
+
+async def import_document(broker, doc: Any, *, skip_unsupported: bool = False,
+                          source: str = HTTP_SOURCE) -> dict[str, Any]:
+    """Import a document; what was imported (counts per kind) and what was skipped."""
+    log.info("Importing definitions from %s", source)
+    try:
+        cmds, plan = prepare(broker, doc, skip_unsupported=skip_unsupported)
+    except ApiError as e:
+        log.error("Definitions from %s were not imported: %s", source, e.reason)
+        raise
+    for line in defs.counts_text(plan.counts):
+        log.info("%s", line)
+    for item in plan.unsupported:
+        log.warning("Skipped %s", item)
+    await changes.commit_all(broker, cmds)
+    log.info("Imported definitions from %s%s", source,
+             f" ({len(plan.unsupported)} item(s) hutch cannot honour were skipped)" if plan.unsupported else "")
+    return {"imported": plan.counts, "skipped": plan.unsupported}
+
+
+class BootImportError(Exception):
+    """A definitions file configured with `load_definitions` that cannot be imported at boot:
+    the text names the file and what is wrong with it; the node does not start."""
+
+
+async def load_at_boot(broker, path: str) -> None:
+    """Import the `load_definitions` file (or every `.json` file of a directory, in name
+    order), as RabbitMQ does at every boot; raises BootImportError naming the file and item."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix == ".json" and f.is_file())
+        if not files:
+            raise BootImportError(f"definitions directory '{path}' holds no .json file")
+    else:
+        files = [p]
+    for f in files:
         try:
-            policies.append(validate_policy(p["vhost"], p["name"], p))
-        except PolicyError as e:
-            raise bad_request(f"invalid definitions: policy '{p['name']}' in vhost '{p['vhost']}': {e}") from None
-    if "policies" in doc:
-        doc["policies"] = policies
-    try:
-        for x in doc.get("exchanges", []):
-            if not isinstance(x.get("arguments", {}), dict):
-                raise bad_request(f"invalid definitions: exchange '{x['name']}': arguments must be an object")
-            qargs.validate_exchange_args(x.get("arguments") or {}, x["name"], x["vhost"])
-        for q in doc.get("queues", []):
-            qargs.queue_settings(q.get("arguments") or {}, q["name"], q["vhost"])
-    except AMQPError as e:
-        raise bad_request(f"invalid definitions: {e.text}") from None
-    return doc
+            raw = f.read_bytes()
+        except OSError as e:
+            raise BootImportError(f"could not read definitions file '{f}': {e.strerror or e}") from None
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise BootImportError(f"definitions file '{f}' is not valid JSON: {e}") from None
+        try:
+            await import_document(broker, doc, source=f"file at '{f}'")
+        except ApiError as e:
+            raise BootImportError(f"definitions file '{f}' was not imported: {e.reason}") from None
 
 
-async def import_document(broker, doc: Any) -> None:
-    doc = check(broker, doc)
-    await changes.commit_all(broker, cluster_commands(broker, doc))
-
-
-INTERNAL_GLOBAL_PREFIX = "hutch_"  # a cluster's own global parameters (member addresses): never imported
-
-
-def cluster_commands(broker, doc: dict[str, Any]) -> list[cat.Command]:
-    """The catalogue commands that import a checked document on a clustered node, tried on a
-    scratch copy of the catalogue first (raises ApiError 400 with the catalogue's reason)."""
+def cluster_commands(broker, proposed: list[cat.Command]) -> list[cat.Command]:
+    """The planned commands as this node proposes them (queue homes and journal ids chosen,
+    existing exchanges and queues kept), tried on a scratch copy of the catalogue first."""
     cl = broker.cluster
-    doc = dict(doc)
-    doc["global_parameters"] = [p for p in doc.get("global_parameters", []) if not
-                                (isinstance(p, dict) and str(p.get("name", "")).startswith(INTERNAL_GLOBAL_PREFIX))]
-    try:
-        proposed = cat.from_definitions(doc, home_node=cl.node, hash_password=hash_password)
-    except cat.CatalogueError as e:
-        raise bad_request(f"invalid definitions: {e}") from None
-    given_ids = {(q["vhost"], q["name"]) for q in doc.get("queues", []) if "hutch_id" in q}
-    described = {v["name"] for v in doc.get("vhosts", []) if v.get("metadata") or v.get("description")}
     scratch = cat.Catalogue.from_snapshot(cl.catalogue.snapshot())
     out: list[cat.Command] = []
 
     def take(cmd: cat.Command) -> None:
         res = scratch.apply(cmd)
-        if isinstance(cmd, cat.Bind) and res.code == cat.NOT_FOUND:
-            return  # as on a single node: a binding whose ends are missing is skipped
         if res.code != cat.OK:
-            raise bad_request(f"invalid definitions: {changes.http_error(res).reason}")
+            raise bad_request(f"invalid definitions, nothing was imported: {_what(cmd)}: "
+                              f"{changes.http_error(res).reason}")
         out.append(cmd)
 
     for cmd in proposed:
         vhost = getattr(cmd, "vhost", None)
         if isinstance(cmd, cat.AddVhost):
-            if cmd.name in scratch.vhosts and cmd.name not in described:
+            old = scratch.vhosts.get(cmd.name)
+            if old is not None and not (cmd.description or cmd.tags or cmd.default_queue_type):
                 continue  # an existing vhost is kept as it is
         elif vhost is not None and vhost not in scratch.vhosts:
             take(cat.AddVhost(vhost))
@@ -125,18 +162,46 @@ def cluster_commands(broker, doc: dict[str, Any]) -> list[cat.Command]:
         if isinstance(cmd, cat.DeclareQueue):
             if scratch.queue(cmd.vhost, cmd.name) is not None:
                 continue
-            journal_id = cmd.journal_id if (cmd.vhost, cmd.name) in given_ids else changes.new_journal_id()
             cmd = msgspec.structs.replace(
                 cmd, leader_node=cl.choose_home(dict(cmd.arguments), False, cmd.vhost, cmd.name),
-                journal_id=journal_id if cmd.durable else 0)
+                journal_id=(cmd.journal_id or changes.new_journal_id()) if cmd.durable else 0)
         take(cmd)
     return out
 
 
+def _what(cmd: cat.Command) -> str:
+    name = getattr(cmd, "name", None) or getattr(cmd, "user", None) or getattr(cmd, "source", "")
+    kind = type(cmd).__name__
+    vhost = getattr(cmd, "vhost", None)
+    return f"{kind} '{name}'" + (f" in vhost '{vhost}'" if vhost is not None else "")
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0", "yes", "no"):
+        raise bad_request(f"{name} must be true or false, got {raw!r}")
+    return raw in ("true", "1", "yes")
+
+
+def _catalogue(request: web.Request) -> cat.Catalogue:
+    broker = api_of(request).broker
+    if broker is None or broker.cluster is None:
+        raise ApiError(503, "service_unavailable", "the hutch application is not running on this node")
+    return broker.cluster.catalogue
+
+
+def _import_answer(report: dict[str, Any], skip_unsupported: bool) -> web.Response:
+    if skip_unsupported:
+        return web.json_response(report)
+    return web.Response(status=204)
+
+
+# ---------------------------------------------------------------- definitions
+
 @routes.get("/api/definitions")
 @requires("administrator")
 async def export_all(request: web.Request) -> web.Response:
-    doc = definitions.export(api_of(request).broker)
+    doc = defs.export(_catalogue(request), __version__)
     headers = {}
     if request.query.get("download"):
         headers["Content-Disposition"] = f'attachment; filename="{request.query["download"]}"'
@@ -146,38 +211,128 @@ async def export_all(request: web.Request) -> web.Response:
 @routes.post("/api/definitions")
 @requires("administrator")
 async def import_all(request: web.Request) -> web.Response:
+    skip = _flag(request, "skip_unsupported")
     body = await read_json(request)
-    await import_document(api_of(request).broker, body)
-    return web.Response(status=204)
+    report = await import_document(api_of(request).broker, body, skip_unsupported=skip)
+    return _import_answer(report, skip)
 
 
 @routes.get("/api/definitions/{vhost}")
 @requires("administrator")
 async def export_vhost(request: web.Request) -> web.Response:
-    broker = api_of(request).broker
+    c = _catalogue(request)
     vhost = request.match_info["vhost"]
-    if vhost not in broker.vhosts:
+    if vhost not in c.vhosts:
         raise not_found()
-    full = definitions.export(broker)
-    doc = {k: full[k] for k in ("rabbit_version", "rabbitmq_version", "product_name", "product_version")}
-    for key in SCOPED_KEYS:
-        doc[key] = [{k: v for k, v in rec.items() if k != "vhost"} for rec in full[key] if rec.get("vhost") == vhost]
-    return web.json_response(doc)
+    return web.json_response(defs.export_vhost(c, vhost, __version__))
 
 
 @routes.post("/api/definitions/{vhost}")
 @requires("administrator")
 async def import_vhost(request: web.Request) -> web.Response:
+    skip = _flag(request, "skip_unsupported")
     broker = api_of(request).broker
     vhost = request.match_info["vhost"]
-    if vhost not in broker.vhosts:
+    if vhost not in _catalogue(request).vhosts:
         raise not_found()
     body = await read_json(request)
-    doc: dict[str, Any] = {}
-    for key in SCOPED_KEYS:
-        recs = body.get(key, [])
-        if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
-            raise bad_request(f"invalid definitions: '{key}' must be a list of objects")
-        doc[key] = [{**r, "vhost": vhost} for r in recs]
-    await import_document(broker, doc)
-    return web.Response(status=204)
+    try:
+        doc = defs.scoped(body, vhost)
+    except defs.DefinitionsError as e:
+        raise bad_request(f"invalid definitions: {e}") from None
+    report = await import_document(broker, doc, skip_unsupported=skip,
+                                   source=f"a request to the HTTP API for vhost '{vhost}'")
+    return _import_answer(report, skip)
+
+
+# ---------------------------------------------------------------- runtime parameters
+
+def _global_parameter(name: str, value: Any) -> dict[str, Any]:
+    return {"name": name, "value": defs.jsonable(value)}
+
+
+def _global_parameters(c: cat.Catalogue) -> list[dict[str, Any]]:
+    return [_global_parameter(k, v) for k, v in sorted(c.global_parameters.items())
+            if not k.startswith(defs.INTERNAL_GLOBAL_PREFIX)]
+
+
+@routes.get("/api/global-parameters")
+@requires("administrator")
+async def list_global_parameters(request: web.Request) -> web.Response:
+    return web.json_response(_global_parameters(_catalogue(request)))
+
+
+@routes.get("/api/global-parameters/{name}")
+@requires("administrator")
+async def get_global_parameter(request: web.Request) -> web.Response:
+    c = _catalogue(request)
+    name = request.match_info["name"]
+    if name.startswith(defs.INTERNAL_GLOBAL_PREFIX) or name not in c.global_parameters:
+        raise not_found()
+    return web.json_response(_global_parameter(name, c.global_parameters[name]))
+
+
+@routes.put("/api/global-parameters/{name}")
+@requires("administrator")
+async def put_global_parameter(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    _catalogue(request)
+    if name.startswith(defs.INTERNAL_GLOBAL_PREFIX):
+        raise bad_request(f"global parameters named '{defs.INTERNAL_GLOBAL_PREFIX}...' are the cluster's own")
+    body = await read_json(request)
+    if "value" not in body:
+        raise bad_request("a global parameter needs a 'value'")
+    res = await changes.commit(api_of(request).broker, cat.SetGlobalParameter(name, body["value"]))
+    return changes.put_answer(res)
+
+
+@routes.delete("/api/global-parameters/{name}")
+@requires("administrator")
+async def delete_global_parameter(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    _catalogue(request)
+    if name.startswith(defs.INTERNAL_GLOBAL_PREFIX):
+        raise not_found()
+    res = await changes.commit(api_of(request).broker, cat.ClearGlobalParameter(name))
+    return changes.delete_answer(res)
+
+
+def _parameter(p: cat.ParameterRecord) -> dict[str, Any]:
+    return {"value": defs.jsonable(p.value), "vhost": p.vhost, "component": p.component, "name": p.name}
+
+
+def _parameters(c: cat.Catalogue, component: str | None = None, vhost: str | None = None) -> list[dict]:
+    return [_parameter(p) for _, p in sorted(c.parameters.items())
+            if (component is None or p.component == component) and (vhost is None or p.vhost == vhost)]
+
+
+@routes.get("/api/parameters")
+@requires("administrator")
+async def list_parameters(request: web.Request) -> web.Response:
+    return web.json_response(_parameters(_catalogue(request)))
+
+
+@routes.get("/api/parameters/{component}")
+@requires("administrator")
+async def list_component_parameters(request: web.Request) -> web.Response:
+    return web.json_response(_parameters(_catalogue(request), request.match_info["component"]))
+
+
+@routes.get("/api/parameters/{component}/{vhost}")
+@requires("administrator")
+async def list_vhost_parameters(request: web.Request) -> web.Response:
+    c = _catalogue(request)
+    if request.match_info["vhost"] not in c.vhosts:
+        raise not_found()
+    return web.json_response(_parameters(c, request.match_info["component"], request.match_info["vhost"]))
+
+
+@routes.get("/api/parameters/{component}/{vhost}/{name}")
+@requires("administrator")
+async def get_parameter(request: web.Request) -> web.Response:
+    c = _catalogue(request)
+    m = request.match_info
+    p = c.parameters.get((m["component"], m["vhost"], m["name"]))
+    if p is None:
+        raise not_found()
+    return web.json_response(_parameter(p))

@@ -287,18 +287,24 @@ def user(u: User) -> dict[str, Any]:
 
 
 def vhost(broker: Broker, v: VHost) -> dict[str, Any]:
-    description = getattr(v, "description", None)
-    if description is None:
-        description = DEFAULT_VHOST_DESCRIPTION if v.name == broker.config.default_vhost else ""
-    tags = list(getattr(v, "tags", []))
+    # the vhost's metadata is the catalogue record's (description, tags, default queue type)
+    rec = broker.cluster.catalogue.vhosts.get(v.name) if broker.cluster is not None else None
+    description = rec.description if rec is not None else getattr(v, "description", "")
+    if not description and v.name == broker.config.default_vhost:
+        description = DEFAULT_VHOST_DESCRIPTION
+    tags = list(rec.tags) if rec is not None else list(getattr(v, "tags", []))
+    default_queue_type = getattr(rec, "default_queue_type", "") or "undefined"
+    metadata: dict[str, Any] = {"description": description, "tags": tags}
+    if default_queue_type != "undefined":
+        metadata["default_queue_type"] = default_queue_type
     ready = sum(q.state.ready_count for q in v.queues.values())
     unacked = sum(q.state.unacked_count for q in v.queues.values())
     return {
         "name": v.name,
         "description": description,
         "tags": tags,
-        "default_queue_type": "undefined",
-        "metadata": {"description": description, "tags": tags},
+        "default_queue_type": default_queue_type,
+        "metadata": metadata,
         "tracing": bool(v.tracing),
         "cluster_state": {broker.config.node_name: "running"},
         "messages": ready + unacked,

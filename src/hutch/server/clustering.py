@@ -655,11 +655,13 @@ class ClusterRuntime:
 
     def _initialise(self) -> None:
         cfg = self.cfg
-        cmds: list[cat.Command] = [cat.AddVhost(cfg.default_vhost)]
+        # as RabbitMQ: a node that imports definitions at boot gets its vhosts and users from them,
+        # not the default vhost and user
+        cmds: list[cat.Command] = [] if cfg.load_definitions else [cat.AddVhost(cfg.default_vhost)]
         legacy = _legacy_definitions(cfg.data_dir, self.name)
         if legacy is not None:
             cmds = legacy
-        elif cfg.default_user:
+        elif cfg.default_user and not cfg.load_definitions:
             cmds.append(cat.PutUser(cfg.default_user, hash_password(cfg.default_pass), ("administrator",)))
             cmds.append(cat.SetPermissions(cfg.default_user, cfg.default_vhost, ".*", ".*", ".*"))
         first = parse_node(cfg.cluster_nodes[0])[0] if cfg.cluster_nodes else self.name

@@ -25,6 +25,8 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     log.file = hutch.log | false            log.file.level, log.file.rotation.size, log.file.formatter, ...
     prometheus.tcp.port = 15692 (0: none)   prometheus.tcp.ip = 127.0.0.1
     collect_statistics_interval = 5000 (ms between message rate samples)
+    load_definitions = /etc/hutch/definitions.json (a file, or a directory of .json files, imported at
+        every boot; management.load_definitions is the older name)
 
 Lines are read as RabbitMQ's configuration parser (cuttlefish) reads them: `#` starts a comment
 wherever it appears outside single quotes, so `default_pass = pa#ss` sets `pa`; a value in single
@@ -354,6 +356,8 @@ def _apply(cfg: Config, key: str, value: str) -> None:
     elif key.startswith("cluster_formation.classic_config.nodes."):
         if value not in cfg.cluster_nodes:
             cfg.cluster_nodes.append(value)
+    elif key in ("load_definitions", "management.load_definitions"):
+        cfg.load_definitions = value
     elif key == "metadata_store.timeout":
         cfg.metadata_timeout_ms = int(value)
     elif key == "log" or key.startswith("log."):

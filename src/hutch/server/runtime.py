@@ -31,7 +31,7 @@ from hutch.amqp import connection as amqp_conn
 from hutch.amqp import spec
 from hutch.broker.broker import Broker, Config
 from hutch.broker.session import Session
-from hutch.control import migrate
+from hutch.control import definitions, migrate
 from hutch.control.app import API, HttpListener
 from hutch.control.node import node_info
 from hutch.control.sessions import local_listing
@@ -263,6 +263,8 @@ class Node:
         await self.clustering.start()
         self._wire_node_info()
         self.broker.open_storage(self.config.data_dir)
+        if self.config.load_definitions:  # before clients are let in, as RabbitMQ's boot step
+            await definitions.load_at_boot(self.broker, self.config.load_definitions)
         await self._open_listeners()
         self._app_running = True
 
@@ -488,7 +490,12 @@ def run_node(config: Config) -> int:
         await node.serve_forever()
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(main())
+        try:
+            runner.run(main())
+        except definitions.BootImportError as e:
+            log.error("%s", e)
+            log.error("node %s: boot failed: definitions could not be imported", config.node_name)
+            return 1
     return 0
 
 
