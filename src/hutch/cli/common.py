@@ -31,6 +31,7 @@ from hutch.cli.http import (
     DEFAULT_TIMEOUT_S,
     EX_DATAERR,
     EX_NOUSER,
+    EX_SOFTWARE,
     EX_TEMPFAIL,
     EX_UNAVAILABLE,
     EX_USAGE,
@@ -166,7 +167,7 @@ def _explain(s: Session, name: str, params: dict[str, Any], e: CliError) -> CliE
     if e.timed_out:
         return CliError(f"operation {name} on node {s.node_option or s.url} timed out. Timeout value used: "
                         f"{int(s.timeout * 1000)}", e.exit_code, timed_out=True)
-    if e.status != 404:
+    if e.status != 404 and not (e.status == 400 and "not_found" in e.message):  # vhost_or_user_not_found
         return e
     vhost, user = params.get("vhost"), params.get("username")
     if isinstance(vhost, str) and _missing(s, f"/api/vhosts/{q(vhost)}"):
@@ -177,7 +178,8 @@ def _explain(s: Session, name: str, params: dict[str, Any], e: CliError) -> CliE
 
 
 def run_cli(group: click.Group, prog_name: str) -> None:
-    """Run a tool: click's usage errors exit 64 (EX_USAGE) as rabbitmqctl's do, not click's 2."""
+    """Run a tool: click's usage errors exit 64 (EX_USAGE) as rabbitmqctl's do, not click's 2, and
+    an exception nobody expected exits 70 (EX_SOFTWARE) with its message."""
     try:
         rv = group.main(prog_name=prog_name, standalone_mode=False)
     except click.UsageError as e:
@@ -189,6 +191,9 @@ def run_cli(group: click.Group, prog_name: str) -> None:
     except click.Abort:
         click.echo("Aborted!", err=True)
         sys.exit(1)
+    except Exception as e:  # the tool's own failure: rabbitmqctl's "internal software error"
+        click.echo(f"Error:\n{type(e).__name__}: {e}", err=True)
+        sys.exit(EX_SOFTWARE)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
