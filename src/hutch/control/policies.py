@@ -5,6 +5,15 @@
     GET|PUT|DELETE /api/policies/{vhost}/{name}
         PUT {"pattern": "^two\\.", "definition": {"ha-mode": "exactly", "ha-params": 2},
              "priority": 0, "apply-to": "queues"}
+    GET /api/operator-policies              operator policies (administrators only)
+    GET /api/operator-policies/{vhost}
+    GET|PUT|DELETE /api/operator-policies/{vhost}/{name}
+        PUT {"pattern": "^t\\.", "definition": {"max-length": 1000}, "apply-to": "queues"}
+
+Operator policies are RabbitMQ's second kind of policy: set by administrators, they may only
+carry the numeric limits (`expires`, `message-ttl`, `max-length`, `max-length-bytes`,
+`delivery-limit`), and where a queue's policy sets the same key the smaller value wins
+(`hutch.queues.effective`). Their records have the same JSON shape as policies'.
 
 Changing policies needs the policymaker (or administrator) tag and permissions in the
 vhost. A policy is validated whole (see `hutch.control.policy`) before it replaces the one of
@@ -107,3 +116,64 @@ async def delete_policy(request: web.Request) -> web.Response:
     if old is None:
         raise not_found()
     return changes.delete_answer(await changes.commit(broker, cat.ClearPolicy(vhost, name)))
+
+
+# ---------------------------------------------------------------- operator policies
+
+
+@routes.get("/api/operator-policies")
+@requires("administrator")
+async def list_operator_policies(request: web.Request) -> web.Response:
+    return listing.respond(request, [dict(p) for p in api_of(request).broker.operator_policies])
+
+
+@routes.get("/api/operator-policies/{vhost}")
+@requires("administrator")
+async def list_vhost_operator_policies(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost = request.match_info["vhost"]
+    if vhost not in broker.vhosts:
+        raise not_found()
+    return listing.respond(request, [dict(p) for p in broker.operator_policies if p["vhost"] == vhost])
+
+
+@routes.get("/api/operator-policies/{vhost}/{name}")
+@requires("administrator")
+async def get_operator_policy(request: web.Request) -> web.Response:
+    p = _find(api_of(request).broker.operator_policies, request.match_info["vhost"], request.match_info["name"])
+    if p is None:
+        raise not_found()
+    return web.json_response(dict(p))
+
+
+def set_operator_policy_command(record: dict) -> cat.SetOperatorPolicy:
+    """The catalogue command for a validated operator policy record."""
+    return cat.SetOperatorPolicy(record["vhost"], record["name"], record["pattern"], record["apply-to"],
+                                 record["priority"], record["definition"])
+
+
+@routes.put("/api/operator-policies/{vhost}/{name}")
+@requires("administrator")
+async def put_operator_policy(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    if vhost not in broker.vhosts:
+        return web.json_response({"error": "not_found", "reason": "vhost_not_found"}, status=404)
+    body = await read_json(request)
+    try:
+        record = validate_policy(vhost, name, body, operator=True)
+    except PolicyError as e:
+        raise bad_request(str(e)) from None
+    if _find(broker.operator_policies, vhost, name) is None and len(broker.operator_policies) >= POLICIES_MAX:
+        raise bad_request(f"too many operator policies (at most {POLICIES_MAX})")
+    return changes.put_answer(await changes.commit(broker, set_operator_policy_command(record)))
+
+
+@routes.delete("/api/operator-policies/{vhost}/{name}")
+@requires("administrator")
+async def delete_operator_policy(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    if _find(broker.operator_policies, vhost, name) is None:
+        raise not_found()
+    return changes.delete_answer(await changes.commit(broker, cat.ClearOperatorPolicy(vhost, name)))
