@@ -365,49 +365,6 @@ def list_operator_policies(s: Session, vhost: str) -> None:
     s.printer.rows(cols, rows, [f'Listing operator policy overrides for vhost "{vhost}" ...'])
 
 
-@command(cli, "set_operator_policy")
-@_vhost_option
-@click.option("--priority", default="0", show_default=True, help="Priority; the highest matching one applies.")
-@click.option("--apply-to", "apply_to", default="all", show_default=True,
-              type=click.Choice(["queues", "exchanges", "all"]), help="Which objects the policy matches.")
-@click.argument("name")
-@click.argument("pattern")
-@click.argument("definition")
-def set_operator_policy(s: Session, vhost: str, priority: str, apply_to: str, name: str, pattern: str,
-                        definition: str) -> None:
-    """Set an operator policy (limits that override users' policies): NAME PATTERN DEFINITION."""
-    s.info(f'Setting operator policy override "{name}" for pattern "{pattern}" to "{definition}" with priority '
-           f'"{priority}" for vhost "{vhost}" ...')
-    try:
-        parsed = json.loads(definition)
-    except ValueError as e:
-        raise CliError(f"could not parse JSON document: {e}", EX_DATAERR) from None
-    try:
-        prio = int(priority)
-    except ValueError:
-        raise usage_error(f"priority must be an integer, got {priority!r}") from None
-    s.client.put(f"/api/operator-policies/{q(vhost)}/{q(name)}",
-                 {"pattern": pattern, "definition": parsed, "priority": prio, "apply-to": apply_to})
-
-
-@command(cli, "clear_operator_policy")
-@_vhost_option
-@click.argument("name")
-def clear_operator_policy(s: Session, vhost: str, name: str) -> None:
-    """Remove an operator policy."""
-    s.info(f'Clearing operator policy "{name}" on vhost "{vhost}" ...')
-    _delete(s, f"/api/operator-policies/{q(vhost)}/{q(name)}", "Parameter does not exist")
-
-
-@command(cli, "list_operator_policies")
-@_vhost_option
-def list_operator_policies(s: Session, vhost: str) -> None:
-    """List the operator policies of a vhost."""
-    cols = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
-    _, rows = select(s.client.get(f"/api/operator-policies/{q(vhost)}"), cols, POLICY_COLUMNS, cols)
-    s.printer.rows(cols, rows, [f'Listing operator policy overrides for vhost "{vhost}" ...'])
-
-
 def _delete(s: Session, path: str, missing: str) -> None:
     try:
         s.client.delete(path)
