@@ -376,6 +376,70 @@ class Broker:
             raise AMQPError(spec.ACCESS_REFUSED, f"access to {kind} '{resource}' in vhost '{vhost}' refused for "
                             f"user '{user.name}'")
 
+    def check_topic_permission(self, user: User, vhost: str, x: Exchange, perm: str, routing_key: str) -> None:
+        """RabbitMQ's topic authorisation, for topic exchanges only: with no topic permission for
+        (user, vhost, exchange) everything is allowed; otherwise the routing key must match the
+        `write` (publish) or `read` (bind, unbind) regex after `{username}` and `{vhost}` are
+        replaced; an empty regex matches only the empty key."""
+        if x.type != "topic" or self.cluster is None:
+            return
+        tp = self.cluster.catalogue.topic_permissions.get((user.name, vhost, x.name))
+        if tp is None:
+            return
+        pattern = (tp.write if perm == "write" else tp.read) or "^$"
+        pattern = pattern.replace("{username}", user.name).replace("{vhost}", vhost)
+        try:
+            allowed = re.search(pattern, routing_key) is not None
+        except re.error:
+            allowed = False
+        if not allowed:
+            raise AMQPError(spec.ACCESS_REFUSED, f"access to topic '{routing_key}' in exchange '{x.name}' in vhost "
+                                                 f"'{vhost}' refused for user '{user.name}'")
+
+    # ---------------------------------------------------------------- limits (RabbitMQ's user and vhost limits)
+
+    def user_limit(self, username: str, name: str) -> int | None:
+        """A user's max-connections or max-channels; None when unset or negative (no limit)."""
+        rec = self.cluster.catalogue.users.get(username) if self.cluster is not None else None
+        value = rec.limits.get(name) if rec is not None else None
+        return value if isinstance(value, int) and value >= 0 else None
+
+    def vhost_limit(self, vhost: str, name: str) -> int | None:
+        """A vhost's max-connections or max-queues; None when unset or negative (no limit)."""
+        value = self.cluster.catalogue.vhost_limits(vhost).get(name) if self.cluster is not None else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+    def connection_refusal(self, username: str, vhost: str) -> str | None:
+        """Why a connection of `username` to `vhost` may not open (its vhost's or its user's
+        connection limit is reached), in RabbitMQ's words; None when it may. Connections are
+        counted on this node only."""
+        limit = self.vhost_limit(vhost, "max-connections")
+        if limit is not None and (limit == 0 or sum(
+                1 for s in self.sessions if s.vhost is not None and s.vhost.name == vhost and not s.closed) >= limit):
+            return f"access to vhost '{vhost}' refused for user '{username}': connection limit ({limit}) is reached"
+        limit = self.user_limit(username, "max-connections")
+        if limit is not None and (limit == 0 or sum(
+                1 for s in self.sessions if s.vhost is not None and s.username == username and not s.closed) >= limit):
+            return f"connection refused for user '{username}': user connection limit ({limit}) is reached"
+        return None
+
+    def channel_refusal(self, username: str) -> str | None:
+        """Why a user may not open one more channel (its max-channels, counted on this node)."""
+        limit = self.user_limit(username, "max-channels")
+        if limit is None:
+            return None
+        if limit == 0 or sum(len(s.channels) for s in self.sessions if s.username == username and not s.closed) >= limit:
+            return (f"number of channels opened for user '{username}' has reached the maximum allowed user limit "
+                    f"of ({limit})")
+        return None
+
+    def queue_refusal(self, vhost: VHost, name: str) -> str | None:
+        """Why a new queue may not be declared in `vhost` (its max-queues, counted cluster-wide)."""
+        limit = self.vhost_limit(vhost.name, "max-queues")
+        if limit is not None and (limit == 0 or len(vhost.queues) + 1 > limit):
+            return f"cannot declare queue '{name}': queue limit in vhost '{vhost.name}' ({limit}) is reached"
+        return None
+
     # ---------------------------------------------------------------- definitions
 
     def add_vhost(self, name: str) -> VHost:

@@ -160,8 +160,27 @@ def _limit_names(limits: dict) -> str:
 # Hooks for what the catalogue may keep: a planner for user limits ({"max-connections": 10}
 # inside a user) and for vhost limits (inside a vhost, or the vhost-limits parameter). None:
 # hutch keeps no such limits, and a document that sets them is refused by name.
-USER_LIMITS: Callable[[str, dict], list[cat.Command]] | None = None
-VHOST_LIMITS: Callable[[str, dict], list[cat.Command]] | None = None
+def _checked_limits(limits: dict, allowed: tuple[str, ...], kind: str) -> dict[str, int]:
+    for k, v in limits.items():
+        if k not in allowed:
+            raise Unsupported(f"{kind} limit '{k}' is not supported (only {', '.join(allowed)})")
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise Malformed(f"{kind} limit '{k}' must be an integer, got {v!r}")
+    return dict(sorted(limits.items()))
+
+
+def _user_limits(user: str, limits: dict) -> list[cat.Command]:
+    return [cat.SetUserLimits(user, _checked_limits(limits, ("max-channels", "max-connections"), "user"))]
+
+
+def _vhost_limits(vhost: str, limits: dict) -> list[cat.Command]:
+    """As RabbitMQ keeps them: the runtime parameter vhost-limits/limits."""
+    return [cat.SetParameter(cat.VHOST_LIMITS, vhost, "limits",
+                             _checked_limits(limits, ("max-connections", "max-queues"), "vhost"))]
+
+
+USER_LIMITS: Callable[[str, dict], list[cat.Command]] | None = _user_limits
+VHOST_LIMITS: Callable[[str, dict], list[cat.Command]] | None = _vhost_limits
 
 
 def _plan_vhost(v: dict, ctx: Context) -> list[cat.Command]:
@@ -356,14 +375,19 @@ def _describe_topic_permission(p: Any) -> str:
             f"{_in_vhost(p)}")
 
 
+def _plan_topic_permission(p: dict, ctx: Context) -> list[cat.Command]:
+    if _get(p, "user", str) in ctx.skipped_users:
+        raise Unsupported(f"its user '{p['user']}' is not imported")
+    return [cat.SetTopicPermissions(*(_get(p, k, str) for k in ("user", "vhost", "exchange", "write", "read")))]
+
+
 # In dependency order: what an item refers to is planned before it.
 KINDS: list[Kind] = [
     Kind("vhosts", "vhosts", lambda v: f"vhost '{_name(v)}'", _plan_vhost),
     Kind("users", "users", lambda u: f"user '{_name(u)}'", _plan_user),
     Kind("permissions", "permissions",
          lambda p: f"permissions of user '{_name(p, 'user')}'{_in_vhost(p)}", _plan_permission),
-    Kind("topic_permissions", "topic permissions", _describe_topic_permission, None,
-         "topic permissions are not supported"),
+    Kind("topic_permissions", "topic permissions", _describe_topic_permission, _plan_topic_permission),
     Kind("parameters", "parameters", _describe_parameter, _plan_parameter),
     Kind("global_parameters", "global runtime parameters", lambda p: f"global runtime parameter '{_name(p)}'",
          _plan_global_parameter),
@@ -462,7 +486,19 @@ def scoped(doc: Any, vhost: str) -> dict[str, Any]:
 
 # More sections of the export, for what the catalogue learns to keep: each is called with the
 # catalogue and the document and adds its items (topic permissions, limits, ...).
-EXPORTERS: list[Callable[[cat.Catalogue, dict[str, Any]], None]] = []
+def _export_access(c: cat.Catalogue, doc: dict[str, Any]) -> None:
+    """Topic permissions, and the limits inside users and vhosts (a vhost's limits are also in
+    the parameters, as the vhost-limits component: rabbitmqctl exports them both ways)."""
+    doc["topic_permissions"] = [{"user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write,
+                                 "read": p.read} for _, p in sorted(c.topic_permissions.items())]
+    for u in doc["users"]:
+        rec = c.users.get(u["name"])
+        u["limits"] = dict(rec.limits) if rec is not None else {}
+    for v in doc["vhosts"]:  # rabbitmqctl's form: a list of [name, value] pairs
+        v["limits"] = [[k, x] for k, x in c.vhost_limits(v["name"]).items()]
+
+
+EXPORTERS: list[Callable[[cat.Catalogue, dict[str, Any]], None]] = [_export_access]
 
 
 def jsonable(v: Any) -> Any:

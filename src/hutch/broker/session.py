@@ -241,6 +241,9 @@ class Session:
                         ch.reject(ev.delivery_tag, multiple, ev.requeue)
             elif t is events.ChannelOpened:
                 if self.vhost is not None:
+                    refusal = self.broker.channel_refusal(self.username)
+                    if refusal is not None:  # the user's max-channels: a connection error, as RabbitMQ's
+                        raise AMQPError(spec.NOT_ALLOWED, refusal, 20, 10)
                     self.channels[ev.channel] = Channel(self, ev.channel)
             elif t is events.ChannelClosed:
                 ch = self.channels.pop(ev.channel, None)
@@ -323,6 +326,12 @@ class Session:
                       id(self), self.name, self.username, vhost_name)
             self.proto.close(spec.NOT_ALLOWED, f"vhost {vhost_name} not found", 10, 40)
             return
+        refusal = self.broker.connection_refusal(self.username, vhost_name)
+        if refusal is not None:  # a vhost or user connection limit, checked before access as RabbitMQ does
+            log.error("Error on AMQP connection %s (%s, user: '%s', state: opening):\n%s",
+                      id(self), self.name, self.username, refusal)
+            self.proto.close(spec.NOT_ALLOWED, refusal, 10, 40)
+            return
         if not self.broker.may_access_vhost(self.user, vhost_name):
             self.proto.close(spec.NOT_ALLOWED, f"access to vhost '{vhost_name}' refused for user "
                              f"'{self.username}'", 10, 40)
@@ -377,6 +386,8 @@ class Session:
         if ev.exchange not in self._write_ok:
             self.broker.check_permission(self.user, vhost.name, "write", "exchange", ev.exchange)
             self._write_ok.add(ev.exchange)
+        if x.type == "topic":
+            self.broker.check_topic_permission(self.user, vhost.name, x, "write", ev.routing_key)
         self.stats_recv_msgs += 1
         broker = self.broker
         if broker.blocking and not self.blocked:
@@ -551,6 +562,7 @@ class Session:
             raise not_found(f"no exchange '{source}' in vhost '{vhost.name}'")
         self.broker.check_permission(self.user, vhost.name, "write", kind, destination)
         self.broker.check_permission(self.user, vhost.name, "read", "exchange", source)
+        self.broker.check_topic_permission(self.user, vhost.name, vhost.exchanges[source], "read", routing_key)
         nowait = getattr(m, "nowait", False)
         if vhost.exchanges[source].has_binding(destination, kind, routing_key, arguments) != bind:
             kind_c = cat.QUEUE if kind == QUEUE else cat.EXCHANGE
@@ -587,6 +599,9 @@ class Session:
         if q is None:
             if name.startswith("amq.") and not name.startswith("amq.gen-"):
                 raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+            refusal = self.broker.queue_refusal(vhost, name)
+            if refusal is not None:  # the vhost's max-queues (only a new queue counts, as in RabbitMQ)
+                raise precondition_failed(refusal)
             dlx = args.get("x-dead-letter-exchange")
             if isinstance(dlx, (str, bytes)):
                 # as RabbitMQ: whoever declares a dead-lettering queue must be allowed to publish there

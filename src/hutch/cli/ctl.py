@@ -381,9 +381,11 @@ def _delete(s: Session, path: str, missing: str) -> None:
 @click.argument("password", required=False)
 @click.option("--tags", default="", help="Comma-separated user tags.")
 def add_user(s: Session, username: str, password: str | None, tags: str) -> None:
-    """Create a user (the password is read from stdin when not given)."""
-    if password is None:
-        password = sys.stdin.readline().rstrip("\n")
+    """Create a user (the password is read from stdin when not given; a blank one disables
+    password login)."""
+    if not username:
+        raise usage_error("user cannot be an empty string")
+    password = _password_given(password)
     s.info(f'Adding user "{username}" ...')
     if _exists(s, f"/api/users/{q(username)}"):
         raise CliError(f'User "{username}" already exists', EX_SOFTWARE)
@@ -416,14 +418,185 @@ def delete_user(s: Session, username: str) -> None:
     _delete(s, f"/api/users/{q(username)}", f'User "{username}" does not exist')
 
 
+def _password_given(password: str | None) -> str:
+    """The password argument, else one line of stdin; nothing at all is refused as rabbitmqctl
+    refuses it (a blank line is a blank password: password login disabled)."""
+    if password is not None:
+        return password
+    line = sys.stdin.readline() if sys.stdin is not None else ""
+    if not line:
+        raise CliError("Password is not provided via argument or stdin", EX_DATAERR)
+    return line.rstrip("\r\n")
+
+
 @command(cli, "change_password")
 @click.argument("username")
-@click.argument("password")
-def change_password(s: Session, username: str, password: str) -> None:
-    """Change a user's password."""
+@click.argument("password", required=False)
+def change_password(s: Session, username: str, password: str | None) -> None:
+    """Change a user's password (read from stdin when not given)."""
+    password = _password_given(password)
     s.info(f'Changing password for user "{username}" ...')
     u = _user(s, username)
     s.client.put(f"/api/users/{q(username)}", {"password": password, "tags": u.get("tags", [])})
+
+
+@command(cli, "clear_password")
+@click.argument("username")
+def clear_password(s: Session, username: str) -> None:
+    """Clear a user's password: password login is disabled for it."""
+    s.info(f'Clearing password for user "{username}" ...')
+    u = _user(s, username)
+    s.client.put(f"/api/users/{q(username)}", {"password": "", "tags": u.get("tags", [])})
+
+
+@command(cli, "set_topic_permissions")
+@_vhost_option
+@click.argument("username")
+@click.argument("exchange")
+@click.argument("write")
+@click.argument("read")
+def set_topic_permissions(s: Session, vhost: str, username: str, exchange: str, write: str, read: str) -> None:
+    """Set a user's topic permissions on an exchange: routing key regexes to publish (write) and
+    bind (read); {username} and {vhost} are expanded."""
+    s.info(f'Setting topic permissions on "{exchange}" for user "{username}" in vhost "{vhost}" ...')
+    s.client.put(f"/api/topic-permissions/{q(vhost)}/{q(username)}",
+                 {"exchange": exchange, "write": write, "read": read})
+
+
+@command(cli, "clear_topic_permissions")
+@_vhost_option
+@click.argument("username")
+@click.argument("exchange", required=False)
+def clear_topic_permissions(s: Session, vhost: str, username: str, exchange: str | None) -> None:
+    """Clear a user's topic permissions in a vhost (on one exchange, or on all)."""
+    if exchange is None:
+        s.info(f'Clearing topic permissions for user "{username}" in vhost "{vhost}" ...')
+        path = f"/api/topic-permissions/{q(vhost)}/{q(username)}"
+    else:
+        s.info(f'Clearing topic permissions on "{exchange}" for user "{username}" in vhost "{vhost}" ...')
+        path = f"/api/topic-permissions/{q(vhost)}/{q(username)}?exchange={q(exchange)}"
+    try:
+        s.client.delete(path)
+    except CliError as e:
+        if e.status != 404:  # nothing to clear is not an error, as in rabbitmqctl
+            raise
+
+
+TOPIC_PERMISSION_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    k: (lambda key: (lambda o: o.get(key)))(k) for k in ("user", "vhost", "exchange", "write", "read")
+}
+
+
+@command(cli, "list_topic_permissions")
+@_vhost_option
+def list_topic_permissions(s: Session, vhost: str) -> None:
+    """List the users' topic permissions in a vhost."""
+    cols = ("user", "exchange", "write", "read")
+    _, rows = select(s.client.get(f"/api/vhosts/{q(vhost)}/topic-permissions"), cols, TOPIC_PERMISSION_COLUMNS, cols)
+    s.printer.rows(cols, rows, [f'Listing topic permissions for vhost "{vhost}" ...'])
+
+
+@command(cli, "list_user_topic_permissions")
+@click.argument("username")
+def list_user_topic_permissions(s: Session, username: str) -> None:
+    """List one user's topic permissions in every vhost."""
+    cols = ("vhost", "exchange", "write", "read")
+    _, rows = select(s.client.get(f"/api/users/{q(username)}/topic-permissions"), cols, TOPIC_PERMISSION_COLUMNS,
+                     cols)
+    s.printer.rows(cols, rows, [f'Listing topic permissions for user "{username}" ...'])
+
+
+def _limits_json(definition: str, allowed: tuple[str, ...]) -> dict[str, int]:
+    try:
+        parsed = json.loads(definition)
+    except ValueError as e:
+        raise CliError(f"JSON decoding error. Reason: {e}", EX_DATAERR) from None
+    if not isinstance(parsed, dict):
+        raise CliError("limit definitions must be a JSON object", EX_DATAERR)
+    for k, v in parsed.items():
+        if k not in allowed:
+            raise CliError(f"Unrecognised terms [{k}] in limits (valid limits: {', '.join(allowed)})", EX_DATAERR)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise CliError(f"{k} must be an integer, got {v!r}", EX_DATAERR)
+    return parsed
+
+
+@command(cli, "set_user_limits")
+@click.argument("username")
+@click.argument("definition")
+def set_user_limits(s: Session, username: str, definition: str) -> None:
+    """Set a user's limits: a JSON object with max-connections and/or max-channels (-1: no limit)."""
+    s.info(f'Setting user limits to "{definition}" for user "{username}" ...')
+    limits = _limits_json(definition, ("max-connections", "max-channels"))
+    _user(s, username)
+    for name, value in limits.items():
+        s.client.put(f"/api/user-limits/{q(username)}/{q(name)}", {"value": value})
+
+
+@command(cli, "clear_user_limits")
+@click.argument("username")
+@click.argument("limit_type")
+def clear_user_limits(s: Session, username: str, limit_type: str) -> None:
+    """Clear one of a user's limits (max-connections, max-channels) or all of them."""
+    if limit_type == "all":
+        s.info(f'Clearing all limits for user "{username}" ...')
+    else:
+        s.info(f'Clearing "{limit_type}" limit for user "{username}" ...')
+    _user(s, username)
+    s.client.delete(f"/api/user-limits/{q(username)}/{q(limit_type)}")
+
+
+@command(cli, "list_user_limits")
+@click.option("--user", "username", default=None, help="The user (default: the one the CLI authenticates as).")
+@click.option("--global", "all_users", is_flag=True, help="List the limits of every user.")
+def list_user_limits(s: Session, username: str | None, all_users: bool) -> None:
+    """Show a user's limits, or with --global every user's."""
+    if all_users:
+        rows = [{"user": o["user"], "limits": o["value"]} for o in s.client.get("/api/user-limits")]
+        s.printer.rows(("user", "limits"), rows, ["Listing limits for all users ..."])
+        return
+    username = username or s.options.get("api_username") or "guest"
+    found = s.client.get(f"/api/user-limits/{q(username)}")
+    s.info(f'Listing limits for user "{username}" ...')
+    click.echo(json.dumps(found[0]["value"] if found else {}))
+
+
+@command(cli, "set_vhost_limits")
+@_vhost_option
+@click.argument("definition")
+def set_vhost_limits(s: Session, vhost: str, definition: str) -> None:
+    """Set a vhost's limits: a JSON object with max-connections and/or max-queues (-1: no limit,
+    0: none allowed); it replaces the vhost's limits."""
+    s.info(f'Setting vhost limits to "{definition}" for vhost "{vhost}" ...')
+    limits = _limits_json(definition, ("max-connections", "max-queues"))
+    current = s.client.get(f"/api/vhost-limits/{q(vhost)}")
+    for name in (current[0]["value"] if current else {}):
+        if name not in limits:
+            s.client.delete(f"/api/vhost-limits/{q(vhost)}/{q(name)}")
+    for name, value in limits.items():
+        s.client.put(f"/api/vhost-limits/{q(vhost)}/{q(name)}", {"value": value})
+
+
+@command(cli, "clear_vhost_limits")
+@_vhost_option
+def clear_vhost_limits(s: Session, vhost: str) -> None:
+    """Clear all of a vhost's limits."""
+    s.info(f'Clearing vhost "{vhost}" limits ...')
+    s.client.delete(f"/api/vhost-limits/{q(vhost)}/all")
+
+
+@command(cli, "list_vhost_limits")
+@_vhost_option
+@click.option("--global", "all_vhosts", is_flag=True, help="List the limits of every vhost.")
+def list_vhost_limits(s: Session, vhost: str, all_vhosts: bool) -> None:
+    """Show a vhost's limits, or with --global every vhost's."""
+    if all_vhosts:
+        rows = [{"vhost": o["vhost"], "limits": o["value"]} for o in s.client.get("/api/vhost-limits")]
+        s.printer.rows(("vhost", "limits"), rows, ["Listing limits for all vhosts ..."])
+        return
+    found = s.client.get(f"/api/vhost-limits/{q(vhost)}")
+    s.info(f'Listing limits for vhost "{vhost}" ...')
+    click.echo(json.dumps(found[0]["value"] if found else {}))
 
 
 @command(cli, "set_user_tags")

@@ -931,7 +931,7 @@ class Catalogue:
             "product_version": product_version,
             "users": [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": u.hashing_algorithm,
                        "tags": list(u.tags), "limits": dict(u.limits)} for _, u in sorted(self.users.items())],
-            "vhosts": [{"name": v.name, "limits": self.vhost_limits(v.name) or [],
+            "vhosts": [{"name": v.name, "limits": [[k, x] for k, x in self.vhost_limits(v.name).items()],
                         "metadata": {"description": v.description, "tags": list(v.tags)}}
                        for _, v in sorted(self.vhosts.items())],
             "permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write,
@@ -1159,6 +1159,8 @@ def from_definitions(doc: Any, *, home_node: str = "", first_journal_id: int = 1
 def _limits(rec: dict, kind: str) -> dict[str, int]:
     """The `limits` of a user or vhost definition: an object of integers ([] or absent: none)."""
     raw = rec.get("limits") or {}
+    if isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
+        raw = dict(raw)  # rabbitmqctl's form: [name, value] pairs
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                             for k, v in raw.items()):
         raise CatalogueError(f"{kind} definition field 'limits' must be an object of integers: {raw!r}")

@@ -10,6 +10,18 @@
     GET /api/vhosts/{name}/permissions
     GET /api/permissions                  administrator
     GET|PUT|DELETE /api/permissions/{vhost}/{user}   PUT {"configure", "write", "read"}
+    GET /api/topic-permissions            administrator
+    GET|PUT|DELETE /api/topic-permissions/{vhost}/{user}   PUT {"exchange", "write", "read"}
+    GET /api/users/{name}/topic-permissions, /api/vhosts/{name}/topic-permissions
+    GET /api/user-limits[/{user}]         [{"user", "value": {...}}]
+    PUT|DELETE /api/user-limits/{user}/{name}     PUT {"value": N}; max-connections, max-channels
+    GET /api/vhost-limits[/{vhost}]       [{"vhost", "value": {...}}]
+    PUT|DELETE /api/vhost-limits/{vhost}/{name}   PUT {"value": N}; max-connections, max-queues
+
+A user given an empty password (or none at all) has password login disabled: its stored hash
+is empty and no password, blank or not, logs it in (RabbitMQ refuses blank passwords too).
+Changes are logged as RabbitMQ's internal backend logs them (user, vhost and permission
+changes), never with a password or a hash.
 
 A PUT answers 201 when it created the object and 204 when it changed an existing one;
 a DELETE answers 204, or 404 when there was nothing to delete. On a single node every change
@@ -22,17 +34,22 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import logging
 import re
 
 from aiohttp import web
 
 from hutch.broker.broker import hash_password
 from hutch.cluster import catalogue as cat
-from hutch.control import changes, ops, shapes
+from hutch.control import changes, ops, rates, shapes, stats
 from hutch.control.app import api_of, read_json, requires, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
 
+log = logging.getLogger("hutch.access")
 routes = web.RouteTableDef()
+USER_LIMITS = ("max-connections", "max-channels")
+VHOST_LIMITS = ("max-connections", "max-queues")
 
 NAME_BYTES_MAX = 255
 VHOST_DEFAULT_QUEUE_TYPES = ("classic", "quorum")  # a stream default: no stream queues here
@@ -60,7 +77,7 @@ def parse_tags(raw: object) -> list[str]:
 @requires("administrator")
 async def list_users(request: web.Request) -> web.Response:
     broker = api_of(request).broker
-    return web.json_response([shapes.user(u) for u in broker.users.values()])
+    return web.json_response([_user_json(broker, u) for u in broker.users.values()])
 
 
 @routes.get("/api/users/without-permissions")
@@ -87,10 +104,18 @@ async def bulk_delete_users(request: web.Request) -> web.Response:
 @routes.get("/api/users/{name}")
 @requires("administrator")
 async def get_user(request: web.Request) -> web.Response:
-    u = api_of(request).broker.users.get(request.match_info["name"])
+    broker = api_of(request).broker
+    u = broker.users.get(request.match_info["name"])
     if u is None:
         raise not_found()
-    return web.json_response(shapes.user(u))
+    return web.json_response(_user_json(broker, u))
+
+
+def _user_json(broker, u) -> dict:
+    d = shapes.user(u)
+    rec = broker.cluster.catalogue.users.get(u.name)
+    d["limits"] = dict(rec.limits) if rec is not None else {}
+    return d
 
 
 @routes.put("/api/users/{name}")
@@ -109,7 +134,8 @@ async def put_user(request: web.Request) -> web.Response:
     if "password" in body:
         if not isinstance(body["password"], str):
             raise bad_request("password must be a string")
-        password_hash = hash_password(body["password"])
+        # an empty password disables password login (no hash matches anything)
+        password_hash = hash_password(body["password"]) if body["password"] else ""
     elif "password_hash" in body:
         ph = body["password_hash"]
         if not isinstance(ph, str):
@@ -125,7 +151,19 @@ async def put_user(request: web.Request) -> web.Response:
     else:
         old = broker.users.get(name)
         password_hash = old.password_hash if old is not None else ""  # no password: cannot log in with one
-    return changes.put_answer(await changes.commit(broker, cat.PutUser(name, password_hash, tuple(tags))))
+    old = broker.users.get(name)
+    res = await changes.commit(broker, cat.PutUser(name, password_hash, tuple(tags)))
+    if res.status == cat.CREATED:
+        log.info("Created user '%s'", name)
+    elif old is not None:
+        if password_hash != old.password_hash:
+            if password_hash:
+                log.info("Successfully changed password for user '%s'", name)
+            else:
+                log.info("Clearing password for '%s'", name)
+        if list(old.tags) != tags:
+            log.info("Successfully set user tags for user '%s' to [%s]", name, ", ".join(tags))
+    return changes.put_answer(res)
 
 
 @routes.delete("/api/users/{name}")
@@ -137,6 +175,7 @@ async def delete_user(request: web.Request) -> web.Response:
         raise not_found()
     if not await ops.remove_user(broker, name):
         raise not_found()
+    log.info("Deleted user '%s'", name)
     return web.Response(status=204)
 
 
@@ -155,7 +194,8 @@ async def user_permissions(request: web.Request) -> web.Response:
 async def list_vhosts(request: web.Request) -> web.Response:
     api = api_of(request)
     names = api.visible_vhosts(user_of(request))
-    return web.json_response([shapes.vhost(api.broker, api.broker.vhosts[n]) for n in names])
+    rows = [shapes.vhost(api.broker, api.broker.vhosts[n]) for n in names]
+    return web.json_response(await stats.decorate(api.broker, rates.VHOST, rows, stats.window_of(request)))
 
 
 @routes.get("/api/vhosts/{name}")
@@ -164,7 +204,9 @@ async def get_vhost(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if not api.can_see_vhost(user_of(request), name):
         raise not_found()
-    return web.json_response(shapes.vhost(api.broker, api.broker.vhosts[name]))
+    out = shapes.vhost(api.broker, api.broker.vhosts[name])
+    await stats.decorate(api.broker, rates.VHOST, [out], stats.window_of(request))
+    return web.json_response(out)
 
 
 @routes.put("/api/vhosts/{name}")
@@ -197,6 +239,10 @@ async def _put_vhost(request: web.Request, name: str, description: str | None, t
     if default_queue_type is None:
         default_queue_type = old.default_queue_type if old is not None else ""
     res = await changes.commit(broker, cat.AddVhost(name, description, tuple(tags), default_queue_type))
+    if res.status == cat.CREATED and not description and not tags:
+        log.info("Adding vhost '%s' without a description", name)
+    elif res.status == cat.CREATED:
+        log.info("Adding vhost '%s' (description: '%s', tags: [%s])", name, description, ", ".join(tags))
     if res.status == cat.CREATED:  # as on a single node: the creator may use the vhost it made
         await changes.commit(broker, cat.SetPermissions(user_of(request).name, name, ".*", ".*", ".*"))
     v = broker.vhosts.get(name)
@@ -212,6 +258,7 @@ async def delete_vhost(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in broker.vhosts:
         raise not_found()
+    log.info("Deleting vhost '%s'", name)
     if not await ops.remove_vhost(broker, name):
         raise not_found()
     return web.Response(status=204)
@@ -272,7 +319,9 @@ async def put_permission(request: web.Request) -> web.Response:
     u = broker.users.get(name)
     if u is None or vhost not in broker.vhosts:
         raise bad_request("vhost_or_user_not_found")
-    return changes.put_answer(await changes.commit(broker, cat.SetPermissions(name, vhost, *regexes)))
+    res = await changes.commit(broker, cat.SetPermissions(name, vhost, *regexes))
+    log.info("Successfully set permissions for '%s' in virtual host '%s' to '%s', '%s', '%s'", name, vhost, *regexes)
+    return changes.put_answer(res)
 
 
 @routes.delete("/api/permissions/{vhost}/{user}")
@@ -283,4 +332,230 @@ async def delete_permission(request: web.Request) -> web.Response:
     u = broker.users.get(name)
     if u is None or vhost not in u.permissions:
         raise not_found()
-    return changes.delete_answer(await changes.commit(broker, cat.ClearPermissions(name, vhost)))
+    res = await changes.commit(broker, cat.ClearPermissions(name, vhost))
+    if res.status == cat.DELETED:
+        log.info("Successfully cleared permissions for '%s' in virtual host '%s'", name, vhost)
+    return changes.delete_answer(res)
+
+
+# ---------------------------------------------------------------- topic permissions
+
+def _topic_json(p: cat.TopicPermissionRecord) -> dict:
+    return {"user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write, "read": p.read}
+
+
+def _topic_permissions(request: web.Request, user: str | None = None, vhost: str | None = None) -> list[dict]:
+    cl = api_of(request).broker.cluster.catalogue
+    return [_topic_json(p) for _k, p in sorted(cl.topic_permissions.items())
+            if (user is None or p.user == user) and (vhost is None or p.vhost == vhost)]
+
+
+@routes.get("/api/topic-permissions")
+@requires("administrator")
+async def list_topic_permissions(request: web.Request) -> web.Response:
+    return web.json_response(_topic_permissions(request))
+
+
+@routes.get("/api/users/{name}/topic-permissions")
+@requires("administrator")
+async def user_topic_permissions(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in api_of(request).broker.users:
+        raise not_found()
+    return web.json_response(_topic_permissions(request, user=name))
+
+
+@routes.get("/api/vhosts/{name}/topic-permissions")
+@requires("administrator")
+async def vhost_topic_permissions(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in api_of(request).broker.vhosts:
+        raise not_found()
+    return web.json_response(_topic_permissions(request, vhost=name))
+
+
+@routes.get("/api/topic-permissions/{vhost}/{user}")
+@requires("administrator")
+async def get_topic_permission(request: web.Request) -> web.Response:
+    vhost, name = request.match_info["vhost"], request.match_info["user"]
+    found = _topic_permissions(request, user=name, vhost=vhost)
+    if not found:
+        raise not_found()
+    return web.json_response(found)
+
+
+@routes.put("/api/topic-permissions/{vhost}/{user}")
+@requires("administrator")
+async def put_topic_permission(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["user"]
+    body = await read_json(request)
+    values = []
+    for key in ("exchange", "write", "read"):
+        if key not in body:
+            raise bad_request(f"[{{key_missing,{key}}}]")
+        if not isinstance(body[key], str):
+            raise bad_request(f"{key} must be a string")
+        values.append(body[key])
+    for key, value in (("write", values[1]), ("read", values[2])):
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise bad_request(f"{key} is not a valid regular expression ({value!r}: {e})") from None
+    if name not in broker.users or vhost not in broker.vhosts:
+        raise bad_request("vhost_or_user_not_found")
+    res = await changes.commit(broker, cat.SetTopicPermissions(name, vhost, *values))
+    log.info("Successfully set topic permissions on exchange '%s' for '%s' in virtual host '%s' to '%s', '%s'",
+             values[0], name, vhost, values[1], values[2])
+    return changes.put_answer(res)
+
+
+@routes.delete("/api/topic-permissions/{vhost}/{user}")
+@requires("administrator")
+async def delete_topic_permission(request: web.Request) -> web.Response:
+    """Clears the user's topic permissions in the vhost (all of them, or with ?exchange=X only
+    those on X)."""
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["user"]
+    exchange = request.query.get("exchange")
+    if not _topic_permissions(request, user=name, vhost=vhost):
+        raise not_found()
+    res = await changes.commit(broker, cat.ClearTopicPermissions(name, vhost, exchange))
+    if res.status == cat.DELETED and exchange is None:
+        log.info("Successfully cleared topic permissions for '%s' in virtual host '%s'", name, vhost)
+    elif res.status == cat.DELETED:
+        log.info("Successfully cleared topic permissions on exchange '%s' for '%s' in virtual host '%s'",
+                 exchange, name, vhost)
+    return changes.delete_answer(res)
+
+
+# ---------------------------------------------------------------- user and vhost limits
+
+def _limit_value(body: dict) -> int:
+    if "value" not in body:
+        raise bad_request("[{key_missing,value}]")
+    value = body["value"]
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            pass
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad_request(f"limit value must be an integer, got {body['value']!r}")
+    return value
+
+
+def _check_limit_name(name: str, allowed: tuple[str, ...], kind: str) -> None:
+    if name not in allowed:
+        raise bad_request(f"Unrecognised terms [{{<<\"{name}\">>,...}}] in {kind}-limits "
+                          f"(valid limits: {', '.join(allowed)})")
+
+
+@routes.get("/api/user-limits")
+@requires("administrator")
+async def list_user_limits(request: web.Request) -> web.Response:
+    cl = api_of(request).broker.cluster.catalogue
+    return web.json_response([{"user": name, "value": dict(u.limits)}
+                              for name, u in sorted(cl.users.items()) if u.limits])
+
+
+@routes.get("/api/user-limits/{user}")
+@requires("administrator")
+async def get_user_limits(request: web.Request) -> web.Response:
+    name = request.match_info["user"]
+    u = api_of(request).broker.cluster.catalogue.users.get(name)
+    if u is None:
+        raise not_found()
+    return web.json_response([{"user": name, "value": dict(u.limits)}] if u.limits else [])
+
+
+@routes.put("/api/user-limits/{user}/{name}")
+@requires("administrator")
+async def put_user_limit(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    user, name = request.match_info["user"], request.match_info["name"]
+    _check_limit_name(name, USER_LIMITS, "user")
+    value = _limit_value(await read_json(request))
+    if user not in broker.users:
+        raise not_found()
+    res = await changes.commit(broker, cat.SetUserLimits(user, {name: value}))
+    log.info("Successfully set user limit '%s' for user '%s' to %d", name, user, value)
+    return web.Response(status=204) if res.status != cat.CREATED else changes.put_answer(res)
+
+
+@routes.delete("/api/user-limits/{user}/{name}")
+@requires("administrator")
+async def delete_user_limit(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    user, name = request.match_info["user"], request.match_info["name"]
+    if user not in broker.users:
+        raise not_found()
+    if name != "all":
+        _check_limit_name(name, USER_LIMITS, "user")
+    res = await changes.commit(broker, cat.ClearUserLimits(user, name))
+    if res.status == cat.DELETED:
+        log.info("Successfully cleared user limit '%s' for user '%s'", name, user)
+    return web.Response(status=204)
+
+
+def _vhost_limit_rows(request: web.Request, names: list[str]) -> list[dict]:
+    cl = api_of(request).broker.cluster.catalogue
+    return [{"vhost": v, "value": cl.vhost_limits(v)} for v in sorted(names) if cl.vhost_limits(v)]
+
+
+@routes.get("/api/vhost-limits")
+async def list_vhost_limits(request: web.Request) -> web.Response:
+    api = api_of(request)
+    return web.json_response(_vhost_limit_rows(request, api.visible_vhosts(user_of(request))))
+
+
+@routes.get("/api/vhost-limits/{vhost}")
+async def get_vhost_limits(request: web.Request) -> web.Response:
+    api = api_of(request)
+    vhost = request.match_info["vhost"]
+    if vhost not in api.broker.vhosts or not api.can_see_vhost(user_of(request), vhost):
+        raise not_found()
+    return web.json_response(_vhost_limit_rows(request, [vhost]))
+
+
+async def set_vhost_limits(broker, vhost: str, limits: dict[str, int]) -> cat.Result:
+    """Store a vhost's whole limits object (the runtime parameter vhost-limits/limits)."""
+    if limits:
+        res = await changes.commit(broker, cat.SetParameter(cat.VHOST_LIMITS, vhost, "limits", dict(sorted(
+            limits.items()))))
+    else:
+        res = await changes.commit(broker, cat.ClearParameter(cat.VHOST_LIMITS, vhost, "limits"))
+    log.info("Setting vhost limits for vhost '%s' to %s", vhost, json.dumps(dict(sorted(limits.items()))))
+    return res
+
+
+@routes.put("/api/vhost-limits/{vhost}/{name}")
+@requires("administrator")
+async def put_vhost_limit(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    if vhost not in broker.vhosts:
+        raise not_found()
+    _check_limit_name(name, VHOST_LIMITS, "vhost")
+    value = _limit_value(await read_json(request))
+    limits = broker.cluster.catalogue.vhost_limits(vhost)
+    limits[name] = value
+    await set_vhost_limits(broker, vhost, limits)
+    return web.Response(status=204)
+
+
+@routes.delete("/api/vhost-limits/{vhost}/{name}")
+@requires("administrator")
+async def delete_vhost_limit(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    if vhost not in broker.vhosts:
+        raise not_found()
+    limits = broker.cluster.catalogue.vhost_limits(vhost)
+    if name == "all":
+        limits = {}
+    else:
+        _check_limit_name(name, VHOST_LIMITS, "vhost")
+        limits.pop(name, None)
+    await set_vhost_limits(broker, vhost, limits)
+    return web.Response(status=204)
