@@ -317,15 +317,16 @@ class Node:
         pause = should_pause(*args)
         if pause and not self.paused:
             self.paused = True
-            log.warning("Cluster minority/secondary status detected (%s): pausing node %s "
-                        "(cluster_partition_handling = %s)", pause_reason(*args), cfg.node_name,
-                        cfg.cluster_partition_handling)
+            log.warning("Cluster %s status detected (%s): pausing node %s (cluster_partition_handling = %s)",
+                        "minority" if cfg.cluster_partition_handling == "pause_minority" else "secondary",
+                        pause_reason(*args), cfg.node_name, cfg.cluster_partition_handling)
             self.loop.create_task(self._close_clients())
         elif not pause and self.paused:
             self.paused = False
             reached = sorted(m for m in members if m in up and m != cfg.node_name)
-            log.warning("Cluster recovery detected (reachable again: %s): resuming node %s",
-                        ", ".join(reached) or "none", cfg.node_name)
+            log.warning("Cluster %s (reachable: %s): resuming node %s",
+                        "majority status regained" if cfg.cluster_partition_handling == "pause_minority"
+                        else "recovery detected", ", ".join(reached) or "none", cfg.node_name)
             self.loop.create_task(self._open_listeners())
 
     def _wire_node_info(self) -> None:
