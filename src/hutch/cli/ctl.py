@@ -613,7 +613,11 @@ def set_user_tags(s: Session, username: str, tags: tuple[str, ...]) -> None:
 @click.argument("vhost")
 @click.option("--description", default=None, help="Description.")
 @click.option("--tags", default=None, help="Comma-separated tags.")
-def add_vhost(s: Session, vhost: str, description: str | None, tags: str | None) -> None:
+@click.option("--default-queue-type", "default_queue_type", default=None,
+              type=click.Choice(["quorum", "classic", "stream"]),
+              help="Queue type to use if no type is explicitly provided by the client.")
+def add_vhost(s: Session, vhost: str, description: str | None, tags: str | None,
+              default_queue_type: str | None = None) -> None:
     """Create a virtual host."""
     s.info(f'Adding vhost "{vhost}" ...')
     body: dict[str, Any] = {}
@@ -621,6 +625,8 @@ def add_vhost(s: Session, vhost: str, description: str | None, tags: str | None)
         body["description"] = description
     if tags is not None:
         body["tags"] = tags
+    if default_queue_type is not None:
+        body["default_queue_type"] = default_queue_type
     s.client.put(f"/api/vhosts/{q(vhost)}", body)
 
 
@@ -930,8 +936,12 @@ def export_definitions(s: Session, path: str) -> None:
 
 @command(cli, "import_definitions")
 @click.argument("path")
-def import_definitions(s: Session, path: str) -> None:
-    """Import definitions from a JSON file at PATH ("-": stdin)."""
+@click.option("--skip-unsupported", is_flag=True,
+              help="Import what the node can honour and list what it left out (default: refuse the whole file).")
+def import_definitions(s: Session, path: str, skip_unsupported: bool = False) -> None:
+    """Import definitions from a JSON file at PATH ("-": stdin). A file with anything the node
+    cannot honour (a stream queue, a plugin's exchange type, ...) is refused whole, naming each
+    such item; --skip-unsupported imports the rest and lists what was skipped."""
     s.info(f'Importing definitions in JSON from a file at "{path}" ...')
     try:
         raw = sys.stdin.read() if path == "-" else open(path).read()
@@ -941,8 +951,16 @@ def import_definitions(s: Session, path: str) -> None:
         doc = json.loads(raw)
     except ValueError as e:
         raise CliError(f"{path} is not valid JSON: {e}", EX_DATAERR) from None
-    s.client.post("/api/definitions", doc)
-    s.info("Successfully imported definitions")
+    if not skip_unsupported:
+        s.client.post("/api/definitions", doc)
+        s.info("Successfully imported definitions")
+        return
+    report = s.client.post("/api/definitions?skip_unsupported=true", doc) or {}
+    skipped = report.get("skipped", [])
+    for item in skipped:
+        click.echo(f"Skipped {item}")
+    s.info(f"Successfully imported definitions; {len(skipped)} item(s) the node cannot honour were skipped"
+           if skipped else "Successfully imported definitions")
 
 
 @cli.command(name="help")

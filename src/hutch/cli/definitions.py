@@ -1,12 +1,14 @@
 """`hutch definitions export|import FILE`: a node's definitions as RabbitMQ's JSON document.
 
     hutch definitions export defs.json [--url http://host:15672]
-    hutch definitions import defs.json
+    hutch definitions import defs.json [--skip-unsupported]
 
 The same document as `GET /api/definitions` and `rabbitmqctl export_definitions`: users,
-vhosts, permissions, policies, exchanges, queues and bindings, so definitions move between
-RabbitMQ and hutch. "-" is stdout / stdin. An import is checked whole by the node before
-anything is applied.
+vhosts with their metadata, permissions, policies, operator policies, runtime parameters,
+exchanges, queues and bindings, so definitions move between RabbitMQ and hutch. "-" is
+stdout / stdin. An import is checked whole by the node before anything is applied: a file
+with items the node cannot honour is refused, naming each, unless --skip-unsupported is
+given, which imports the rest and prints what was skipped.
 """
 
 from __future__ import annotations

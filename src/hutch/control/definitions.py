@@ -81,9 +81,13 @@ def prepare(broker, doc: Any, *, skip_unsupported: bool = False) -> tuple[list[c
         plan = defs.plan(doc, context())
     except defs.DefinitionsError as e:
         raise bad_request(f"invalid definitions: {e}") from None
-    if plan.malformed or (plan.unsupported and not skip_unsupported):
+    if plan.malformed:
         raise bad_request(refusal_text(plan, skip_unsupported))
-    return cluster_commands(broker, plan.commands), plan
+    cmds, dangling = cluster_commands(broker, plan.commands)
+    plan.unsupported += dangling
+    if plan.unsupported and not skip_unsupported:
+        raise bad_request(refusal_text(plan, skip_unsupported))
+    return cmds, plan
 
 
 async def import_document(broker, doc: Any, *, skip_unsupported: bool = False,
@@ -135,15 +139,22 @@ async def load_at_boot(broker, path: str) -> None:
             raise BootImportError(f"definitions file '{f}' was not imported: {e.reason}") from None
 
 
-def cluster_commands(broker, proposed: list[cat.Command]) -> list[cat.Command]:
+def cluster_commands(broker, proposed: list[cat.Command]) -> tuple[list[cat.Command], list[str]]:
     """The planned commands as this node proposes them (queue homes and journal ids chosen,
-    existing exchanges and queues kept), tried on a scratch copy of the catalogue first."""
+    existing exchanges and queues kept), tried on a scratch copy of the catalogue first; and
+    the bindings left out because an end is neither in the document nor on the node (RabbitMQ
+    3.10's rabbitmqctl export leaves internal exchanges out but keeps bindings to them)."""
     cl = broker.cluster
     scratch = cat.Catalogue.from_snapshot(cl.catalogue.snapshot())
     out: list[cat.Command] = []
+    dangling: list[str] = []
 
     def take(cmd: cat.Command) -> None:
         res = scratch.apply(cmd)
+        if isinstance(cmd, cat.Bind) and res.code == cat.NOT_FOUND:
+            dangling.append(f"binding from exchange '{cmd.source}' to {cmd.destination_type} '{cmd.destination}' "
+                            f"in vhost '{cmd.vhost}': {res.text} (neither in the definitions nor on the node)")
+            return
         if res.code != cat.OK:
             raise bad_request(f"invalid definitions, nothing was imported: {_what(cmd)}: "
                               f"{changes.http_error(res).reason}")
@@ -166,7 +177,7 @@ def cluster_commands(broker, proposed: list[cat.Command]) -> list[cat.Command]:
                 cmd, leader_node=cl.choose_home(dict(cmd.arguments), False, cmd.vhost, cmd.name),
                 journal_id=(cmd.journal_id or changes.new_journal_id()) if cmd.durable else 0)
         take(cmd)
-    return out
+    return out, dangling
 
 
 def _what(cmd: cat.Command) -> str:
