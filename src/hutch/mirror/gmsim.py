@@ -26,10 +26,7 @@ member's stream at the same point and reported its death there, report the same 
 
 from __future__ import annotations
 
-import heapq
-import random
 import sys
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -49,14 +46,11 @@ from hutch.mirror.gm import (
     decode,
     encode,
 )
-from hutch.raft.sim import SimResult as GMSimResult  # one result record for both simulators
+from hutch.simkernel import Kernel, Network, Violation, run_seeds
+from hutch.simkernel import SimResult as GMSimResult
 
 _MSG, _BCAST, _KILL, _DOWN, _JOIN, _LEAVE = range(6)
 EVENTS_MAX = 2_000_000
-
-
-class Violation(Exception):
-    """A checked property does not hold; the message says which, where and when."""
 
 
 @dataclass(slots=True)
@@ -85,10 +79,11 @@ class _Node:
         self.born_seen: set[str] = set()
 
 
-class GMSimulation:
+class GMSimulation(Kernel):
     def __init__(self, opts: GMSimOptions) -> None:
+        super().__init__(opts.seed, trace=opts.trace)
         self.o = opts
-        r = self.rng = random.Random(opts.seed)
+        r = self.rng
         n = opts.members or r.randint(2, 6)
         self.latency_us = (r.choice((20, 100)), r.choice((300, 2_000, 10_000)))
         self.down_delay_us = r.choice((100, 5_000, 30_000))
@@ -105,28 +100,16 @@ class GMSimulation:
         self.cfg = GMConfig(batch_bytes_max=r.choice((1 << 20, 1 << 20, 40)))
         ids = [f"m{i}" for i in range(n)]
         self.nodes: dict[str, _Node] = {i: _Node(i, opts.member_class.create(i, ids, self.cfg)) for i in ids}
-        self.now = 0
-        self.queue: list[tuple] = []
-        self.qseq = 0
-        self.link_last: dict[tuple[str, str], int] = {}
+        self.net = Network()  # links made on first use: members join during the run
         self.inflight: dict[tuple[str, str], deque[int]] = {}
         self.dropped: set[int] = set()
         self.broadcasts_left = opts.broadcasts_max
         self.killed: list[str] = []
         self.joiner_count = 0
-        self.trace: list[str] = []
         self.stats = {"members": n, "messages": 0, "bytes": 0, "broadcasts": 0, "deliveries": 0, "kills": 0,
                       "joins": 0, "joins_failed": 0, "leaves": 0, "probes": 0}
 
     # ---- plumbing ----------------------------------------------------------------------------
-
-    def at(self, t_us: int, kind: int, a=None, b=None, c=None, d=None) -> None:
-        self.qseq += 1
-        heapq.heappush(self.queue, (t_us, self.qseq, kind, a, b, c, d))
-
-    def log(self, text: str) -> None:
-        if self.o.trace:
-            self.trace.append(f"{self.now / 1000:9.3f}ms {text}")
 
     def run(self) -> GMSimResult:
         r, o = self.rng, self.o
@@ -140,25 +123,17 @@ class GMSimulation:
             for _ in range(self.leaves):
                 self.at(r.randrange(o.fault_us), _LEAVE)
             steps = 0
-            q = self.queue
-            while q:
-                t, _, kind, a, b, c, d = heapq.heappop(q)
-                self.now = t
+            handlers = {_BCAST: self._broadcast, _KILL: self._kill, _DOWN: self._down, _JOIN: self._join,
+                        _LEAVE: self._leave}
+            while self.queue:
+                eid, kind, args = self.next_event()
                 steps += 1
                 if steps > EVENTS_MAX:
                     raise Violation(f"no quiescence after {EVENTS_MAX} events (a message loop?)")
                 if kind == _MSG:
-                    self._arrive(a, b, c, d)
-                elif kind == _BCAST:
-                    self._broadcast(a)
-                elif kind == _KILL:
-                    self._kill()
-                elif kind == _DOWN:
-                    self._down(a, b)
-                elif kind == _JOIN:
-                    self._join()
-                elif kind == _LEAVE:
-                    self._leave()
+                    self._arrive(*args, eid)  # a message is known by its event id
+                else:
+                    handlers[kind](*args)
             self._check_end()
         except Violation as v:
             return self._result(str(v))
@@ -168,7 +143,7 @@ class GMSimulation:
 
     def _result(self, violation: str | None) -> GMSimResult:
         self.stats["sim_ms"] = self.now // 1000
-        return GMSimResult(self.o.seed, violation is None, violation, self.stats, self.trace)
+        return self.result(violation, self.stats)
 
     def _pump(self, node: _Node) -> None:
         gm = node.gm
@@ -178,14 +153,10 @@ class GMSimulation:
             self.stats["bytes"] += len(data)
             if type(msg).__name__ == "Probe":
                 self.stats["probes"] += 1
-            link = (node.id, to)
             lo, hi = self.latency_us
-            t = max(self.now + self.rng.randint(lo, hi), self.link_last.get(link, 0))
-            self.link_last[link] = t
-            self.qseq += 1
-            mid = self.qseq
-            self.inflight.setdefault(link, deque()).append(mid)
-            heapq.heappush(self.queue, (t, mid, _MSG, node.id, to, data, mid))
+            t = self.net.link(node.id, to).arrival_us(self.now, self.rng.randint(lo, hi))
+            mid = self.at(t, _MSG, node.id, to, data)
+            self.inflight.setdefault((node.id, to), deque()).append(mid)
         for ev in gm.take_events():
             self._check_event(node, ev)
 
@@ -246,7 +217,7 @@ class GMSimulation:
             for mid in list(fl)[cut:]:
                 self.dropped.add(mid)
             if cut:
-                last_kept[b] = self.link_last[(a, b)]  # upper bound of the kept prefix's arrival
+                last_kept[b] = self.net.link(a, b).last_us  # upper bound of the kept prefix's arrival
         for n in self.nodes.values():
             if n.alive and n.id != victim.id:
                 t = max(self.now, last_kept.get(n.id, 0)) + self.rng.randint(1, self.down_delay_us)
@@ -385,21 +356,12 @@ def run_seed(seed: int, **kw) -> GMSimResult:
 @click.option("-v", "--verbose", is_flag=True, help="Print each run's trace.")
 def main(seed: int, seeds: int, members: int, broadcasts: int, profile: str, verbose: bool) -> None:
     """Run seeded simulations of a GM group; a failure is replayed by its seed."""
-    failures = 0
-    started = time.perf_counter()
-    for s in range(seed, seed + seeds):
-        res = run_seed(s, members=members, broadcasts_max=broadcasts, profile=profile, trace=verbose)
-        if verbose:
-            for line in res.trace:
-                click.echo(line)
-        if not res.ok:
-            failures += 1
-            click.echo(f"seed {s}: FAILED: {res.violation}")
-            click.echo(f"  reproduce: python -m hutch.mirror.gmsim --seed {s} --members {members} "
-                       f"--broadcasts {broadcasts} --profile {profile} -v")
-        elif verbose or seeds == 1:
-            click.echo(f"seed {s}: ok {res.stats}")
-    click.echo(f"{seeds} seed(s) from {seed}: {failures} failed in {time.perf_counter() - started:.1f}s")
+    failures = run_seeds(
+        lambda s: run_seed(s, members=members, broadcasts_max=broadcasts, profile=profile, trace=verbose),
+        seed, seeds,
+        lambda s: (f"python -m hutch.mirror.gmsim --seed {s} --members {members} --broadcasts {broadcasts} "
+                   f"--profile {profile}"),
+        click.echo, verbose)
     if failures:
         sys.exit(1)
 

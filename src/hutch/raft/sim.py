@@ -23,11 +23,8 @@ heal, a leader is elected and a proposal to it commits within a bound).
 
 from __future__ import annotations
 
-import heapq
-import random
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import click
 import msgspec
@@ -54,16 +51,13 @@ from hutch.raft.messages import (
     SnapshotMeta,
 )
 from hutch.raft.storage import MemoryStorage, bootstrap_log
+from hutch.simkernel import Kernel, Network, SimResult, Violation, draw_partition, run_seeds
 
 _enc = msgspec.msgpack.encode
 _dec = msgspec.msgpack.decode
 
 # Event kinds in the simulator's queue.
 _TICK, _DELIVER, _FSYNC, _CLIENT, _OP_DEADLINE, _FAULT, _PROBE, _RESTART = range(8)
-
-
-class Violation(Exception):
-    """A checked property does not hold. The message says which and where."""
 
 
 @dataclass(slots=True)
@@ -81,15 +75,6 @@ class SimOptions:
     profile: str = "swarm"  # "swarm": every fault mix; "churn": leaders crash and restart all the time
     check_linearizability: bool = True
     trace: bool = False
-
-
-@dataclass(slots=True)
-class SimResult:
-    seed: int
-    ok: bool
-    violation: str | None
-    stats: dict = field(default_factory=dict)
-    trace: list[str] = field(default_factory=list)
 
 
 class Disk:
@@ -117,15 +102,6 @@ class Disk:
     def save_snapshot(self, snap: Snapshot, keep_from: int) -> None:
         self.snap = snap
         self.entries = [e for e in self.entries if e.index >= keep_from]
-
-
-class Link:
-    __slots__ = ("epoch", "blocked", "last_us")
-
-    def __init__(self) -> None:
-        self.epoch = 0
-        self.blocked = False
-        self.last_us = 0
 
 
 class SimNode:
@@ -161,12 +137,12 @@ class Client:
         self.last_seen = None
 
 
-class Simulation:
+class Simulation(Kernel):
     """One seeded run. `run()` returns a SimResult; the same options give the same run."""
 
     def __init__(self, opts: SimOptions) -> None:
+        super().__init__(opts.seed, trace=opts.trace)
         self.o = opts
-        self.rng = random.Random(opts.seed)
         r = self.rng
         # Swarm testing: each seed draws its own fault mix.
         self.loss_p = r.choice((0.0, 0.0, 0.01, 0.05, 0.2))
@@ -207,9 +183,6 @@ class Simulation:
             seed=opts.seed,
             _unsafe_bugs=opts.bugs,
         )
-        self.now = 0
-        self.queue: list[tuple] = []
-        self.qseq = 0
         members = tuple(range(1, opts.nodes + 1))
         hs, entries = bootstrap_log(members)
         empty = Snapshot(SnapshotMeta())
@@ -219,7 +192,7 @@ class Simulation:
         for i in range(1, n_all + 1):
             disk = Disk(hs, empty, list(entries)) if i in members else Disk(HardState(), empty, [])
             self.nodes[i] = SimNode(i, disk, int(base_us * (1 + r.uniform(-0.05, 0.05))))
-        self.links = {(a, b): Link() for a in self.nodes for b in self.nodes if a != b}
+        self.net = Network(self.nodes)
         self.clients = [Client(c, r.choice(members)) for c in range(opts.clients)]
         self.history: list[Op] = []
         # Checker state.
@@ -229,20 +202,9 @@ class Simulation:
         self.healed = False
         self.probe_done_us: int | None = None
         self.probe_pending: tuple[int, int] | None = None  # (node, key)
-        self.trace: list[str] = []
         self.stats = {"messages": 0, "elections": 0, "crashes": 0, "snapshots_sent": 0, "applied": 0,
                       "partitions": 0, "conf_changes": 0, "transfers": 0}
         self.write_value = 0
-
-    # ---- event queue ----------------------------------------------------------------------
-
-    def at(self, t_us: int, kind: int, a=None, b=None, c=None) -> None:
-        self.qseq += 1
-        heapq.heappush(self.queue, (t_us, self.qseq, kind, a, b, c))
-
-    def log(self, text: str) -> None:
-        if self.o.trace:
-            self.trace.append(f"{self.now / 1000:9.3f}ms {text}")
 
     def run(self) -> SimResult:
         o = self.o
@@ -256,30 +218,16 @@ class Simulation:
             heal_us = o.fault_ms * 1000
             end_us = heal_us + o.liveness_ms * 1000
             self.at(heal_us, _PROBE)
-            q = self.queue
-            while q:
-                t, _, kind, a, b, c = heapq.heappop(q)
-                if t > end_us:
+            handlers = {_DELIVER: self._deliver, _TICK: self._tick, _FSYNC: self._fsync_done,
+                        _CLIENT: self._client_next, _OP_DEADLINE: self._op_deadline, _FAULT: self._fault,
+                        _PROBE: self._probe, _RESTART: self._restart}
+            while self.queue:
+                if self.peek_us() > end_us:
                     break
-                self.now = t
-                if not self.healed and t >= heal_us:
+                _, kind, args = self.next_event()
+                if not self.healed and self.now >= heal_us:
                     self._heal()
-                if kind == _DELIVER:
-                    self._deliver(a, b, c)
-                elif kind == _TICK:
-                    self._tick(a, b)
-                elif kind == _FSYNC:
-                    self._fsync_done(a, b)
-                elif kind == _CLIENT:
-                    self._client_next(a)
-                elif kind == _OP_DEADLINE:
-                    self._op_deadline(a, b)
-                elif kind == _FAULT:
-                    self._fault()
-                elif kind == _PROBE:
-                    self._probe()
-                elif kind == _RESTART:
-                    self._restart(a, b)
+                handlers[kind](*args)
                 if self.probe_done_us is not None and all(cl.busy is None for cl in self.clients):
                     break
             if self.probe_done_us is None:
@@ -299,7 +247,7 @@ class Simulation:
         self.stats["ops"] = len(self.history)
         if self.probe_done_us is not None:
             self.stats["recovery_ms"] = (self.probe_done_us - self.o.fault_ms * 1000) // 1000
-        return SimResult(self.o.seed, violation is None, violation, self.stats, self.trace)
+        return self.result(violation, self.stats)
 
     def _roles(self) -> str:
         parts = []
@@ -344,7 +292,7 @@ class Simulation:
         self.at(self.now + self.rng.randrange(n.tick_us), _TICK, n.id, n.incarnation)
 
     def _reset_links(self, node_id: int) -> None:
-        for (a, b), link in self.links.items():
+        for (a, b), link in self.net.links.items():
             if a == node_id or b == node_id:
                 link.epoch += 1
 
@@ -503,7 +451,7 @@ class Simulation:
     # ---- network --------------------------------------------------------------------------
 
     def _send(self, m: Message) -> None:
-        link = self.links.get((m.frm, m.to))
+        link = self.net.get(m.frm, m.to)
         if link is None or link.blocked:
             return
         r = self.rng
@@ -514,8 +462,7 @@ class Simulation:
         delay = r.randint(lo, hi)
         if r.random() < self.slow_p:
             delay += r.randint(50_000, 300_000)
-        t = max(self.now + delay, link.last_us)
-        link.last_us = t
+        t = link.arrival_us(self.now, delay)
         self.at(t, _DELIVER, m.to, m, link.epoch)
         if r.random() < self.dup_p:
             self.at(t + r.randint(0, 50_000), _DELIVER, m.to, m, link.epoch)
@@ -524,7 +471,7 @@ class Simulation:
         n = self.nodes[to]
         if not n.alive:
             return
-        link = self.links[(m.frm, to)]
+        link = self.net.links[(m.frm, to)]
         if epoch != link.epoch and self.rng.random() < 0.5:
             return  # lost with its connection; the other half arrives late, out of order
         if type(m).__name__ == "InstallSnapshot":
@@ -558,32 +505,10 @@ class Simulation:
         self.at(self.now + r.randint(self.fault_every_us // 2, self.fault_every_us * 3 // 2), _FAULT)
 
     def _partition(self) -> None:
-        r = self.rng
-        shape = r.random()
-        ids = list(self.nodes)
-        if shape < 0.3:
-            blocked = set()  # heal
-        elif shape < 0.6:  # two sides
-            side = {i for i in ids if r.random() < 0.5}
-            blocked = {(a, b) for a in ids for b in ids if a != b and ((a in side) != (b in side))}
-        elif shape < 0.8:  # one node cut off (maybe only one way)
-            x = r.choice(ids)
-            way = r.random()
-            blocked = {(a, b) for a in ids for b in ids if a != b and
-                       ((a == x and way < 0.7) or (b == x and way > 0.3))}
-        else:  # any shape: each directed link independently
-            p = r.random() * 0.6
-            blocked = {(a, b) for a in ids for b in ids if a != b and r.random() < p}
+        blocked = draw_partition(self.rng, list(self.nodes))
         self.stats["partitions"] += 1
         self.log(f"partition {sorted(blocked)}")
-        self._set_blocked(blocked)
-
-    def _set_blocked(self, blocked: set) -> None:
-        for key, link in self.links.items():
-            now_blocked = key in blocked
-            if link.blocked != now_blocked:
-                link.blocked = now_blocked
-                link.epoch += 1  # a new connection: leftovers of the old one are not FIFO with it
+        self.net.set_blocked(blocked)
 
     def _leader(self) -> SimNode | None:
         best = None
@@ -632,7 +557,7 @@ class Simulation:
     def _heal(self) -> None:
         self.healed = True
         self.log("heal: all links up, all nodes restarted, no more loss")
-        self._set_blocked(set())
+        self.net.set_blocked(set())
         self.loss_p = 0.0
         self.dup_p = 0.0
         self.slow_p = 0.0
@@ -768,24 +693,13 @@ def cli() -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Print the trace of each run.")
 def raft_cmd(seed: int, seeds: int, nodes: str, steps: int, profile: str, bugs: tuple[str, ...], verbose: bool) -> None:
     """Run seeded simulations of Raft groups; any failure is replayed by its seed."""
-    failures = 0
-    started = time.perf_counter()
-    for s in range(seed, seed + seeds):
-        res = run_seed(s, nodes=int(nodes), fault_ms=steps * 10, profile=profile, bugs=frozenset(bugs),
-                       trace=verbose)
-        if verbose:
-            for line in res.trace:
-                click.echo(line)
-        if not res.ok:
-            failures += 1
-            click.echo(f"seed {s}: FAILED: {res.violation}")
-            click.echo(f"  reproduce: hutch sim raft --seed {s} --nodes {nodes} --steps {steps} --profile {profile}"
-                       + "".join(f" --bug {b}" for b in bugs) + " -v")
-        elif verbose or seeds == 1:
-            click.echo(f"seed {s}: ok {res.stats}")
-        if seeds > 1 and (s - seed + 1) % 1000 == 0:
-            click.echo(f"{s - seed + 1} seeds, {failures} failed, {time.perf_counter() - started:.1f}s", err=True)
-    click.echo(f"{seeds} seed(s) from {seed}: {failures} failed in {time.perf_counter() - started:.1f}s")
+    failures = run_seeds(
+        lambda s: run_seed(s, nodes=int(nodes), fault_ms=steps * 10, profile=profile, bugs=frozenset(bugs),
+                           trace=verbose),
+        seed, seeds,
+        lambda s: (f"hutch sim raft --seed {s} --nodes {nodes} --steps {steps} --profile {profile}"
+                   + "".join(f" --bug {b}" for b in bugs)),
+        click.echo, verbose)
     if failures:
         sys.exit(1)
 
