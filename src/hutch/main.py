@@ -21,6 +21,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "definitions": ("hutch.cli.definitions", "cli", "Export and import definitions as JSON."),
 }
 
+# subcommands whose third-party packages come with an extra (`pip install 'hutch[lab]'`)
+EXTRAS: dict[str, str] = {"check": "pipeline", "lab": "lab", "perf": "lab"}
+
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
@@ -36,6 +39,10 @@ class LazyGroup(click.Group):
         except ModuleNotFoundError as e:
             if e.name and module.startswith(e.name):
                 raise click.ClickException(f"'hutch {name}' is not available in this installation") from e
+            extra = EXTRAS.get(name)
+            if extra and e.name and not e.name.startswith("hutch"):
+                raise click.ClickException(f"'hutch {name}' needs the {extra} extra ({e.name} is not installed): "
+                                           f"pip install 'hutch[{extra}]'") from e
             raise
         return getattr(mod, attr)
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from hutch.broker.broker import Config
-from hutch.server import environment
+from hutch.server import environment, logs
 from hutch.server.config import apply_file
 from tests.support.brokers import ROOT
 
@@ -25,6 +25,28 @@ def test_example_configurations_load_cleanly(name):
     if name == "container.conf":
         assert cfg.loopback_users == []  # clients come from outside the container's loopback
         assert (cfg.amqp_port, cfg.mgmt_port, cfg.prometheus_port) == (5672, 15672, 15692)
+
+
+def test_every_commented_key_in_the_example_loads_too(tmp_path):
+    """Uncommenting any `# key = value` line of the example must give a configuration that loads
+    and whose log settings make a valid plan."""
+    lines = []
+    for line in (PACKAGING / "hutch.conf.example").read_text().splitlines():
+        m = re.fullmatch(r"# ([a-z_][a-z0-9_.]*) = (.+)", line)
+        lines.append(f"{m.group(1)} = {m.group(2)}" if m else line)
+    uncommented = sum(1 for a, b in zip(lines, (PACKAGING / "hutch.conf.example").read_text().splitlines(),
+                                        strict=True) if a != b)
+    assert uncommented >= 20
+    conf = tmp_path / "all.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    cfg = apply_file(Config(), conf)
+    assert cfg.default_pass == "change me # not this"
+    assert cfg.cluster_partition_handling == "pause_minority"
+    assert len(cfg.cluster_nodes) == 3
+    plan = logs.plan(cfg.log_settings, cfg.log_level, cfg.data_dir, cfg.node_name)
+    assert plan.warnings == []
+    assert [(s.kind, s.formatter) for s in plan.sinks] == [("console", "json"), ("file", "json")]
+    assert plan.sinks[1].path == "/var/log/hutch/hutch.log" and plan.sinks[1].rotation_size == 10485760
 
 
 def _dockerfile() -> str:

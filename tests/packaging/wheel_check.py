@@ -139,6 +139,10 @@ def check(workdir: Path) -> dict:
     origin = _run([str(venv / "bin" / "python"), "-c", "import hutch, sys; print(hutch.__file__)"], cwd=workdir)
     if not origin.strip().startswith(str(venv)):
         raise RuntimeError(f"hutch imported from {origin.strip()}, not from the virtualenv")
+    # the checker's packages are an extra: asking for it says which one, without a traceback
+    r = subprocess.run([str(venv / "bin" / "hutch"), "check", "--help"], capture_output=True, text=True, cwd=workdir)
+    if r.returncode != 1 or "pip install 'hutch[pipeline]'" not in r.stderr or "Traceback" in r.stderr:
+        raise RuntimeError(f"'hutch check' without the pipeline extra answered ({r.returncode}): {r.stderr[-1500:]}")
     log = run_node_and_check(venv, workdir)
     return {"wheel": wheel.name, "wheel_path": wheel, "packages": pkgs, "log": log,
             "seconds": {"build": t_build - t0, "venv": t_venv - t_build, "node": time.monotonic() - t_venv}}

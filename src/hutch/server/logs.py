@@ -147,7 +147,8 @@ class JsonFormatter(logging.Formatter):
             msg = f"{msg}\n{self.formatException(record.exc_info)}"
         return json.dumps({"time": f"{stamp}.{int(record.msecs):03d}+00:00",
                            "level": logging.getLevelName(record.levelno), "msg": msg,
-                           "pid": record.process, "component": record.name}, ensure_ascii=False)
+                           "pid": record.process, "component": record.name}, ensure_ascii=False,
+                          separators=(",", ":"))
 
 
 def _handler(sink: Sink) -> logging.Handler:
