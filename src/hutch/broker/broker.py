@@ -77,6 +77,9 @@ class Config:
     ssl_cert_login_from: str = "distinguished_name"  # or common_name (EXTERNAL mechanism)
     cluster_name: str = ""
     mgmt_port: int = 15672  # management HTTP API; 0: no HTTP listener
+    prometheus_port: int = 15692  # Prometheus metrics (rabbitmq_prometheus's port); 0: no listener
+    prometheus_host: str | None = None  # None: amqp_host
+    collect_statistics_interval_ms: int = 5000  # how often message rates are sampled (RabbitMQ's default)
     # clustering
     peer_port: int = 25672  # the inter-node listener (RabbitMQ's distribution port)
     cluster_nodes: list[str] = field(default_factory=list)  # NAME@HOST[:PEER_PORT]; non-empty: clustered

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError, precondition_failed
+from hutch.broker import msgstats
+from hutch.broker.msgstats import DELIVER, DELIVER_NO_ACK, REDELIVER
 from hutch.queues.classic import ClassicQueue
 from hutch.queues.state import Entry
 
@@ -63,15 +65,26 @@ class ChannelConsumer:
         ch = self.channel
         ch.delivery_tag += 1
         tag = ch.delivery_tag
+        st = ch.mstats
+        qst = queue.mstats
         if not self.no_ack:
             ch.unacked[tag] = (queue, entry, self)
             self.unacked += 1
+            st[DELIVER] += 1
+            qst[DELIVER] += 1
             if entry.log_seq:
                 ch.session.broker.delivered(queue, entry)
-        elif entry.log_seq:
-            ch.session.broker.settled(queue, entry)
+        else:
+            st[DELIVER_NO_ACK] += 1
+            qst[DELIVER_NO_ACK] += 1
+            if entry.log_seq:
+                ch.session.broker.settled(queue, entry)
+        redelivered = entry.delivery_count > 1
+        if redelivered:
+            st[REDELIVER] += 1
+            qst[REDELIVER] += 1
         m = entry.message
-        ch.session.send_frames(codec.deliver_frames(ch.number, self.ctag_enc, tag, entry.delivery_count > 1,
+        ch.session.send_frames(codec.deliver_frames(ch.number, self.ctag_enc, tag, redelivered,
                                                     m.route_enc, m.props, m.body, ch.session.frame_max))
 
 
@@ -100,6 +113,9 @@ class Channel:
         # direct reply-to: this channel's pseudo-queue for replies
         self.reply_token: str | None = None
         self.reply_tag = ""
+        # message counters (hutch.broker.msgstats), read by the statistics sampler
+        self.mstats = msgstats.new()
+        msgstats.node_counters(session.broker)[msgstats.CHANNELS_OPENED] += 1
 
     @property
     def deliverable(self) -> bool:
@@ -154,7 +170,10 @@ class Channel:
 
     def ack(self, tag: int, multiple: bool) -> None:
         dirty = self.session.broker.dirty_queues
-        for queue, entry, consumer in self._take_unacked(tag, multiple):
+        taken = self._take_unacked(tag, multiple)
+        self.mstats[msgstats.ACK] += len(taken)
+        for queue, entry, consumer in taken:
+            queue.mstats[msgstats.ACK] += 1
             if consumer is not None:
                 consumer.unacked -= 1
             if not queue.deleted:
@@ -247,6 +266,7 @@ class Channel:
                     end = gap - 1
             if end > self.confirm_acked:
                 multiple = end - self.confirm_acked > 1
+                self.mstats[msgstats.CONFIRM] += end - self.confirm_acked
                 self.session.send_bytes(codec.confirm_frame(self.number, end, multiple))
                 self.confirm_acked = end
             if end < limit:  # the next one was nacked already: step over it
@@ -262,6 +282,11 @@ class Channel:
             return
         self.closed = True
         broker = self.session.broker
+        msgstats.node_counters(broker)[msgstats.CHANNELS_CLOSED] += 1
+        vhost = self.session.vhost
+        if vhost is not None:  # the vhost's and node's figures keep what this channel counted
+            msgstats.retire(broker, vhost.name, self.mstats)
+            self.mstats = msgstats.new()
         if self.reply_token is not None:
             broker.unregister_direct_reply(self)
         for tag in list(self.consumers):

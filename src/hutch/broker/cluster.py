@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
+from hutch.broker import msgstats
 from hutch.broker.broker import User, priority_and_expiration
 from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
@@ -142,7 +143,7 @@ class RemoteQueue:
         self.consumers_remote = 0
         self.local_consumers: dict[int, RemoteConsumer] = {}
         self._ops: dict[tuple[int, str], list[int]] = {}
-        self.stats_published = self.stats_delivered = self.stats_acked = 0
+        self.mstats = msgstats.new()  # what this node's channels did with the queue
 
     def __repr__(self) -> str:
         return f"RemoteQueue({self.vhost!r}, {self.name!r} on {self.home_node})"
@@ -880,7 +881,9 @@ class ClusterBroker:
         ch = c.channel
         session = ch.session
         q = c.queue
+        st, qst, no_ack = ch.mstats, q.mstats, c.no_ack
         for seq, redelivered, route, props, body in items:
+            msgstats.count_delivery(st, qst, no_ack, redelivered)
             ch.delivery_tag += 1
             tag = ch.delivery_tag
             if not c.no_ack:

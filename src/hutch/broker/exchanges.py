@@ -106,7 +106,7 @@ def headers_match(binding_args: dict[str, Any], headers: dict[str, Any]) -> bool
 
 class Exchange:
     __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "bindings", "_direct",
-                 "alternate")
+                 "alternate", "mstats")
 
     def __init__(self, name: str, type: str, durable: bool = True, auto_delete: bool = False,
                  internal: bool = False, arguments: dict[str, Any] | None = None):
@@ -120,6 +120,8 @@ class Exchange:
         self.alternate = alt.decode() if isinstance(alt, bytes) else alt
         self.bindings: dict[tuple, Binding] = {}
         self._direct: dict[str, list[Binding]] = {}
+        # publish_in, publish_out, return_unroutable, drop_unroutable (hutch.broker.msgstats)
+        self.mstats = [0, 0, 0, 0]
 
     def __repr__(self) -> str:
         return f"Exchange({self.name!r}, {self.type!r})"

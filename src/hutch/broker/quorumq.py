@@ -34,6 +34,7 @@ import msgspec
 
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
+from hutch.broker import msgstats
 from hutch.broker.channel import ChannelConsumer
 from hutch.cluster import catalogue as cat
 from hutch.queues.message import Message
@@ -129,7 +130,7 @@ class QuorumQueue:
         self._ops: dict[tuple[str, str], list[int]] = {}
         self.machine: Any = None  # the QuorumQueueState when this node is a member
         self.figures = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
-        self.stats_published = self.stats_delivered = self.stats_acked = 0
+        self.mstats = msgstats.new()  # what this node's channels did with the queue
         self.last_used_ms = 0
 
     def __repr__(self) -> str:
@@ -241,6 +242,11 @@ class _QuorumApp:
                       self.q.vhost, index)
             return
         effects = self.q.machine.apply(cmd)
+        host = self.host
+        if host.proposed_at_ms:
+            t = host.proposed_at_ms.pop(self.q.gid, None)
+            if t is not None:
+                host.commit_latency_ms[self.q.gid] = host.cl.broker.now_ms() - t
         if self.host.is_leader(self.q):
             self.host.carry_out(self.q, effects, origin, req)
 
@@ -272,6 +278,10 @@ class QuorumHost:
         self._out: dict[str, list] = {}  # node -> effects to send it
         self._leading: set[int] = set()
         self._next_clock_s = 0.0
+        # commit latency as a leader sees it, one proposal at a time per group (Prometheus'
+        # rabbitmq_raft_entry_commit_latency_seconds): gid -> when the one measured was proposed
+        self.proposed_at_ms: dict[int, int] = {}
+        self.commit_latency_ms: dict[int, int] = {}
 
     def now_ms(self) -> int:
         return self.cl.broker.now_ms()
@@ -442,6 +452,8 @@ class QuorumHost:
         when there was nowhere to send it."""
         raft = self.raft
         if raft is not None and raft.leader(q.gid) == self.cl.node:
+            if q.gid not in self.proposed_at_ms:
+                self.proposed_at_ms[q.gid] = self.cl.broker.now_ms()
             return raft.propose(q.gid, env)
         target = raft.leader(q.gid) if raft is not None else None
         if target is None or target == self.cl.node or not self.cl.is_up(target):
@@ -455,6 +467,8 @@ class QuorumHost:
             return
         leader = self.raft.leader(gid)
         if leader == self.cl.node:
+            if gid not in self.proposed_at_ms:
+                self.proposed_at_ms[gid] = self.cl.broker.now_ms()
             self.raft.propose(gid, env)
         elif leader is not None and self.cl.is_up(leader):
             self.cl.send(leader, ["QP", gid, env])
@@ -629,6 +643,7 @@ class QuorumHost:
         ch = c.channel
         session = ch.session
         props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
+        msgstats.count_delivery(ch.mstats, q.mstats, c.no_ack, redelivered)
         ch.delivery_tag += 1
         tag = ch.delivery_tag
         if not c.no_ack:

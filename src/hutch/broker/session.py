@@ -20,10 +20,21 @@ from hutch.amqp import codec, events, spec
 from hutch.amqp.connection import Connection
 from hutch.amqp.spec import AMQPError, access_refused, not_found, precondition_failed
 from hutch.broker import arguments as qargs
+from hutch.broker import msgstats
 from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.cluster import RemoteConsumer, RemoteEntry
 from hutch.broker.cluster import home_down as cluster_home_down
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from hutch.broker.msgstats import (
+    DROP_UNROUTABLE,
+    PUBLISH,
+    PUBLISH_CONFIRM,
+    RETURN_UNROUTABLE,
+    X_DROP_UNROUTABLE,
+    X_PUBLISH_IN,
+    X_PUBLISH_OUT,
+    X_RETURN_UNROUTABLE,
+)
 from hutch.broker.quorumq import QuorumConsumer, place_members
 from hutch.broker.quorumq import not_implemented_global_qos as quorum_global_qos
 from hutch.cluster import catalogue as cat
@@ -73,6 +84,9 @@ class Session:
         self.transport_hooks: Any = None  # set by the runtime: pause/resume reading, close
         self.stats_recv_msgs = 0
         self.stats_send_msgs = 0
+        self.recv_oct = 0  # bytes received and sent (the management API's recv_oct, send_oct)
+        self.send_oct = 0
+        msgstats.node_counters(broker)[msgstats.CONNECTIONS_OPENED] += 1
         self.connected_at_ms = broker.now_ms()
         # In a cluster some methods wait for other nodes (a catalogue change, a queue elsewhere):
         # the session parks, keeping the rest of what the client sent for afterwards.
@@ -106,7 +120,9 @@ class Session:
 
     def take_output(self) -> list[bytes]:
         self.output_pending = False
-        return self.proto.take_output()
+        out = self.proto.take_output()
+        self.send_oct += sum(map(len, out))
+        return out
 
     def confirms_due(self, ch: Channel) -> None:
         self._confirm_channels.add(ch)
@@ -129,6 +145,7 @@ class Session:
     def receive(self, data: bytes) -> None:
         """Feed bytes from the socket; handle every event they make. A fault in hutch itself
         closes this connection with 541 INTERNAL_ERROR and is logged; the node carries on."""
+        self.recv_oct += len(data)
         if self._events is not None:
             self._backlog.append(data)  # parked: handled once the waiting method completes
             return
@@ -358,6 +375,10 @@ class Session:
         self.closed = True
         for ch in list(self.channels.values()):
             ch.close()
+        counters = msgstats.node_counters(self.broker)
+        counters[msgstats.CONNECTIONS_CLOSED] += 1
+        counters[msgstats.RECV_OCT_CLOSED] += self.recv_oct
+        counters[msgstats.SEND_OCT_CLOSED] += self.send_oct
         self.channels.clear()
         for q in list(self.exclusive_queues):
             self.broker.delete_queue(q)
@@ -418,8 +439,16 @@ class Session:
 
     def deliver_publish(self, ch: Channel, x: Exchange, msg: Message, headers: dict | None, mandatory: bool) -> None:
         broker = self.broker
+        st = ch.mstats
+        st[PUBLISH] += 1
+        if seq:
+            st[PUBLISH_CONFIRM] += 1
+        xst = x.mstats
+        xst[X_PUBLISH_IN] += 1
         seq = ch.next_publish_seq() if ch.confirm else 0
         if x.name == "" and msg.routing_key.startswith(DIRECT_REPLY_PREFIX):
+                st[RETURN_UNROUTABLE] += 1
+                xst[X_RETURN_UNROUTABLE] += 1
             if not broker.direct_reply(msg) and mandatory:
                 self.send_frames(codec.return_frames(ch.number, spec.NO_ROUTE, "NO_ROUTE", msg.route_enc,
                                                      msg.props, msg.body, self.frame_max))
@@ -427,13 +456,21 @@ class Session:
                 self.confirms_due(ch)
             return
         queues = self.vhost.route(x, msg.routing_key, headers)
+            xst[X_PUBLISH_OUT] += len(queues)
+            for q in queues:
+                q.mstats[PUBLISH] += 1
         if queues:
             refused = broker.enqueue(queues, msg, ch, seq)
             if refused and seq:
                 ch.nack_publish(seq)
                 return
+            st[RETURN_UNROUTABLE] += 1
+            xst[X_RETURN_UNROUTABLE] += 1
         elif mandatory:
             self.send_frames(codec.return_frames(ch.number, spec.NO_ROUTE, "NO_ROUTE", msg.route_enc, msg.props,
+        else:
+            st[DROP_UNROUTABLE] += 1
+            xst[X_DROP_UNROUTABLE] += 1
                                                  msg.body, self.frame_max))
         if seq:
             self.confirms_due(ch)
@@ -575,6 +612,7 @@ class Session:
 
     # -- queue
 
+        msgstats.node_counters(self.broker)[msgstats.QUEUES_DECLARED] += 1
     def queue_declare(self, ch: Channel, m) -> None:
         vhost = self.vhost
         name = m.queue
@@ -869,8 +907,11 @@ class Session:
         self.broker.queue_used(q)
         self.broker.expire_queue(q)
         entry = q.get(bool(m.no_ack))
+            ch.mstats[msgstats.GET_EMPTY] += 1
+            q.mstats[msgstats.GET_EMPTY] += 1
         if entry is None:
             self.send_method(ch.number, commands.Basic.GetEmpty())
+        msgstats.count_get(ch.mstats, q.mstats, bool(m.no_ack), entry.delivery_count > 1)
             return
         ch.delivery_tag += 1
         tag = ch.delivery_tag
@@ -884,12 +925,15 @@ class Session:
             self.broker.settled(q, entry)
 
     def _got_remote(self, ch: Channel, m, q, got) -> None:
+            ch.mstats[msgstats.GET_EMPTY] += 1
+            q.mstats[msgstats.GET_EMPTY] += 1
         if got is None:
             self.send_method(ch.number, commands.Basic.GetEmpty())
             return
         if q.quorum:
             seq, _delivery_count, redelivered, route, count, props, body = got
         else:
+        msgstats.count_get(ch.mstats, q.mstats, bool(m.no_ack), redelivered)
             seq, redelivered, route, count, props, body = got
         ch.delivery_tag += 1
         tag = ch.delivery_tag

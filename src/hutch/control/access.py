@@ -42,7 +42,7 @@ from aiohttp import web
 
 from hutch.broker.broker import hash_password
 from hutch.cluster import catalogue as cat
-from hutch.control import changes, ops, shapes
+from hutch.control import changes, ops, rates, shapes, stats
 from hutch.control.app import api_of, read_json, requires, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
 
@@ -194,7 +194,8 @@ async def user_permissions(request: web.Request) -> web.Response:
 async def list_vhosts(request: web.Request) -> web.Response:
     api = api_of(request)
     names = api.visible_vhosts(user_of(request))
-    return web.json_response([shapes.vhost(api.broker, api.broker.vhosts[n]) for n in names])
+    rows = [shapes.vhost(api.broker, api.broker.vhosts[n]) for n in names]
+    return web.json_response(await stats.decorate(api.broker, rates.VHOST, rows, stats.window_of(request)))
 
 
 @routes.get("/api/vhosts/{name}")
@@ -203,7 +204,9 @@ async def get_vhost(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if not api.can_see_vhost(user_of(request), name):
         raise not_found()
-    return web.json_response(shapes.vhost(api.broker, api.broker.vhosts[name]))
+    out = shapes.vhost(api.broker, api.broker.vhosts[name])
+    await stats.decorate(api.broker, rates.VHOST, [out], stats.window_of(request))
+    return web.json_response(out)
 
 
 @routes.put("/api/vhosts/{name}")

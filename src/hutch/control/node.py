@@ -43,6 +43,7 @@ from aiohttp import web
 
 from hutch import __version__
 from hutch.control import ops
+from hutch.control import stats as msg_stats
 from hutch.control.app import Api, api_of, read_json, requires, user_of
 from hutch.control.errors import ApiError, bad_request, not_authorised, not_found, service_unavailable
 
@@ -107,7 +108,7 @@ def cluster_name(api: Api) -> str:
     return cfg.cluster_name or cfg.node_name
 
 
-def _totals(api: Api) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+def _totals(api: Api) -> tuple[dict[str, int], dict[str, Any]]:
     b = api.broker
     queues = [q for v in b.vhosts.values() for q in v.queues.values()]
     ready = sum(q.state.ready_count for q in queues)
@@ -117,15 +118,15 @@ def _totals(api: Api) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     objects = {"channels": channels, "connections": len(b.sessions), "consumers": consumers,
                "exchanges": sum(len(v.exchanges) for v in b.vhosts.values()), "queues": len(queues)}
     queue_totals = {"messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked}
-    stats = {"publish": sum(q.stats_published for q in queues), "deliver_get": sum(q.stats_delivered for q in queues),
-             "ack": sum(q.stats_acked for q in queues)}
-    return objects, queue_totals, stats
+    return objects, queue_totals
 
 
 @routes.get("/api/overview")
 async def overview(request: web.Request) -> web.Response:
     api = api_of(request)
-    objects, queue_totals, stats = _totals(api)
+    objects, queue_totals = _totals(api)
+    message_stats, length_details = await msg_stats.overview(api.broker, msg_stats.window_of(request))
+    queue_totals.update(length_details)
     return web.json_response({
         "management_version": RABBITMQ_COMPAT_VERSION,
         "rabbitmq_version": RABBITMQ_COMPAT_VERSION,
@@ -134,13 +135,13 @@ async def overview(request: web.Request) -> web.Response:
         "python_version": sys.version.split()[0],
         "cluster_name": cluster_name(api),
         "node": api.node_name,
-        "rates_mode": "none",
+        "rates_mode": "basic",
         "disable_stats": False,
         "enable_queue_totals": True,
         "exchange_types": EXCHANGE_TYPES,
         "object_totals": objects,
         "queue_totals": queue_totals,
-        "message_stats": stats,
+        "message_stats": message_stats,
         "statistics_db_event_queue": 0,
         "listeners": listeners(api),
         "contexts": [{"node": api.node_name, "description": "hutch management", "path": "/",
@@ -188,7 +189,7 @@ def node_info(api: Api) -> dict[str, Any]:
         "processors": os.cpu_count() or 1,
         "run_queue": 0,
         "uptime": int((time.time() - api.started_at_s) * 1000),
-        "rates_mode": "none",
+        "rates_mode": "basic",
         "partitions": (b.cluster.status().get("partitions", {}).get(cfg.node_name, [])
                        if b.cluster is not None else []),
         "cluster_links": [],

@@ -16,7 +16,7 @@ import contextlib
 
 from aiohttp import web
 
-from hutch.control import listing, ops, shapes
+from hutch.control import listing, ops, shapes, stats
 from hutch.control.app import Api, api_of, has_tag, user_of
 from hutch.control.errors import not_authorised, not_found
 from hutch.control.topology import vhost_for_read
@@ -39,6 +39,8 @@ def _visible_sessions(api: Api, username: str, everyone: bool) -> list:
 
 def local_listing(api: Api, what: str, params: dict) -> list[dict]:
     """This node's connections or channels, for another node's cluster-wide listing."""
+    if what == "mstats":  # message counters and samples (hutch.control.stats)
+        return stats.local_report(api.broker, params)
     sessions = _visible_sessions(api, params.get("user", ""), bool(params.get("everyone")))
     vhost = params.get("vhost")
     sessions = [s for s in sessions if vhost is None or (s.vhost is not None and s.vhost.name == vhost)]

@@ -5,8 +5,9 @@ queues, exchanges, bindings, connections, channels, consumers, users, vhosts and
 permissions. They are pure reads of broker state; every object carries `node` (this node's
 name), so the same shapes serve a cluster where objects live on several nodes.
 
-Differences from RabbitMQ, by design: no rate fields (`*_details`), since hutch keeps
-counters, not samples; counters in `message_stats` are totals since the object was created;
+`message_stats` holds counters since the object was created, with their rates (`*_details`,
+hutch.control.rates); a queue's, exchange's and vhost's figures here are this node's, and the
+routes add the other nodes' (hutch.control.stats). Differences from RabbitMQ, by design:
 a binding's `properties_key` hashes its arguments with hutch's own (stable) hash.
 """
 
@@ -23,6 +24,7 @@ from urllib.parse import quote
 
 from hutch.amqp import codec
 from hutch.broker.exchanges import QUEUE, Binding
+from hutch.control import rates
 from hutch.queues import effective
 
 if TYPE_CHECKING:
@@ -142,7 +144,7 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         "single_active_consumer_tag": active.tag if active is not None else None,
         "head_message_timestamp": None,
         "recoverable_slaves": None,
-        "message_stats": {"publish": q.stats_published, "deliver_get": q.stats_delivered, "ack": q.stats_acked},
+        "message_stats": rates.local_object_stats(broker, rates.QUEUE, (q.vhost, q.name), q.mstats),
     }
     if q.quorum:
         out["leader"] = q.home_node
@@ -219,6 +221,7 @@ def connection(broker: Broker, s: Session) -> dict[str, Any]:
         "user_provided_name": props.get("connection_name") if isinstance(props, dict) else None,
         "connected_at": int(time.time() * 1000) - age_ms,
         "recv_cnt": s.stats_recv_msgs,
+        **rates.local_object_stats(broker, rates.CONNECTION, s.name, (s.recv_oct, s.send_oct)),
         "send_cnt": s.stats_send_msgs,
     }
 
@@ -248,6 +251,7 @@ def channel(broker: Broker, s: Session, ch: Channel) -> dict[str, Any]:
         "messages_unconfirmed": len(ch.confirm_waiting),
         "messages_uncommitted": sum(1 for op in tx if op[0] == "publish"),
         "acks_uncommitted": sum(1 for op in tx if op[0] != "publish"),
+        "message_stats": rates.local_object_stats(broker, rates.CHANNEL, channel_name(s, ch.number), ch.mstats),
     }
 
 

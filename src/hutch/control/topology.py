@@ -30,7 +30,7 @@ from hutch.amqp.spec import AMQPError, access_refused, precondition_failed
 from hutch.broker import arguments as qargs
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE
 from hutch.cluster import catalogue as cat
-from hutch.control import changes, listing, ops, shapes
+from hutch.control import changes, listing, ops, rates, shapes, stats
 from hutch.control.app import Api, api_of, read_json, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
 
@@ -94,15 +94,16 @@ def _query_flag(request: web.Request, key: str) -> bool:
 @routes.get("/api/exchanges")
 async def list_exchanges(request: web.Request) -> web.Response:
     api = api_of(request)
-    return listing.respond(request, [shapes.exchange(api.broker, v.name, x) for v in _visible(api, request)
-                                     for x in v.exchanges.values()])
+    rows = [shapes.exchange(api.broker, v.name, x) for v in _visible(api, request) for x in v.exchanges.values()]
+    return listing.respond(request, await stats.decorate(api.broker, rates.EXCHANGE, rows, stats.window_of(request)))
 
 
 @routes.get("/api/exchanges/{vhost}")
 async def list_vhost_exchanges(request: web.Request) -> web.Response:
     v = vhost_for_read(request)
     broker = api_of(request).broker
-    return listing.respond(request, [shapes.exchange(broker, v.name, x) for x in v.exchanges.values()])
+    rows = [shapes.exchange(broker, v.name, x) for x in v.exchanges.values()]
+    return listing.respond(request, await stats.decorate(broker, rates.EXCHANGE, rows, stats.window_of(request)))
 
 
 @routes.get("/api/exchanges/{vhost}/{name}")
@@ -112,6 +113,7 @@ async def get_exchange(request: web.Request) -> web.Response:
     if x is None:
         raise not_found()
     out = shapes.exchange(api_of(request).broker, v.name, x)
+    await stats.decorate(api_of(request).broker, rates.EXCHANGE, [out], stats.window_of(request))
     out["incoming"] = []
     out["outgoing"] = []
     return web.json_response(out)
@@ -212,15 +214,16 @@ async def publish(request: web.Request) -> web.Response:
 @routes.get("/api/queues")
 async def list_queues(request: web.Request) -> web.Response:
     api = api_of(request)
-    return listing.respond(request, [shapes.queue(api.broker, q) for v in _visible(api, request)
-                                     for q in v.queues.values()])
+    rows = [shapes.queue(api.broker, q) for v in _visible(api, request) for q in v.queues.values()]
+    return listing.respond(request, await stats.decorate(api.broker, rates.QUEUE, rows, stats.window_of(request)))
 
 
 @routes.get("/api/queues/{vhost}")
 async def list_vhost_queues(request: web.Request) -> web.Response:
     v = vhost_for_read(request)
     broker = api_of(request).broker
-    return listing.respond(request, [shapes.queue(broker, q) for q in v.queues.values()])
+    rows = [shapes.queue(broker, q) for q in v.queues.values()]
+    return listing.respond(request, await stats.decorate(broker, rates.QUEUE, rows, stats.window_of(request)))
 
 
 @routes.get("/api/queues/{vhost}/{name}")
@@ -229,7 +232,10 @@ async def get_queue(request: web.Request) -> web.Response:
     q = v.queues.get(request.match_info["name"])
     if q is None:
         raise not_found()
-    return web.json_response(shapes.queue(api_of(request).broker, q, details=True))
+    broker = api_of(request).broker
+    out = shapes.queue(broker, q, details=True)
+    await stats.decorate(broker, rates.QUEUE, [out], stats.window_of(request))
+    return web.json_response(out)
 
 
 @routes.put("/api/queues/{vhost}/{name}")

@@ -35,7 +35,7 @@ class ClassicQueue:
     __slots__ = ("name", "vhost", "durable", "auto_delete", "exclusive_owner", "arguments", "state",
                  "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
                  "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
-                 "deleted", "home_node", "_registered", "stats_published", "stats_delivered", "stats_acked", "dispatch_blocked",
+                 "deleted", "home_node", "_registered", "mstats", "dispatch_blocked",
                  "flow_waiters", "journal_id", "last_dispatch_ms", "mirror", "policy_settings")
 
     def __init__(self, name: str, vhost: str, *, durable: bool = False, auto_delete: bool = False,
@@ -63,9 +63,9 @@ class ClassicQueue:
         self.last_used_ms = 0
         self.deleted = False
         self.home_node = home_node
-        self.stats_published = 0
-        self.stats_delivered = 0
-        self.stats_acked = 0
+        # message counters as the channels of this node count them (hutch.broker.msgstats layout);
+        # the queue itself never counts, so a mirror or a queue fed by other nodes is not counted twice
+        self.mstats = [0] * 12
         self.dispatch_blocked = False  # set while something (e.g. a sync) holds the queue
         self.flow_waiters: set | None = None  # publishers held back while consumers are backed up
         self.last_dispatch_ms = -10**9  # when consumers last received (the owner's clock)
@@ -133,7 +133,6 @@ class ClassicQueue:
             entry, dropped = self.state.enqueue(message, expires)
         except Refused:
             return None, []
-        self.stats_published += 1
         mirror = self.mirror
         if mirror is not None:
             mirror.enqueued(entry)
@@ -174,13 +173,11 @@ class ClassicQueue:
                     mirror.checked_out(entry.seq)
             c.deliver(self, entry)
             n += 1
-        self.stats_delivered += n
         return n
 
     def get(self, no_ack: bool) -> Entry | None:
         entry = self.state.take() if no_ack else self.state.checkout()
         if entry is not None:
-            self.stats_delivered += 1
             if self.mirror is not None:
                 if no_ack:
                     self.mirror.removed(entry.seq)
@@ -189,7 +186,6 @@ class ClassicQueue:
         return entry
 
     def settle(self, seq: int) -> Entry:
-        self.stats_acked += 1
         entry = self.state.settle(seq)
         if self.mirror is not None:
             self.mirror.removed(seq)

@@ -34,6 +34,8 @@ from hutch.broker.session import Session
 from hutch.control import definitions, migrate
 from hutch.control.app import API, HttpListener
 from hutch.control.node import node_info
+from hutch.control.prometheus import MetricsService
+from hutch.control.prometheus import default_host as prometheus_host
 from hutch.control.sessions import local_listing
 from hutch.server import logs, sdnotify
 from hutch.server.clustering import CLUSTER_FILE, ClusterRuntime, write_cluster_file
@@ -174,6 +176,7 @@ class Node:
         self.servers: list[asyncio.base_events.Server] = []
         self._stopping: asyncio.Event | None = None
         self.http: HttpListener | None = None  # the management HTTP API
+        self.metrics: MetricsService | None = None  # message-rate sampler and Prometheus listener
         self._proc = psutil.Process()
         self._app_running = False
         self.paused = False  # pause_minority / pause_if_all_down: clients closed until the condition clears
@@ -225,6 +228,19 @@ class Node:
             for host, port in await self.http.start(bind, cfg.mgmt_ssl_port, self.mgmt_tls_context()):
                 log.info("started HTTPS listener on %s:%s", host, port)
 
+    async def _start_metrics(self) -> None:
+        """The message-rate sampler, and the Prometheus listener unless prometheus_port is 0. A port
+        already taken is logged and the node runs without it (several nodes on one host)."""
+        self.metrics = MetricsService(self)
+        self.metrics.start_sampling()
+        if not self.config.prometheus_port:
+            return
+        try:
+            for host, port in await self.metrics.start(prometheus_host(self.config), self.config.prometheus_port):
+                log.info("started Prometheus metrics listener on %s:%s", host, port)
+        except OSError as e:
+            log.error("Prometheus metrics listener could not start on port %s: %s", self.config.prometheus_port, e)
+
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
@@ -233,6 +249,7 @@ class Node:
                  __version__, sys.version.split()[0], self.config.node_name, os.path.abspath(self.config.data_dir))
         await self.start_app()
         await self._start_http()
+        await self._start_metrics()
         self._baseline_rss = self._proc.memory_info().rss
         self._tick_task = self.loop.call_later(0.1, self._tick)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
@@ -441,6 +458,8 @@ class Node:
         self._stopping.set()
 
     async def shutdown(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self.http is not None:
             await self.http.stop()
         if self.app_running:

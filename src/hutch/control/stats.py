@@ -1,0 +1,103 @@
+"""Cluster-wide message statistics for the management API: counters, rates and histories.
+
+RabbitMQ's management plugin keeps a statistics database per node and, for a query, adds up
+what every node's database holds about the object (rabbit_mgmt_db merging the nodes' fine
+stats). hutch does the same on request: the node serving the API takes its own sampler's
+figures and asks every running peer for theirs (the "list" call with what = "mstats"), sums
+the counters and merges the sample rings (hutch.control.rates.merge), then writes
+`message_stats` with `*_details` into the JSON objects. Queue lengths are not summed: every
+node already sees each queue's figures (a queue homed elsewhere reports them to the others),
+so their details come from this node's samples.
+
+A peer that does not answer within `PEER_TIMEOUT_S` is left out, as RabbitMQ leaves out a node
+it cannot reach. This module only reads; it never changes broker state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from aiohttp import web
+
+from hutch.control import ops, rates
+from hutch.control.errors import bad_request
+
+PEER_TIMEOUT_S = 2.0
+
+
+def window_of(request: web.Request) -> rates.Window:
+    try:
+        return rates.window_of(request.query)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+
+def local_report(broker: Any, params: dict) -> list:
+    """What a peer asked for: this node's counters and newest samples of some kinds."""
+    kinds = [k for k in params.get("kinds", []) if isinstance(k, str)]
+    n = params.get("n", 2)
+    return rates.sampler_of(broker).report(broker, kinds, n if isinstance(n, int) else 2)
+
+
+async def cluster_figures(broker: Any, kinds: list[str], window: rates.Window) -> dict[tuple, tuple[list, list]]:
+    """{key: (summed counters now, merged ring)} over this node and its running peers."""
+    reports = [local_report(broker, {"kinds": kinds, "n": window.samples_wanted})]
+    cl = broker.cluster
+    if cl is not None:
+        peers = [p for p in cl.running_nodes() if p != cl.node]
+
+        async def ask(peer: str) -> list:
+            with contextlib.suppress(Exception):
+                return await ops.call_peer(broker, peer, "list",
+                                           ["mstats", {"kinds": kinds, "n": window.samples_wanted}],
+                                           timeout_s=PEER_TIMEOUT_S)
+            return []
+        reports += await asyncio.gather(*(ask(p) for p in peers))
+    counts: dict[tuple, list[int]] = {}
+    rings: dict[tuple, list] = {}
+    for report in reports:
+        for row in report or ():
+            try:
+                key_list, live, samples = row
+            except (TypeError, ValueError):
+                continue
+            key = tuple(key_list)
+            acc = counts.get(key)
+            if acc is None:
+                counts[key] = list(live)
+            else:
+                for i, n in enumerate(live):
+                    acc[i] += n
+            rings.setdefault(key, []).append([(t, tuple(v)) for t, v in samples])
+    return {key: (counts[key], rates.merge(rings.get(key, []))) for key in counts}
+
+
+async def decorate(broker: Any, kind: str, rows: list[dict], window: rates.Window) -> list[dict]:
+    """Fill `message_stats` (and for queues and vhosts the length details) into API objects
+    of one kind: queues and exchanges by (vhost, name), vhosts by name."""
+    if not rows:
+        return rows
+    figures = await cluster_figures(broker, [kind], window)
+    sampler = rates.sampler_of(broker)
+    interval = sampler.interval_ms
+    zero = [0] * len(rates.fields_of(kind))
+    for row in rows:
+        key = (kind, row.get("name")) if kind == rates.VHOST else (kind, row.get("vhost"), row.get("name"))
+        counts, ring = figures.get(key, (zero, []))
+        row["message_stats"] = rates.message_stats(kind, counts, ring, window, interval)
+        if kind in (rates.QUEUE, rates.VHOST):
+            row.update(rates.length_details(sampler.lengths_ring(key), window, interval))
+    return rows
+
+
+async def overview(broker: Any, window: rates.Window) -> tuple[dict, dict]:
+    """The overview's message_stats (the cluster's channels) and queue_totals' details."""
+    figures = await cluster_figures(broker, [rates.NODE], window)
+    counts, ring = figures.get((rates.NODE,), (rates.msgstats.new(), []))
+    sampler = rates.sampler_of(broker)
+    interval = sampler.interval_ms
+    msg = rates.message_stats(rates.NODE, counts, ring, window, interval)
+    lengths = rates.length_details(sampler.lengths_ring((rates.NODE,)), window, interval)
+    return msg, lengths
