@@ -200,7 +200,7 @@ def node_info(api: Api) -> dict[str, Any]:
                             for m in AUTH_MECHANISMS],
         "applications": [{"name": "hutch", "description": "hutch message broker", "version": __version__}],
         "config_files": [],
-        "log_files": [os.path.join(os.path.abspath(cfg.data_dir), "log", f"{cfg.node_name}.log")],
+        "log_files": [log_file() or os.path.join(os.path.abspath(cfg.data_dir), "log", f"{cfg.node_name}.log")],
         "data_dir": os.path.abspath(cfg.data_dir),
     }
 
@@ -396,8 +396,8 @@ async def health_port(request: web.Request) -> web.Response:
     return _failed("No active listener", missing=port, ports=ports)
 
 
-PROTOCOL_ALIASES = {"amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp", "https": "http",
-                    "amqps": "amqp/ssl", "amqp/tls": "amqp/ssl"}
+PROTOCOL_ALIASES = {"amqp091": "amqp", "amqp0.9.1": "amqp", "amqp0-9-1": "amqp", "amqps": "amqp/ssl",
+                    "amqp/tls": "amqp/ssl", "http/ssl": "https"}
 
 
 @routes.get("/api/health/checks/protocol-listener/{protocol}")
