@@ -22,7 +22,7 @@ broker closes while handling one event drops the frames that follow in the same 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pamqp import commands, decode
@@ -116,6 +116,9 @@ class Connection:
         self.mechanism = ""
         self.vhost = ""
         self.close_reason: tuple[int, str] | None = None
+        # asked before a channel opens: None, or why it may not (a connection error 530, as
+        # RabbitMQ refuses a channel over the user's max-channels limit)
+        self.channel_gate: Callable[[], str | None] | None = None
         self._buf: list[bytes] = []  # pieces of an incomplete frame
         self._buf_len = 0
         self._buf_need = 0  # bytes needed before parsing can make progress
@@ -328,6 +331,9 @@ class Connection:
                             if len(channels) >= self.channel_max:  # RabbitMQ limits the count, not the number
                                 raise spec.AMQPError(spec.NOT_ALLOWED, f"number of channels opened ({len(channels)}) has "
                                                      f"reached the negotiated channel_max ({self.channel_max})", 20, 10)
+                            refusal = self.channel_gate() if self.channel_gate is not None else None
+                            if refusal is not None:
+                                raise spec.AMQPError(spec.NOT_ALLOWED, refusal, 20, 10)
                             channels[ch] = _Channel()
                             self._out.append(codec.method_frame(ch, commands.Channel.OpenOk()))
                             yield ChannelOpened(ch)

@@ -258,9 +258,6 @@ class Session:
                         ch.reject(ev.delivery_tag, multiple, ev.requeue)
             elif t is events.ChannelOpened:
                 if self.vhost is not None:
-                    refusal = self.broker.channel_refusal(self.username)
-                    if refusal is not None:  # the user's max-channels: a connection error, as RabbitMQ's
-                        raise AMQPError(spec.NOT_ALLOWED, refusal, 20, 10)
                     self.channels[ev.channel] = Channel(self, ev.channel)
             elif t is events.ChannelClosed:
                 ch = self.channels.pop(ev.channel, None)
@@ -354,6 +351,8 @@ class Session:
                              f"'{self.username}'", 10, 40)
             return
         self.vhost = vhost
+        # the user's max-channels, checked before channel.open-ok (a connection error 530)
+        self.proto.channel_gate = lambda: self.broker.channel_refusal(self.username)
         self.proto.open_ok()
         log.info("connection %s (%s): user '%s' authenticated and granted access to vhost '%s'",
                  id(self), self.name, self.username, vhost_name)
