@@ -127,7 +127,8 @@ def test_management_ssl_keys(tmp_path):
 
 
 def test_management_ssl_port_without_a_certificate_is_refused(tmp_path):
-    assert "management.ssl.certfile" in error_of(tmp_path, "management.ssl.port = 15671\n")
+    msg = error_of(tmp_path, "heartbeat = 10\nmanagement.ssl.port = 15671\n")
+    assert ":2:" in msg and "management.ssl.certfile" in msg
 
 
 def test_unknown_management_ssl_key(tmp_path):
@@ -160,9 +161,27 @@ def test_pause_if_all_down_needs_a_recover_strategy(tmp_path):
     assert "recover = ignore | autoheal" in msg
 
 
-def test_recover_must_be_ignore_or_autoheal(tmp_path):
-    msg = error_of(tmp_path, "cluster_partition_handling.pause_if_all_down.recover = restart\n")
-    assert ":1:" in msg and "expected one of ignore, autoheal" in msg
+def test_recover_must_be_ignore_or_autoheal_and_the_error_names_its_line(tmp_path):
+    msg = error_of(tmp_path, "cluster_partition_handling = pause_if_all_down\n"
+                             "cluster_partition_handling.pause_if_all_down.nodes.1 = hutch@a\n"
+                             "cluster_partition_handling.pause_if_all_down.recover = restart\n")
+    assert ":3:" in msg and "expected one of ignore, autoheal, got 'restart'" in msg
+
+
+def test_a_watched_node_must_be_a_node_name(tmp_path):
+    msg = error_of(tmp_path, "cluster_partition_handling = pause_if_all_down\n"
+                             "cluster_partition_handling.pause_if_all_down.recover = ignore\n"
+                             "cluster_partition_handling.pause_if_all_down.nodes.1 = hutch@a\n"
+                             "cluster_partition_handling.pause_if_all_down.nodes.2 = nohost\n")
+    assert ":4:" in msg and "node 'nohost' must be NAME@HOST" in msg
+
+
+def test_legacy_keys_load_whatever_their_values_under_another_mode(tmp_path):
+    cfg = load(tmp_path, "cluster_partition_handling = pause_minority\n"
+                         "cluster_partition_handling.pause_if_all_down.nodes.1 = nohost\n"
+                         "cluster_partition_handling.pause_if_all_down.recover = restart\n")
+    assert cfg.cluster_partition_handling == "pause_minority"
+    assert len(cfg.config_warnings) == 2
 
 
 @pytest.mark.parametrize("mode", ["ignore", "pause_minority", "autoheal"])

@@ -55,7 +55,13 @@ _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, 
 
 
 class ConfigError(ValueError):
-    pass
+    """A configuration the node cannot start with; `key` names the setting when the error was
+    found after reading (apply_file then names that key's line)."""
+
+    def __init__(self, message: str, key: str | None = None, value: str | None = None):
+        super().__init__(message)
+        self.key = key
+        self.value = value
 
 
 def parse_bytes(text: str) -> int:
@@ -160,7 +166,7 @@ def complete_node_name(name: str) -> str:
 def apply_file(cfg: Config, path: str | Path) -> Config:
     """Read a rabbitmq.conf-style file into `cfg` (later keys win), then check the settings that
     only make sense together; raises ConfigError naming the file, line and key."""
-    seen: dict[str, int] = {}
+    seen: dict[str, tuple[int, str]] = {}  # key -> (line, value), the last of each
     for lineno, raw in enumerate(Path(path).read_text().splitlines(), 1):
         try:
             parsed = split_line(raw)
@@ -173,7 +179,7 @@ def apply_file(cfg: Config, path: str | Path) -> Config:
             cfg.config_warnings.append(
                 f"{path}:{lineno}: the value of '{key}' ends at a '#' (the rest of the line is a comment, as "
                 f"RabbitMQ reads it); to keep the '#', put the value in single quotes: {key} = '{raw.split('=', 1)[1].strip()}'")
-        seen[key] = lineno
+        seen[key] = (lineno, value)
         try:
             _apply(cfg, key, value)
         except ConfigError as e:
@@ -183,8 +189,9 @@ def apply_file(cfg: Config, path: str | Path) -> Config:
     try:
         check(cfg)
     except ConfigError as e:
-        where = seen.get("cluster_partition_handling")
-        raise ConfigError(f"{path}:{where}: {e}" if where else f"{path}: {e}") from None
+        lines = [n for k, (n, v) in seen.items()
+                 if k == e.key or (e.key and k.startswith(e.key + ".") and e.value in (None, v))]
+        raise ConfigError(f"{path}:{min(lines)}: {e}" if lines else f"{path}: {e}") from None
     return cfg
 
 
@@ -195,15 +202,26 @@ def check(cfg: Config) -> None:
     without them too). The pause_if_all_down keys under any other mode are legacy settings
     without effect: accepted, with a warning (seed 003)."""
     if cfg.mgmt_ssl_port is not None and not (cfg.mgmt_tls_certfile and cfg.mgmt_tls_keyfile):
-        raise ConfigError("management.ssl.port needs management.ssl.certfile and management.ssl.keyfile")
+        raise ConfigError("management.ssl.port needs management.ssl.certfile and management.ssl.keyfile",
+                          key="management.ssl.port")
     mode = cfg.cluster_partition_handling
     if mode == "pause_if_all_down":
         if not cfg.pause_if_all_down_nodes:
             raise ConfigError("cluster_partition_handling = pause_if_all_down needs the nodes to watch: "
-                              "cluster_partition_handling.pause_if_all_down.nodes.1 = NAME@HOST ...")
-        if cfg.pause_if_all_down_recover not in PAUSE_IF_ALL_DOWN_RECOVER:
+                              "cluster_partition_handling.pause_if_all_down.nodes.1 = NAME@HOST ...",
+                              key="cluster_partition_handling")
+        for node in cfg.pause_if_all_down_nodes:
+            if "@" not in node:
+                raise ConfigError(f"bad value for '{_PAUSE_IF_ALL_DOWN}nodes': node '{node}' must be NAME@HOST",
+                                  key=_PAUSE_IF_ALL_DOWN + "nodes", value=node)
+        recover = cfg.pause_if_all_down_recover
+        if recover is None:
             raise ConfigError("cluster_partition_handling = pause_if_all_down needs a recover strategy: "
-                              "cluster_partition_handling.pause_if_all_down.recover = ignore | autoheal")
+                              f"{_PAUSE_IF_ALL_DOWN}recover = ignore | autoheal", key="cluster_partition_handling")
+        if recover not in PAUSE_IF_ALL_DOWN_RECOVER:
+            raise ConfigError(f"bad value for '{_PAUSE_IF_ALL_DOWN}recover': expected one of "
+                              f"{', '.join(PAUSE_IF_ALL_DOWN_RECOVER)}, got '{recover}'",
+                              key=_PAUSE_IF_ALL_DOWN + "recover")
         return
     unused = []
     if cfg.pause_if_all_down_nodes:
@@ -342,14 +360,12 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         if value not in PARTITION_HANDLING:
             raise ValueError(f"expected one of {', '.join(PARTITION_HANDLING)}")
         cfg.cluster_partition_handling = value
+    # checked by check() once the mode is known: under another mode they are legacy keys that
+    # load whatever their value (seed 003)
     elif key.startswith(_PAUSE_IF_ALL_DOWN + "nodes.") and key.count(".") == 3:
-        if "@" not in value:
-            raise ValueError(f"node '{value}' must be NAME@HOST")
         if value not in cfg.pause_if_all_down_nodes:
             cfg.pause_if_all_down_nodes.append(value)
     elif key == _PAUSE_IF_ALL_DOWN + "recover":
-        if value not in PAUSE_IF_ALL_DOWN_RECOVER:
-            raise ValueError(f"expected one of {', '.join(PAUSE_IF_ALL_DOWN_RECOVER)}")
         cfg.pause_if_all_down_recover = value
     elif key == "cluster_formation.peer_port" or key == "distribution.listener.port_range.min":
         cfg.peer_port = int(value)
