@@ -124,13 +124,14 @@ def test_mirrored_queue_message_ttl_and_a_live_max_length_reach_the_mirrors(clus
         conn.channel().queue_declare("mt.q", durable=True)
         wait_until(lambda: len(info(cluster, "mt.q").get("synchronised_slave_nodes") or []) == 2, 30, "2 mirrors")
         leader = info(cluster, "mt.q")["node"]
+        i = cluster.names.index(leader)  # asked directly: its figures are the queue's own
         publish(conn, "mt.q", 3)
-        wait_until(lambda: info(cluster, "mt.q")["messages"] == 0, 10, "message-ttl from the policy")
+        assert info(cluster, "mt.q", i)["messages"] == 3
+        wait_until(lambda: info(cluster, "mt.q", i)["messages"] == 0, 10, "message-ttl from the policy")
 
         # no TTL any more, 6 messages, then max-length 2: the leader drops 4 and so do the mirrors
         ctl(cluster, 2, "set_policy", "mt", "^mt\\.", '{"ha-mode":"all","ha-sync-mode":"automatic"}',
             "--apply-to", "queues")
-        i = cluster.names.index(leader)
         # the change commits on node 3; the leader's node applies it when the commit reaches it
         wait_until(lambda: "message-ttl" not in info(cluster, "mt.q", i)["effective_policy_definition"], 10,
                    "the leader's node has the new policy")
@@ -138,7 +139,7 @@ def test_mirrored_queue_message_ttl_and_a_live_max_length_reach_the_mirrors(clus
         assert info(cluster, "mt.q", i)["messages"] == 6
         ctl(cluster, 2, "set_policy", "mt", "^mt\\.", '{"ha-mode":"all","ha-sync-mode":"automatic","max-length":2}',
             "--apply-to", "queues")
-        wait_until(lambda: info(cluster, "mt.q")["messages"] == 2, 10, "max-length 2 on the leader")
+        wait_until(lambda: info(cluster, "mt.q", i)["messages"] == 2, 10, "max-length 2 on the leader")
         conn.close()
 
         # the leader's node goes: a mirror takes over with the same two messages

@@ -732,7 +732,7 @@ def place_members(cl: ClusterBroker, args: dict, name: str, vhost: str) -> tuple
             for m in rec.member_nodes:
                 if m in hosted:
                     hosted[m] += 1
-    if locator == "balanced":
+    if locator in ("balanced", "random", "least-leaders"):  # 3.13: the older names mean balanced
         leader = min(nodes, key=lambda n: (leaders[n], hosted[n], n))
     else:
         leader = cl.node if cl.node in nodes else nodes[0]
