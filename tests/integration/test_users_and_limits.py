@@ -202,6 +202,9 @@ def test_changes_are_logged_in_rabbitmqs_words_without_passwords(node, name):
     ctl_ok(node, "change_password", name, secret + "-2")
     ctl_ok(node, "clear_permissions", name)
     ctl_ok(node, "delete_user", name)
+    ctl_ok(node, "add_vhost", f"v-{name}")
+    ctl_ok(node, "set_policy", "-p", f"v-{name}", "--apply-to", "queues", "p1", "^q\\.", '{"max-length": 5}')
+    ctl_ok(node, "delete_vhost", f"v-{name}")
     log = node.log()
     for line in (f"Created user '{name}'",
                  f"Successfully set permissions for '{name}' in virtual host '/' to '.*', '^w', '^r'",
@@ -209,7 +212,10 @@ def test_changes_are_logged_in_rabbitmqs_words_without_passwords(node, name):
                  "to '^a', '^b'",
                  f"Successfully changed password for user '{name}'",
                  f"Successfully cleared permissions for '{name}' in virtual host '/'",
-                 f"Deleted user '{name}'"):
+                 f"Deleted user '{name}'",
+                 f"Adding vhost 'v-{name}' without a description",
+                 f"Successfully set policy 'p1' matching queues names in virtual host 'v-{name}' using pattern '^q\\.'",
+                 f"Deleting vhost 'v-{name}'"):
         assert line in log, line
     assert secret not in log
 

@@ -24,6 +24,8 @@ catalogue (`SetPolicy` / `ClearPolicy`, see `hutch.control.changes`).
 
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
 
 from hutch.cluster import catalogue as cat
@@ -32,6 +34,7 @@ from hutch.control.app import api_of, has_tag, read_json, requires, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
 from hutch.control.policy import PolicyError, validate_policy
 
+log = logging.getLogger("hutch.policies")
 routes = web.RouteTableDef()
 
 POLICIES_MAX = 10_000
@@ -103,7 +106,10 @@ async def put_policy(request: web.Request) -> web.Response:
     old = _find(broker.policies, vhost, name)
     if old is None and len(broker.policies) >= POLICIES_MAX:
         raise bad_request(f"too many policies (at most {POLICIES_MAX})")
-    return changes.put_answer(await changes.commit(broker, set_policy_command(record)))
+    res = await changes.commit(broker, set_policy_command(record))
+    log.info("Successfully set policy '%s' matching %s names in virtual host '%s' using pattern '%s'",
+             name, record["apply-to"], vhost, record["pattern"])
+    return changes.put_answer(res)
 
 
 @routes.delete("/api/policies/{vhost}/{name}")
