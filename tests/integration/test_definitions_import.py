@@ -94,12 +94,6 @@ def refused_items(reason: str) -> str:
     return reason.split(": ", 1)[1] if ": " in reason else reason
 
 
-def supported(kind_refusal: str, skipped: list[str]) -> bool:
-    """Whether this node honours a kind the catalogue may or may not keep yet (topic
-    permissions, limits): the import either refused its items by name or took them."""
-    return not any(kind_refusal in s for s in skipped)
-
-
 # ---- RabbitMQ's export, imported ---------------------------------------------------------------
 
 
@@ -180,25 +174,14 @@ def test_rabbitmq_export_with_skip_unsupported_is_imported_without_loss(node):
         assert (key in bindings) == (b["destination"] not in ("events-log", "internal-fan")), key
     # rabbitmqctl's export leaves internal exchanges out, but not the bindings to them
     assert INTERNAL_FAN in skipped
-    # what the catalogue may or may not keep yet: imported, or named as skipped
-    if supported("topic permissions are not supported", skipped):
-        tps = get(node, "/api/topic-permissions")
-        assert {(t["user"], t["exchange"]) for t in tps} >= {("svc", "amq.topic"), ("alice", "events")}
-    else:
-        assert "topic permission of user 'svc' on exchange 'amq.topic' in vhost 'shop': topic permissions " \
-               "are not supported" in skipped
-    if supported("user limits are not supported", skipped):
-        assert get(node, "/api/user-limits/alice")[0]["value"] == {"max-channels": 50, "max-connections": 10}
-    else:
-        assert "user 'alice': user limits are not supported (max-channels=50, max-connections=10)" in skipped
-    if supported("vhost limits are not supported", skipped):
-        assert get(node, "/api/vhost-limits/shop")[0]["value"] == {"max-connections": 100, "max-queues": 500}
-    else:
-        assert any(s.startswith("runtime parameter 'limits' of component 'vhost-limits' in vhost 'shop'")
-                   for s in skipped)
+    # topic permissions, user limits and vhost limits
+    tps = {(t["user"], t["vhost"], t["exchange"]): (t["write"], t["read"]) for t in get(node, "/api/topic-permissions")}
+    for t in doc["topic_permissions"]:
+        assert tps[(t["user"], t["vhost"], t["exchange"])] == (t["write"], t["read"])
+    assert get(node, "/api/user-limits/alice")[0]["value"] == {"max-channels": 50, "max-connections": 10}
+    assert get(node, "/api/vhost-limits/shop")[0]["value"] == {"max-connections": 100, "max-queues": 500}
     # and nothing else was skipped
-    known = ALWAYS_REFUSED + [INTERNAL_FAN, "topic permission", "user limits", "vhost limits"]
-    assert all(any(k in s for k in known) for s in skipped), skipped
+    assert len(skipped) == len(ALWAYS_REFUSED) + 1, skipped
 
 
 def test_the_http_export_of_rabbitmq_imports_too(node):
@@ -330,9 +313,12 @@ def test_rabbitmq_imports_hutchs_export(node):
                                       "arguments")),
                         ("policies", ("vhost", "name", "pattern", "apply-to", "definition", "priority")),
                         ("permissions", ("user", "vhost", "configure", "write", "read")),
-                        ("users", ("name", "password_hash", "tags"))):
+                        ("users", ("name", "password_hash", "tags", "limits")),
+                        ("topic_permissions", ("user", "vhost", "exchange", "write", "read"))):
         assert keyed(theirs, key, fields) == keyed(ours, key, fields), key
     assert {p["name"]: p["value"] for p in theirs["global_parameters"]}["cluster_name"] == "shop-cluster"
+    limits = [p for p in theirs["parameters"] if p["component"] == "vhost-limits"]
+    assert [(p["vhost"], p["value"]) for p in limits] == [("shop", {"max-connections": 100, "max-queues": 500})]
 
 
 # ---- the CLI -------------------------------------------------------------------------------------
