@@ -144,7 +144,7 @@ def check(workdir: Path) -> dict:
     if r.returncode != 1 or "pip install 'hutch[pipeline]'" not in r.stderr or "Traceback" in r.stderr:
         raise RuntimeError(f"'hutch check' without the pipeline extra answered ({r.returncode}): {r.stderr[-1500:]}")
     log = run_node_and_check(venv, workdir)
-    return {"wheel": wheel.name, "wheel_path": wheel, "packages": pkgs, "log": log,
+    return {"wheel": wheel.name, "wheel_path": wheel, "venv": venv, "packages": pkgs, "log": log,
             "seconds": {"build": t_build - t0, "venv": t_venv - t_build, "node": time.monotonic() - t_venv}}
 
 
