@@ -197,6 +197,10 @@ def test_usage_errors_exit_64(node, args):
 
 
 def test_diagnostics_and_queues_usage_errors_exit_64(node):
+    assert diag(node).returncode == 64  # no command: the usage, as rabbitmq-diagnostics prints it
+    assert any(ln.split()[:1] == ["check_port_listener"] for ln in ok(diag(node, "help")))
+    assert ok(diag(node, "help", "log_tail"))[0] == "Usage: hutch-diagnostics log_tail [OPTIONS]"
+    assert diag(node, "help", "no_such_command").returncode == 64
     assert diag(node, "check_port_listener", "notaport").returncode == 64
     assert diag(node, "log_tail", "-N", "0").returncode == 64
     assert run(node, "hutch-queues", "quorum_status").returncode == 64

@@ -311,6 +311,22 @@ def check_if_cluster_has_classic_queue_mirroring_policy(s: Session) -> None:
     s.printer.document({"result": "ok"}, "Cluster reported no classic queue mirroring policies")
 
 
+@cli.command(name="help")
+@click.argument("command_name", required=False)
+@click.pass_context
+def help_command(ctx: click.Context, command_name: str | None) -> None:
+    """Show help for a command."""
+    group = ctx.parent.command
+    cmd = group.get_command(ctx, command_name) if command_name else None
+    if command_name and cmd is None:
+        raise click.UsageError(f"no such command: {command_name}")
+    if cmd is None:
+        click.echo(group.get_help(ctx.parent))
+        return
+    with click.Context(cmd, info_name=command_name, parent=ctx.parent) as sub:
+        click.echo(cmd.get_help(sub))
+
+
 def main() -> None:
     run_cli(cli, "hutch-diagnostics")
 
