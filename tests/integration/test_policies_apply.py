@@ -322,3 +322,23 @@ def test_operator_policy_api_cli_and_validation(node, names):
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 401
     http(node, "DELETE", f"/api/users/{p}-pm")
+
+
+def test_operator_policies_imported_from_definitions_act_on_queues(node, ch, names):
+    p = names
+    doc = {"operator_policies": [{"vhost": "/", "name": f"{p}-imp", "pattern": f"^{p}\\.imp$", "apply-to": "queues",
+                                  "priority": 0, "definition": {"max-length": 1}}]}
+    status, answer = http(node, "POST", "/api/definitions", doc)
+    assert status in (200, 201, 204), (status, answer)
+    status, got = http(node, "GET", f"/api/operator-policies/%2F/{p}-imp")
+    assert status == 200 and got["definition"] == {"max-length": 1}
+    ch.queue_declare(f"{p}.imp")
+    ch.confirm_delivery()
+    publish(ch, f"{p}.imp", 3)
+    assert ready(node, f"{p}.imp") == 1
+    assert queue_json(node, f"{p}.imp")["operator_policy"] == f"{p}-imp"
+    # an operator policy with a key operators may not set is refused, and nothing is imported
+    bad = {"operator_policies": [{"vhost": "/", "name": f"{p}-bad", "pattern": ".", "definition": {"ha-mode": "all"}}]}
+    status, answer = http(node, "POST", "/api/definitions", bad)
+    assert status == 400 and "operator policy" in answer["reason"], answer
+    assert http(node, "GET", f"/api/operator-policies/%2F/{p}-bad")[0] == 404
