@@ -412,26 +412,52 @@ class Broker:
         value = self.cluster.catalogue.vhost_limits(vhost).get(name) if self.cluster is not None else None
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
+    def connection_counts(self) -> dict[str, dict[str, int]]:
+        """This node's open connections per vhost ("v") and per user ("u"), and channels per user
+        ("c"): sent to the other nodes every second, so that limits count the whole cluster."""
+        v: dict[str, int] = {}
+        u: dict[str, int] = {}
+        c: dict[str, int] = {}
+        for s in self.sessions:
+            if s.vhost is None or s.closed:
+                continue
+            v[s.vhost.name] = v.get(s.vhost.name, 0) + 1
+            u[s.username] = u.get(s.username, 0) + 1
+            c[s.username] = c.get(s.username, 0) + len(s.channels)
+        return {"v": v, "u": u, "c": c}
+
+    def _cluster_count(self, kind: str, key: str) -> int:
+        """Connections (or channels) of a vhost or user on the running nodes: this node's now,
+        the others' as they last reported (at most a second ago, as RabbitMQ's tracking too
+        lags a little behind)."""
+        counts = self.connection_counts()
+        total = counts[kind].get(key, 0)
+        cl = self.cluster
+        if cl is not None:
+            for peer, theirs in cl.peer_counts.items():
+                if peer != cl.node and cl.is_up(peer):
+                    n = theirs.get(kind, {}).get(key, 0) if isinstance(theirs.get(kind), dict) else 0
+                    total += n if isinstance(n, int) else 0
+        return total
+
     def connection_refusal(self, username: str, vhost: str) -> str | None:
         """Why a connection of `username` to `vhost` may not open (its vhost's or its user's
-        connection limit is reached), in RabbitMQ's words; None when it may. Connections are
-        counted on this node only."""
+        connection limit is reached, counted across the cluster), in RabbitMQ's words; None when
+        it may."""
         limit = self.vhost_limit(vhost, "max-connections")
-        if limit is not None and (limit == 0 or sum(
-                1 for s in self.sessions if s.vhost is not None and s.vhost.name == vhost and not s.closed) >= limit):
+        if limit is not None and (limit == 0 or self._cluster_count("v", vhost) >= limit):
             return f"access to vhost '{vhost}' refused for user '{username}': connection limit ({limit}) is reached"
         limit = self.user_limit(username, "max-connections")
-        if limit is not None and (limit == 0 or sum(
-                1 for s in self.sessions if s.vhost is not None and s.username == username and not s.closed) >= limit):
+        if limit is not None and (limit == 0 or self._cluster_count("u", username) >= limit):
             return f"connection refused for user '{username}': user connection limit ({limit}) is reached"
         return None
 
     def channel_refusal(self, username: str) -> str | None:
-        """Why a user may not open one more channel (its max-channels, counted on this node)."""
+        """Why a user may not open one more channel (its max-channels, counted across the cluster)."""
         limit = self.user_limit(username, "max-channels")
         if limit is None:
             return None
-        if limit == 0 or sum(len(s.channels) for s in self.sessions if s.username == username and not s.closed) >= limit:
+        if limit == 0 or self._cluster_count("c", username) >= limit:
             return (f"number of channels opened for user '{username}' has reached the maximum allowed user limit "
                     f"of ({limit})")
         return None

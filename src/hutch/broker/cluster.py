@@ -295,6 +295,7 @@ class ClusterBroker:
         self.migrator: Callable[[list, Callable], None] | None = None  # migrate_to_quorum here (runtime)
         self.migrations: dict[tuple[str, str], Any] = {}  # classic queue being migrated -> its quorum queue
         self.peer_info: dict[str, dict] = {}  # the last one each peer sent
+        self.peer_counts: dict[str, dict] = {}  # each peer's connection and channel counts (for limits)
         self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
         self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
         self.quorum = QuorumHost(self)
@@ -1090,6 +1091,9 @@ class ClusterBroker:
         elif kind == "NI":
             if isinstance(payload[1], dict):
                 self.peer_info[peer] = payload[1]
+        elif kind == "CC":
+            if isinstance(payload[1], dict):
+                self.peer_counts[peer] = payload[1]
         self.broker.schedule()
 
     def flush(self) -> None:

@@ -572,8 +572,10 @@ class ClusterRuntime:
             rows = self.cluster.stats()
             info = self.cluster.local_info() if self.cluster.local_info and self._ticks % NODE_INFO_EVERY_TICKS == 0 \
                 else None
+            counts = self.cluster.broker.connection_counts()  # for vhost and user limits elsewhere
             for peer in self.transport.up_peers:
                 self.transport.send(peer, "q", ["ST", rows])
+                self.transport.send(peer, "q", ["CC", counts])
                 if info is not None:
                     self.transport.send(peer, "q", ["NI", info])
         self._drain()
