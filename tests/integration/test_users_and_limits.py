@@ -200,6 +200,7 @@ def test_changes_are_logged_in_rabbitmqs_words_without_passwords(node, name):
     ctl_ok(node, "set_permissions", name, ".*", "^w", "^r")
     ctl_ok(node, "set_topic_permissions", name, "amq.topic", "^a", "^b")
     ctl_ok(node, "change_password", name, secret + "-2")
+    password_hash = ok(node, "GET", f"/api/users/{name}")["password_hash"]
     ctl_ok(node, "clear_permissions", name)
     ctl_ok(node, "delete_user", name)
     ctl_ok(node, "add_vhost", f"v-{name}")
@@ -217,7 +218,7 @@ def test_changes_are_logged_in_rabbitmqs_words_without_passwords(node, name):
                  f"Successfully set policy 'p1' matching queues names in virtual host 'v-{name}' using pattern '^q\\.'",
                  f"Deleting vhost 'v-{name}'"):
         assert line in log, line
-    assert secret not in log
+    assert secret not in log and password_hash not in log
 
 
 # ---------------------------------------------------------------- topic permissions
