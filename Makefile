@@ -13,6 +13,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@command -v java >/dev/null 2>&1 || { echo "installing a Java runtime for PySpark (apt-get)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless) >/dev/null; }
+	@command -v chromedriver >/dev/null 2>&1 || { echo "installing chromium and chromedriver for the web UI tests (apt-get)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,pipeline,lab]'
@@ -28,7 +30,7 @@ run-node: install
 	$(BIN)/hutch server --node-name hutch@localhost --amqp-port 5672 --data-dir ./var/hutch --log-level info
 
 # Fast unit tests and the Raft simulation first, then suites that start real processes.
-TEST_DIRS := tests/unit tests/sim tests/cluster tests/integration tests/crash tests/pipeline tests/conformance tests/packaging
+TEST_DIRS := tests/unit tests/sim tests/cluster tests/integration tests/crash tests/pipeline tests/conformance tests/packaging tests/ui
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(wildcard $(TEST_DIRS))
 

@@ -1,6 +1,7 @@
 // Line charts drawn as inline SVG: no library, nothing fetched. A series is
 // {label, color, points: [[timestamp_ms, value], ...]}; the x axis spans the last
-// `spanS` seconds up to the newest point.
+// `spanS` seconds up to the newest point. A series may carry `current`, the value its
+// legend shows (a rate the API computed) instead of the newest point's.
 
 import { h } from './dom.js';
 
@@ -49,7 +50,8 @@ export function lineChart(series, { spanS = 600, width = 520, height = 150, unit
     svg.append(s('polyline', { points: pts.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(' '), fill: 'none', stroke: ser.color, 'stroke-width': 2 }));
   }
   const legend = h('ul', { class: 'legend' }, series.map((ser) => {
-    const last = ser.points.length ? ser.points.reduce((a, b) => (b[0] > a[0] ? b : a))[1] : null;
+    let last = ser.points.length ? ser.points.reduce((a, b) => (b[0] > a[0] ? b : a))[1] : null;
+    if (ser.current !== undefined) last = ser.current;
     return h('li', {}, h('span', { class: 'swatch', style: `background:${ser.color}` }), ser.label,
       h('strong', {}, last === null ? '' : ` ${Number(last.toFixed(2)).toLocaleString('en-US')}${unit}`));
   }));

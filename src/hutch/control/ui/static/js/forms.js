@@ -64,10 +64,10 @@ export function kvEditor(name, helpers = []) {
   if (helpers.length) {
     el.append(h('div', { class: 'helpers' }, helpers.map((group) => h('div', {},
       h('span', { class: 'group' }, `${group[0]}:`),
-      group[1].map(([label, key, type, hint]) => h('a', {
+      group[1].map(([label, key, type, hint]) => [h('a', {
         href: '#', class: 'helper', 'data-key': key, title: hint || key,
         onclick: (ev) => { ev.preventDefault(); setKey(key, type); },
-      }, label)),
+      }, label), ' ']),
     ))));
   }
   return { el, value, setKey, clear };

@@ -27,7 +27,15 @@ const RATES = [
 
 function queuedChart(totals) {
   const series = QUEUED.map(([label, key, color]) => ({ label, color, points: samplePoints(totals[`${key}_details`]) }));
-  if (series.every((x) => x.points && x.points.length)) return [lineChart(series), null];
+  if (series.every((x) => x.points && x.points.length)) {
+    // The samples are taken every few seconds; the totals are of now: end each line there.
+    const now = Date.now();
+    QUEUED.forEach(([, key], i) => {
+      const newest = Math.max(...series[i].points.map((p) => p[0]));
+      if (now > newest && typeof totals[key] === 'number') series[i].points.push([now, totals[key]]);
+    });
+    return [lineChart(series), null];
+  }
   const now = Date.now();
   localQueued.push([now, totals]);
   while (localQueued.length > LOCAL_POINTS_MAX) localQueued.shift();
@@ -42,7 +50,7 @@ function ratesChart(stats) {
     if (!d) continue;
     let points = ratePoints(d);
     if (!points || points.length === 0) points = typeof d.rate === 'number' ? [[Date.now(), d.rate]] : [];
-    series.push({ label, color, points });
+    series.push({ label, color, points, current: typeof d.rate === 'number' ? d.rate : undefined });
   }
   if (series.length === 0) return h('p', { class: 'no-data' }, 'no rate data');
   return lineChart(series, { unit: '/s' });
@@ -54,12 +62,13 @@ function metadataRole(node, cluster) {
   return cluster.leader === node.name ? 'leader' : 'follower';
 }
 
-function gauge(used, limit, alarm) {
+// A used / limit bar; `show` formats the numbers (a count or bytes).
+function gauge(used, limit, alarm, show = num) {
   if (used === undefined || used === null) return h('span', { class: 'dim' }, '?');
   const pct = limit ? Math.min(100, (used / limit) * 100) : 0;
-  return h('div', { class: `gauge${alarm ? ' alarm' : ''}` },
+  return h('div', { class: `gauge${alarm ? ' alarm' : ''}`, title: limit ? `${pct.toFixed(1)}% of the limit` : null },
     h('div', { class: 'bar', style: `width:${pct.toFixed(0)}%` }),
-    h('span', {}, limit ? `${typeof used === 'number' && used > 4096 ? bytes(used) : num(used)} / ${limit > 4096 ? bytes(limit) : num(limit)}` : num(used)));
+    h('span', {}, limit ? `${show(used)} / ${show(limit)}` : show(used)));
 }
 
 export function nodesTable(nodes, cluster) {
@@ -67,7 +76,7 @@ export function nodesTable(nodes, cluster) {
     ['Name', (n) => h('span', { class: 'node-name' }, n.name)],
     ['File descriptors', (n) => gauge(n.fd_used, n.fd_total)],
     ['Socket descriptors', (n) => gauge(n.sockets_used, n.sockets_total)],
-    ['Memory', (n) => gauge(n.mem_used, n.mem_limit, n.mem_alarm)],
+    ['Memory', (n) => gauge(n.mem_used, n.mem_limit, n.mem_alarm, bytes)],
     ['Disk space (free)', (n) => (n.disk_free === undefined ? h('span', { class: 'dim' }, '?')
       : h('span', { class: n.disk_free_alarm ? 'red' : '' }, `${bytes(n.disk_free)}`, h('span', { class: 'dim' }, ` (limit ${bytes(n.disk_free_limit)})`)))],
     ['Uptime', (n) => uptime(n.uptime)],
@@ -135,8 +144,8 @@ export function render() {
     const [queued, note] = queuedChart(o.queue_totals || {});
     fill(charts,
       h('div', { class: 'chart-cell' }, h('h3', {}, 'Queued messages ', h('span', { class: 'dim' }, 'last ten minutes')), queued, note),
-      h('div', { class: 'chart-cell' }, h('h3', {}, 'Message rates ', h('span', { class: 'dim' }, 'last ten minutes')), ratesChart(o.message_stats)),
-      totals(o));
+      totals(o),
+      h('div', { class: 'chart-cell' }, h('h3', {}, 'Message rates ', h('span', { class: 'dim' }, 'last ten minutes')), ratesChart(o.message_stats)));
     if (hasNodes()) {
       const [ns, cl] = await Promise.all([api.get('/api/nodes'), api.optional('/api/hutch/cluster')]);
       fill(nodes, nodesTable(ns, cl));

@@ -1,0 +1,345 @@
+"""The management web UI in a real browser (Debian's headless chromium through chromedriver)
+against a real 3-node hutch cluster.
+
+What a RabbitMQ user does first: open the management port, log in, look at the overview
+and its nodes, set a mirroring policy through the policy form (seed 000, "How Mirroring is
+Configured": `ha-mode: all`), declare a queue that matches it and watch the queue list show
+its mirrors as a blue `+2` once both are synchronised; publish on an exchange's page and get
+the message on the queue's page; delete a queue. A monitoring user is offered no policy form,
+and a wrong password is refused on the login form.
+
+One cluster and one browser serve the whole module; every wait is a WebDriverWait on a
+condition. With HUTCH_UI_SCREENSHOTS=<dir> set, the tests also save the screenshots shown
+in docs/ui.md (ui-login.png, ui-overview.png, ui-queues.png, ui-queue.png, ui-policy.png).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.webdriver.chrome.options import Options  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+from tests.support.hutch_cluster import HutchCluster  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM = "/usr/bin/chromium"
+WAIT_S = 30
+SHOTS = os.environ.get("HUTCH_UI_SCREENSHOTS")
+
+if not (os.path.exists(CHROMEDRIVER) and os.path.exists(CHROMIUM)):
+    pytest.skip("chromium and chromedriver are not installed (make install installs them)", allow_module_level=True)
+
+
+# ------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def cluster():
+    with HutchCluster(n=3) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def browser():
+    opts = Options()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,900", "--force-device-scale-factor=1"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(autouse=True)
+def no_script_errors(browser):
+    """A test fails when the page logged a JavaScript error (refused HTTP requests, which the
+    page shows as messages, are not script errors)."""
+    browser.get_log("browser")  # drop what earlier tests left
+    yield
+    errors = [e["message"] for e in browser.get_log("browser")
+              if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]]
+    assert not errors, errors
+
+
+# -------------------------------------------------------------------------------- helpers
+
+def base(cluster: HutchCluster, i: int = 0) -> str:
+    return f"http://127.0.0.1:{cluster.nodes[i].mgmt_port}"
+
+
+def http(cluster: HutchCluster, method: str, path: str, body=None, user: str = "guest", password: str = "guest"):
+    req = urllib.request.Request(base(cluster) + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode())
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+            return resp.status, (json.loads(raw) if raw and resp.headers.get_content_type() == "application/json" else raw)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def wait(browser, cond, what: str, timeout_s: float = WAIT_S):
+    return WebDriverWait(browser, timeout_s, ignored_exceptions=(StaleElementReferenceException,)).until(cond, what)
+
+
+def visible(browser, css: str, timeout_s: float = WAIT_S):
+    return wait(browser, ec.visibility_of_element_located((By.CSS_SELECTOR, css)), f"{css} visible", timeout_s)
+
+
+def text_in(browser, css: str, text: str, timeout_s: float = WAIT_S):
+    wait(browser, ec.text_to_be_present_in_element((By.CSS_SELECTOR, css), text), f"{text!r} in {css}", timeout_s)
+
+
+def go(browser, cluster, hash_: str) -> None:
+    browser.get(f"{base(cluster)}/#{hash_}")
+
+
+def logout(browser, cluster) -> None:
+    go(browser, cluster, "/")
+    browser.execute_script("sessionStorage.clear()")
+    browser.get(base(cluster) + "/")
+    visible(browser, "form#login")
+
+
+def login(browser, cluster, user: str = "guest", password: str = "guest") -> None:
+    logout(browser, cluster)
+    browser.find_element(By.ID, "username").send_keys(user)
+    browser.find_element(By.ID, "password").send_keys(password)
+    browser.find_element(By.ID, "login-button").click()
+    text_in(browser, "#whoami", user)
+
+
+def texts(browser, css: str) -> list[str]:
+    """The text of every element matching `css`, read in one script run (the page redraws its
+    tables every few seconds, so elements found earlier may be gone by the time they are read)."""
+    return browser.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent.trim())", css)
+
+
+def accept_confirm(browser) -> None:
+    wait(browser, ec.alert_is_present(), "a confirmation dialog").accept()
+
+
+def shot(browser, name: str, scroll_to: str | None = None) -> None:
+    """Save docs/img-style screenshot `ui-<name>.png` (only with HUTCH_UI_SCREENSHOTS set), the
+    page scrolled to the top or to the element `scroll_to`."""
+    if not SHOTS:
+        return
+    out = Path(SHOTS)
+    out.mkdir(parents=True, exist_ok=True)
+    if scroll_to:
+        browser.execute_script("document.querySelector(arguments[0]).scrollIntoView()", scroll_to)
+    else:
+        browser.execute_script("window.scrollTo(0, 0)")
+    browser.save_screenshot(str(out / f"ui-{name}.png"))
+
+
+def form_field(form, name: str):
+    return form.find_element(By.NAME, name)
+
+
+def queue_row(browser, name: str):
+    """The queue list's row for `name` (None while absent); use it inside a wait, which
+    retries when the page redraws the row under it."""
+    for link in browser.find_elements(By.CSS_SELECTOR, "#queues a.queue-link"):
+        if link.text == name:
+            return link.find_element(By.XPATH, "./ancestor::tr")
+    return None
+
+
+# ---------------------------------------------------------------------------------- tests
+
+def test_ui_is_served_at_root_and_api_404s_stay_json(cluster):
+    with urllib.request.urlopen(base(cluster) + "/", timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers.get_content_type() == "text/html"
+        page = resp.read().decode()
+    assert 'src="ui/js/app.js"' in page and "cdn" not in page.lower()
+    with urllib.request.urlopen(base(cluster) + "/ui/js/app.js", timeout=10) as resp:
+        assert resp.status == 200 and "javascript" in resp.headers.get_content_type()
+    status, body = http(cluster, "GET", "/api/no-such-route")
+    assert (status, body) == (404, {"error": "Object Not Found", "reason": "Not Found"})
+    status, body = http(cluster, "GET", "/ui/../../pyproject.toml")
+    assert status == 404
+
+
+def test_wrong_password_shows_login_failed(browser, cluster):
+    logout(browser, cluster)
+    shot(browser, "login")
+    browser.find_element(By.ID, "username").send_keys("guest")
+    browser.find_element(By.ID, "password").send_keys("not-the-password")
+    browser.find_element(By.ID, "login-button").click()
+    text_in(browser, "#login-error", "Login failed")
+    assert browser.find_elements(By.ID, "tabs") == []
+    assert browser.execute_script("return sessionStorage.getItem('hutch.login')") is None
+
+
+def test_overview_shows_the_three_nodes(browser, cluster):
+    login(browser, cluster)
+    go(browser, cluster, "/")
+    wait(browser, lambda b: len(texts(b, "#nodes tbody .node-name")) == 3, "three nodes listed")
+    assert sorted(texts(browser, "#nodes tbody .node-name")) == sorted(cluster.names)
+    wait(browser, lambda b: sorted(texts(b, "#nodes tbody tr td:nth-child(7)")) == ["follower", "follower", "leader"],
+         "one metadata leader and two followers")
+    tabs = texts(browser, "#tabs a")
+    assert tabs == ["Overview", "Connections", "Channels", "Exchanges", "Queues", "Admin"]
+    visible(browser, "svg.chart")
+    text_in(browser, "#listeners", "amqp")
+
+
+def test_policy_form_mirrors_a_queue_and_the_badge_turns_blue(browser, cluster):
+    login(browser, cluster)
+    go(browser, cluster, "/policies")
+    form = visible(browser, "form#add-policy")
+    form_field(form, "name").send_keys("ha-all")
+    form_field(form, "pattern").send_keys(r"^ha\.")
+    Select(form_field(form, "apply-to")).select_by_value("queues")
+    form.find_element(By.CSS_SELECTOR, "a.helper[data-key='ha-mode']").click()
+    row = form.find_elements(By.CSS_SELECTOR, ".kv tr")[0]
+    assert row.find_element(By.CSS_SELECTOR, ".kv-key").get_attribute("value") == "ha-mode"
+    row.find_element(By.CSS_SELECTOR, ".kv-value").send_keys("all")
+    form.find_element(By.CSS_SELECTOR, "a.helper[data-key='ha-sync-mode']").click()
+    form.find_elements(By.CSS_SELECTOR, ".kv tr")[1].find_element(By.CSS_SELECTOR, ".kv-value").send_keys("automatic")
+    shot(browser, "policy", scroll_to="form#add-policy")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Policy set.")
+    text_in(browser, "#policy-list", "ha-all")
+    status, policy = http(cluster, "GET", "/api/policies/%2F/ha-all")
+    assert status == 200 and policy["definition"] == {"ha-mode": "all", "ha-sync-mode": "automatic"}
+
+    go(browser, cluster, "/queues")
+    form = visible(browser, "form#add-queue")
+    form_field(form, "name").send_keys("ha.orders")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Queue added.")
+
+    def badge_blue(b):
+        row = queue_row(b, "ha.orders")
+        if row is None:
+            return False
+        synced = [e.text for e in row.find_elements(By.CSS_SELECTOR, ".mirror.synced")]
+        unsynced = row.find_elements(By.CSS_SELECTOR, ".mirror.unsynced")
+        return synced == ["+2"] and not unsynced
+    wait(browser, badge_blue, "ha.orders shown with a blue +2", timeout_s=60)
+    colour = browser.execute_script("return getComputedStyle(document.querySelector('#queues .mirror.synced')).backgroundColor")
+    assert colour == "rgb(45, 108, 223)"  # --blue
+    assert "ha-all" in texts(browser, "#queues .features .policy")
+    shot(browser, "queues")
+
+
+def test_publish_on_exchange_page_and_get_on_queue_page(browser, cluster):
+    assert http(cluster, "PUT", "/api/queues/%2F/ui.inbox", {"durable": True})[0] in (201, 204)
+    login(browser, cluster)
+    go(browser, cluster, "/exchanges/%2F/amq.direct")
+    bind = visible(browser, "form.bind")
+    form_field(bind, "bind-other").send_keys("ui.inbox")
+    form_field(bind, "bind-routing-key").send_keys("inbox")
+    bind.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "#bindings-source", "ui.inbox")
+
+    publish = visible(browser, "form.publish")
+    form_field(publish, "routing_key").send_keys("nowhere")
+    form_field(publish, "payload").send_keys("lost")
+    publish.find_element(By.CSS_SELECTOR, "button.publish-button").click()
+    text_in(browser, ".publish-result", "Message published, but not routed.")
+    form_field(publish, "routing_key").clear()
+    form_field(publish, "routing_key").send_keys("inbox")
+    form_field(publish, "payload").clear()
+    form_field(publish, "payload").send_keys("hello from the browser")
+    publish.find_element(By.CSS_SELECTOR, "button.publish-button").click()
+    text_in(browser, ".publish-result", "Message published.")
+    assert "not routed" not in browser.find_element(By.CSS_SELECTOR, ".publish-result").text
+
+    go(browser, cluster, "/queues/%2F/ui.inbox")
+    text_in(browser, "#q-ready", "1")
+    get = visible(browser, "form#get-messages")
+    options = [o.text for o in Select(form_field(get, "ackmode")).options]
+    assert options == ["Nack message requeue true", "Automatic ack", "Reject requeue true", "Reject requeue false"]
+    get.find_element(By.CSS_SELECTOR, "button.get-button").click()
+    text_in(browser, "#get-result pre.payload", "hello from the browser")
+    text_in(browser, "#get-result", "amq.direct")
+    shot(browser, "queue")
+    Select(form_field(get, "ackmode")).select_by_visible_text("Automatic ack")
+    get.find_element(By.CSS_SELECTOR, "button.get-button").click()  # requeued above: still there, taken now
+    text_in(browser, "#get-result pre.payload", "hello from the browser")
+    wait(browser, lambda b: http(cluster, "GET", "/api/queues/%2F/ui.inbox")[1]["messages"] == 0, "ui.inbox empty")
+
+
+def test_monitoring_user_is_offered_no_policy_form(browser, cluster):
+    assert http(cluster, "PUT", "/api/users/watcher", {"password": "w4tch", "tags": "monitoring"})[0] in (201, 204)
+    login(browser, cluster, "watcher", "w4tch")
+    go(browser, cluster, "/")
+    wait(browser, lambda b: len(texts(b, "#nodes tbody .node-name")) == 3, "nodes for monitoring")
+    tabs = texts(browser, "#tabs a")
+    assert "Admin" not in tabs and "Queues" in tabs
+    go(browser, cluster, "/policies")
+    text_in(browser, "main", "needs the policymaker tag")
+    assert browser.find_elements(By.CSS_SELECTOR, "form#add-policy") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "form.policy-form") == []
+    logout(browser, cluster)
+
+
+def test_delete_a_queue_from_its_page(browser, cluster):
+    assert http(cluster, "PUT", "/api/queues/%2F/ui.doomed", {"durable": False})[0] in (201, 204)
+    login(browser, cluster)
+    go(browser, cluster, "/queues")
+    wait(browser, lambda b: "ui.doomed" in texts(b, "#queues a.queue-link"), "ui.doomed listed")
+    go(browser, cluster, "/queues/%2F/ui.doomed")
+    visible(browser, "#delete-queue").click()
+    accept_confirm(browser)
+    wait(browser, lambda b: b.execute_script("return location.hash") == "#/queues", "back on the queue list")
+    wait(browser, lambda b: "ha.orders" in texts(b, "#queues a.queue-link") and "ui.doomed" not in texts(b, "#queues a.queue-link"),
+         "ui.doomed gone from the list")
+    assert http(cluster, "GET", "/api/queues/%2F/ui.doomed")[0] == 404
+
+
+def test_management_user_sees_no_admin_and_no_nodes(browser, cluster):
+    assert http(cluster, "PUT", "/api/users/dev", {"password": "d3v", "tags": "management"})[0] in (201, 204)
+    assert http(cluster, "PUT", "/api/permissions/%2F/dev", {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+    login(browser, cluster, "dev", "d3v")
+    go(browser, cluster, "/")
+    text_in(browser, "#listeners", "amqp")
+    assert texts(browser, "#tabs a") == ["Overview", "Connections", "Channels", "Exchanges", "Queues"]
+    assert browser.find_elements(By.ID, "nodes") == []
+    go(browser, cluster, "/users")
+    text_in(browser, "main", "needs the administrator tag")
+    assert browser.find_elements(By.CSS_SELECTOR, "form#add-user") == []
+    go(browser, cluster, "/queues")
+    wait(browser, lambda b: "ha.orders" in texts(b, "#queues a.queue-link"), "dev sees the queues of /")
+    logout(browser, cluster)
+
+
+def test_overview_counts_queued_messages(browser, cluster):
+    """Last, so the overview has messages to show (and its screenshot something to draw)."""
+    assert http(cluster, "PUT", "/api/queues/%2F/ui.backlog", {"durable": True})[0] in (201, 204)
+    for i in range(25):
+        status, body = http(cluster, "POST", "/api/exchanges/%2F/amq.default/publish",
+                            {"routing_key": "ui.backlog", "payload": f"m{i}", "payload_encoding": "string", "properties": {}})
+        assert status == 200 and body["routed"], body
+    login(browser, cluster)
+    go(browser, cluster, "/")
+    wait(browser, lambda b: len(texts(b, "#nodes tbody .node-name")) == 3, "three nodes listed")
+    text_in(browser, "[data-total=total]", "25")
+    text_in(browser, "[data-total=ready]", "25")
+    text_in(browser, ".chart-cell .legend", "Ready 25")  # the chart ends at the current totals
+    shot(browser, "overview")
