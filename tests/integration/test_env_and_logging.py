@@ -192,7 +192,7 @@ def test_file_rotation_json_and_levels_per_sink(tmp_path, procs):
                     "log.file = rotating.log\n"
                     "log.file.level = info\n"
                     "log.file.formatter = json\n"
-                    "log.file.rotation.size = 4000\n"
+                    "log.file.rotation.size = 2500\n"
                     "log.file.rotation.count = 2\n"
                     "log.file.rotation.date = $D0\n")
     p = procs(tmp_path, {"HUTCH_CONFIG_FILE": str(conf), "HUTCH_NODE_PORT": str(port),
@@ -201,7 +201,7 @@ def test_file_rotation_json_and_levels_per_sink(tmp_path, procs):
     p.wait_amqp(port)
     logdir = tmp_path / "logdir"
     # each connection logs a line or two at info: enough of them fill the file several times over
-    for _ in range(60):
+    for _ in range(100):
         amqp(port, "guest", "guest").close()
     wait_until(lambda: (logdir / "rotating.log.2").exists(), 10, "two rotations", proc=p.proc)
     assert p.stop() == 0
@@ -209,7 +209,7 @@ def test_file_rotation_json_and_levels_per_sink(tmp_path, procs):
     assert files == ["rotating.log", "rotating.log.1", "rotating.log.2"]  # count = 2: no .3
     for name in files:
         text = (logdir / name).read_text()
-        assert len(text.encode()) <= 4000
+        assert len(text.encode()) <= 2500
         for line in text.splitlines():
             entry = json.loads(line)
             assert set(entry) >= {"time", "level", "msg", "pid"}
