@@ -266,6 +266,30 @@ def test_topic_permissions_allow_and_refuse_publish_by_routing_key(node, name):
         conn.close()
 
 
+def test_topic_permissions_hold_for_the_http_api_too(node, name):
+    make_user(node, name, tags="management")
+    ok(node, "PUT", f"/api/topic-permissions/%2F/{name}", {"exchange": "amq.topic", "write": "^{username}\\.",
+                                                           "read": "^{username}\\."})
+    qname = f"{name}-q"
+    ok(node, "PUT", f"/api/queues/%2F/{qname}", {"durable": False})
+    try:
+        def as_user(method, path, body):
+            return http(node, method, path, body, user=name, password="pw-secret-1")
+        status, got = as_user("POST", "/api/exchanges/%2F/amq.topic/publish",
+                              {"routing_key": f"{name}.a", "payload": "x", "payload_encoding": "string",
+                               "properties": {}})
+        assert status == 200, got
+        status, got = as_user("POST", "/api/exchanges/%2F/amq.topic/publish",
+                              {"routing_key": "other.a", "payload": "x", "payload_encoding": "string",
+                               "properties": {}})
+        assert status in (401, 403) and "access to topic 'other.a' in exchange 'amq.topic'" in got["reason"], got
+        status, got = as_user("POST", f"/api/bindings/%2F/e/amq.topic/q/{qname}", {"routing_key": "other.#"})
+        assert status in (401, 403) and "access to topic 'other.#'" in got["reason"], got
+        assert as_user("POST", f"/api/bindings/%2F/e/amq.topic/q/{qname}", {"routing_key": f"{name}.#"})[0] == 201
+    finally:
+        ok(node, "DELETE", f"/api/queues/%2F/{qname}")
+
+
 def test_an_empty_topic_regex_allows_only_the_empty_routing_key(node, name):
     make_user(node, name)
     ok(node, "PUT", f"/api/topic-permissions/%2F/{name}", {"exchange": "amq.topic", "write": "", "read": ".*"})

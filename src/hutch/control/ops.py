@@ -121,6 +121,7 @@ def publish(broker: Broker, user: User, v: VHost, exchange_name: str, body: dict
     if x.internal:
         raise AMQPError(spec.ACCESS_REFUSED, f"cannot publish to internal exchange '{x.name}' in vhost '{v.name}'")
     broker.check_permission(user, v.name, "write", "exchange", exchange_name)
+    broker.check_topic_permission(user, v.name, x, "write", routing_key)
     if len(data) > broker.config.max_message_size:
         raise bad_request(f"message size {len(data)} is larger than configured max size "
                           f"{broker.config.max_message_size}")

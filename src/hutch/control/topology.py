@@ -410,6 +410,8 @@ def _binding_routes(letter: str) -> None:
             v.queue(destination, owner=None)
         broker.check_permission(user, v.name, "write", kind, destination)
         broker.check_permission(user, v.name, "read", "exchange", source)
+        if source in v.exchanges:
+            broker.check_topic_permission(user, v.name, v.exchanges[source], "read", routing_key)
         await changes.commit(broker, cat.Bind(v.name, source, _CATALOGUE_KINDS[kind], destination, routing_key,
                                               args))
         key = shapes.properties_key(routing_key, args)
@@ -440,6 +442,7 @@ def _binding_routes(letter: str) -> None:
                     v.queue(destination, owner=None)
                 broker.check_permission(user, v.name, "write", kind, destination)
                 broker.check_permission(user, v.name, "read", "exchange", source)
+                broker.check_topic_permission(user, v.name, x, "read", b.routing_key)
                 return changes.delete_answer(await changes.commit(broker, cat.Unbind(
                     v.name, source, _CATALOGUE_KINDS[kind], destination, b.routing_key, dict(b.arguments))))
         raise not_found()
