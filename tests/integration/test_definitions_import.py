@@ -239,6 +239,14 @@ def test_an_import_is_all_or_nothing_and_names_every_refused_item(node):
     assert call(node.mgmt_url, "GET", "/api/exchanges/%2F/delayed")[0] == 404
     assert "Skipped exchange 'delayed' in vhost '/'" in node.log()
 
+    # a binding whose queue is nowhere is skipped, as RabbitMQ 3.10 skips it, and named in the log
+    dangling = {"exchanges": [{"name": "dx", "vhost": "/", "type": "fanout"}],
+                "bindings": [{"source": "dx", "vhost": "/", "destination": "nowhere", "destination_type": "queue",
+                              "routing_key": ""}]}
+    assert call(node.mgmt_url, "POST", "/api/definitions", dangling)[0] == 204
+    assert get(node, "/api/exchanges/%2F/dx")["type"] == "fanout"
+    assert "Skipped binding from exchange 'dx' to queue 'nowhere' in vhost '/': no queue 'nowhere'" in node.log()
+
     status, out = call(node.mgmt_url, "POST", "/api/definitions?skip_unsupported=maybe", doc)
     assert status == 400 and "skip_unsupported must be true or false" in out["reason"]
 

@@ -90,6 +90,9 @@ class Plan:
     counts: dict[str, int] = field(default_factory=dict)  # kind (document key) -> items planned
     unsupported: list[str] = field(default_factory=list)  # "<item>: <why>", in document order
     malformed: list[str] = field(default_factory=list)
+    # bindings whose ends exist neither in the document nor on the node (found when the plan is
+    # tried on the node's catalogue): skipped, as RabbitMQ skips them, and reported
+    dangling: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:

@@ -13,7 +13,9 @@ catalogue commands or a refusal that names it. A document with a malformed item,
 item hutch cannot honour (a stream queue, an `x-delayed-message` exchange, a runtime parameter
 of a plugin's component, ...), is answered 400 with every such item named in the reason, and
 nothing is changed. With `skip_unsupported=true` only malformed items refuse it; the answer
-lists what was skipped. The planned commands are then tried on a scratch copy of the catalogue,
+lists what was skipped. A binding whose exchange or queue is neither in the document nor on
+the node is skipped as RabbitMQ skips it, with a warning in the log naming it (and in the
+`skipped` list of a `skip_unsupported` answer). The planned commands are then tried on a scratch copy of the catalogue,
 so whatever the catalogue would refuse (permissions for a user that does not exist, a policy
 for a vhost that does not) is a 400 before anything is proposed, and then committed in
 dependency order. As in RabbitMQ, existing exchanges and queues are left as they are, users,
@@ -83,10 +85,10 @@ def prepare(broker, doc: Any, *, skip_unsupported: bool = False) -> tuple[list[c
         raise bad_request(f"invalid definitions: {e}") from None
     if plan.malformed:
         raise bad_request(refusal_text(plan, skip_unsupported))
-    cmds, dangling = cluster_commands(broker, plan.commands)
-    plan.unsupported += dangling
     if plan.unsupported and not skip_unsupported:
         raise bad_request(refusal_text(plan, skip_unsupported))
+    cmds, dangling = cluster_commands(broker, plan.commands)
+    plan.dangling = dangling
     return cmds, plan
 
 
@@ -101,12 +103,12 @@ async def import_document(broker, doc: Any, *, skip_unsupported: bool = False,
         raise
     for line in defs.counts_text(plan.counts):
         log.info("%s", line)
-    for item in plan.unsupported:
+    for item in plan.unsupported + plan.dangling:
         log.warning("Skipped %s", item)
     await changes.commit_all(broker, cmds)
-    log.info("Imported definitions from %s%s", source,
-             f" ({len(plan.unsupported)} item(s) hutch cannot honour were skipped)" if plan.unsupported else "")
-    return {"imported": plan.counts, "skipped": plan.unsupported}
+    skipped = plan.unsupported + plan.dangling
+    log.info("Imported definitions from %s%s", source, f" ({len(skipped)} item(s) skipped)" if skipped else "")
+    return {"imported": plan.counts, "skipped": skipped}
 
 
 class BootImportError(Exception):
@@ -142,8 +144,9 @@ async def load_at_boot(broker, path: str) -> None:
 def cluster_commands(broker, proposed: list[cat.Command]) -> tuple[list[cat.Command], list[str]]:
     """The planned commands as this node proposes them (queue homes and journal ids chosen,
     existing exchanges and queues kept), tried on a scratch copy of the catalogue first; and
-    the bindings left out because an end is neither in the document nor on the node (RabbitMQ
-    3.10's rabbitmqctl export leaves internal exchanges out but keeps bindings to them)."""
+    the bindings left out because an end is neither in the document nor on the node. RabbitMQ
+    3.10 skips those too (and its rabbitmqctl export leaves internal exchanges out but keeps
+    the bindings to them), so they do not refuse an import; they are logged and reported."""
     cl = broker.cluster
     scratch = cat.Catalogue.from_snapshot(cl.catalogue.snapshot())
     out: list[cat.Command] = []
