@@ -128,8 +128,11 @@ def test_deliver_counts_each_delivery_and_ack_each_message(http, vhost, channel)
         ch.basic_ack(method.delivery_tag)
     for name in ("q1", "q2", "q3"):
         channel.basic_consume(name, on_message)
-    while len(got) < 30:
-        channel.connection.process_data_events(time_limit=0.5)
+
+    def all_delivered() -> bool:
+        channel.connection.process_data_events(time_limit=0.05)
+        return len(got) == 30
+    wait_until(all_delivered, 15, "30 deliveries")
     wait_until(lambda: stats_of(http, f"/api/vhosts/{q(vhost)}").get("ack") == 30, 10, "acks counted")
     v = stats_of(http, f"/api/vhosts/{q(vhost)}")
     assert (v["publish"], v["deliver"], v["deliver_no_ack"], v["deliver_get"], v["ack"]) == (10, 30, 0, 30, 30)
@@ -164,8 +167,11 @@ def test_unroutable_messages_returned_or_dropped(http, vhost, channel):
     channel.basic_publish("nowhere", "k", b"m", mandatory=True)
     channel.basic_publish("nowhere", "k", b"m", mandatory=True)
     channel.basic_publish("nowhere", "k", b"m")
-    channel.connection.process_data_events(time_limit=0.2)
-    wait_until(lambda: len(returned) == 2, 5, "basic.return")
+
+    def both_returned() -> bool:
+        channel.connection.process_data_events(time_limit=0.05)  # pika hands returns over here
+        return len(returned) == 2
+    wait_until(both_returned, 10, "basic.return")
     v = stats_of(http, f"/api/vhosts/{q(vhost)}")
     assert (v["publish"], v["return_unroutable"], v["drop_unroutable"]) == (3, 2, 1)
     x = stats_of(http, f"/api/exchanges/{q(vhost)}/nowhere")
@@ -217,8 +223,8 @@ def test_sample_histories_with_lengths_and_msg_rates_age(http, vhost, channel):
         channel.basic_publish("", "h", b"m")
     path = f"/api/queues/{q(vhost)}/h?lengths_age=2&lengths_incr=1&msg_rates_age=2&msg_rates_incr=1"
 
-    def history_full() -> bool:
-        return len(http.get(path)["messages_details"]["samples"]) == 3
+    def history_full() -> bool:  # three samples a second apart, all taken after the publishes
+        return [s["sample"] for s in http.get(path)["messages_details"]["samples"]] == [5, 5, 5]
     wait_until(history_full, 10, "three samples one second apart")
     out = http.get(path)
     lengths = out["messages_details"]

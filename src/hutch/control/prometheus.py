@@ -389,9 +389,12 @@ class CoreCollector(Collector):
     def _emit(self, metrics: tuple, labels: list[str], rows: list[tuple[tuple, dict]]) -> Iterator[Any]:
         for name, mtype, help_text in metrics:
             fam = _family(self.prefix + name, mtype, help_text, labels)
-            for label_values, values in rows:
-                if name in values:
-                    fam.add_metric(list(label_values), values[name])
+            if not labels:  # aggregated: one sample, 0 when there is nothing to add up (as RabbitMQ)
+                fam.add_metric([], sum(values.get(name, 0) for _l, values in rows))
+            else:
+                for label_values, values in rows:
+                    if name in values:
+                        fam.add_metric(list(label_values), values[name])
             yield fam
 
     def _group(self, sc: Scrape, group: str) -> Iterator[Any]:
@@ -412,7 +415,7 @@ class CoreCollector(Collector):
                         total[k] = total.get(k, 0) + v
                 if rows:  # the commit latency is an average over the groups
                     total["raft_entry_commit_latency_seconds"] /= len(rows)
-                yield from self._emit(metrics, [], [((), total)] if rows else [])
+                yield from self._emit(metrics, [], [((), total)])
         elif group in ("queue_coarse_metrics", "queue_metrics", "queue_consumer_count"):
             rows = sc.queue_rows(self.vhosts)
             yield from self._emit(metrics, ["vhost", "queue"], rows) if per else \
