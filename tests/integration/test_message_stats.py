@@ -243,3 +243,21 @@ def test_sample_histories_with_lengths_and_msg_rates_age(http, vhost, channel):
 def test_bad_history_parameters_are_a_400_with_a_reason(http, query):
     status, out = http("GET", f"/api/overview?{query}")
     assert status == 400 and out["error"] == "bad_request" and out["reason"], out
+
+
+def test_churn_rates_and_node_resource_details(http, node, vhost, channel):
+    before = http.get("/api/overview")["churn_rates"]
+    channel.queue_declare("churn")
+    extra = channel.connection.channel()
+    extra.close()
+    after = http.get("/api/overview")["churn_rates"]
+    assert after["queue_declared"] - before["queue_declared"] == 1
+    assert after["channel_created"] - before["channel_created"] == 1
+    assert after["channel_closed"] - before["channel_closed"] == 1
+    assert set(after) >= {"connection_created", "connection_closed", "queue_created", "queue_deleted",
+                          "connection_created_details"}
+    wait_until(lambda: http.get("/api/overview")["churn_rates"]["queue_created"] > before["queue_created"], 10,
+               "the new queue seen by the sampler")
+    [me] = http.get("/api/nodes")
+    for name in ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free"):
+        assert isinstance(me[name + "_details"]["rate"], float), name

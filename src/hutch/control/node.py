@@ -125,7 +125,7 @@ def _totals(api: Api) -> tuple[dict[str, int], dict[str, Any]]:
 async def overview(request: web.Request) -> web.Response:
     api = api_of(request)
     objects, queue_totals = _totals(api)
-    message_stats, length_details = await msg_stats.overview(api.broker, msg_stats.window_of(request))
+    message_stats, length_details, churn_rates = await msg_stats.overview(api.broker, msg_stats.window_of(request))
     queue_totals.update(length_details)
     return web.json_response({
         "management_version": RABBITMQ_COMPAT_VERSION,
@@ -142,6 +142,7 @@ async def overview(request: web.Request) -> web.Response:
         "object_totals": objects,
         "queue_totals": queue_totals,
         "message_stats": message_stats,
+        "churn_rates": churn_rates,
         "statistics_db_event_queue": 0,
         "listeners": listeners(api),
         "contexts": [{"node": api.node_name, "description": "hutch management", "path": "/",
@@ -189,6 +190,7 @@ def node_info(api: Api) -> dict[str, Any]:
         "processors": os.cpu_count() or 1,
         "run_queue": 0,
         "uptime": int((time.time() - api.started_at_s) * 1000),
+        **msg_stats.node_resource_details(b),
         "rates_mode": "basic",
         "partitions": (b.cluster.status().get("partitions", {}).get(cfg.node_name, [])
                        if b.cluster is not None else []),

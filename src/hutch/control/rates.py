@@ -19,10 +19,13 @@ Nothing here runs per message, and nothing here changes broker state.
 
 from __future__ import annotations
 
+import shutil
 import time
 import weakref
 from collections import deque
 from typing import Any
+
+import psutil
 
 from hutch.broker import msgstats
 
@@ -38,6 +41,11 @@ QUEUE = "queue"
 EXCHANGE = "exchange"
 CHANNEL = "channel"
 CONNECTION = "connection"
+CHURN = "churn"  # the overview's churn_rates: objects created and closed
+RESOURCES = "resources"  # this node's memory, descriptors, sockets and disk, for /api/nodes
+CHURN_FIELDS = ("channel_closed", "channel_created", "connection_closed", "connection_created", "queue_created",
+                "queue_declared", "queue_deleted")
+RESOURCE_FIELDS = ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free")
 
 
 def fields_of(kind: str) -> tuple[str, ...]:
@@ -46,6 +54,10 @@ def fields_of(kind: str) -> tuple[str, ...]:
         return msgstats.X_FIELDS
     if kind == CONNECTION:
         return CONNECTION_FIELDS
+    if kind == CHURN:
+        return CHURN_FIELDS
+    if kind == RESOURCES:
+        return RESOURCE_FIELDS
     return msgstats.FIELDS
 
 
@@ -134,6 +146,20 @@ class Sampler:
         return out
 
 
+def resources(broker: Any) -> tuple[int, ...]:
+    """This node's mem_used, fd_used, sockets_used, proc_used and disk_free now."""
+    proc = psutil.Process()
+    try:
+        fds = proc.num_fds()
+    except (psutil.Error, AttributeError):
+        fds = 0
+    try:
+        disk_free = shutil.disk_usage(broker.config.data_dir).free
+    except OSError:
+        disk_free = 0
+    return proc.memory_info().rss, fds, len(broker.sessions), 1, disk_free
+
+
 def collect(broker: Any, kinds: set[str] | None = None) -> dict[tuple, tuple[tuple, tuple]]:
     """Every object's counters and lengths now: {(kind, *identity): (counts, lengths)}."""
     out: dict[tuple, tuple[tuple, tuple]] = {}
@@ -159,6 +185,14 @@ def collect(broker: Any, kinds: set[str] | None = None) -> dict[tuple, tuple[tup
             node_len[i] += vl[i]
     if want(NODE):
         out[(NODE,)] = (tuple(msgstats.node_totals(broker)), tuple(node_len))
+    if want(CHURN):
+        c = msgstats.node_counters(broker)
+        sampler = sampler_of(broker)
+        out[(CHURN,)] = ((c[msgstats.CHANNELS_CLOSED], c[msgstats.CHANNELS_OPENED], c[msgstats.CONNECTIONS_CLOSED],
+                          c[msgstats.CONNECTIONS_OPENED], sampler.queues_seen, c[msgstats.QUEUES_DECLARED],
+                          sampler.queues_gone), ())
+    if want(RESOURCES):
+        out[(RESOURCES,)] = (resources(broker), ())
     if want(CONNECTION) or want(CHANNEL):
         for s in broker.sessions:
             if s.vhost is None:

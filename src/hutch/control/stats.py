@@ -92,12 +92,27 @@ async def decorate(broker: Any, kind: str, rows: list[dict], window: rates.Windo
     return rows
 
 
-async def overview(broker: Any, window: rates.Window) -> tuple[dict, dict]:
-    """The overview's message_stats (the cluster's channels) and queue_totals' details."""
-    figures = await cluster_figures(broker, [rates.NODE], window)
+async def overview(broker: Any, window: rates.Window) -> tuple[dict, dict, dict]:
+    """The overview's message_stats (the cluster's channels), queue_totals' details and
+    churn_rates (connections, channels and queues created and closed, cluster-wide)."""
+    figures = await cluster_figures(broker, [rates.NODE, rates.CHURN], window)
     counts, ring = figures.get((rates.NODE,), (rates.msgstats.new(), []))
     sampler = rates.sampler_of(broker)
     interval = sampler.interval_ms
     msg = rates.message_stats(rates.NODE, counts, ring, window, interval)
     lengths = rates.length_details(sampler.lengths_ring((rates.NODE,)), window, interval)
-    return msg, lengths
+    churn_counts, churn_ring = figures.get((rates.CHURN,), ([0] * len(rates.CHURN_FIELDS), []))
+    churn: dict[str, Any] = {}
+    for i, name in enumerate(rates.CHURN_FIELDS):
+        churn[name] = churn_counts[i]
+        churn[name + "_details"] = rates.details(churn_ring, i, window.msg_rates, interval)
+    return msg, lengths, churn
+
+
+def node_resource_details(broker: Any) -> dict[str, Any]:
+    """/api/nodes' mem_used_details, fd_used_details, sockets_used_details, proc_used_details
+    and disk_free_details, from this node's samples."""
+    sampler = rates.sampler_of(broker)
+    ring = sampler.ring((rates.RESOURCES,))
+    return {name + "_details": rates.details(ring, i, None, sampler.interval_ms)
+            for i, name in enumerate(rates.RESOURCE_FIELDS)}
