@@ -132,6 +132,7 @@ def test_add_user_with_no_password_is_refused_as_rabbitmqctl_refuses_it(node, na
     r = ctl(node, "add_user", name, stdin=subprocess.DEVNULL)
     assert r.returncode == 65, (r.stdout, r.stderr)
     assert "Password is not provided via argument or stdin" in r.stderr
+    assert r.stdout.startswith(f'Adding user "{name}" ...')
     assert http(node, "GET", f"/api/users/{name}")[0] == 404
     r = ctl(node, "add_user", "", "x")
     assert r.returncode == 64 and "user cannot be an empty string" in r.stderr, (r.stdout, r.stderr)
@@ -250,7 +251,8 @@ def test_topic_permissions_allow_and_refuse_publish_by_routing_key(node, name):
     finally:
         conn.close()
     listed = ctl_ok(node, "list_user_topic_permissions", name).splitlines()
-    assert listed[1:] == ["vhost\texchange\twrite\tread", "/\tamq.topic\t^{username}\\.\t^{username}\\."]
+    assert listed == [f'Listing topic permissions for user "{name}" ...',  # no column header, as in rabbitmqctl
+                      "/\tamq.topic\t^{username}\\.\t^{username}\\."]
     assert http(node, "GET", f"/api/topic-permissions/%2F/{name}")[1] == [
         {"user": name, "vhost": "/", "exchange": "amq.topic", "write": "^{username}\\.", "read": "^{username}\\."}]
     rows = [r for r in ok(node, "GET", "/api/vhosts/%2F/topic-permissions") if r["user"] == name]
@@ -329,6 +331,9 @@ def test_user_connection_limit(node, name):
     out = ctl_ok(node, "set_user_limits", name, '{"max-connections": 2}')
     assert f'Setting user limits to "{{"max-connections": 2}}" for user "{name}" ...' in out
     assert ok(node, "GET", f"/api/user-limits/{name}") == [{"user": name, "value": {"max-connections": 2}}]
+    listed = ctl_ok(node, "list_user_limits", "--global").splitlines()
+    assert listed[:2] == ["Listing limits for all users ...", "user\tlimits"]
+    assert f'{name}\t{{"max-connections":2}}' in listed
     conns = [amqp(node, name, "pw-secret-1") for _ in range(2)]
     try:
         code, text = refused_open(node, name, "pw-secret-1")
@@ -372,7 +377,7 @@ def test_user_channel_limit(node, name):
         if conn.is_open:
             conn.close()
     listed = ctl_ok(node, "list_user_limits", "--user", name).splitlines()
-    assert listed == [f'Listing limits for user "{name}" ...', '{"max-channels": 2}']
+    assert listed == [f'Listing limits for user "{name}" ...', '{"max-channels":2}']
     ctl_ok(node, "clear_user_limits", name, "max-channels")
     conn = amqp(node, name, "pw-secret-1")
     try:
@@ -425,7 +430,7 @@ def test_vhost_connection_and_queue_limits(node, name):
         finally:
             conn.close()
         listed = ctl_ok(node, "list_vhost_limits", "-p", vhost).splitlines()
-        assert listed == [f'Listing limits for vhost "{vhost}" ...', '{"max-connections": -1, "max-queues": -1}']
+        assert listed == [f'Listing limits for vhost "{vhost}" ...', '{"max-connections":-1,"max-queues":-1}']
         ctl_ok(node, "clear_vhost_limits", "-p", vhost)
         assert ok(node, "GET", f"/api/vhost-limits/{vhost}") == []
     finally:

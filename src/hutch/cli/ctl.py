@@ -385,8 +385,8 @@ def add_user(s: Session, username: str, password: str | None, tags: str) -> None
     password login)."""
     if not username:
         raise usage_error("user cannot be an empty string")
-    password = _password_given(password)
     s.info(f'Adding user "{username}" ...')
+    password = _password_given(password)
     if _exists(s, f"/api/users/{q(username)}"):
         raise CliError(f'User "{username}" already exists', EX_SOFTWARE)
     s.client.put(f"/api/users/{q(username)}", {"password": password, "tags": tags})
@@ -503,7 +503,17 @@ def list_user_topic_permissions(s: Session, username: str) -> None:
     cols = ("vhost", "exchange", "write", "read")
     _, rows = select(s.client.get(f"/api/users/{q(username)}/topic-permissions"), cols, TOPIC_PERMISSION_COLUMNS,
                      cols)
-    s.printer.rows(cols, rows, [f'Listing topic permissions for user "{username}" ...'])
+    if s.printer.formatter == "json":
+        s.printer.rows(cols, rows)
+        return
+    s.info(f'Listing topic permissions for user "{username}" ...')
+    for r in rows:  # rabbitmqctl 3.10 prints this listing without its column header
+        click.echo("\t".join(str(r[c]) for c in cols))
+
+
+def _compact(doc: dict) -> str:
+    """A limits object as rabbitmqctl prints it: compact JSON, keys sorted."""
+    return json.dumps(dict(sorted(doc.items())), separators=(",", ":"))
 
 
 def _limits_json(definition: str, allowed: tuple[str, ...]) -> dict[str, int]:
@@ -552,13 +562,16 @@ def clear_user_limits(s: Session, username: str, limit_type: str) -> None:
 def list_user_limits(s: Session, username: str | None, all_users: bool) -> None:
     """Show a user's limits, or with --global every user's."""
     if all_users:
-        rows = [{"user": o["user"], "limits": o["value"]} for o in s.client.get("/api/user-limits")]
+        json_out = s.printer.formatter == "json"
+        rows = [{"user": o["user"], "limits": o["value"] if json_out else _compact(o["value"])}
+                for o in s.client.get("/api/user-limits")]
         s.printer.rows(("user", "limits"), rows, ["Listing limits for all users ..."])
         return
     username = username or s.options.get("api_username") or "guest"
     found = s.client.get(f"/api/user-limits/{q(username)}")
     s.info(f'Listing limits for user "{username}" ...')
-    click.echo(json.dumps(found[0]["value"] if found else {}))
+    limits = found[0]["value"] if found else {}
+    s.printer.document(limits, _compact(limits))
 
 
 @command(cli, "set_vhost_limits")
@@ -591,12 +604,15 @@ def clear_vhost_limits(s: Session, vhost: str) -> None:
 def list_vhost_limits(s: Session, vhost: str, all_vhosts: bool) -> None:
     """Show a vhost's limits, or with --global every vhost's."""
     if all_vhosts:
-        rows = [{"vhost": o["vhost"], "limits": o["value"]} for o in s.client.get("/api/vhost-limits")]
+        json_out = s.printer.formatter == "json"
+        rows = [{"vhost": o["vhost"], "limits": o["value"] if json_out else _compact(o["value"])}
+                for o in s.client.get("/api/vhost-limits")]
         s.printer.rows(("vhost", "limits"), rows, ["Listing limits for all vhosts ..."])
         return
     found = s.client.get(f"/api/vhost-limits/{q(vhost)}")
     s.info(f'Listing limits for vhost "{vhost}" ...')
-    click.echo(json.dumps(found[0]["value"] if found else {}))
+    limits = found[0]["value"] if found else {}
+    s.printer.document(limits, _compact(limits))
 
 
 @command(cli, "set_user_tags")
