@@ -374,11 +374,11 @@ class Session:
         self.closed = True
         for ch in list(self.channels.values()):
             ch.close()
+        self.channels.clear()
         counters = msgstats.node_counters(self.broker)
         counters[msgstats.CONNECTIONS_CLOSED] += 1
         counters[msgstats.RECV_OCT_CLOSED] += self.recv_oct
         counters[msgstats.SEND_OCT_CLOSED] += self.send_oct
-        self.channels.clear()
         for q in list(self.exclusive_queues):
             self.broker.delete_queue(q)
         self.exclusive_queues.clear()
@@ -438,39 +438,39 @@ class Session:
 
     def deliver_publish(self, ch: Channel, x: Exchange, msg: Message, headers: dict | None, mandatory: bool) -> None:
         broker = self.broker
+        seq = ch.next_publish_seq() if ch.confirm else 0
         st = ch.mstats
         st[PUBLISH] += 1
         if seq:
             st[PUBLISH_CONFIRM] += 1
         xst = x.mstats
         xst[X_PUBLISH_IN] += 1
-        seq = ch.next_publish_seq() if ch.confirm else 0
         if x.name == "" and msg.routing_key.startswith(DIRECT_REPLY_PREFIX):
+            if not broker.direct_reply(msg) and mandatory:
                 st[RETURN_UNROUTABLE] += 1
                 xst[X_RETURN_UNROUTABLE] += 1
-            if not broker.direct_reply(msg) and mandatory:
                 self.send_frames(codec.return_frames(ch.number, spec.NO_ROUTE, "NO_ROUTE", msg.route_enc,
                                                      msg.props, msg.body, self.frame_max))
             if seq:
                 self.confirms_due(ch)
             return
         queues = self.vhost.route(x, msg.routing_key, headers)
+        if queues:
             xst[X_PUBLISH_OUT] += len(queues)
             for q in queues:
                 q.mstats[PUBLISH] += 1
-        if queues:
             refused = broker.enqueue(queues, msg, ch, seq)
             if refused and seq:
                 ch.nack_publish(seq)
                 return
+        elif mandatory:
             st[RETURN_UNROUTABLE] += 1
             xst[X_RETURN_UNROUTABLE] += 1
-        elif mandatory:
             self.send_frames(codec.return_frames(ch.number, spec.NO_ROUTE, "NO_ROUTE", msg.route_enc, msg.props,
+                                                 msg.body, self.frame_max))
         else:
             st[DROP_UNROUTABLE] += 1
             xst[X_DROP_UNROUTABLE] += 1
-                                                 msg.body, self.frame_max))
         if seq:
             self.confirms_due(ch)
 
@@ -611,8 +611,8 @@ class Session:
 
     # -- queue
 
-        msgstats.node_counters(self.broker)[msgstats.QUEUES_DECLARED] += 1
     def queue_declare(self, ch: Channel, m) -> None:
+        msgstats.node_counters(self.broker)[msgstats.QUEUES_DECLARED] += 1
         vhost = self.vhost
         name = m.queue
         if m.passive:
@@ -906,12 +906,12 @@ class Session:
         self.broker.queue_used(q)
         self.broker.expire_queue(q)
         entry = q.get(bool(m.no_ack))
+        if entry is None:
             ch.mstats[msgstats.GET_EMPTY] += 1
             q.mstats[msgstats.GET_EMPTY] += 1
-        if entry is None:
             self.send_method(ch.number, commands.Basic.GetEmpty())
-        msgstats.count_get(ch.mstats, q.mstats, bool(m.no_ack), entry.delivery_count > 1)
             return
+        msgstats.count_get(ch.mstats, q.mstats, bool(m.no_ack), entry.delivery_count > 1)
         ch.delivery_tag += 1
         tag = ch.delivery_tag
         if not m.no_ack:
@@ -924,16 +924,16 @@ class Session:
             self.broker.settled(q, entry)
 
     def _got_remote(self, ch: Channel, m, q, got) -> None:
+        if got is None:
             ch.mstats[msgstats.GET_EMPTY] += 1
             q.mstats[msgstats.GET_EMPTY] += 1
-        if got is None:
             self.send_method(ch.number, commands.Basic.GetEmpty())
             return
         if q.quorum:
             seq, _delivery_count, redelivered, route, count, props, body = got
         else:
-        msgstats.count_get(ch.mstats, q.mstats, bool(m.no_ack), redelivered)
             seq, redelivered, route, count, props, body = got
+        msgstats.count_get(ch.mstats, q.mstats, bool(m.no_ack), redelivered)
         ch.delivery_tag += 1
         tag = ch.delivery_tag
         if not m.no_ack:
