@@ -407,6 +407,9 @@ def test_vhost_connection_and_queue_limits(node, name):
             code, text = channel_error(ch.queue_declare, "q3")
             assert (code, text) == (406, f"PRECONDITION_FAILED - cannot declare queue 'q3': queue limit in vhost "
                                          f"'{vhost}' (2) is reached")
+            status, body = http(node, "PUT", f"/api/queues/{vhost}/q4", {"durable": False})
+            assert (status, body["reason"]) == (400, f"PRECONDITION_FAILED - cannot declare queue 'q4': queue limit "
+                                                     f"in vhost '{vhost}' (2) is reached")
             ch = conn.channel()
             ch.queue_delete("q2")
             ch.queue_declare("q3")

@@ -263,6 +263,9 @@ async def put_queue(request: web.Request) -> web.Response:
         return web.Response(status=204)
     if name.startswith("amq."):
         raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+    refusal = broker.queue_refusal(v, name)
+    if refusal is not None:  # the vhost's max-queues, as for queue.declare
+        raise precondition_failed(refusal)
     qargs.queue_settings(args, name, v.name)  # 400 for bad x- arguments, before anything changes
     home = node or broker.cluster.choose_home(args, False, v.name, name)
     journal_id = changes.new_journal_id() if durable else 0
