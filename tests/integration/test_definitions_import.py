@@ -24,6 +24,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pika
 import pytest
 
 from tests.support.brokers import HutchNode, RabbitMQNode, wait_until
@@ -174,6 +175,17 @@ def test_rabbitmq_export_with_skip_unsupported_is_imported_without_loss(node):
         assert (key in bindings) == (b["destination"] not in ("events-log", "internal-fan")), key
     # rabbitmqctl's export leaves internal exchanges out, but not the bindings to them
     assert INTERNAL_FAN in skipped
+    # the imported topology carries messages: a topic exchange to a quorum and a classic queue
+    conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{node.amqp_port}/shop"))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("events", "orders.eu.42", b"order 42")
+        for queue in ("orders", "orders.eu"):
+            method, _props, body = ch.basic_get(queue, auto_ack=True)
+            assert method is not None and body == b"order 42", queue
+    finally:
+        conn.close()
     # topic permissions, user limits and vhost limits
     tps = {(t["user"], t["vhost"], t["exchange"]): (t["write"], t["read"]) for t in get(node, "/api/topic-permissions")}
     for t in doc["topic_permissions"]:

@@ -34,6 +34,7 @@ from typing import Any
 from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
 from hutch.cluster import catalogue as cat
+from hutch.quorum import fifo
 
 RABBITMQ_VERSION = "3.10.8"
 HASHING_SHA256 = cat.HASHING_SHA256
@@ -342,13 +343,17 @@ def _plan_queue(q: dict, ctx: Context) -> list[cat.Command]:
     if qtype not in QUEUE_TYPES:
         ctx.skipped_queues.add((vhost, name))
         raise Unsupported(f"queue type '{qtype}' is not supported")
+    durable, auto_delete = bool(_get(q, "durable", bool, True)), bool(_get(q, "auto_delete", bool, False))
     try:
         qargs.queue_settings(args, name, vhost)
+        if qtype == cat.QUORUM:
+            fifo.quorum_config(args, name, vhost, durable=durable, exclusive=False, auto_delete=auto_delete)
     except AMQPError as e:
         raise Malformed(e.text) from None
+    except fifo.QuorumArgumentError as e:
+        raise Malformed(e.text) from None
     jid = _get(q, "hutch_id", int, 0)
-    return [cat.DeclareQueue(vhost, name, str(qtype), bool(_get(q, "durable", bool, True)),
-                             bool(_get(q, "auto_delete", bool, False)), None, args, "", (), jid)]
+    return [cat.DeclareQueue(vhost, name, str(qtype), durable, auto_delete, None, args, "", (), jid)]
 
 
 def _plan_binding(b: dict, ctx: Context) -> list[cat.Command]:

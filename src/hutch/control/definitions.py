@@ -42,6 +42,7 @@ from aiohttp import web
 from hutch import __version__
 from hutch.broker import definitions as defs
 from hutch.broker.broker import hash_password
+from hutch.broker.quorumq import place_members
 from hutch.cluster import catalogue as cat
 from hutch.control import changes
 from hutch.control.app import api_of, read_json, requires
@@ -173,7 +174,15 @@ def cluster_commands(broker, proposed: list[cat.Command]) -> tuple[list[cat.Comm
             take(cat.AddVhost(vhost))
         if isinstance(cmd, cat.DeclareExchange) and scratch.exchange(cmd.vhost, cmd.name) is not None:
             continue
-        if isinstance(cmd, cat.DeclareQueue):
+        if isinstance(cmd, cat.DeclareQueue) and cmd.type == cat.QUORUM:
+            if scratch.queue(cmd.vhost, cmd.name) is not None:
+                continue
+            # as a client's declare: its members placed now, a Raft group id (the document's
+            # hutch_id when a node's own export gives one)
+            leader, members = place_members(cl, dict(cmd.arguments), cmd.name, cmd.vhost)
+            cmd = msgspec.structs.replace(cmd, leader_node=leader, member_nodes=members,
+                                          journal_id=cmd.journal_id or changes.new_journal_id())
+        elif isinstance(cmd, cat.DeclareQueue):
             if scratch.queue(cmd.vhost, cmd.name) is not None:
                 continue
             cmd = msgspec.structs.replace(
