@@ -343,3 +343,209 @@ def test_overview_counts_queued_messages(browser, cluster):
     text_in(browser, "[data-total=ready]", "25")
     text_in(browser, ".chart-cell .legend", "Ready 25")  # the chart ends at the current totals
     shot(browser, "overview")
+
+
+# ------------------------------------------------------------- the other pages and actions
+
+def amqp(cluster: HutchCluster, i: int = 0):
+    import pika
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[i].amqp_port, heartbeat=0))
+
+
+def test_channels_show_prefetch_and_unacked_and_a_connection_is_closed(browser, cluster):
+    import pika.exceptions
+    assert http(cluster, "PUT", "/api/queues/%2F/ui.work", {"durable": True})[0] in (201, 204)
+    conn = amqp(cluster)
+    try:
+        ch = conn.channel()
+        for i in range(3):
+            ch.basic_publish("", "ui.work", f"job {i}".encode())
+        ch.basic_qos(prefetch_count=7)
+        ch.basic_consume("ui.work", lambda *a: None)  # never acks: three unacked
+        wait(browser, lambda b: (conn.process_data_events(0) or True)
+             and http(cluster, "GET", "/api/queues/%2F/ui.work")[1]["messages_unacknowledged"] == 3, "three unacked")
+        login(browser, cluster)
+        go(browser, cluster, "/channels")
+        wait(browser, lambda b: texts(b, "#channels tbody tr td:nth-child(8)") == ["7"], "prefetch 7 listed")
+        assert texts(browser, "#channels tbody tr td:nth-child(9)") == ["3"]
+
+        go(browser, cluster, "/connections")
+        wait(browser, lambda b: len(texts(b, "#connections tbody td.name a")) == 1, "the connection listed")
+        browser.find_element(By.CSS_SELECTOR, "#connections tbody td.name a").click()
+        text_in(browser, "main", "Force Close")
+        browser.find_element(By.XPATH, "//button[text()='Force Close']").click()
+        text_in(browser, "main", "Connection closed.")
+
+        def closed(_b) -> bool:
+            try:
+                conn.process_data_events(0)
+            except pika.exceptions.ConnectionClosedByBroker as e:
+                return e.reply_code == 320 and "Closed via management plugin" in e.reply_text
+            return False
+        wait(browser, closed, "the client told 320 CONNECTION_FORCED")
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_add_an_exchange_and_delete_it(browser, cluster):
+    login(browser, cluster)
+    go(browser, cluster, "/exchanges")
+    form = visible(browser, "form#add-exchange")
+    form_field(form, "name").send_keys("ui.events")
+    Select(form_field(form, "type")).select_by_value("topic")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Exchange added.")
+    status, x = http(cluster, "GET", "/api/exchanges/%2F/ui.events")
+    assert status == 200 and x["type"] == "topic" and x["durable"] is True
+    wait(browser, lambda b: "ui.events" in texts(b, "#exchanges td.name a"), "ui.events listed")
+    go(browser, cluster, "/exchanges/%2F/ui.events")
+    visible(browser, "#delete-exchange").click()
+    accept_confirm(browser)
+    wait(browser, lambda b: b.execute_script("return location.hash") == "#/exchanges", "back on the exchange list")
+    wait(browser, lambda b: texts(b, "#exchanges td.name a") and "ui.events" not in texts(b, "#exchanges td.name a"),
+         "ui.events gone")
+    assert http(cluster, "GET", "/api/exchanges/%2F/ui.events")[0] == 404
+
+
+def test_a_refused_change_shows_the_apis_reason(browser, cluster):
+    login(browser, cluster)
+    go(browser, cluster, "/policies")
+    form = visible(browser, "form#add-policy")
+    form_field(form, "name").send_keys("ha-bad")
+    form_field(form, "pattern").send_keys("^bad$")
+    form.find_element(By.CSS_SELECTOR, "a.helper[data-key='ha-mode']").click()
+    form.find_elements(By.CSS_SELECTOR, ".kv tr")[0].find_element(By.CSS_SELECTOR, ".kv-value").send_keys("exactly")
+    form.find_element(By.CSS_SELECTOR, "a.helper[data-key='ha-params']").click()
+    form.find_elements(By.CSS_SELECTOR, ".kv tr")[1].find_element(By.CSS_SELECTOR, ".kv-value").send_keys("two")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", '"two" is not a number')  # the Number typed row refuses it before the API
+    Select(form.find_elements(By.CSS_SELECTOR, ".kv tr")[1].find_element(By.CSS_SELECTOR, ".kv-type")).select_by_value("String")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Validation failed")
+    assert http(cluster, "GET", "/api/policies/%2F/ha-bad")[0] == 404
+
+
+def test_mirrored_queue_page_synchronises_on_request(browser, cluster):
+    assert http(cluster, "PUT", "/api/policies/%2F/ui-manual",
+                {"pattern": r"^ui\.manual$", "apply-to": "queues",
+                 "definition": {"ha-mode": "all", "ha-sync-mode": "manual"}})[0] in (201, 204)
+    assert http(cluster, "PUT", "/api/queues/%2F/ui.manual", {"durable": True})[0] in (201, 204)
+    login(browser, cluster)
+    go(browser, cluster, "/queues/%2F/ui.manual")
+    wait(browser, lambda b: len(texts(b, "#mirroring tbody .mirror.synced")) == 2, "two synchronised mirrors listed")
+    visible(browser, "#sync-queue").click()
+    text_in(browser, "#mirroring", "Synchronisation requested.")
+    status, q = http(cluster, "GET", "/api/queues/%2F/ui.manual")
+    assert len(q["synchronised_slave_nodes"]) == 2
+
+
+def test_quorum_queue_members_are_shown_removed_and_added(browser, cluster):
+    conn = amqp(cluster)
+    try:
+        conn.channel().queue_declare("ui.quorum", durable=True, arguments={"x-queue-type": "quorum"})
+    finally:
+        conn.close()
+    login(browser, cluster)
+    go(browser, cluster, "/queues")
+
+    def badge(b, want: str) -> bool:
+        row = queue_row(b, "ui.quorum")
+        return row is not None and [e.text for e in row.find_elements(By.CSS_SELECTOR, ".mirror.synced")] == [want]
+    wait(browser, lambda b: badge(b, "+2"), "ui.quorum with +2 online members", timeout_s=60)
+    assert "quorum" in queue_row(browser, "ui.quorum").text
+
+    go(browser, cluster, "/queues/%2F/ui.quorum")
+    wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(2)")) == ["follower", "follower", "leader"],
+         "one leader and two followers", timeout_s=60)
+    members = texts(browser, "#quorum tbody tr td:nth-child(1)")
+    assert sorted(members) == sorted(cluster.names)
+    leader = http(cluster, "GET", "/api/queues/%2F/ui.quorum")[1]["leader"]
+    victim = next(m for m in members if m != leader)
+    for button in browser.find_elements(By.CSS_SELECTOR, "#quorum tbody tr"):
+        if button.find_element(By.CSS_SELECTOR, "td").text == victim:
+            button.find_element(By.XPATH, ".//button[text()='Remove']").click()
+            break
+    accept_confirm(browser)
+    text_in(browser, "#quorum", "Member removed.", timeout_s=60)
+    wait(browser, lambda b: len(texts(b, "#quorum tbody tr")) == 2, "two members left")
+    Select(browser.find_element(By.NAME, "member-node")).select_by_value(victim)
+    browser.find_element(By.XPATH, "//button[text()='Add member']").click()
+    text_in(browser, "#quorum", "Member added.", timeout_s=60)
+    wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(1)")) == sorted(cluster.names), "three members again")
+
+
+def test_users_and_permissions_through_the_admin_pages(browser, cluster):
+    login(browser, cluster)
+    go(browser, cluster, "/users")
+    form = visible(browser, "form#add-user")
+    form_field(form, "username").send_keys("ui-ops")
+    form_field(form, "password").send_keys("s3cret")
+    form_field(form, "password2").send_keys("s3cret")
+    form.find_element(By.XPATH, ".//a[text()='Policymaker']").click()
+    form.find_element(By.XPATH, ".//a[text()='Monitoring']").click()
+    assert form_field(form, "tags").get_attribute("value") == "policymaker, monitoring"
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "User added.")
+    status, user = http(cluster, "GET", "/api/users/ui-ops")
+    assert status == 200 and sorted(user["tags"]) == ["monitoring", "policymaker"]
+
+    perm = visible(browser, "form#set-permission")
+    wait(browser, lambda b: "ui-ops" in [o.text for o in Select(form_field(perm, "user")).options], "ui-ops offered")
+    Select(form_field(perm, "user")).select_by_value("ui-ops")
+    form_field(perm, "write").clear()
+    form_field(perm, "write").send_keys("^ui\\.")
+    perm.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Permission set.")
+    status, p = http(cluster, "GET", "/api/permissions/%2F/ui-ops")
+    assert status == 200 and (p["configure"], p["write"], p["read"]) == (".*", "^ui\\.", ".*")
+
+    # the new user may log in: policymaker gets the Admin tab with Policies only
+    login(browser, cluster, "ui-ops", "s3cret")
+    go(browser, cluster, "/policies")
+    visible(browser, "form#add-policy")
+    assert texts(browser, ".submenu a") == ["Policies"]
+    login(browser, cluster)
+    go(browser, cluster, "/users")
+    wait(browser, lambda b: "ui-ops" in texts(b, "#users td.name"), "ui-ops listed")
+    for row in browser.find_elements(By.CSS_SELECTOR, "#users tbody tr"):
+        if row.find_element(By.CSS_SELECTOR, "td.name").text == "ui-ops":
+            row.find_element(By.XPATH, ".//button[text()='Delete']").click()
+            break
+    accept_confirm(browser)
+    text_in(browser, "main", "User ui-ops deleted.")
+    assert http(cluster, "GET", "/api/users/ui-ops")[0] == 404
+
+
+def test_virtual_hosts_and_limits(browser, cluster):
+    login(browser, cluster)
+    go(browser, cluster, "/vhosts")
+    form = visible(browser, "form#add-vhost")
+    form_field(form, "name").send_keys("ui-vh")
+    form_field(form, "description").send_keys("made in the browser")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Virtual host added.")
+    wait(browser, lambda b: "ui-vh" in texts(b, "#vhosts td.name"), "ui-vh listed")
+
+    go(browser, cluster, "/limits")
+    if http(cluster, "GET", "/api/vhost-limits")[0] == 404:
+        text_in(browser, "main", "does not serve virtual host limits")
+    else:
+        form = visible(browser, "form#set-vhost-limit")
+        form_field(form, "owner").send_keys("ui-vh")
+        Select(form_field(form, "limit")).select_by_value("max-queues")
+        form_field(form, "value").send_keys("10")
+        form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        text_in(browser, "main", "max-queues")
+        status, limits = http(cluster, "GET", "/api/vhost-limits/ui-vh")
+        assert status == 200 and limits[0]["value"] == {"max-queues": 10}
+
+    go(browser, cluster, "/vhosts")
+    wait(browser, lambda b: "ui-vh" in texts(b, "#vhosts td.name"), "ui-vh listed")
+    for row in browser.find_elements(By.CSS_SELECTOR, "#vhosts tbody tr"):
+        if row.find_element(By.CSS_SELECTOR, "td.name").text == "ui-vh":
+            row.find_element(By.XPATH, ".//button[text()='Delete']").click()
+            break
+    accept_confirm(browser)
+    text_in(browser, "main", "Virtual host ui-vh deleted.")
+    assert http(cluster, "GET", "/api/vhosts/ui-vh")[0] == 404

@@ -67,15 +67,17 @@ export function users() {
     const el = adminFrame('users', h('h1', {}, 'Users'), section('All users', list, out),
       section('Add a user', addForm, addOut), section('Permissions', perms, permForm, permOut));
     let permFormShown = false;
+    let userPick = null;
 
     async function showPermForm(userNames) {
+      userPick = select('user', userNames, userNames[0]);
       permForm.onsubmit = (ev) => {
         ev.preventDefault();
         run(permOut, () => api.put(`/api/permissions/${api.enc(val(permForm, 'vhost'))}/${api.enc(val(permForm, 'user'))}`,
           { configure: val(permForm, 'configure'), write: val(permForm, 'write'), read: val(permForm, 'read') }), 'Permission set.').then(refresh);
       };
       fill(permForm, h('table', { class: 'form' },
-        row('User:', select('user', userNames, userNames[0])),
+        row('User:', userPick),
         row('Virtual host:', await vhostSelect()),
         row('Configure regexp:', h('input', { type: 'text', name: 'configure', value: '.*' })),
         row('Write regexp:', h('input', { type: 'text', name: 'write', value: '.*' })),
@@ -103,7 +105,11 @@ export function users() {
         ['', (p) => h('button', { type: 'button', class: 'small', onclick: () =>
           run(permOut, () => api.del(`/api/permissions/${api.enc(p.vhost)}/${api.enc(p.user)}`), 'Permission cleared.').then(refresh) }, 'Clear')],
       ], ps));
-      if (!permFormShown) { permFormShown = true; await showPermForm(us.map((u) => u.name)); }
+      const names = us.map((u) => u.name);
+      if (!permFormShown) { permFormShown = true; await showPermForm(names); } else if (userPick) {
+        const chosen = userPick.value;
+        fill(userPick, names.map((n) => h('option', { value: n, selected: n === chosen ? true : null }, n)));
+      }
     }
     return { el, refresh };
   });

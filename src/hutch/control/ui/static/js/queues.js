@@ -86,13 +86,18 @@ export function queues() {
     const nodes = api.hasTag('monitoring') ? (await api.get('/api/nodes')).map((n) => n.name) : [];
     const form = h('form', { id: 'add-queue', onsubmit: (ev) => {
       ev.preventDefault();
-      run(out, () => {
+      const type = val(form, 'type');
+      const path = `/api/queues/${api.enc(val(form, 'vhost'))}/${api.enc(val(form, 'name'))}`;
+      run(out, async () => {
         const a = args.value();
-        if (val(form, 'type') === 'quorum') a['x-queue-type'] = 'quorum';
+        if (type === 'quorum') a['x-queue-type'] = 'quorum';
         const body = { durable: val(form, 'durable') === 'true', auto_delete: val(form, 'auto_delete') === 'true', arguments: a };
         if (val(form, 'node')) body.node = val(form, 'node');
-        return api.put(`/api/queues/${api.enc(val(form, 'vhost'))}/${api.enc(val(form, 'name'))}`, body);
-      }, 'Queue added.').then(refresh);
+        await api.put(path, body);
+        return api.get(path);
+      }, (q) => (q && q.type !== type
+        ? `Queue added, but as a ${q.type} queue: this node's API did not declare a ${type} queue.`
+        : 'Queue added.')).then(refresh);
     } }, h('table', { class: 'form' },
       row('Type:', select('type', [['classic', 'Classic'], ['quorum', 'Quorum']], 'classic')),
       row('Virtual host:', await vhostSelect()),
@@ -182,18 +187,23 @@ export function queue({ vhost, name }) {
       } }, 'Purge Messages'), dangerOut));
   let quorumShown = false;
 
+  // Built once for a mirrored queue; a refresh redraws only the table, so the answer to a
+  // button stays on screen.
+  const mirrorTable = h('div');
+  const mirrorOut = h('div');
   function mirrorSection(q) {
-    if (q.type === 'quorum' || !Array.isArray(q.slave_nodes)) return fill(mirrorBox);
+    if (q.type === 'quorum' || !Array.isArray(q.slave_nodes)) { fill(mirrorBox); return; }
+    if (!mirrorBox.firstChild) {
+      const action = (a, done) => run(mirrorOut, () => api.post(`${path}/actions`, { action: a }), done).then(refresh);
+      fill(mirrorBox, section('Mirrors', mirrorTable,
+        h('p', {}, h('button', { type: 'button', id: 'sync-queue', onclick: () => action('sync', 'Synchronisation requested.') }, 'Synchronise'), ' ',
+          h('button', { type: 'button', id: 'cancel-sync-queue', onclick: () => action('cancel_sync', 'Synchronisation cancelled.') }, 'Cancel synchronisation')),
+        mirrorOut));
+    }
     const synced = new Set(q.synchronised_slave_nodes || []);
-    const out = h('div');
-    const action = (a, done) => run(out, () => api.post(`${path}/actions`, { action: a }), done).then(refresh);
-    return fill(mirrorBox, section('Mirrors',
-      table([['Mirror', (m) => m], ['State', (m) => (synced.has(m)
-        ? h('span', { class: 'mirror synced' }, 'synchronised') : h('span', { class: 'mirror unsynced' }, 'unsynchronised'))]],
-      q.slave_nodes, '... no mirrors ...'),
-      h('p', {}, h('button', { type: 'button', id: 'sync-queue', onclick: () => action('sync', 'Synchronisation requested.') }, 'Synchronise'), ' ',
-        h('button', { type: 'button', id: 'cancel-sync-queue', onclick: () => action('cancel_sync', 'Synchronisation cancelled.') }, 'Cancel synchronisation')),
-      out));
+    fill(mirrorTable, table([['Mirror', (m) => m], ['State', (m) => (synced.has(m)
+      ? h('span', { class: 'mirror synced' }, 'synchronised') : h('span', { class: 'mirror unsynced' }, 'unsynchronised'))]],
+    q.slave_nodes, '... no mirrors ...'));
   }
 
   async function quorumSection(q) {

@@ -81,7 +81,8 @@ export function bindForm(vhost, { queue, exchange }, onChange) {
       else path = `/api/bindings/${api.enc(vhost)}/e/${api.enc(exchange)}/${kind.value}/${api.enc(other.value)}`;
       return api.post(path, { routing_key: key.value, arguments: args.value() });
     }, 'Binding added.').then(onChange);
-  } }, h('table', { class: 'form' },
+  } }, h('h3', {}, queue !== undefined ? 'Add binding to this queue' : 'Add binding from this exchange'),
+  h('table', { class: 'form' },
     queue !== undefined ? row('From exchange:', other) : row(kind, other),
     row('Routing key:', key), row('Arguments:', args.el)),
   h('button', { type: 'submit' }, 'Bind'));
