@@ -1,5 +1,6 @@
-"""The cluster catalogue: vhosts, users, permissions, exchanges, bindings, queue records,
-policies and runtime parameters, as one deterministic state machine.
+"""The cluster catalogue: vhosts, users (with their limits), permissions, topic permissions,
+exchanges, bindings, queue records, policies and runtime parameters (a vhost's limits among
+them), as one deterministic state machine.
 
 Every node keeps a copy; the copies stay equal because they change only by applying the same
 commands in the same order — the commands the cluster's metadata Raft group commits (as
