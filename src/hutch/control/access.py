@@ -478,9 +478,9 @@ async def put_user_limit(request: web.Request) -> web.Response:
     value = _limit_value(await read_json(request))
     if user not in broker.users:
         raise not_found()
-    res = await changes.commit(broker, cat.SetUserLimits(user, {name: value}))
+    await changes.commit(broker, cat.SetUserLimits(user, {name: value}))
     log.info("Successfully set user limit '%s' for user '%s' to %d", name, user, value)
-    return web.Response(status=204) if res.status != cat.CREATED else changes.put_answer(res)
+    return web.Response(status=204)
 
 
 @routes.delete("/api/user-limits/{user}/{name}")
