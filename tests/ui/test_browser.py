@@ -549,3 +549,22 @@ def test_virtual_hosts_and_limits(browser, cluster):
     accept_confirm(browser)
     text_in(browser, "main", "Virtual host ui-vh deleted.")
     assert http(cluster, "GET", "/api/vhosts/ui-vh")[0] == 404
+
+
+def test_queue_list_filters_and_sorts_through_the_api(browser, cluster):
+    for name in ("ui.zz.last", "ui.aa.first"):
+        assert http(cluster, "PUT", f"/api/queues/%2F/{name}", {"durable": False})[0] in (201, 204)
+    login(browser, cluster)
+    go(browser, cluster, "/queues")
+    wait(browser, lambda b: "ui.aa.first" in texts(b, "#queues a.queue-link"), "the queues listed")
+    browser.find_element(By.NAME, "queues-filter").send_keys(".zz.")
+    wait(browser, lambda b: texts(b, "#queues a.queue-link") == ["ui.zz.last"], "only ui.zz.last matches")
+    text_in(browser, ".pager-info", "1 of ")
+    browser.find_element(By.NAME, "queues-filter").clear()
+    browser.find_element(By.NAME, "queues-filter").send_keys(r"^ui\.(aa|zz)\.")
+    browser.find_element(By.NAME, "queues-regex").click()
+    wait(browser, lambda b: sorted(texts(b, "#queues a.queue-link")) == ["ui.aa.first", "ui.zz.last"], "the regex matches both")
+    browser.find_element(By.CSS_SELECTOR, "#queues a.sort[data-sort=name]").click()
+    wait(browser, lambda b: texts(b, "#queues a.queue-link") == ["ui.aa.first", "ui.zz.last"], "sorted by name")
+    browser.find_element(By.CSS_SELECTOR, "#queues a.sort[data-sort=name]").click()
+    wait(browser, lambda b: texts(b, "#queues a.queue-link") == ["ui.zz.last", "ui.aa.first"], "sorted by name, reversed")

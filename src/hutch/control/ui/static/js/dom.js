@@ -27,9 +27,16 @@ export function fill(el, ...children) {
   return el;
 }
 
-// A table: columns are [title, row => cell content, optional class]; rows an array.
-export function table(columns, rows, empty = '... no items ...') {
-  const head = h('tr', {}, columns.map(([title, , cls]) => h('th', { class: cls }, title)));
+// A table: columns are [title, row => cell content, optional class, optional sort key]; rows
+// an array. With `sorting` ({sort, reverse, onSort}) a column with a sort key has a clickable
+// heading.
+export function table(columns, rows, empty = '... no items ...', sorting = null) {
+  const heading = (title, key) => {
+    if (!sorting || !key) return title;
+    const mark = sorting.sort === key ? (sorting.reverse ? ' ▼' : ' ▲') : '';
+    return h('a', { href: '#', class: 'sort', 'data-sort': key, onclick: (ev) => { ev.preventDefault(); sorting.onSort(key); } }, title, mark);
+  };
+  const head = h('tr', {}, columns.map(([title, , cls, key]) => h('th', { class: cls }, heading(title, key))));
   if (!rows || rows.length === 0) {
     return h('table', { class: 'list' }, h('thead', {}, head),
       h('tbody', {}, h('tr', {}, h('td', { colspan: columns.length, class: 'empty' }, empty))));

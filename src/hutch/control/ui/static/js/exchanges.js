@@ -2,9 +2,9 @@
 // a bind form, the publish-message form and delete.
 
 import * as api from './api.js';
-import { h, fill, table, section, rateCell, facts, row, select } from './dom.js';
+import { h, fill, section, rateCell, facts, row, select } from './dom.js';
 import { kvEditor, run, val } from './forms.js';
-import { bindForm, bindingsTable, publishForm, vhostSelect } from './shared.js';
+import { bindForm, bindingsTable, pagedList, publishForm, vhostSelect } from './shared.js';
 
 function features(x) {
   const f = [];
@@ -21,9 +21,16 @@ function exchangeHash(x) {
 }
 
 export function exchanges() {
-  const list = h('div', { id: 'exchanges' });
+  const list = pagedList('exchanges', '/api/exchanges', [
+    ['Virtual host', (x) => x.vhost, null, 'vhost'],
+    ['Name', (x) => h('a', { href: exchangeHash(x) }, x.name === '' ? '(AMQP default)' : x.name), 'name', 'name'],
+    ['Type', (x) => x.type, null, 'type'],
+    ['Features', features],
+    ['Message rate in', (x) => rateCell(x.message_stats, 'publish_in'), 'n', 'message_stats.publish_in_details.rate'],
+    ['Message rate out', (x) => rateCell(x.message_stats, 'publish_out'), 'n', 'message_stats.publish_out_details.rate'],
+  ]);
   const add = h('div');
-  const el = h('div', { class: 'page' }, h('h1', {}, 'Exchanges'), section('All exchanges', list), section('Add a new exchange', add));
+  const el = h('div', { class: 'page' }, h('h1', {}, 'Exchanges'), section('All exchanges', list.el), section('Add a new exchange', add));
   let formShown = false;
 
   async function showForm() {
@@ -48,15 +55,7 @@ export function exchanges() {
   }
 
   async function refresh() {
-    const xs = await api.get('/api/exchanges');
-    fill(list, table([
-      ['Virtual host', (x) => x.vhost],
-      ['Name', (x) => h('a', { href: exchangeHash(x) }, x.name === '' ? '(AMQP default)' : x.name), 'name'],
-      ['Type', (x) => x.type],
-      ['Features', features],
-      ['Message rate in', (x) => rateCell(x.message_stats, 'publish_in'), 'n'],
-      ['Message rate out', (x) => rateCell(x.message_stats, 'publish_out'), 'n'],
-    ], xs));
+    await list.refresh();
     if (!formShown) { formShown = true; await showForm(); }
   }
   return { el, refresh };

@@ -5,7 +5,7 @@
 import * as api from './api.js';
 import { h, fill, table, section, num, bytes, rateCell, facts, row, select, message } from './dom.js';
 import { kvEditor, run, val } from './forms.js';
-import { bindForm, bindingsTable, publishForm, vhostSelect } from './shared.js';
+import { bindForm, bindingsTable, pagedList, publishForm, vhostSelect } from './shared.js';
 
 const ACK_MODES = [
   ['ack_requeue_true', 'Nack message requeue true'],
@@ -75,9 +75,22 @@ function stateCell(q) {
 }
 
 export function queues() {
-  const list = h('div', { id: 'queues' });
+  const list = pagedList('queues', '/api/queues', [
+    ['Virtual host', (q) => q.vhost, null, 'vhost'],
+    ['Name', (q) => h('a', { href: queueHash(q), class: 'queue-link' }, q.name), 'name', 'name'],
+    ['Type', (q) => q.type, null, 'type'],
+    ['Features', features],
+    ['State', stateCell, null, 'state'],
+    ['Node', nodeCell, null, 'node'],
+    ['Ready', (q) => num(q.messages_ready), 'n', 'messages_ready'],
+    ['Unacked', (q) => num(q.messages_unacknowledged), 'n', 'messages_unacknowledged'],
+    ['Total', (q) => num(q.messages), 'n', 'messages'],
+    ['incoming', (q) => rateCell(q.message_stats, 'publish'), 'n', 'message_stats.publish_details.rate'],
+    ['deliver / get', (q) => rateCell(q.message_stats, 'deliver_get'), 'n', 'message_stats.deliver_get_details.rate'],
+    ['ack', (q) => rateCell(q.message_stats, 'ack'), 'n', 'message_stats.ack_details.rate'],
+  ]);
   const add = h('div');
-  const el = h('div', { class: 'page' }, h('h1', {}, 'Queues'), section('All queues', list), section('Add a new queue', add));
+  const el = h('div', { class: 'page' }, h('h1', {}, 'Queues'), section('All queues', list.el), section('Add a new queue', add));
   let formShown = false;
 
   async function showForm() {
@@ -111,21 +124,7 @@ export function queues() {
   }
 
   async function refresh() {
-    const qs = await api.get('/api/queues');
-    fill(list, table([
-      ['Virtual host', (q) => q.vhost],
-      ['Name', (q) => h('a', { href: queueHash(q), class: 'queue-link' }, q.name), 'name'],
-      ['Type', (q) => q.type],
-      ['Features', features],
-      ['State', stateCell],
-      ['Node', nodeCell],
-      ['Ready', (q) => num(q.messages_ready), 'n'],
-      ['Unacked', (q) => num(q.messages_unacknowledged), 'n'],
-      ['Total', (q) => num(q.messages), 'n'],
-      ['incoming', (q) => rateCell(q.message_stats, 'publish'), 'n'],
-      ['deliver / get', (q) => rateCell(q.message_stats, 'deliver_get'), 'n'],
-      ['ack', (q) => rateCell(q.message_stats, 'ack'), 'n'],
-    ], qs));
+    await list.refresh();
     if (!formShown) { formShown = true; await showForm(); }
   }
   return { el, refresh };

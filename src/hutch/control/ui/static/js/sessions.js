@@ -1,28 +1,25 @@
 // Connections and channels: what is open on the cluster, with a form to close a connection.
 
 import * as api from './api.js';
-import { h, fill, table, section, num, rateCell, facts, link } from './dom.js';
+import { h, fill, table, section, num, bytes, rateCell, detailRate, facts, link } from './dom.js';
+import { pagedList } from './shared.js';
 import { run } from './forms.js';
 
 export function connections() {
-  const list = h('div', { id: 'connections' });
-  const el = h('div', { class: 'page' }, h('h1', {}, 'Connections'), section('All connections', list));
-  async function refresh() {
-    const conns = await api.get('/api/connections');
-    fill(list, table([
-      ['Virtual host', (c) => c.vhost],
-      ['Name', (c) => link(`#/connections/${api.enc(c.name)}`, c.name), 'name'],
-      ['Node', (c) => c.node],
-      ['User name', (c) => c.user],
-      ['State', (c) => h('span', { class: `status ${c.state === 'running' ? 'green' : 'amber'}` }, c.state)],
-      ['SSL / TLS', (c) => (c.ssl ? '●' : '○')],
-      ['Protocol', (c) => c.protocol],
-      ['Channels', (c) => num(c.channels), 'n'],
-      ['From client', (c) => rateCell(c, 'recv_oct'), 'n'],
-      ['To client', (c) => rateCell(c, 'send_oct'), 'n'],
-    ], conns));
-  }
-  return { el, refresh };
+  const list = pagedList('connections', '/api/connections', [
+    ['Virtual host', (c) => c.vhost, null, 'vhost'],
+    ['Name', (c) => link(`#/connections/${api.enc(c.name)}`, c.name), 'name', 'name'],
+    ['Node', (c) => c.node, null, 'node'],
+    ['User name', (c) => c.user, null, 'user'],
+    ['State', (c) => h('span', { class: `status ${c.state === 'running' ? 'green' : 'amber'}` }, c.state), null, 'state'],
+    ['SSL / TLS', (c) => (c.ssl ? '●' : '○')],
+    ['Protocol', (c) => c.protocol],
+    ['Channels', (c) => num(c.channels), 'n', 'channels'],
+    ['From client', (c) => bytesRate(c, 'recv_oct'), 'n', 'recv_oct_details.rate'],
+    ['To client', (c) => bytesRate(c, 'send_oct'), 'n', 'send_oct_details.rate'],
+  ]);
+  const el = h('div', { class: 'page' }, h('h1', {}, 'Connections'), section('All connections', list.el));
+  return { el, refresh: list.refresh };
 }
 
 export function connection({ name }) {
@@ -57,27 +54,32 @@ function mode(c) {
   return [c.confirm ? 'C' : '', c.transactional ? 'T' : ''].join('');
 }
 
-function channelTable(chans) {
-  return table([
-    ['Channel', (c) => c.name, 'name'],
-    ['Node', (c) => c.node],
-    ['Virtual host', (c) => c.vhost],
-    ['User name', (c) => c.user],
-    ['Mode', (c) => h('abbr', { title: 'C = confirm, T = transactional' }, mode(c))],
-    ['State', (c) => h('span', { class: `status ${c.state === 'running' ? 'green' : 'amber'}` }, c.state)],
-    ['Unconfirmed', (c) => num(c.messages_unconfirmed), 'n'],
-    ['Prefetch', (c) => (c.global_prefetch_count ? `${c.prefetch_count} / ${c.global_prefetch_count} (global)` : num(c.prefetch_count)), 'n'],
-    ['Unacked', (c) => num(c.messages_unacknowledged), 'n'],
-    ['Consumers', (c) => num(c.consumer_count), 'n'],
-    ['publish', (c) => rateCell(c.message_stats, 'publish'), 'n'],
-    ['deliver / get', (c) => rateCell(c.message_stats, 'deliver_get'), 'n'],
-    ['ack', (c) => rateCell(c.message_stats, 'ack'), 'n'],
-  ], chans);
+const CHANNEL_COLUMNS = [
+  ['Channel', (c) => c.name, 'name', 'name'],
+  ['Node', (c) => c.node, null, 'node'],
+  ['Virtual host', (c) => c.vhost, null, 'vhost'],
+  ['User name', (c) => c.user, null, 'user'],
+  ['Mode', (c) => h('abbr', { title: 'C = confirm, T = transactional' }, mode(c))],
+  ['State', (c) => h('span', { class: `status ${c.state === 'running' ? 'green' : 'amber'}` }, c.state)],
+  ['Unconfirmed', (c) => num(c.messages_unconfirmed), 'n'],
+  ['Prefetch', (c) => (c.global_prefetch_count ? `${c.prefetch_count} / ${c.global_prefetch_count} (global)` : num(c.prefetch_count)), 'n'],
+  ['Unacked', (c) => num(c.messages_unacknowledged), 'n', 'messages_unacknowledged'],
+  ['Consumers', (c) => num(c.consumer_count), 'n'],
+  ['publish', (c) => rateCell(c.message_stats, 'publish'), 'n'],
+  ['deliver / get', (c) => rateCell(c.message_stats, 'deliver_get'), 'n'],
+  ['ack', (c) => rateCell(c.message_stats, 'ack'), 'n'],
+];
+
+function channelTable(chans) { return table(CHANNEL_COLUMNS, chans); }
+
+// A byte rate (recv_oct / send_oct) as B/s, KiB/s...
+function bytesRate(stats, key) {
+  const r = detailRate(stats, key);
+  return r === null ? h('span', { class: 'dim' }, '–') : `${bytes(r)}/s`;
 }
 
 export function channels() {
-  const list = h('div', { id: 'channels' });
-  const el = h('div', { class: 'page' }, h('h1', {}, 'Channels'), section('All channels', list));
-  async function refresh() { fill(list, channelTable(await api.get('/api/channels'))); }
-  return { el, refresh };
+  const list = pagedList('channels', '/api/channels', CHANNEL_COLUMNS);
+  const el = h('div', { class: 'page' }, h('h1', {}, 'Channels'), section('All channels', list.el));
+  return { el, refresh: list.refresh };
 }

@@ -1,9 +1,60 @@
-// Parts that several pages share: the publish-message form, the bindings table with
-// unbind buttons, the add-binding form and the virtual host selector.
+// Parts that several pages share: the paged and filtered object lists, the publish-message
+// form, the bindings table with unbind buttons, the add-binding form and the virtual host
+// selector.
 
 import * as api from './api.js';
 import { h, fill, table, message, select, row } from './dom.js';
 import { kvEditor, run } from './forms.js';
+
+const PAGE_SIZE = 100; // rows a list asks the API for at a time, as RabbitMQ's UI
+
+// A list of objects one page at a time (the API's page / page_size / name / use_regex /
+// sort parameters), so a broker with many thousands of queues costs the page one page.
+export function pagedList(id, path, columns, empty) {
+  const st = { page: 1, name: '', regex: false, sort: '', reverse: false };
+  const body = h('div', { id });
+  const info = h('span', { class: 'pager-info' });
+  const pageSel = h('select', { name: `${id}-page`, onchange: () => { st.page = Number(pageSel.value); refresh(); } });
+  let typing = null;
+  const filter = h('input', { type: 'text', name: `${id}-filter`, size: 20, oninput: () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => { st.name = filter.value; st.page = 1; refresh().catch(() => {}); }, 300);
+  } });
+  const regex = h('input', { type: 'checkbox', name: `${id}-regex`, onchange: () => { st.regex = regex.checked; st.page = 1; refresh(); } });
+  const bar = h('div', { class: 'pager' }, h('label', {}, 'Page ', pageSel), info, ' ',
+    h('label', {}, 'Filter: ', filter), ' ', h('label', {}, regex, ' Regex'));
+  const sorting = { onSort: (key) => {
+    st.reverse = st.sort === key ? !st.reverse : false;
+    st.sort = key;
+    refresh();
+  } };
+
+  async function refresh() {
+    const q = new URLSearchParams({ page: String(st.page), page_size: String(PAGE_SIZE) });
+    if (st.name) {
+      q.set('name', st.name);
+      if (st.regex) q.set('use_regex', 'true');
+    }
+    if (st.sort) {
+      q.set('sort', st.sort);
+      q.set('sort_reverse', String(st.reverse));
+    }
+    let r;
+    try {
+      r = await api.get(`${path}?${q}`);
+    } catch (e) {
+      if (e.status === 400 && st.page > 1) { st.page = 1; return refresh(); } // the list shrank
+      throw e;
+    }
+    if (Array.isArray(r)) r = { items: r, page: 1, page_count: 1, filtered_count: r.length, total_count: r.length };
+    const pages = Math.max(1, r.page_count);
+    fill(pageSel, Array.from({ length: pages }, (_, i) => h('option', { value: i + 1, selected: i + 1 === r.page ? true : null }, i + 1)));
+    fill(info, ` of ${pages} · `, r.filtered_count === r.total_count ? `${r.total_count} items` : `${r.filtered_count} of ${r.total_count} items match`);
+    fill(body, table(columns, r.items, empty, { ...sorting, sort: st.sort, reverse: st.reverse }));
+    return undefined;
+  }
+  return { el: h('div', {}, bar, body), refresh };
+}
 
 const PROPERTY_HELPERS = [['Properties', [
   ['content_type', 'content_type', 'String'], ['content_encoding', 'content_encoding', 'String'],
