@@ -116,6 +116,24 @@ def test_quorum_queue_max_length_dead_letter_and_delivery_limit_by_policy(cluste
             c.close()
 
 
+def test_quorum_queue_message_ttl_and_expires_by_policy(cluster):
+    conn = connect(cluster, 2)
+    try:
+        ctl(cluster, 0, "set_policy", "qt", "^qt\\.", '{"message-ttl":300}', "--apply-to", "queues")
+        conn.channel().queue_declare("qt.q", durable=True, arguments=QUORUM)
+        publish(conn, "qt.q", 3)
+        leader = cluster.names.index(info(cluster, "qt.q")["leader"])
+        assert info(cluster, "qt.q", leader)["messages"] == 3  # confirmed: on the leader (TTL 300 ms)
+        wait_until(lambda: ready_everywhere(cluster, "qt.q", 0), 10, "message-ttl on every member")
+        # expires set later on the queue that exists: it goes once unused that long
+        ctl(cluster, 1, "set_policy", "qt", "^qt\\.", '{"message-ttl":300,"expires":500}', "--apply-to", "queues")
+        wait_until(lambda: "qt.q" not in [q["name"] for q in cluster.api(0, "/api/queues/%2F")], 15,
+                   "the quorum queue expires")
+    finally:
+        conn.close()
+        ctl(cluster, 0, "clear_policy", "qt")
+
+
 def test_mirrored_queue_message_ttl_and_a_live_max_length_reach_the_mirrors(cluster):
     ctl(cluster, 0, "set_policy", "mt", "^mt\\.", '{"ha-mode":"all","ha-sync-mode":"automatic","message-ttl":300}',
         "--apply-to", "queues")
