@@ -447,8 +447,7 @@ def _limit_value(body: dict) -> int:
 
 def _check_limit_name(name: str, allowed: tuple[str, ...], kind: str) -> None:
     if name not in allowed:
-        raise bad_request(f"Unrecognised terms [{{<<\"{name}\">>,...}}] in {kind}-limits "
-                          f"(valid limits: {', '.join(allowed)})")
+        raise bad_request(f"'{name}' is not a {kind} limit (valid limits: {', '.join(allowed)})")
 
 
 @routes.get("/api/user-limits")
