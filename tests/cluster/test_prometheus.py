@@ -10,6 +10,8 @@ query (tests/fixtures/prometheus/grafana-dashboard-metrics.txt) has a series.
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
 import urllib.request
@@ -25,6 +27,7 @@ from tests.support.hutch_cluster import HutchCluster
 pytestmark = pytest.mark.timeout(300)
 QUORUM = {"x-queue-type": "quorum"}
 PER_NODE = 60  # messages each node's publisher sends
+QUEUES = ("prom.classic1", "prom.classic2", "prom.qq", "prom.mirrored")
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "prometheus" / "grafana-dashboard-metrics.txt"
 
 # (name, type, help) as rabbitmq_prometheus 3.10 exposes them
@@ -85,6 +88,15 @@ def cluster():
         yield c
 
 
+def put_policy(cluster: HutchCluster, name: str, body: dict) -> None:
+    req = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[0].mgmt_port}/api/policies/%2F/{name}",
+                                 data=json.dumps(body).encode(), method="PUT")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status in (201, 204)
+
+
 def connect(cluster: HutchCluster, i: int) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[i].amqp_port, heartbeat=0))
 
@@ -103,17 +115,23 @@ def publish_from(cluster: HutchCluster, i: int, count: int, errors: list) -> Non
 
 @pytest.fixture(scope="module")
 def loaded(cluster):
-    """A fanout to a classic queue on node 1, a classic queue on node 2 and a quorum queue of
-    three members; a scrape of every node before, then publishers on all three nodes at once
-    and a consumer on node 3 that reads the node-1 queue, then a scrape after."""
+    """A fanout to a classic queue on node 1, a classic queue on node 2, a quorum queue of
+    three members and a queue mirrored on every node; a scrape of every node before, then
+    publishers on all three nodes at once and a consumer on node 3 that reads the node-1
+    queue, then a scrape after."""
+    put_policy(cluster, "prom-ha", {"pattern": r"^prom\.mirrored$", "definition": {"ha-mode": "all"},
+                                    "apply-to": "queues"})
     c1, c2 = connect(cluster, 0), connect(cluster, 1)
     ch1, ch2 = c1.channel(), c2.channel()
     ch1.exchange_declare("fan.prom", "fanout", durable=True)
     ch1.queue_declare("prom.classic1", durable=True)
     ch2.queue_declare("prom.classic2", durable=True)
     ch1.queue_declare("prom.qq", durable=True, arguments=QUORUM)
-    for q in ("prom.classic1", "prom.classic2", "prom.qq"):
+    ch1.queue_declare("prom.mirrored", durable=True)
+    for q in QUEUES:
         ch1.queue_bind(q, "fan.prom")
+    wait_until(lambda: len(cluster.api(0, "/api/queues/%2F/prom.mirrored").get("synchronised_slave_nodes") or [])
+               == 2, 30, "the mirrors of prom.mirrored")
     c1.close()
     c2.close()
     before = [scrape(n.prometheus_port) for n in cluster.nodes]
@@ -196,7 +214,9 @@ def test_quorum_queue_publishes_are_counted_cluster_wide(cluster, loaded):
         stats = cluster.api(via, "/api/queues/%2F/prom.qq")["message_stats"]
         assert stats["publish"] == 3 * PER_NODE
         x = cluster.api(via, "/api/exchanges/%2F/fan.prom")["message_stats"]
-        assert (x["publish_in"], x["publish_out"]) == (3 * PER_NODE, 9 * PER_NODE)
+        assert (x["publish_in"], x["publish_out"]) == (3 * PER_NODE, 12 * PER_NODE)
+        mirrored = cluster.api(via, "/api/queues/%2F/prom.mirrored")["message_stats"]
+        assert mirrored["publish"] == 3 * PER_NODE
     remote = cluster.api(1, "/api/queues/%2F/prom.classic1")["message_stats"]
     assert (remote["deliver"], remote["ack"]) == (3 * PER_NODE, 3 * PER_NODE)
 
@@ -225,3 +245,15 @@ def test_every_dashboard_metric_has_a_series(cluster, loaded):
         present = sample_names(families)
         missing = [n for n in names if n not in present]
         assert not missing, missing
+
+
+def test_each_queue_is_reported_by_one_node(cluster, loaded):
+    """A queue's figures come from its home node (a quorum queue's leader), so summing the
+    nodes' series, as the dashboards do, counts every queue once."""
+    families = [scrape(n.prometheus_port) for n in cluster.nodes]
+    assert sum(f["rabbitmq_queues"].samples[0].value for f in families) == 4
+    ready = sum(f["rabbitmq_queue_messages_ready"].samples[0].value for f in families)
+    assert ready == 3 * 3 * PER_NODE  # prom.classic2, prom.qq, prom.mirrored; prom.classic1 was read empty
+    per_object = [scrape(n.prometheus_port, "/metrics/per-object") for n in cluster.nodes]
+    reported = [s.labels["queue"] for f in per_object for s in f["rabbitmq_queue_messages_ready"].samples]
+    assert sorted(reported) == sorted(QUEUES)

@@ -289,10 +289,21 @@ class Scrape:
         return rows
 
     # -- queues, channels, connections: (labels, {metric: value}) per object
-    def queue_rows(self, vhosts: set[str] | None) -> list[tuple[tuple[str, ...], dict[str, float]]]:
+    def is_home(self, q: Any) -> bool:
+        """The node that reports a queue's figures: a classic queue's own node, a quorum queue's
+        leader (as RabbitMQ, where the queue's process reports them), so that adding up the
+        nodes' series counts each queue once."""
+        if q.quorum:
+            return q.home_node == self.cfg.node_name
+        return not q.remote
+
+    def queue_rows(self, vhosts: set[str] | None, home_only: bool = True
+                   ) -> list[tuple[tuple[str, ...], dict[str, float]]]:
         rows = []
         for q in self.queues:
             if vhosts is not None and q.vhost not in vhosts:
+                continue
+            if home_only and not self.is_home(q):
                 continue
             st = q.state
             rows.append(((q.vhost, q.name), {
@@ -422,7 +433,7 @@ class CoreCollector(Collector):
                 self._emit(metrics, [], [((), _sum(rows))])
         elif group == "channel_queue_exchange_metrics":
             if per:
-                rows = sc.queue_rows(self.vhosts)
+                rows = sc.queue_rows(self.vhosts, home_only=False)  # counted where the channels are
                 yield from self._emit(metrics, ["queue_vhost", "queue"], rows)
             else:
                 published = sum(c[ms.PUBLISH] for c in sc.by_type.values())
@@ -463,7 +474,7 @@ class CoreCollector(Collector):
             "connections": len(sc.sessions),
             "channels": sum(len(s.channels) for s in sc.sessions),
             "consumers": sum(len(ch.consumers) for s in sc.sessions for ch in s.channels.values()),
-            "queues": len(sc.queues),
+            "queues": sum(1 for q in sc.queues if sc.is_home(q)),
         }
         yield from _emit_prefixed(PREFIX, TOTALS, [], [((), values)])
 
