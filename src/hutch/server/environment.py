@@ -38,7 +38,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "HUTCH_DATA_BASE": ("RABBITMQ_MNESIA_BASE", "parent of node data directories: data in BASE/NODENAME"),
     "HUTCH_DATA_DIR": ("RABBITMQ_MNESIA_DIR", "this node's data directory (wins over HUTCH_DATA_BASE)"),
     "HUTCH_LOG_BASE": ("RABBITMQ_LOG_BASE", "directory of the log file (default DATA_DIR/log)"),
-    "HUTCH_LOGS": ("RABBITMQ_LOGS", "the log file; '-' logs to standard output only"),
+    "HUTCH_LOGS": ("RABBITMQ_LOGS", "the log file's path; '-' logs to standard output only"),
     "HUTCH_LOG": ("RABBITMQ_LOG", "log level: debug, info, notice, warning, error, critical or none"),
     "HUTCH_CLUSTER_SECRET": ("RABBITMQ_ERLANG_COOKIE", "shared secret peers authenticate with"),
 }
@@ -115,7 +115,7 @@ def apply(cfg: Config, env: Environment) -> Config:
             cfg.log_settings["log.console"] = "true"
             cfg.log_settings["log.console.stdio"] = "stdout"
         else:
-            cfg.log_settings["log.file"] = v
+            cfg.log_settings["log.file"] = os.path.abspath(v)  # a path, from the working directory
     return cfg
 
 

@@ -158,10 +158,10 @@ def _handler(sink: Sink) -> logging.Handler:
         os.makedirs(os.path.dirname(os.path.abspath(sink.path)), exist_ok=True)
         if sink.rotation_size > 0:
             handler = logging.handlers.RotatingFileHandler(sink.path, maxBytes=sink.rotation_size,
-                                                           backupCount=sink.rotation_count)
+                                                           backupCount=sink.rotation_count, encoding="utf-8")
         else:
             # WatchedFileHandler: an external logrotate may move the file away
-            handler = logging.handlers.WatchedFileHandler(sink.path)
+            handler = logging.handlers.WatchedFileHandler(sink.path, encoding="utf-8")
     handler.setFormatter(JsonFormatter() if sink.formatter == "json" else PlainFormatter())
     handler.setLevel(LEVELS[sink.level])
     return handler
