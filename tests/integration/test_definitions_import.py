@@ -398,9 +398,23 @@ def test_load_definitions_at_boot(tmp_path):
         log = n.log()
         assert f"Importing definitions from file at '{path}'" in log
         assert "Importing 4 users..." in log and "Importing 6 queues..." in log
-        # imported again at the next boot (as RabbitMQ does), changing nothing
+        # imported again at the next boot (as RabbitMQ does): the non-durable queue is declared
+        # anew, and a durable queue keeps its messages
+        conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{n.amqp_port}/shop"))
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", "orders.eu", b"kept", pika.BasicProperties(delivery_mode=2))
+        finally:
+            conn.close()
         n.restart()
         assert get(n, "/api/definitions") == doc
+        assert get(n, "/api/queues/%2F/scratch")["durable"] is False
+        conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{n.amqp_port}/shop"))
+        try:
+            assert conn.channel().basic_get("orders.eu", auto_ack=True)[2] == b"kept"
+        finally:
+            conn.close()
         assert n.log().count(f"Importing definitions from file at '{path}'") == 2
     finally:
         n.cleanup()

@@ -31,6 +31,7 @@ import that left something out without saying so.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -127,6 +128,7 @@ async def load_at_boot(broker, path: str) -> None:
             raise BootImportError(f"definitions directory '{path}' holds no .json file")
     else:
         files = [p]
+    await _earlier_runs_gone(broker)
     for f in files:
         try:
             raw = f.read_bytes()
@@ -140,6 +142,22 @@ async def load_at_boot(broker, path: str) -> None:
             await import_document(broker, doc, source=f"file at '{f}'")
         except ApiError as e:
             raise BootImportError(f"definitions file '{f}' was not imported: {e.reason}") from None
+
+
+async def _earlier_runs_gone(broker) -> None:
+    """Wait (at most the metadata timeout) until the non-durable queues this node's earlier run
+    homed are deleted from the catalogue, as the node does when it starts: the file's own
+    non-durable queues are then declared anew, not taken for ones about to go."""
+    cl = broker.cluster
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + broker.config.metadata_timeout_ms / 1000
+
+    def stale() -> bool:
+        return any(rec.leader_node == cl.node and (not rec.durable or rec.exclusive_owner is not None)
+                   and rec.home_incarnation not in (0, cl.incarnation) for rec in cl.catalogue.queues.values())
+
+    while stale() and loop.time() < deadline:
+        await asyncio.sleep(0.01)
 
 
 def cluster_commands(broker, proposed: list[cat.Command]) -> tuple[list[cat.Command], list[str]]:
@@ -185,9 +203,11 @@ def cluster_commands(broker, proposed: list[cat.Command]) -> tuple[list[cat.Comm
         elif isinstance(cmd, cat.DeclareQueue):
             if scratch.queue(cmd.vhost, cmd.name) is not None:
                 continue
+            home = cl.choose_home(dict(cmd.arguments), False, cmd.vhost, cmd.name)
+            # a non-durable queue lives as long as its home node's run (as one a client declares)
             cmd = msgspec.structs.replace(
-                cmd, leader_node=cl.choose_home(dict(cmd.arguments), False, cmd.vhost, cmd.name),
-                journal_id=(cmd.journal_id or changes.new_journal_id()) if cmd.durable else 0)
+                cmd, leader_node=home, journal_id=(cmd.journal_id or changes.new_journal_id()) if cmd.durable else 0,
+                home_incarnation=cl.incarnation if home == cl.node and not cmd.durable else 0)
         take(cmd)
     return out, dangling
 
