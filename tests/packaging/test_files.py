@@ -105,6 +105,12 @@ def test_systemd_unit_is_a_notify_service():
         assert name in environment.VARIABLES or name in ("HOME", "PYTHONUNBUFFERED"), name
 
 
+def test_env_file_example_names_known_variables():
+    names = re.findall(r"^#?(HUTCH_[A-Z_]+)=", (PACKAGING / "hutch-env.conf.example").read_text(), re.M)
+    assert names and set(names) <= set(environment.VARIABLES)
+    assert "EnvironmentFile=-/etc/hutch/hutch-env.conf" in (PACKAGING / "hutch-server.service").read_text()
+
+
 def test_systemd_unit_passes_systemd_analyze(tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
