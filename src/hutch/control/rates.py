@@ -257,14 +257,13 @@ class Window:
         self.msg_rates = msg_rates
         self.lengths = lengths
 
-    @property
-    def samples_wanted(self) -> int:
-        """How many samples the histories need (2 gives a rate)."""
+    def samples_wanted(self, interval_ms: int) -> int:
+        """How many samples, taken every `interval_ms`, the histories need (2 give a rate)."""
         n = 2
         for w in (self.msg_rates, self.lengths):
             if w is not None:
-                n = max(n, w[0] // max(1, w[1]) + 2)
-        return n
+                n = max(n, w[0] * 1000 // max(1, interval_ms) + 2)
+        return min(n, SAMPLES_MAX)
 
 
 def _history(ring: list[tuple[int, tuple]], idx: int, age_s: int, incr_s: int, interval_ms: int) -> list[dict]:

@@ -43,7 +43,8 @@ def local_report(broker: Any, params: dict) -> list:
 
 async def cluster_figures(broker: Any, kinds: list[str], window: rates.Window) -> dict[tuple, tuple[list, list]]:
     """{key: (summed counters now, merged ring)} over this node and its running peers."""
-    reports = [local_report(broker, {"kinds": kinds, "n": window.samples_wanted})]
+    wanted = window.samples_wanted(rates.sampler_of(broker).interval_ms)
+    reports = [local_report(broker, {"kinds": kinds, "n": wanted})]
     cl = broker.cluster
     if cl is not None:
         peers = [p for p in cl.running_nodes() if p != cl.node]
@@ -51,7 +52,7 @@ async def cluster_figures(broker: Any, kinds: list[str], window: rates.Window) -
         async def ask(peer: str) -> list:
             with contextlib.suppress(Exception):
                 return await ops.call_peer(broker, peer, "list",
-                                           ["mstats", {"kinds": kinds, "n": window.samples_wanted}],
+                                           ["mstats", {"kinds": kinds, "n": wanted}],
                                            timeout_s=PEER_TIMEOUT_S)
             return []
         reports += await asyncio.gather(*(ask(p) for p in peers))
