@@ -54,8 +54,15 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def browser():
+def downloads(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(downloads):
     opts = Options()
+    opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                           "download.prompt_for_download": False})
     opts.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1280,900", "--force-device-scale-factor=1"):
@@ -568,3 +575,22 @@ def test_queue_list_filters_and_sorts_through_the_api(browser, cluster):
     wait(browser, lambda b: texts(b, "#queues a.queue-link") == ["ui.aa.first", "ui.zz.last"], "sorted by name")
     browser.find_element(By.CSS_SELECTOR, "#queues a.sort[data-sort=name]").click()
     wait(browser, lambda b: texts(b, "#queues a.queue-link") == ["ui.zz.last", "ui.aa.first"], "sorted by name, reversed")
+
+
+def test_definitions_download_and_upload(browser, cluster, downloads, tmp_path):
+    login(browser, cluster)
+    go(browser, cluster, "/")
+    visible(browser, "#export-definitions").click()
+    target = downloads / "hutch-definitions.json"
+    wait(browser, lambda b: target.exists() and target.stat().st_size > 0, "the definitions file downloaded")
+    exported = json.loads(target.read_text())
+    assert {"users", "vhosts", "permissions", "queues", "exchanges", "bindings", "policies"} <= set(exported)
+    assert "guest" in [u["name"] for u in exported["users"]]
+
+    doc = {"queues": [{"name": "ui.imported", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}]}
+    upload = tmp_path / "defs.json"
+    upload.write_text(json.dumps(doc))
+    browser.find_element(By.CSS_SELECTOR, "input[type=file][name=file]").send_keys(str(upload))
+    browser.find_element(By.ID, "import-definitions").click()
+    text_in(browser, "main", "Definitions imported.")
+    assert http(cluster, "GET", "/api/queues/%2F/ui.imported")[0] == 200
