@@ -67,11 +67,16 @@ def installed(venv: Path) -> dict[str, str]:
     return pkgs
 
 
-def _free_port() -> int:
-    sys.path.insert(0, str(ROOT))
-    from tests.support.brokers import free_port
+def _support():
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.support import brokers
 
-    return free_port()
+    return brokers
+
+
+def _free_port() -> int:
+    return _support().free_port()
 
 
 def run_node_and_check(venv: Path, workdir: Path, timeout_s: float = 30.0) -> str:
@@ -88,7 +93,8 @@ def run_node_and_check(venv: Path, workdir: Path, timeout_s: float = 30.0) -> st
         proc = subprocess.Popen([str(venv / "bin" / "hutch"), "server", "--node-name", "wheel@localhost",
                                  "--amqp-port", str(amqp), "--mgmt-port", str(mgmt), "--peer-port", str(peer),
                                  "--data-dir", str(data)], cwd=workdir, env=env, stdout=logf,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_support()._die_with_parent)
     try:
         deadline = time.monotonic() + timeout_s
         conn = None
