@@ -49,7 +49,8 @@ export function pagedList(id, path, columns, empty) {
     if (Array.isArray(r)) r = { items: r, page: 1, page_count: 1, filtered_count: r.length, total_count: r.length };
     const pages = Math.max(1, r.page_count);
     fill(pageSel, Array.from({ length: pages }, (_, i) => h('option', { value: i + 1, selected: i + 1 === r.page ? true : null }, i + 1)));
-    fill(info, ` of ${pages} · `, r.filtered_count === r.total_count ? `${r.total_count} items` : `${r.filtered_count} of ${r.total_count} items match`);
+    const items = (n) => `${n} ${n === 1 ? 'item' : 'items'}`;
+    fill(info, ` of ${pages} · `, r.filtered_count === r.total_count ? items(r.total_count) : `${r.filtered_count} of ${items(r.total_count)} match`);
     fill(body, table(columns, r.items, empty, { ...sorting, sort: st.sort, reverse: st.reverse }));
     return undefined;
   }
