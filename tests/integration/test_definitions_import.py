@@ -420,23 +420,26 @@ def test_load_definitions_at_boot(tmp_path):
         n.cleanup()
 
 
-@pytest.mark.parametrize("case", ["unsupported", "bad-json", "missing", "older-key"])
+@pytest.mark.parametrize("case", ["unsupported", "bad-json", "missing", "older-key", "newer-keys"])
 def test_a_bad_definitions_file_fails_the_boot(tmp_path, case):
     path = tmp_path / "defs.json"
-    key = "load_definitions"
-    if case in ("unsupported", "older-key"):
+    line = f"load_definitions = {path}"
+    if case in ("unsupported", "older-key", "newer-keys"):
         path.write_text(CTL_EXPORT.read_text())
-        key = "management.load_definitions" if case == "older-key" else key
     elif case == "bad-json":
         path.write_text('{"queues": [')
-    n = booting(tmp_path, f"{key} = {path}")
+    if case == "older-key":
+        line = f"management.load_definitions = {path}"
+    elif case == "newer-keys":
+        line = f"definitions.import_backend = local_filesystem\ndefinitions.local.path = {path}"
+    n = booting(tmp_path, line)
     try:
         n.start(wait=False)
         wait_until(lambda: n.proc.poll() is not None, 30, "the node to exit")
         assert n.proc.returncode != 0
         log = n.log()
         assert "boot failed: definitions could not be imported" in log
-        if case in ("unsupported", "older-key"):
+        if case in ("unsupported", "older-key", "newer-keys"):
             assert f"definitions file '{path}' was not imported" in log
             assert "queue 'events-log' in vhost 'shop': queue type 'stream' is not supported" in log
         elif case == "bad-json":

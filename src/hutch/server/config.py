@@ -26,7 +26,8 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     prometheus.tcp.port = 15692 (0: none)   prometheus.tcp.ip = 127.0.0.1
     collect_statistics_interval = 5000 (ms between message rate samples)
     load_definitions = /etc/hutch/definitions.json (a file, or a directory of .json files, imported at
-        every boot; management.load_definitions is the older name)
+        every boot; management.load_definitions is the older name; definitions.import_backend =
+        local_filesystem with definitions.local.path = FILE the newer form)
 
 Lines are read as RabbitMQ's configuration parser (cuttlefish) reads them: `#` starts a comment
 wherever it appears outside single quotes, so `default_pass = pa#ss` sets `pa`; a value in single
@@ -372,8 +373,11 @@ def _apply(cfg: Config, key: str, value: str) -> None:
     elif key.startswith("cluster_formation.classic_config.nodes."):
         if value not in cfg.cluster_nodes:
             cfg.cluster_nodes.append(value)
-    elif key in ("load_definitions", "management.load_definitions"):
+    elif key in ("load_definitions", "management.load_definitions", "definitions.local.path"):
         cfg.load_definitions = value
+    elif key == "definitions.import_backend":
+        if value not in ("local_filesystem", "rabbit_definitions_import_local_filesystem"):
+            raise ValueError("only local_filesystem is supported (definitions.local.path = FILE)")
     elif key == "metadata_store.timeout":
         cfg.metadata_timeout_ms = int(value)
     elif key == "log" or key.startswith("log."):
