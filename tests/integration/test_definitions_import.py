@@ -448,3 +448,33 @@ def test_a_bad_definitions_file_fails_the_boot(tmp_path, case):
             assert f"could not read definitions file '{path}'" in log
     finally:
         n.cleanup()
+
+
+# ---- runtime parameters over HTTP ----------------------------------------------------------------
+
+
+def test_global_and_vhost_runtime_parameters_over_http(node):
+    url = node.mgmt_url
+    assert call(url, "PUT", "/api/global-parameters/owner", {"value": {"team": "ops"}})[0] == 201
+    assert get(node, "/api/global-parameters/owner") == {"name": "owner", "value": {"team": "ops"}}
+    assert call(url, "PUT", "/api/global-parameters/owner", {"value": "ops"})[0] == 204
+    assert call(url, "PUT", "/api/global-parameters/owner", {})[0] == 400
+    # the cluster's own bookkeeping is neither listed nor writable
+    names = {p["name"] for p in get(node, "/api/global-parameters")}
+    assert "owner" in names and "cluster_name" in names and not any(n.startswith("hutch_") for n in names)
+    assert call(url, "PUT", "/api/global-parameters/hutch_initialised", {"value": False})[0] == 400
+    assert call(url, "DELETE", "/api/global-parameters/owner")[0] == 204
+    assert call(url, "GET", "/api/global-parameters/owner")[0] == 404
+    assert call(url, "DELETE", "/api/global-parameters/owner")[0] == 404
+
+    assert call(url, "PUT", "/api/vhosts/rp", {})[0] == 201
+    assert call(url, "PUT", "/api/vhost-limits/rp/max-queues", {"value": 7})[0] == 204
+    expected = {"value": {"max-queues": 7}, "vhost": "rp", "component": "vhost-limits", "name": "limits"}
+    assert expected in get(node, "/api/parameters")
+    assert get(node, "/api/parameters/vhost-limits/rp") == [expected]
+    assert get(node, "/api/parameters/vhost-limits/rp/limits") == expected
+    assert call(url, "GET", "/api/parameters/vhost-limits/rp/other")[0] == 404
+    assert call(url, "GET", "/api/parameters/vhost-limits/nope")[0] == 404
+    # non-administrators may not read them
+    assert call(url, "PUT", "/api/users/rp-mon", {"password": "pw", "tags": "monitoring"})[0] == 201
+    assert call(url, "GET", "/api/global-parameters", user="rp-mon", password="pw")[0] == 401
