@@ -478,3 +478,37 @@ def test_global_and_vhost_runtime_parameters_over_http(node):
     # non-administrators may not read them
     assert call(url, "PUT", "/api/users/rp-mon", {"password": "pw", "tags": "monitoring"})[0] == 201
     assert call(url, "GET", "/api/global-parameters", user="rp-mon", password="pw")[0] == 401
+
+
+def test_load_definitions_on_every_node_of_a_cluster(tmp_path):
+    """Each node imports the file at its boot; the cluster ends with one copy of everything, a
+    working quorum queue, and a node that restarts imports it again without changing anything."""
+    from tests.support.hutch_cluster import HutchCluster
+
+    doc = load(CTL_EXPORT)
+    doc["queues"] = [x for x in doc["queues"] if x["arguments"].get("x-queue-type") != "stream"]
+    doc["parameters"] = [p for p in doc["parameters"] if p["component"] != "federation-upstream"]
+    doc["bindings"] = [b for b in doc["bindings"] if b["destination"] not in ("events-log", "internal-fan")]
+    path = tmp_path / "defs.json"
+    path.write_text(json.dumps(doc))
+    conf = tmp_path / "hutch.conf"
+    conf.write_text(f"load_definitions = {path}\n")
+    with HutchCluster(3, extra_args=["--config", str(conf)]) as cluster:
+        exports = [get(n, "/api/definitions") for n in cluster.nodes]
+        assert exports[1] == exports[0] and exports[2] == exports[0]
+        assert {q["name"] for q in exports[0]["queues"]} == {x["name"] for x in doc["queues"]}
+        for n in cluster.nodes:
+            assert f"Importing definitions from file at '{path}'" in n.log()
+        conn = pika.BlockingConnection(pika.URLParameters(
+            f"amqp://guest:guest@127.0.0.1:{cluster.nodes[2].amqp_port}/shop"))
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("events", "orders.1", b"one")
+            assert ch.basic_get("orders", auto_ack=True)[2] == b"one"
+        finally:
+            conn.close()
+        cluster.stop(1)
+        cluster.start(1)
+        assert cluster.nodes[1].log().count(f"Importing definitions from file at '{path}'") == 2
+        assert get(cluster.nodes[1], "/api/definitions") == exports[0]
