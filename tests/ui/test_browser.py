@@ -594,3 +594,37 @@ def test_definitions_download_and_upload(browser, cluster, downloads, tmp_path):
     browser.find_element(By.ID, "import-definitions").click()
     text_in(browser, "main", "Definitions imported.")
     assert http(cluster, "GET", "/api/queues/%2F/ui.imported")[0] == 200
+
+
+def test_a_policy_is_edited_and_deleted_from_the_list(browser, cluster):
+    assert http(cluster, "PUT", "/api/policies/%2F/ui-edit",
+                {"pattern": "^ui-edit$", "apply-to": "queues", "priority": 3, "definition": {"max-length": 5}})[0] in (201, 204)
+    login(browser, cluster)
+    go(browser, cluster, "/policies")
+    wait(browser, lambda b: "ui-edit" in texts(b, "#policy-list td.name"), "ui-edit listed")
+
+    def click_in_row(label: str) -> None:
+        for row in browser.find_elements(By.CSS_SELECTOR, "#policy-list tbody tr"):
+            if row.find_element(By.CSS_SELECTOR, "td.name").text == "ui-edit":
+                row.find_element(By.XPATH, f".//button[text()='{label}']").click()
+                return
+        raise AssertionError("ui-edit not listed")
+    click_in_row("Edit")
+    form = browser.find_element(By.CSS_SELECTOR, "form#add-policy")
+    assert [form_field(form, n).get_attribute("value") for n in ("name", "pattern", "apply-to", "priority")] == \
+        ["ui-edit", "^ui-edit$", "queues", "3"]
+    first = form.find_elements(By.CSS_SELECTOR, ".kv tr")[0]
+    assert first.find_element(By.CSS_SELECTOR, ".kv-key").get_attribute("value") == "max-length"
+    assert Select(first.find_element(By.CSS_SELECTOR, ".kv-type")).first_selected_option.text == "Number"
+    value = first.find_element(By.CSS_SELECTOR, ".kv-value")
+    value.clear()
+    value.send_keys("7")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Policy set.")
+    assert http(cluster, "GET", "/api/policies/%2F/ui-edit")[1]["definition"] == {"max-length": 7}
+
+    click_in_row("Delete")
+    accept_confirm(browser)
+    text_in(browser, "main", "Deleted policy ui-edit.")
+    assert http(cluster, "GET", "/api/policies/%2F/ui-edit")[0] == 404
+    wait(browser, lambda b: "ui-edit" not in texts(b, "#policy-list td.name"), "ui-edit gone from the list")

@@ -178,22 +178,18 @@ const OPERATOR_HELPERS = [
   ]],
 ];
 
-function policySection(kind, base, helpers, rows, onChange) {
+// One kind of policy (user or operator): its list, messages and add / update form, built
+// once; a refresh redraws only the list. **Edit** loads a policy into the form.
+function policyEditor(kind, base, helpers, onChange) {
   const id = kind === 'policy' ? 'policy' : 'operator-policy';
+  const noun = kind === 'policy' ? 'policy' : 'operator policy';
+  const listBox = h('div', { id: `${id}-list` });
   const out = h('div');
   const addOut = h('div');
   const def = kvEditor(`${id}-definition`, helpers);
-  const list = table([
-    ['Virtual host', (p) => p.vhost], ['Name', (p) => p.name, 'name'], ['Pattern', (p) => p.pattern],
-    ['Apply to', (p) => p['apply-to']], ['Definition', (p) => h('code', {}, JSON.stringify(p.definition))],
-    ['Priority', (p) => p.priority, 'n'],
-    ['', (p) => h('button', { type: 'button', class: 'small danger', onclick: () => {
-      if (!window.confirm(`Delete ${kind === 'policy' ? 'policy' : 'operator policy'} ${p.name}?`)) return;
-      run(out, () => api.del(`${base}/${api.enc(p.vhost)}/${api.enc(p.name)}`), 'Deleted.').then(onChange);
-    } }, 'Delete')],
-  ], rows);
   const form = h('form', { id: `add-${id}`, class: 'policy-form' });
-  const build = async () => {
+
+  async function build() {
     form.onsubmit = (ev) => {
       ev.preventDefault();
       run(addOut, () => api.put(`${base}/${api.enc(val(form, 'vhost'))}/${api.enc(val(form, 'name'))}`, {
@@ -210,9 +206,32 @@ function policySection(kind, base, helpers, rows, onChange) {
       row('Priority:', h('input', { type: 'number', name: 'priority', value: '0' })),
       row('Definition:', def.el)),
     h('button', { type: 'submit' }, kind === 'policy' ? 'Add / update policy' : 'Add / update operator policy'));
-  };
-  const title = kind === 'policy' ? 'User policies' : 'Operator policies';
-  return { list: h('div', { id: `${id}-list` }, list, out), form, addOut, build, title };
+  }
+
+  function edit(p) {
+    for (const [name, value] of [['vhost', p.vhost], ['name', p.name], ['pattern', p.pattern],
+      ['apply-to', p['apply-to']], ['priority', String(p.priority ?? 0)]]) {
+      const el = form.elements.namedItem(name);
+      if (el) el.value = value;
+    }
+    def.load(p.definition || {});
+    fill(addOut);
+    form.scrollIntoView();
+  }
+
+  function show(rows) {
+    fill(listBox, table([
+      ['Virtual host', (p) => p.vhost], ['Name', (p) => p.name, 'name'], ['Pattern', (p) => p.pattern],
+      ['Apply to', (p) => p['apply-to']], ['Definition', (p) => h('code', {}, JSON.stringify(p.definition))],
+      ['Priority', (p) => p.priority, 'n'],
+      ['', (p) => [h('button', { type: 'button', class: 'small', onclick: () => edit(p) }, 'Edit'), ' ',
+        h('button', { type: 'button', class: 'small danger', onclick: () => {
+          if (!window.confirm(`Delete ${noun} ${p.name}?`)) return;
+          run(out, () => api.del(`${base}/${api.enc(p.vhost)}/${api.enc(p.name)}`), `Deleted ${noun} ${p.name}.`).then(onChange);
+        } }, 'Delete')]],
+    ], rows));
+  }
+  return { list: h('div', {}, listBox, out), form, addOut, build, show };
 }
 
 export function policies() {
@@ -221,25 +240,29 @@ export function policies() {
     const operator = h('div');
     const forms = h('div');
     const el = adminFrame('policies', h('h1', {}, 'Policies'), user, operator, forms);
+    const userEd = policyEditor('policy', '/api/policies', POLICY_HELPERS, () => refresh());
+    let opEd = null;
     let built = false;
     async function refresh() {
-      const ps = await api.get('/api/policies');
-      const userPart = policySection('policy', '/api/policies', POLICY_HELPERS, ps, refresh);
-      fill(user, section(userPart.title, userPart.list));
-      let opPart = null;
+      userEd.show(await api.get('/api/policies'));
+      if (!built) fill(user, section('User policies', userEd.list));
+      let ops = null;
       if (api.hasTag('administrator')) {
-        const ops = await api.optional('/api/operator-policies');
+        ops = await api.optional('/api/operator-policies');
         if (ops === null) fill(operator, section('Operator policies', h('p', { class: 'dim' }, 'This node does not serve operator policies.')));
         else {
-          opPart = policySection('operator', '/api/operator-policies', OPERATOR_HELPERS, ops, refresh);
-          fill(operator, section(opPart.title, opPart.list));
+          if (!opEd) {
+            opEd = policyEditor('operator', '/api/operator-policies', OPERATOR_HELPERS, () => refresh());
+            fill(operator, section('Operator policies', opEd.list));
+          }
+          opEd.show(ops);
         }
       }
       if (!built) {
         built = true;
-        await userPart.build();
-        const parts = [section('Add / update a policy', userPart.form, userPart.addOut)];
-        if (opPart) { await opPart.build(); parts.push(section('Add / update an operator policy', opPart.form, opPart.addOut)); }
+        await userEd.build();
+        const parts = [section('Add / update a policy', userEd.form, userEd.addOut)];
+        if (opEd) { await opEd.build(); parts.push(section('Add / update an operator policy', opEd.form, opEd.addOut)); }
         fill(forms, parts);
       }
     }

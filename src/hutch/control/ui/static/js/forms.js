@@ -60,6 +60,21 @@ export function kvEditor(name, helpers = []) {
 
   function clear() { rows.replaceChildren(); addRow(); }
 
+  // Show an object's keys and values (a policy being edited), each with its type.
+  function load(obj) {
+    rows.replaceChildren();
+    for (const [k, v] of Object.entries(obj)) {
+      let type = 'String';
+      let text = String(v);
+      if (typeof v === 'number') type = 'Number';
+      else if (typeof v === 'boolean') type = 'Boolean';
+      else if (Array.isArray(v)) { type = 'List'; text = v.join(', '); }
+      else if (v !== null && typeof v === 'object') text = JSON.stringify(v);
+      addRow(k, text, type);
+    }
+    addRow();
+  }
+
   addRow();
   if (helpers.length) {
     el.append(h('div', { class: 'helpers' }, helpers.map((group) => h('div', {},
@@ -70,7 +85,7 @@ export function kvEditor(name, helpers = []) {
       }, label), ' ']),
     ))));
   }
-  return { el, value, setKey, clear };
+  return { el, value, setKey, clear, load };
 }
 
 // Run an API change from a form: shows "done" or the refusal's reason in `out`.
