@@ -61,6 +61,14 @@ def test_a_part_of_an_item_is_left_out_and_named_the_rest_imported():
     assert p.unsupported == ["vhost 'v': default queue type 'stream' is not supported"]
 
 
+def test_a_limit_hutch_does_not_enforce_is_left_out_of_its_user_by_name():
+    p = defs.plan({"users": [{"name": "u", "password_hash": "h", "limits": {"max-connections": 3, "max-bogus": 1}}],
+                   "permissions": [{"user": "u", "vhost": "/", "configure": "", "write": "", "read": ""}]})
+    assert p.commands == [cat.PutUser("u", "h", ()), cat.SetUserLimits("u", {"max-connections": 3}),
+                          cat.SetPermissions("u", "/", "", "", "")]
+    assert p.unsupported == ["user 'u': user limit 'max-bogus' is not supported (only max-channels, max-connections)"]
+
+
 def test_malformed_items_are_listed_and_documents_that_are_not_definitions_raise():
     p = defs.plan({"queues": [{"vhost": "/"}, "q", {"name": "ok", "vhost": "/", "durable": "yes"}]})
     assert p.malformed == ["queue '?' in vhost '/': 'name' is missing",

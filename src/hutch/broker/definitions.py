@@ -161,30 +161,36 @@ def _limit_names(limits: dict) -> str:
 
 # ---- planners, one per kind ------------------------------------------------------------------
 
-# Hooks for what the catalogue may keep: a planner for user limits ({"max-connections": 10}
-# inside a user) and for vhost limits (inside a vhost, or the vhost-limits parameter). None:
-# hutch keeps no such limits, and a document that sets them is refused by name.
-def _checked_limits(limits: dict, allowed: tuple[str, ...], kind: str) -> dict[str, int]:
-    for k, v in limits.items():
-        if k not in allowed:
-            raise Unsupported(f"{kind} limit '{k}' is not supported (only {', '.join(allowed)})")
+def _checked_limits(limits: dict, allowed: tuple[str, ...], kind: str, ctx: Context) -> dict[str, int]:
+    """The limits hutch enforces, sorted; a limit it does not know is left out of the item and
+    named (the rest of the user or vhost is imported)."""
+    out: dict[str, int] = {}
+    for k, v in sorted(limits.items()):
         if not isinstance(v, int) or isinstance(v, bool):
             raise Malformed(f"{kind} limit '{k}' must be an integer, got {v!r}")
-    return dict(sorted(limits.items()))
+        if k not in allowed:
+            ctx.leave_out(f"{kind} limit '{k}' is not supported (only {', '.join(allowed)})")
+            continue
+        out[k] = v
+    return out
 
 
-def _user_limits(user: str, limits: dict) -> list[cat.Command]:
-    return [cat.SetUserLimits(user, _checked_limits(limits, ("max-channels", "max-connections"), "user"))]
+def _user_limits(user: str, limits: dict, ctx: Context) -> list[cat.Command]:
+    kept = _checked_limits(limits, ("max-channels", "max-connections"), "user", ctx)
+    return [cat.SetUserLimits(user, kept)] if kept else []
 
 
-def _vhost_limits(vhost: str, limits: dict) -> list[cat.Command]:
+def _vhost_limits(vhost: str, limits: dict, ctx: Context) -> list[cat.Command]:
     """As RabbitMQ keeps them: the runtime parameter vhost-limits/limits."""
-    return [cat.SetParameter(cat.VHOST_LIMITS, vhost, "limits",
-                             _checked_limits(limits, ("max-connections", "max-queues"), "vhost"))]
+    kept = _checked_limits(limits, ("max-connections", "max-queues"), "vhost", ctx)
+    return [cat.SetParameter(cat.VHOST_LIMITS, vhost, "limits", kept)] if kept else []
 
 
-USER_LIMITS: Callable[[str, dict], list[cat.Command]] | None = _user_limits
-VHOST_LIMITS: Callable[[str, dict], list[cat.Command]] | None = _vhost_limits
+# Planners for limits: a user's ({"max-connections": 10} inside a user) and a vhost's (inside a
+# vhost, or the vhost-limits parameter). None: hutch keeps no such limits, and a document that
+# sets them is refused by name.
+USER_LIMITS: Callable[[str, dict, Context], list[cat.Command]] | None = _user_limits
+VHOST_LIMITS: Callable[[str, dict, Context], list[cat.Command]] | None = _vhost_limits
 
 
 def _plan_vhost(v: dict, ctx: Context) -> list[cat.Command]:
@@ -211,7 +217,7 @@ def _plan_vhost(v: dict, ctx: Context) -> list[cat.Command]:
         if VHOST_LIMITS is None:
             ctx.leave_out(f"vhost limits are not supported ({_limit_names(limits)})")
         else:
-            out += VHOST_LIMITS(name, limits)
+            out += VHOST_LIMITS(name, limits, ctx)
     return out
 
 
@@ -236,7 +242,7 @@ def _plan_user(u: dict, ctx: Context) -> list[cat.Command]:
         if USER_LIMITS is None:
             ctx.leave_out(f"user limits are not supported ({_limit_names(limits)})")
         else:
-            out += USER_LIMITS(name, limits)
+            out += USER_LIMITS(name, limits, ctx)
     return out
 
 
@@ -293,7 +299,7 @@ def _component_vhost_limits(vhost: str, name: str, value: Any, ctx: Context) -> 
         raise Malformed(f"the value must be an object, got {value!r}")
     if VHOST_LIMITS is None:
         raise Unsupported(f"vhost limits are not supported ({_limit_names(limits)})")
-    return VHOST_LIMITS(vhost, limits)
+    return VHOST_LIMITS(vhost, limits, ctx)
 
 
 # Runtime parameter components hutch understands: component -> planner(vhost, name, value, ctx).
