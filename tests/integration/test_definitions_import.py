@@ -512,3 +512,24 @@ def test_load_definitions_on_every_node_of_a_cluster(tmp_path):
         cluster.start(1)
         assert cluster.nodes[1].log().count(f"Importing definitions from file at '{path}'") == 2
         assert get(cluster.nodes[1], "/api/definitions") == exports[0]
+
+
+def test_load_definitions_from_a_directory_imports_its_files_in_name_order(tmp_path):
+    d = tmp_path / "defs.d"
+    d.mkdir()
+    guest = [u for u in load(CTL_EXPORT)["users"] if u["name"] == "guest"]
+    (d / "10-vhost.json").write_text(json.dumps({
+        "users": guest, "vhosts": [{"name": "dir-vh", "metadata": {"description": "first file"}}],
+        "permissions": [{"user": "guest", "vhost": "dir-vh", "configure": ".*", "write": ".*", "read": ".*"}]}))
+    (d / "20-queue.json").write_text(json.dumps({"queues": [{"name": "dq", "vhost": "dir-vh", "durable": True}]}))
+    (d / "notes.txt").write_text("not a definitions file")
+    n = booting(tmp_path, f"load_definitions = {d}")
+    try:
+        n.start()
+        assert get(n, "/api/vhosts/dir-vh")["description"] == "first file"
+        assert get(n, "/api/queues/dir-vh/dq")["durable"] is True
+        log = n.log()
+        assert log.index(f"file at '{d / '10-vhost.json'}'") < log.index(f"file at '{d / '20-queue.json'}'")
+        assert "notes.txt" not in log
+    finally:
+        n.cleanup()
