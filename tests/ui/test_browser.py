@@ -180,6 +180,7 @@ def test_ui_is_served_at_root_and_api_404s_stay_json(cluster):
     with urllib.request.urlopen(base(cluster) + "/", timeout=10) as resp:
         assert resp.status == 200
         assert resp.headers.get_content_type() == "text/html"
+        assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
         page = resp.read().decode()
     assert 'src="ui/js/app.js"' in page and "cdn" not in page.lower()
     with urllib.request.urlopen(base(cluster) + "/ui/js/app.js", timeout=10) as resp:
@@ -543,9 +544,10 @@ def test_virtual_hosts_and_limits(browser, cluster):
         Select(form_field(form, "limit")).select_by_value("max-queues")
         form_field(form, "value").send_keys("10")
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        text_in(browser, "main", "max-queues")
+        text_in(browser, "main", "Limit set.")
         status, limits = http(cluster, "GET", "/api/vhost-limits/ui-vh")
         assert status == 200 and limits[0]["value"] == {"max-queues": 10}
+        wait(browser, lambda b: texts(b, "#vhost-limits tbody td") [:3] == ["ui-vh", "max-queues", "10"], "the limit listed")
 
     go(browser, cluster, "/vhosts")
     wait(browser, lambda b: "ui-vh" in texts(b, "#vhosts td.name"), "ui-vh listed")

@@ -272,28 +272,38 @@ export function policies() {
 
 // ------------------------------------------------------------------------------------ limits
 
-function limitsPart(kind, rows, onChange) {
+// One kind of limit (per virtual host or per user): the list, a set form and its answer,
+// built once; a change redraws only the list.
+function limitsPart(kind) {
   const isVhost = kind === 'vhost';
   const base = isVhost ? '/api/vhost-limits' : '/api/user-limits';
   const owner = isVhost ? 'vhost' : 'user';
+  const listBox = h('div', { id: `${kind}-limits` });
   const out = h('div');
-  const flat = [];
-  for (const r of rows) for (const [k, v] of Object.entries(r.value || {})) flat.push({ owner: r[owner], key: k, value: v });
-  const list = table([
-    [isVhost ? 'Virtual host' : 'User', (r) => r.owner], ['Limit', (r) => r.key], ['Value', (r) => num(r.value), 'n'],
-    ['', (r) => h('button', { type: 'button', class: 'small', onclick: () =>
-      run(out, () => api.del(`${base}/${api.enc(r.owner)}/${api.enc(r.key)}`), 'Limit cleared.').then(onChange) }, 'Clear')],
-  ], flat);
   const form = h('form', { id: `set-${kind}-limit`, class: 'inline' });
+
+  async function show() {
+    const rows = await api.optional(base);
+    if (rows === null) return false;
+    const flat = [];
+    for (const r of rows) for (const [k, v] of Object.entries(r.value || {})) flat.push({ owner: r[owner], key: k, value: v });
+    fill(listBox, table([
+      [isVhost ? 'Virtual host' : 'User', (r) => r.owner, 'name'], ['Limit', (r) => r.key], ['Value', (r) => num(r.value), 'n'],
+      ['', (r) => h('button', { type: 'button', class: 'small', onclick: () =>
+        run(out, () => api.del(`${base}/${api.enc(r.owner)}/${api.enc(r.key)}`), 'Limit cleared.').then(show) }, 'Clear')],
+    ], flat));
+    return true;
+  }
+
   form.onsubmit = (ev) => {
     ev.preventDefault();
     run(out, () => api.put(`${base}/${api.enc(val(form, 'owner'))}/${api.enc(val(form, 'limit'))}`, { value: Number(val(form, 'value')) }),
-      'Limit set.').then(onChange);
+      'Limit set.').then(show);
   };
   fill(form, h('label', {}, isVhost ? 'Virtual host ' : 'User ', h('input', { type: 'text', name: 'owner', size: 12 })), ' ',
     h('label', {}, 'Limit ', select('limit', isVhost ? ['max-connections', 'max-queues'] : ['max-connections', 'max-channels'], 'max-connections')), ' ',
     h('label', {}, 'Value ', h('input', { type: 'number', name: 'value', size: 6 })), ' ', h('button', { type: 'submit' }, 'Set / update limit'));
-  return [list, form, out];
+  return { el: h('div', {}, listBox, form, out), show };
 }
 
 export function limits() {
@@ -301,16 +311,14 @@ export function limits() {
     const vh = h('div');
     const us = h('div');
     const el = adminFrame('limits', h('h1', {}, 'Limits'), vh, us);
+    const parts = [[vh, limitsPart('vhost'), 'Virtual host limits', 'virtual host limits'], [us, limitsPart('user'), 'User limits', 'user limits']];
     let shown = false;
     async function refresh() {
-      if (shown) return; // the forms stay as typed; a change redraws through onChange
+      for (const [box, part, title, what] of parts) {
+        const served = await part.show();
+        if (!shown) fill(box, section(title, served ? part.el : h('p', { class: 'dim' }, `This node does not serve ${what}.`)));
+      }
       shown = true;
-      await redraw();
-    }
-    async function redraw() {
-      const [v, u] = await Promise.all([api.optional('/api/vhost-limits'), api.optional('/api/user-limits')]);
-      fill(vh, section('Virtual host limits', v === null ? h('p', { class: 'dim' }, 'This node does not serve virtual host limits.') : limitsPart('vhost', v, redraw)));
-      fill(us, section('User limits', u === null ? h('p', { class: 'dim' }, 'This node does not serve user limits.') : limitsPart('user', u, redraw)));
     }
     return { el, refresh };
   });
