@@ -630,3 +630,20 @@ def test_a_policy_is_edited_and_deleted_from_the_list(browser, cluster):
     text_in(browser, "main", "Deleted policy ui-edit.")
     assert http(cluster, "GET", "/api/policies/%2F/ui-edit")[0] == 404
     wait(browser, lambda b: "ui-edit" not in texts(b, "#policy-list td.name"), "ui-edit gone from the list")
+
+
+def test_a_stopped_node_is_shown_not_running(browser, cluster):
+    """Last in the module: it stops a node of the shared cluster."""
+    login(browser, cluster)
+    go(browser, cluster, "/")
+    wait(browser, lambda b: texts(b, "#nodes tbody tr td:nth-child(8)") == ["running"] * 3, "three running nodes")
+    cluster.stop(2)
+    down = cluster.names[2]
+
+    def shown_down(b) -> bool:
+        rows = b.execute_script("return [...document.querySelectorAll('#nodes tbody tr')]"
+                                ".map(r => [r.cells[0].textContent, r.cells[7].textContent])")
+        return sorted(rows) == sorted([[n, "running"] for n in cluster.names[:2]] + [[down, "not running"]])
+    wait(browser, shown_down, f"{down} shown as not running", timeout_s=60)
+    colour = browser.execute_script("return getComputedStyle(document.querySelector('#nodes .status.red')).color")
+    assert colour == "rgb(192, 57, 43)"  # --red
