@@ -252,6 +252,7 @@ def test_each_queue_is_reported_by_one_node(cluster, loaded):
     nodes' series, as the dashboards do, counts every queue once."""
     families = [scrape(n.prometheus_port) for n in cluster.nodes]
     assert sum(f["rabbitmq_queues"].samples[0].value for f in families) == 4
+    assert sum(f["rabbitmq_queues_created"].samples[0].value for f in families) == 4
     ready = sum(f["rabbitmq_queue_messages_ready"].samples[0].value for f in families)
     assert ready == 3 * 3 * PER_NODE  # prom.classic2, prom.qq, prom.mirrored; prom.classic1 was read empty
     per_object = [scrape(n.prometheus_port, "/metrics/per-object") for n in cluster.nodes]

@@ -79,8 +79,9 @@ class Sampler:
         # queue types' counters of queues deleted since (Prometheus counters must not go down)
         self.gone_by_type: dict[str, list[int]] = {}
         self._last_queue: dict[tuple, tuple[str, list[int]]] = {}
-        self.queues_seen = 0  # queues that appeared, and disappeared, between two looks (churn)
+        self.queues_seen = 0  # queues homed here that appeared, and disappeared, between two looks
         self.queues_gone = 0
+        self._homed: set[tuple] = set()
 
     def stamp(self, now_s: float | None = None) -> int:
         now_ms = int((time.time() if now_s is None else now_s) * 1000)
@@ -107,23 +108,30 @@ class Sampler:
         those of queues gone since (as last seen)."""
         out = {t: list(c) for t, c in self.gone_by_type.items()}
         now: dict[tuple, tuple[str, list[int]]] = {}
+        node = broker.config.node_name
+        homed: set[tuple] = set()  # created here: counted in queues_created/deleted by this node only
         for vname, v in broker.vhosts.items():
             for q in v.queues.values():
                 kind = "quorum" if q.quorum else "classic"
-                now[(vname, q.name, id(q))] = (kind, q.mstats)
+                key = (vname, q.name, id(q))
+                now[key] = (kind, q.mstats)
+                if (getattr(q, "declared_leader", None) == node) if q.quorum else not q.remote:
+                    homed.add(key)
                 acc = out.setdefault(kind, msgstats.new())
                 for i, n in enumerate(q.mstats):
                     acc[i] += n
-        self.queues_seen += sum(1 for key in now if key not in self._last_queue)
+        self.queues_seen += sum(1 for key in homed if key not in self._last_queue)
         for key, (kind, counts) in self._last_queue.items():
             if key not in now:
-                self.queues_gone += 1
+                if key in self._homed:
+                    self.queues_gone += 1
                 gone = self.gone_by_type.setdefault(kind, msgstats.new())
                 acc = out.setdefault(kind, msgstats.new())
                 for i, n in enumerate(counts):
                     gone[i] += n
                     acc[i] += n
         self._last_queue = {k: (kind, list(c)) for k, (kind, c) in now.items()}
+        self._homed = homed
         return out
 
     # ------------------------------------------------------------ reading

@@ -114,7 +114,9 @@ class AMQPProtocol(asyncio.Protocol):
         t = self.transport
         if t is not None and not t.is_closing():
             # one contiguous buffer: far cheaper than handing the transport thousands of pieces
-            t.write(b"".join(chunks))
+            data = b"".join(chunks)
+            self.session.send_oct += len(data)  # the management API's send_oct
+            t.write(data)
 
     def close_after_flush(self) -> None:
         t = self.transport
