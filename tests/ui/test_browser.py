@@ -632,6 +632,49 @@ def test_a_policy_is_edited_and_deleted_from_the_list(browser, cluster):
     wait(browser, lambda b: "ui-edit" not in texts(b, "#policy-list td.name"), "ui-edit gone from the list")
 
 
+def test_queue_page_binds_unbinds_and_purges(browser, cluster):
+    assert http(cluster, "PUT", "/api/queues/%2F/ui.purge", {"durable": True})[0] in (201, 204)
+    for i in range(3):
+        assert http(cluster, "POST", "/api/exchanges/%2F/amq.default/publish",
+                    {"routing_key": "ui.purge", "payload": f"p{i}", "payload_encoding": "string", "properties": {}})[0] == 200
+    login(browser, cluster)
+    go(browser, cluster, "/queues/%2F/ui.purge")
+    text_in(browser, "#q-total", "3")
+    bind = visible(browser, "form.bind")
+    form_field(bind, "bind-other").send_keys("amq.fanout")
+    bind.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(browser, lambda b: "amq.fanout" in texts(b, "#queue-bindings td a"), "bound from amq.fanout")
+    status, bindings = http(cluster, "GET", "/api/queues/%2F/ui.purge/bindings")
+    assert [b["source"] for b in bindings] == ["", "amq.fanout"]
+    browser.find_element(By.CSS_SELECTOR, "#queue-bindings button.unbind").click()
+    text_in(browser, "main", "Binding removed.")
+    wait(browser, lambda b: "amq.fanout" not in texts(b, "#queue-bindings td a"), "amq.fanout binding gone")
+    assert [b["source"] for b in http(cluster, "GET", "/api/queues/%2F/ui.purge/bindings")[1]] == [""]
+
+    visible(browser, "#purge-queue").click()
+    accept_confirm(browser)
+    text_in(browser, "main", "Queue purged.")
+    text_in(browser, "#q-total", "0")
+    assert http(cluster, "GET", "/api/queues/%2F/ui.purge")[1]["messages"] == 0
+
+
+def test_operator_policy_form(browser, cluster):
+    if http(cluster, "GET", "/api/operator-policies")[0] == 404:
+        pytest.skip("this build serves no operator policies")
+    login(browser, cluster)
+    go(browser, cluster, "/policies")
+    form = visible(browser, "form#add-operator-policy")
+    form_field(form, "name").send_keys("ui-cap")
+    form_field(form, "pattern").send_keys("^ui\\.cap")
+    form.find_element(By.CSS_SELECTOR, "a.helper[data-key='max-length']").click()
+    form.find_elements(By.CSS_SELECTOR, ".kv tr")[0].find_element(By.CSS_SELECTOR, ".kv-value").send_keys("100")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Operator policy set.")
+    status, p = http(cluster, "GET", "/api/operator-policies/%2F/ui-cap")
+    assert status == 200 and p["definition"] == {"max-length": 100} and p["pattern"] == "^ui\\.cap"
+    wait(browser, lambda b: "ui-cap" in texts(b, "#operator-policy-list td.name"), "ui-cap listed")
+
+
 def test_a_stopped_node_is_shown_not_running(browser, cluster):
     """Last in the module: it stops a node of the shared cluster."""
     login(browser, cluster)
