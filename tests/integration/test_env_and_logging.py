@@ -325,3 +325,27 @@ def test_log_plan_defaults_are_hutchs_usual_sinks():
     assert [s.kind for s in plan.sinks] == ["console"]
     plan = logs.plan({"log.file": "/abs/x.log", "log.dir": "/ignored"}, "info", "/d", "n@h")
     assert plan.sinks[1].path == "/abs/x.log"
+
+
+def test_sigterm_during_the_boot_is_a_graceful_stop(tmp_path, procs):
+    """A node waiting for its cluster at boot (the other member is not there) is stopped by
+    SIGTERM: it says STOPPING=1, never READY=1, and exits 0 rather than dying of the signal."""
+    notify = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(notify)
+    sock.settimeout(60)
+    peer, absent = free_port(), free_port()
+    try:
+        p = procs(tmp_path, {"NOTIFY_SOCKET": notify, "HUTCH_DATA_DIR": str(tmp_path / "data")},
+                  ["--node-name", "a@localhost", "--amqp-port", str(free_port()), "--mgmt-port", "0",
+                   "--peer-port", str(peer), "--cluster-nodes", f"a@localhost:{peer},b@localhost:{absent}",
+                   "--metadata-timeout", "120000"])
+        wait_until(lambda: "started peer listener" in p.stderr(), 60, "the peer listener", proc=p.proc)
+        assert "Server startup complete" not in p.stderr()  # still booting: b is not there
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.wait_exit(30) == 0
+        assert sock.recv(4096).decode().split("\n")[0] == "STOPPING=1"
+        assert "hutch was asked to stop while booting" in p.stderr()
+        assert "Successfully stopped hutch node a@localhost" in p.stderr()
+    finally:
+        sock.close()

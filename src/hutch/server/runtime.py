@@ -245,7 +245,8 @@ class Node:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+        if self._stopping is None:  # a stop asked for during the boot is kept: it runs once booted
+            self._stopping = asyncio.Event()
         os.makedirs(self.config.data_dir, exist_ok=True)
         log.info("\n Starting hutch %s on Python %s\n node           : %s\n data dir       : %s\n",
                  __version__, sys.version.split()[0], self.config.node_name, os.path.abspath(self.config.data_dir))
@@ -454,9 +455,15 @@ class Node:
         await self._stopping.wait()
         await self.shutdown()
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stopping is not None and self._stopping.is_set()
+
     def request_stop(self) -> None:
         log.info("hutch is asked to stop...")
         sdnotify.stopping(f"node {self.config.node_name} is stopping")
+        if self._stopping is None:
+            self._stopping = asyncio.Event()
         self._stopping.set()
 
     async def shutdown(self) -> None:
@@ -503,11 +510,26 @@ def run_node(config: Config) -> int:
 
     async def main() -> None:
         node = Node(config)
-        await node.start()
         loop = asyncio.get_running_loop()
+        boot = asyncio.ensure_future(node.start())
+
+        def stop() -> None:
+            if not boot.done():
+                boot.cancel()  # a stop during the boot (waiting for peers, say) ends the boot there
+            node.request_stop()
+
+        # installed before the boot, so that SIGTERM at any moment is a stop, never a plain kill
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, node.request_stop)
-        # Type=notify units: the node is booted, listening and handles SIGTERM from here on
+            loop.add_signal_handler(sig, stop)
+        try:
+            await boot
+        except asyncio.CancelledError:
+            if not node.stop_requested:
+                raise
+            log.info("hutch was asked to stop while booting")
+            await node.shutdown()
+            return
+        # Type=notify units: the node is booted and listening
         sdnotify.ready(f"node {config.node_name} is running")
         await node.serve_forever()
 
