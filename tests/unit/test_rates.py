@@ -73,3 +73,18 @@ def test_a_window_asks_peers_for_enough_samples():
     assert w.msg_rates == (60, 5) and w.lengths is None and w.samples_wanted(5000) == 14
     assert w.samples_wanted(1000) == 62 and w.samples_wanted(100) == rates.SAMPLES_MAX
     assert rates.window_of({}).samples_wanted(5000) == 2
+
+
+def test_configuration_keys_for_statistics_and_prometheus(tmp_path):
+    from hutch.broker.broker import Config
+    from hutch.server.config import ConfigError, apply_file
+
+    path = tmp_path / "hutch.conf"
+    path.write_text("prometheus.tcp.port = 0\ncollect_statistics_interval = 250\nprometheus.tcp.ip = 127.0.0.1\n")
+    cfg = apply_file(Config(), path)
+    assert (cfg.prometheus_port, cfg.collect_statistics_interval_ms, cfg.prometheus_host) == (0, 250, "127.0.0.1")
+    assert Config().prometheus_port == 15692 and Config().collect_statistics_interval_ms == 5000
+    for bad in ("prometheus.tcp.port = 70000", "collect_statistics_interval = 10", "prometheus.tcp.port = x"):
+        path.write_text(bad + "\n")
+        with pytest.raises(ConfigError, match=bad.split(" =")[0]):
+            apply_file(Config(), path)

@@ -112,9 +112,16 @@ def retire(broker: Any, vhost: str, counts: list[int]) -> None:
             totals[i] += n
 
 
+GONE_VHOSTS = ""  # the bucket of vhosts deleted since (a vhost's name is never empty)
+
+
 def vhost_totals(broker: Any) -> dict[str, list[int]]:
-    """Each vhost's channel counters now: the closed channels' plus the open ones'."""
-    out = {name: list(c) for name, c in _retired.get(broker, {}).items() if name in broker.vhosts}
+    """Each vhost's channel counters now: the closed channels' plus the open ones'. A deleted
+    vhost's figures move to one bucket, kept for the node's totals, so they take no room per vhost."""
+    per_vhost = _retired.get(broker, {})
+    for name in [n for n in per_vhost if n != GONE_VHOSTS and n not in broker.vhosts]:
+        retire(broker, GONE_VHOSTS, per_vhost.pop(name))
+    out = {name: list(c) for name, c in per_vhost.items() if name in broker.vhosts}
     for s in broker.sessions:
         v = s.vhost
         if v is None:
