@@ -104,8 +104,6 @@ export function rateCell(stats, key) {
   return r === null ? h('span', { class: 'dim' }, '–') : rate(r);
 }
 
-export function vhostPath(vhost) { return encodeURIComponent(vhost); }
-
 // A labelled form row.
 export function row(label, control, help) {
   return h('tr', {}, h('th', {}, h('label', {}, label)), h('td', {}, control, help ? h('span', { class: 'help' }, help) : null));
@@ -117,5 +115,3 @@ export function select(name, options, value) {
     return h('option', { value: v, selected: v === value ? true : null }, text);
   }));
 }
-
-export function bool(v) { return v ? 'true' : 'false'; }

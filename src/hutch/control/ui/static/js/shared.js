@@ -3,7 +3,7 @@
 // selector.
 
 import * as api from './api.js';
-import { h, fill, table, message, select, row } from './dom.js';
+import { h, fill, table, select, row } from './dom.js';
 import { kvEditor, run } from './forms.js';
 
 const PAGE_SIZE = 100; // rows a list asks the API for at a time, as RabbitMQ's UI
@@ -145,9 +145,3 @@ export async function vhostSelect(name = 'vhost') {
   const vhosts = await api.get('/api/vhosts');
   return select(name, vhosts.map((v) => v.name), vhosts.some((v) => v.name === '/') ? '/' : (vhosts[0] || {}).name);
 }
-
-export function notPermitted(text) {
-  return message('error', text);
-}
-
-export function filler(el) { return (...c) => fill(el, ...c); }
