@@ -154,7 +154,9 @@ class HutchNode:
         cmd = [sys.executable, "-m", "hutch", "server", "--node-name", self.name,
                "--amqp-port", str(self.amqp_port), "--data-dir", str(self.data_dir),
                "--log-level", self.log_level, "--mgmt-port", str(self.mgmt_port), *self.extra_args]
-        env = dict(os.environ)
+        # the node is configured by its arguments and `env` only: HUTCH_* variables of the shell
+        # running the tests would change it (where it logs, its node name, its ports)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}
         env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
         if self.env:
             env.update(self.env)
