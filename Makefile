@@ -78,7 +78,7 @@ campaign: install
 	rc=0; $(BIN)/hutch lab campaign --seed 1 --seed 2 --seed 3 --duration 200 --out ./var/campaign \
 	  --base-port 7672 || rc=$$?; \
 	for s in 1 2 3; do $(BIN)/hutch check ./var/campaign/seed-$$s/history --out ./var/campaign/seed-$$s/check \
-	  --expect lost=0 --expect unexpected=0 || rc=1; done; exit $$rc
+	  --expect drained=1 --expect lost=0 --expect unexpected=0 || rc=1; done; exit $$rc
 
 soak: install
 	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000
