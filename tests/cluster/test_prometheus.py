@@ -11,6 +11,7 @@ query (tests/fixtures/prometheus/grafana-dashboard-metrics.txt) has a series.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import threading
 import time
@@ -113,6 +114,9 @@ def publish_from(cluster: HutchCluster, i: int, count: int, errors: list) -> Non
         errors.append(e)
 
 
+loaded_scrapes: list[list[dict]] = []  # every round of scrapes the load saw, in order
+
+
 @pytest.fixture(scope="module")
 def loaded(cluster):
     """A fanout to a classic queue on node 1, a classic queue on node 2, a quorum queue of
@@ -148,14 +152,17 @@ def loaded(cluster):
         ch.basic_ack(method.delivery_tag)
     cch.basic_consume("prom.classic1", on_message)
     deadline = time.monotonic() + 60
+    during = []  # scrapes of every node while the load runs
     while len(got) < 3 * PER_NODE and time.monotonic() < deadline and not errors:
-        consumer.process_data_events(time_limit=0.2)
+        consumer.process_data_events(time_limit=0.1)
+        during.append([scrape(n.prometheus_port) for n in cluster.nodes])
     assert len(got) == 3 * PER_NODE
     for t in threads:
         t.join(60)
     assert not errors, errors
     consumer.close()
     after = [scrape(n.prometheus_port) for n in cluster.nodes]
+    loaded_scrapes.extend([before, *during, after])
     return before, after
 
 
@@ -192,13 +199,13 @@ def test_labels_are_rabbitmq_prometheus(cluster, loaded):
 
 def test_counters_only_grow_across_scrapes(cluster, loaded):
     before, after = loaded
-    third = [scrape(n.prometheus_port) for n in cluster.nodes]
-    for b, a, t in zip(before, after, third, strict=True):
-        sb, sa, st = samples(b), samples(a), samples(t)
-        for key, value in sb.items():
-            assert sa.get(key, value) >= value, key
-        for key, value in sa.items():
-            assert st.get(key, value) >= value, key
+    rounds = [*loaded_scrapes, [scrape(n.prometheus_port) for n in cluster.nodes]]
+    assert len(rounds) >= 4  # before, at least one round during the load, after, and now
+    for earlier, later in itertools.pairwise(rounds):
+        for e, lt in zip(earlier, later, strict=True):
+            se, sl = samples(e), samples(lt)
+            for key, value in se.items():
+                assert sl.get(key, value) >= value, key
     received = sum(samples(a)[("rabbitmq_global_messages_received_total", (("protocol", "amqp091"),))]
                    - samples(b)[("rabbitmq_global_messages_received_total", (("protocol", "amqp091"),))]
                    for b, a in zip(before, after, strict=True))

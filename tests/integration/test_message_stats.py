@@ -261,3 +261,16 @@ def test_churn_rates_and_node_resource_details(http, node, vhost, channel):
     [me] = http.get("/api/nodes")
     for name in ("mem_used", "fd_used", "sockets_used", "proc_used", "disk_free"):
         assert isinstance(me[name + "_details"]["rate"], float), name
+
+
+def test_a_publish_through_the_api_is_counted(http, vhost, channel):
+    channel.queue_declare("api")
+    body = {"routing_key": "api", "payload": "m", "payload_encoding": "string", "properties": {}}
+    assert http("POST", f"/api/exchanges/{q(vhost)}/amq.default/publish", body) == (200, {"routed": True})
+    assert http("POST", f"/api/exchanges/{q(vhost)}/amq.direct/publish", {**body, "routing_key": "none"}) == \
+        (200, {"routed": False})
+    v = stats_of(http, f"/api/vhosts/{q(vhost)}")
+    assert (v["publish"], v["drop_unroutable"]) == (2, 1)
+    assert stats_of(http, f"/api/queues/{q(vhost)}/api")["publish"] == 1
+    x = stats_of(http, f"/api/exchanges/{q(vhost)}/amq.direct")
+    assert (x["publish_in"], x["publish_out"]) == (1, 0)

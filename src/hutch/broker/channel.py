@@ -285,6 +285,7 @@ class Channel:
         msgstats.node_counters(broker)[msgstats.CHANNELS_CLOSED] += 1
         vhost = self.session.vhost
         if vhost is not None:  # the vhost's and node's figures keep what this channel counted
+            self.mstats[msgstats.PUBLISH_CONFIRM] = self.publish_seq
             msgstats.retire(broker, vhost.name, self.mstats)
             self.mstats = msgstats.new()
         if self.reply_token is not None:

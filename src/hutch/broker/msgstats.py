@@ -33,7 +33,7 @@ GET_NO_ACK = 7
 GET_EMPTY = 8
 REDELIVER = 9
 ACK = 10
-PUBLISH_CONFIRM = 11  # publishes on a channel in confirm mode (Prometheus' received_confirm)
+PUBLISH_CONFIRM = 11  # publishes on a channel in confirm mode: a channel's publish_seq, read when summed
 SHOWN_FIELDS = ("publish", "confirm", "return_unroutable", "drop_unroutable", "deliver", "deliver_no_ack", "get",
                 "get_no_ack", "get_empty", "redeliver", "ack")
 FIELDS = (*SHOWN_FIELDS, "publish_confirm")
@@ -132,6 +132,7 @@ def vhost_totals(broker: Any) -> dict[str, list[int]]:
         for ch in s.channels.values():
             for i, n in enumerate(ch.mstats):
                 totals[i] += n
+            totals[PUBLISH_CONFIRM] += ch.publish_seq
     for name in broker.vhosts:
         out.setdefault(name, new())
     return out
@@ -141,11 +142,11 @@ def node_totals(broker: Any) -> list[int]:
     """The node's channel counters, ever: a deleted vhost's channels still count here, so the
     node's figures only grow (Prometheus counters)."""
     totals = new()
-    counted = [*_retired.get(broker, {}).values(),
-               *(ch.mstats for s in broker.sessions if s.vhost is not None for ch in s.channels.values())]
-    for counts in counted:
+    channels = [ch for s in broker.sessions if s.vhost is not None for ch in s.channels.values()]
+    for counts in [*_retired.get(broker, {}).values(), *(ch.mstats for ch in channels)]:
         for i, n in enumerate(counts):
             totals[i] += n
+    totals[PUBLISH_CONFIRM] += sum(ch.publish_seq for ch in channels)
     return totals
 
 

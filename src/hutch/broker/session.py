@@ -28,7 +28,6 @@ from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
 from hutch.broker.msgstats import (
     DROP_UNROUTABLE,
     PUBLISH,
-    PUBLISH_CONFIRM,
     RETURN_UNROUTABLE,
     X_DROP_UNROUTABLE,
     X_PUBLISH_IN,
@@ -438,9 +437,7 @@ class Session:
         broker = self.broker
         seq = ch.next_publish_seq() if ch.confirm else 0
         st = ch.mstats
-        st[PUBLISH] += 1
-        if seq:
-            st[PUBLISH_CONFIRM] += 1
+        st[PUBLISH] += 1  # (publishes in confirm mode: the channel's publish_seq)
         xst = x.mstats
         xst[X_PUBLISH_IN] += 1
         if x.name == "" and msg.routing_key.startswith(DIRECT_REPLY_PREFIX):

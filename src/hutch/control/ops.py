@@ -22,6 +22,7 @@ from pamqp import commands
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
+from hutch.broker import msgstats
 from hutch.broker.cluster import home_down as cluster_home_down
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, shapes
@@ -131,9 +132,26 @@ def publish(broker: Broker, user: User, v: VHost, exchange_name: str, body: dict
     msg = Message(exchange_name, routing_key, codec.route_encoding(exchange_name, routing_key), props, data,
                   s.delivery_mode == 2, s.priority, expiration_ms)
     queues = v.route(x, routing_key, headers)
+    _count_publish(broker, v.name, x, queues)
     if queues:
         broker.enqueue(queues, msg, _HttpPublisher(), 0)
     return bool(queues)
+
+
+def _count_publish(broker: Broker, vhost: str, x, queues) -> None:
+    """Count an API publish as RabbitMQ does (its management plugin publishes on a channel of
+    its own): on the exchange, the queues, and the vhost's and node's totals."""
+    counts = msgstats.new()
+    counts[msgstats.PUBLISH] = 1
+    x.mstats[msgstats.X_PUBLISH_IN] += 1
+    if queues:
+        x.mstats[msgstats.X_PUBLISH_OUT] += len(queues)
+        for q in queues:
+            q.mstats[msgstats.PUBLISH] += 1
+    else:
+        counts[msgstats.DROP_UNROUTABLE] = 1
+        x.mstats[msgstats.X_DROP_UNROUTABLE] += 1
+    msgstats.retire(broker, vhost, counts)
 
 
 def get_request(body: dict[str, Any]) -> tuple[int, str, str, int | None]:
