@@ -296,6 +296,8 @@ class Channel:
                 broker.consumer_gone(c.queue)
         self.requeue_all()
         self.tx = None
+        if broker.cluster is not None:  # what the cluster kept for this channel as a publisher
+            broker.cluster.channel_closed(self)
 
     def check_open(self) -> None:
         if self.closed:

@@ -34,7 +34,6 @@ through `send(peer, payload)`, catalogue changes through `submit(command, callba
 from __future__ import annotations
 
 import logging
-import os
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -49,6 +48,7 @@ from hutch.broker.mirrored import STALE, MirrorHost, cancel_on_failover
 from hutch.broker.quorumq import QuorumHost
 from hutch.broker.vhost import VHost
 from hutch.cluster import catalogue as cat
+from hutch.cluster.peers import Peers
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
 
@@ -269,10 +269,11 @@ class ClusterBroker:
                  call_soon: Callable[..., Any], status: Callable[[], dict] | None = None):
         self.broker = broker
         self.status = status or (lambda: {})
-        self.incarnation = int.from_bytes(os.urandom(8), "big") >> 1 or 1  # this run of the node
-        self.peer_incarnation: Callable[[str], int | None] = lambda _n: None  # set by the runtime
+        # who this node is, the way to its peers, ids, and the one table of requests in flight
+        self.peers = Peers(node, send, is_up, call_soon)
+        self.peers.deliver_local = self.on_message
+        self.incarnation = self.peers.incarnation  # this run of the node
         self.node = node
-        self._send = send
         self.is_up = is_up
         self.submit = submit
         self.call_soon = call_soon
@@ -280,14 +281,12 @@ class ClusterBroker:
         self.consumers: dict[int, RemoteConsumer] = {}  # cid -> consumer on this node of a remote queue
         self.proxies: dict[tuple[str, int], tuple[Any, ProxyConsumer]] = {}  # (origin, cid) -> (queue, proxy)
         self.owners: dict[str, Any] = {}  # exclusive owner id -> this node's session
-        self._next_id = 0
         self._pub_tokens: dict[int, tuple[str, Any, int, Any]] = {}  # token -> (home, channel, seq, session)
         self._session_inflight: dict[Any, int] = {}
         self._paused_sessions: set = set()
         self._out_pubs: dict[str, list] = {}
         self._out_acks: dict[str, list] = {}
         self._out_deliveries: dict[tuple[str, int], list] = {}
-        self._calls: dict[int, tuple[str, Callable[[Any], None]]] = {}
         self.members: dict[str, str] = {}  # name -> peer address, from the catalogue
         self.get_inflight: dict[str, list[tuple[Any, int]]] = {}  # origin -> [(queue, seq)] from basic.get
         self.local_info: Callable[[], dict] | None = None  # this node's /api/nodes object (set by the runtime)
@@ -298,7 +297,7 @@ class ClusterBroker:
         self.peer_counts: dict[str, dict] = {}  # each peer's connection and channel counts (for limits)
         self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
         self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
-        self.quorum = QuorumHost(self)
+        self.quorum = QuorumHost(self, self.peers)
         self.mirroring = MirrorHost(self)
         # publishes to mirrored queues, kept until accepted so that they can be sent again to a
         # promoted mirror: token -> [vhost, names, pub item]; and those waiting for a new leader
@@ -309,9 +308,16 @@ class ClusterBroker:
 
     # ------------------------------------------------------------ ids and sending
 
+    @property
+    def peer_incarnation(self) -> Callable[[str], int | None]:
+        return self.peers.peer_incarnation
+
+    @peer_incarnation.setter
+    def peer_incarnation(self, fn: Callable[[str], int | None]) -> None:
+        self.peers.peer_incarnation = fn  # set by the runtime
+
     def new_id(self) -> int:
-        self._next_id += 1
-        return (int.from_bytes(os.urandom(4), "big") << 32) | self._next_id
+        return self.peers.new_id()
 
     def owner_id(self, session) -> str:
         oid = getattr(session, "cluster_owner_id", None)
@@ -319,6 +325,9 @@ class ClusterBroker:
             oid = session.cluster_owner_id = f"{self.node}/{self.new_id()}"
             self.owners[oid] = session
         return oid
+
+    def channel_closed(self, channel: Channel) -> None:
+        self.quorum.channel_closed(channel)
 
     def cancelled(self, cid: int, home: str, vhost: str, qname: str) -> None:
         if len(self._cancelled) >= 4096:
@@ -330,16 +339,11 @@ class ClusterBroker:
             self.submit(cat.DeleteQueue(q.vhost, q.name), _ignore)
 
     def send(self, peer: str, payload: Any) -> bool:
-        if peer == self.node:
-            self.call_soon(self.on_message, peer, payload)
-            return True
-        return self._send(peer, payload)
+        return self.peers.send(peer, payload)
 
     def incarnation_of(self, node: str) -> int | None:
         """The run of `node` this node is connected to (this node's own for itself)."""
-        if node == self.node:
-            return self.incarnation
-        return self.peer_incarnation(node)
+        return self.peers.incarnation_of(node)
 
     def running_nodes(self) -> list[str]:
         return sorted(n for n in self.members if n == self.node or self.is_up(n))
@@ -972,15 +976,11 @@ class ClusterBroker:
 
     def expect_reply(self, rid: int, peer: str, callback: Callable[[Any], None]) -> None:
         """callback(answer) for the reply that will carry `rid`, or callback(None) if `peer` goes down."""
-        self._calls[rid] = (peer, callback)
+        self.peers.expect_reply(rid, peer, callback)
 
     def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None:
         """Ask `peer`; callback(result) once it answers, or callback(None) if it goes down first."""
-        rid = self.new_id()
-        self._calls[rid] = (peer, callback)
-        if not self.send(peer, ["R", rid, kind, args]):
-            self._calls.pop(rid, None)
-            self.call_soon(callback, None)
+        self.peers.call(peer, lambda rid: ["R", rid, kind, args], callback)
 
     def _on_call(self, origin: str, rid: int, kind: str, args: list) -> None:
         b = self.broker
@@ -1077,9 +1077,7 @@ class ClusterBroker:
         elif kind == "R":
             self._on_call(peer, *payload[1:])
         elif kind in ("RR", "CR"):
-            item = self._calls.pop(payload[1], None)
-            if item is not None:
-                item[1](payload[2] if kind == "RR" else [payload[2], payload[3]])
+            self.peers.requests.answer(payload[1], payload[2] if kind == "RR" else [payload[2], payload[3]])
         elif kind == "QP":
             self.quorum.on_forwarded(payload[1], payload[2])
         elif kind == "QE":
@@ -1156,10 +1154,7 @@ class ClusterBroker:
                 else:
                     self._publish_accepted(token, True)
         # calls it will not answer
-        for rid, (p, cb) in list(self._calls.items()):
-            if p == peer:
-                del self._calls[rid]
-                cb(None)
+        self.peers.peer_down(peer)
         # its consumers of queues here: what they had is requeued
         for (origin, cid), (q, p) in list(self.proxies.items()):
             if origin == peer:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp import codec, spec
+from hutch.broker import msgstats
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
 from hutch.mirror.placement import ALWAYS, AUTOMATIC, SYNC_BATCH_SIZE, WHEN_SYNCED, MirrorParams
@@ -75,6 +76,7 @@ class _Stale:
     remote = True
     quorum = False
     journal_id = 0
+    mstats = msgstats.new()  # the channel counts an ack of an old tag somewhere: here, and nobody reads it
 
 
 STALE = _Stale()

@@ -37,6 +37,7 @@ from hutch.amqp.spec import AMQPError
 from hutch.broker import msgstats
 from hutch.broker.channel import ChannelConsumer
 from hutch.cluster import catalogue as cat
+from hutch.cluster.peers import Peers, incarnation_in, node_of
 from hutch.queues.message import Message
 from hutch.queues.state import Entry
 from hutch.quorum import fifo
@@ -57,14 +58,27 @@ SNAPSHOT_MESSAGES_MIN = 2048
 DEFAULT_GROUP_SIZE = 3
 
 
-def node_of(owner: str) -> str:
-    """The node of a consumer, requester or publisher id ("node/incarnation/...")."""
-    return owner.split("/", 1)[0]
+# A channel's publisher state on this node (its id and per-queue sequence counters) is kept
+# until the channel closes; at most this many at once (the oldest is retired first: its
+# channel, if still open, simply gets a new id on its next publish).
+PUBLISHERS_MAX = 100_000
+# A closed channel's publisher record in each queue's state machine is dropped this long after
+# its last publish was answered, so that no resend still on its way can meet a forgotten record.
+PUBLISHER_GONE_DELAY_S = 5.0
+IDS_PER_COMMAND_MAX = min(1000, fifo.MSG_IDS_PER_COMMAND_MAX)  # msg ids per settle/return/discard
+Q_REQUEST = "q"  # the tag of this host's proposals in the peers' request table
 
 
-def incarnation_of(owner: str) -> int | None:
-    parts = owner.split("/", 2)
-    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
+class _PublisherIds:
+    """A channel as a publisher to quorum queues: its cluster-wide id (a counter, never the
+    channel's address) and, per queue group, the last publisher sequence number it used."""
+
+    __slots__ = ("id", "seqs", "inflight")
+
+    def __init__(self, publisher_id: str):
+        self.id = publisher_id
+        self.seqs: dict[int, int] = {}  # gid -> last publisher_seq sent to that queue
+        self.inflight = 0  # publishes sent and not yet answered
 
 
 class QuorumConsumer(ChannelConsumer):
@@ -142,7 +156,7 @@ class QuorumQueue:
         return self.host.leader_of(self) or self.declared_leader
 
     def online(self) -> list[str]:
-        return [n for n in self.members if self.host.cl.is_up(n)]
+        return [n for n in self.members if self.host.peers.is_up(n)]
 
     def check_up(self) -> None:
         return None  # operations wait for a leader (and time out) rather than failing at once
@@ -197,8 +211,8 @@ class QuorumQueue:
             ops, self._ops = self._ops, {}
             make = {"a": fifo.Settle, "r": fifo.Return, "d": fifo.Discard}
             for (owner, op), ids in ops.items():
-                for i in range(0, len(ids), 1000):
-                    self.host.propose(self, make[op](owner, ids[i:i + 1000]))
+                for i in range(0, len(ids), IDS_PER_COMMAND_MAX):
+                    self.host.propose(self, make[op](owner, ids[i:i + IDS_PER_COMMAND_MAX]))
 
     def dispatch(self) -> int:
         self.flush()
@@ -266,15 +280,17 @@ class _QuorumApp:
 class QuorumHost:
     """This node's side of every quorum queue: handles, groups it hosts, proposals in flight."""
 
-    def __init__(self, cl: ClusterBroker):
+    def __init__(self, cl: ClusterBroker, peers: Peers):
         self.cl = cl
+        self.peers = peers
         self.raft: Any = None  # the runtime's group host (ensure_group, drop_group, leader, propose)
         self.queues: dict[int, QuorumQueue] = {}  # gid -> handle
         self.consumers: dict[str, QuorumConsumer] = {}
-        self._next = 0
-        self._calls: dict[int, list] = {}  # req -> [callback, deadline, q, env, retry_at]
-        self._pubs: dict[tuple[str, int], list] = {}  # (publisher, seq) -> [q, env, channel, seq, session, retry]
-        self._pub_seq: dict[tuple[int, int], int] = {}  # (id(channel), gid) -> last publisher_seq
+        # proposals waiting for an answer live in the peers' one request table (tag Q_REQUEST)
+        # (publisher, seq) -> [q, env, channel, seq, session, retry, publisher ids]
+        self._pubs: dict[tuple[str, int], list] = {}
+        self._publishers: dict[Any, _PublisherIds] = {}  # channel (None: the broker's own) -> ids
+        self._gone_due: list[tuple[float, _PublisherIds]] = []  # closed channels' records to drop
         self._out: dict[str, list] = {}  # node -> effects to send it
         self._leading: set[int] = set()
         self._next_clock_s = 0.0
@@ -287,8 +303,7 @@ class QuorumHost:
         return self.cl.broker.now_ms()
 
     def new_id(self) -> int:
-        self._next += 1
-        return self._next
+        return self.peers.new_id()
 
     # -- the catalogue's records, applied
     def make_handle(self, rec: cat.QueueRecord, declared: bool = False) -> QuorumQueue | None:
@@ -307,7 +322,7 @@ class QuorumHost:
         if old is not None:
             return old
         self.queues[q.gid] = q
-        if self.cl.node in q.members and self.raft is not None:
+        if self.peers.node in q.members and self.raft is not None:
             self.raft.ensure_group(q.gid, q.members, _QuorumApp(self, q), leader_hint=rec.leader_node,
                                    joining=not declared)
         return q
@@ -316,7 +331,7 @@ class QuorumHost:
         """The catalogue's member list of a queue changed (add_member, delete_member, grow, shrink)."""
         before = q.members
         q.members = members
-        me = self.cl.node
+        me = self.peers.node
         if self.raft is None:
             return
         if me in members and me not in before:
@@ -332,7 +347,7 @@ class QuorumHost:
             q.local_consumers.pop(c.consumer_id, None)
             self.consumers.pop(c.consumer_id, None)
             self.cl._cancel_local(c)
-        if self.raft is not None and self.cl.node in q.members:
+        if self.raft is not None and self.peers.node in q.members:
             self.raft.drop_group(q.gid)
 
     # -- policies
@@ -373,7 +388,7 @@ class QuorumHost:
         return self.raft.leader(q.gid) if self.raft is not None else None
 
     def is_leader(self, q: QuorumQueue) -> bool:
-        return self.raft is not None and self.raft.leader(q.gid) == self.cl.node
+        return self.raft is not None and self.raft.leader(q.gid) == self.peers.node
 
     def leadership_changed(self, gid: int, leading: bool) -> None:
         """The runtime tells us when this node starts or stops leading a group."""
@@ -385,10 +400,10 @@ class QuorumHost:
             log.info("quorum queue '%s' in vhost '%s': this node is the leader", q.name, q.vhost)
             now = self.now_ms()
             for n in q.members:
-                if n != self.cl.node and not self.cl.is_up(n):
+                if n != self.peers.node and not self.peers.is_up(n):
                     self.propose(q, fifo.NodeDown(n, now))
             for n in self._consumer_nodes(q):
-                if not self.cl.is_up(n):
+                if not self.peers.is_up(n):
                     self.propose(q, fifo.NodeDown(n, now))
             self._cancel_stale(q)
             self.reconfigure(q)  # a policy may have changed while another member led
@@ -409,8 +424,8 @@ class QuorumHost:
             n = node_of(cid)
             if node is not None and n != node:
                 continue
-            current = self.cl.incarnation_of(n) if self.cl.is_up(n) else None
-            if current is not None and incarnation_of(cid) != current:
+            current = self.peers.incarnation_of(n) if self.peers.is_up(n) else None
+            if current is not None and incarnation_in(cid) != current:
                 self.propose(q, fifo.Cancel(cid, requeue=True, now_ms=now))
 
     def _consumer_nodes(self, q: QuorumQueue) -> set[str]:
@@ -425,7 +440,7 @@ class QuorumHost:
         far (a basic.get right after a reject must find the message back)."""
         q.flush()
         req = self.new_id()
-        env = _enc.encode([self.cl.node, req, fifo.encode_command(cmd)])
+        env = _enc.encode([self.peers.node, req, fifo.encode_command(cmd)])
         now = self.cl.broker.now_ms() / 1000
         # Every command is resent until the leader answers that it is applied (an ack lost with a
         # leader would leave its message checked out for good), except the ones that are not
@@ -434,44 +449,44 @@ class QuorumHost:
         # after metadata_timeout_ms; the others are resent as long as the queue exists.
         deadline = now + self.cl.broker.config.metadata_timeout_ms / 1000 if callback is not None else float("inf")
         once = isinstance(cmd, ONCE_ONLY)
-        item = [callback or _no_answer, deadline, q, env, now + RETRY_S, once, False]
-        self._calls[req] = item
+        item = [q, env, now + RETRY_S, once, False]  # queue, envelope, resend at, once only, sent
+        self.peers.requests.open(req, callback or _no_answer, None, deadline, Q_REQUEST, item)
         self._send_call(item)
 
     def _send_call(self, item: list) -> None:
-        once, sent, q = item[5], item[6], item[2]
+        q, env, _retry, once, sent = item
         if not once:
-            self._send(q, item[3])
-        elif not sent and (self.raft is None or self.cl.node not in q.members or self.raft.leader(q.gid)):
+            self._send(q, env)
+        elif not sent and (self.raft is None or self.peers.node not in q.members or self.raft.leader(q.gid)):
             # sent once, and by a member only when it knows a leader (a member that does not
             # would drop it): a Get right after a declare waits for the election
-            item[6] = self._send(q, item[3])
+            item[4] = self._send(q, env)
 
     def _send(self, q: QuorumQueue, env: bytes) -> bool:
         """To the leader (proposed here, or sent to it, or to a member that forwards it); False
         when there was nowhere to send it."""
         raft = self.raft
-        if raft is not None and raft.leader(q.gid) == self.cl.node:
+        if raft is not None and raft.leader(q.gid) == self.peers.node:
             if q.gid not in self.proposed_at_ms:
                 self.proposed_at_ms[q.gid] = self.cl.broker.now_ms()
             return raft.propose(q.gid, env)
         target = raft.leader(q.gid) if raft is not None else None
-        if target is None or target == self.cl.node or not self.cl.is_up(target):
-            up = [n for n in q.members if n != self.cl.node and self.cl.is_up(n)]
+        if target is None or target == self.peers.node or not self.peers.is_up(target):
+            up = [n for n in q.members if n != self.peers.node and self.peers.is_up(n)]
             target = up[0] if up else None
-        return target is not None and self.cl.send(target, ["QP", q.gid, env])
+        return target is not None and self.peers.send(target, ["QP", q.gid, env])
 
     def on_forwarded(self, gid: int, env: bytes) -> None:
         q = self.queues.get(gid)
         if q is None or self.raft is None:
             return
         leader = self.raft.leader(gid)
-        if leader == self.cl.node:
+        if leader == self.peers.node:
             if gid not in self.proposed_at_ms:
                 self.proposed_at_ms[gid] = self.cl.broker.now_ms()
             self.raft.propose(gid, env)
-        elif leader is not None and self.cl.is_up(leader):
-            self.cl.send(leader, ["QP", gid, env])
+        elif leader is not None and self.peers.is_up(leader):
+            self.peers.send(leader, ["QP", gid, env])
         # no leader known: dropped; the proposer sends it again
 
     def leader_known(self, gid: int) -> None:
@@ -480,9 +495,9 @@ class QuorumHost:
         q = self.queues.get(gid)
         if q is None:
             return
-        for item in self._calls.values():
-            if item[2] is q:
-                self._send_call(item)
+        for p in self.peers.requests.tagged(Q_REQUEST):
+            if p.state[0] is q:
+                self._send_call(p.state)
         for item in self._pubs.values():
             if item[0] is q:
                 self._send(q, item[1])
@@ -495,21 +510,22 @@ class QuorumHost:
             for q in list(self.queues.values()):
                 if self.is_leader(q) and self._wants_clock(q, int(now_s * 1000)):
                     self.propose(q, fifo.Tick(int(now_s * 1000)))
-        for req, item in list(self._calls.items()):
-            cb, deadline, q, _env, retry = item[:5]
-            if q.deleted and cb is _no_answer:
-                del self._calls[req]
-            elif now_s >= deadline:
-                del self._calls[req]
-                cb(None)
-            elif now_s >= retry:
-                item[4] = now_s + RETRY_S
+        requests = self.peers.requests
+        for p in requests.tagged(Q_REQUEST):
+            item = p.state
+            if item[0].deleted and p.callback is _no_answer:
+                requests.take(p.rid)
+            elif now_s < p.deadline_s and now_s >= item[2]:
+                item[2] = now_s + RETRY_S
                 self._send_call(item)
+        requests.expire(now_s)  # a client waiting past metadata_timeout_ms gets its error
         for item in self._pubs.values():
             if now_s >= item[5]:
                 item[5] = now_s + RETRY_S
                 if not item[0].deleted:
                     self._send(item[0], item[1])
+        if self._gone_due:
+            self._publishers_gone(now_s)
 
     def _wants_clock(self, q: QuorumQueue, now_ms: int) -> bool:
         st = q.machine
@@ -524,15 +540,19 @@ class QuorumHost:
     def publish(self, q: QuorumQueue, msg: Message, channel, seq: int) -> None:
         """Propose the message; the channel's confirm for `seq` waits for its Accepted."""
         session = channel.session if channel is not None else None
-        key = (id(channel), q.gid)
-        pseq = self._pub_seq.get(key, 0) + 1
-        self._pub_seq[key] = pseq
-        publisher = f"{self.cl.node}/{self.cl.incarnation}/{id(channel)}"
+        pub = self._publishers.get(channel)
+        if pub is None:
+            pub = self._new_publisher(channel)
+        seqs = pub.seqs
+        pseq = seqs.get(q.gid, 0) + 1
+        seqs[q.gid] = pseq
+        pub.inflight += 1
+        publisher = pub.id
         now = self.now_ms()
         cmd = fifo.Enqueue(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent, msg.priority,
                            msg.expiration_ms, now, publisher, pseq)
-        env = _enc.encode([self.cl.node, 0, fifo.encode_command(cmd)])
-        self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, now / 1000 + RETRY_S]
+        env = _enc.encode([self.peers.node, 0, fifo.encode_command(cmd)])
+        self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, now / 1000 + RETRY_S, pub]
         if session is not None:
             self.cl.window_add(session)
         self._send(q, env)
@@ -541,7 +561,9 @@ class QuorumHost:
         item = self._pubs.pop((publisher, pseq), None)
         if item is None:
             return
-        _q, _env, ch, seq, session, _retry = item
+        _q, _env, ch, seq, session, _retry, pub = item
+        pub.inflight -= 1
+        assert pub.inflight >= 0, f"publisher {publisher}: more answers than publishes"
         if session is not None:
             self.cl.window_done(session)
         if seq and ch is not None and not ch.closed:
@@ -551,9 +573,37 @@ class QuorumHost:
                 ch.nack_publish(seq)
             self.cl.output(session)
 
-    def channel_closed(self, channel) -> None:
-        for key in [k for k in self._pub_seq if k[0] == id(channel)]:
-            del self._pub_seq[key]
+    def _new_publisher(self, channel: Any) -> _PublisherIds:
+        """A channel's first publish to a quorum queue: it gets an id of its own, from the
+        node's counter (ids are never reused, so a sequence restarting at 1 is always right)."""
+        if len(self._publishers) >= PUBLISHERS_MAX:
+            oldest = next(iter(self._publishers))
+            self._retire(self._publishers.pop(oldest))
+        pub = self._publishers[channel] = _PublisherIds(self.peers.owner_id())
+        return pub
+
+    def channel_closed(self, channel: Any) -> None:
+        """The channel is gone: its ids are forgotten here, and each queue it published to is
+        told to drop its record once nothing it sent can still arrive (fifo.PublisherGone)."""
+        pub = self._publishers.pop(channel, None)
+        if pub is not None:
+            self._retire(pub)
+
+    def _retire(self, pub: _PublisherIds) -> None:
+        self._gone_due.append((self.now_ms() / 1000 + PUBLISHER_GONE_DELAY_S, pub))
+
+    def _publishers_gone(self, now_s: float) -> None:
+        due, self._gone_due = self._gone_due, []
+        for at, pub in due:
+            if at > now_s:
+                self._gone_due.append((at, pub))
+            elif pub.inflight:  # publishes still unanswered (being resent): wait for them
+                self._gone_due.append((now_s + PUBLISHER_GONE_DELAY_S, pub))
+            else:
+                for gid in pub.seqs:
+                    q = self.queues.get(gid)
+                    if q is not None and not q.deleted:
+                        self.propose(q, fifo.PublisherGone(pub.id))
 
     # -- effects, on the leader
     def carry_out(self, q: QuorumQueue, effects: list, origin: str, req: int) -> None:
@@ -591,10 +641,10 @@ class QuorumHost:
         if self._out:
             out, self._out = self._out, {}
             for node, items in out.items():
-                if node == self.cl.node:
+                if node == self.peers.node:
                     self.on_effects(items)
                 else:
-                    self.cl.send(node, ["QE", items])
+                    self.peers.send(node, ["QE", items])
 
     def _dead_letter(self, q: QuorumQueue, e: fifo.DeadLetter) -> None:
         if e.exchange is not None:
@@ -613,10 +663,7 @@ class QuorumHost:
             elif kind == "A":
                 self._confirmed(item[1], item[2], item[3])
             elif kind == "R":
-                call = self._calls.pop(item[1], None)
-                if call is not None:
-                    call[0](item[2])
-                else:
+                if not self.peers.requests.answer(item[1], item[2]):
                     self._orphan_answer(item[2], item[3])
             elif kind == "X":
                 c = self.consumers.pop(item[2], None)
@@ -683,7 +730,7 @@ class QuorumHost:
 
     def owner_id(self) -> str:
         """A new consumer, requester or publisher id of this run of this node."""
-        return f"{self.cl.node}/{self.cl.incarnation}/{self.new_id()}"
+        return self.peers.owner_id()
 
     # -- membership (hutch-queues add_member, delete_member, grow, shrink)
     def membership_op(self, gid: int, op: str, node: str) -> list:
@@ -694,7 +741,11 @@ class QuorumHost:
         return [200] if why is None else [spec.PRECONDITION_FAILED, why]
 
     def local_status(self, gid: int) -> dict | None:
-        return self.raft.status(gid) if self.raft is not None else None
+        st = self.raft.status(gid) if self.raft is not None else None
+        q = self.queues.get(gid)
+        if st is not None and q is not None and q.machine is not None:
+            st["publishers"] = len(q.machine.publishers)  # publishers whose sequence numbers it keeps
+        return st
 
     # -- listings
     def stats(self) -> list:

@@ -62,7 +62,7 @@ async def quorum_status(request: web.Request) -> web.Response:
                      "last_log_index": st["last_index"], "last_written": st["last_index"],
                      "last_applied": st["applied"], "commit_index": st["commit"],
                      "snapshot_index": st["snapshot_index"], "term": st["term"], "machine_version": 1,
-                     "leader": st["leader"]})
+                     "leader": st["leader"], "publishers": st.get("publishers")})
     return web.json_response(rows)
 
 
