@@ -43,8 +43,8 @@ from aiohttp import web
 from hutch.broker.broker import hash_password
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, ops, rates, shapes, stats
-from hutch.control.app import api_of, read_json, requires, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
+from hutch.control.http import api_of, read_json, requires, user_of
 
 log = logging.getLogger("hutch.access")
 routes = web.RouteTableDef()

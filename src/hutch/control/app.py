@@ -21,104 +21,17 @@ request bodies are limited to `BODY_BYTES_MAX`.
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from typing import Any
 
 from aiohttp import BasicAuth, web
 
 from hutch.amqp.spec import AMQPError
 from hutch.broker.broker import Broker, User
-from hutch.control.errors import (
-    ApiError,
-    bad_request,
-    error_middleware,
-    from_amqp,
-    login_failed,
-    not_authorised,
-)
+from hutch.control import access, definitions, migrate, node, policies, quorum, sessions, topology, ui
+from hutch.control.errors import ApiError, error_middleware, from_amqp, login_failed, not_authorised
+from hutch.control.http import API, BODY_BYTES_MAX, Api, has_tag
 
 log = logging.getLogger("hutch.http")
-
-BODY_BYTES_MAX = 128 * 1024 * 1024  # as RabbitMQ's default max request body (definitions imports)
-MANAGEMENT_TAGS = ("management", "policymaker", "monitoring", "administrator")
-_TAG_RANK = {"management": 0, "policymaker": 1, "monitoring": 1, "administrator": 2}
-
-
-def requires(tag: str):
-    """Mark a handler as needing a user tag (management, policymaker, monitoring, administrator)."""
-    assert tag in MANAGEMENT_TAGS, tag
-
-    def mark(handler):
-        handler.hutch_requires = tag
-        return handler
-    return mark
-
-
-def has_tag(user: User, tag: str) -> bool:
-    """RabbitMQ's tag hierarchy: administrator implies every tag; policymaker and monitoring
-    imply management."""
-    tags = set(user.tags)
-    if "administrator" in tags:
-        return True
-    if tag == "management":
-        return bool(tags & set(MANAGEMENT_TAGS))
-    return tag in tags
-
-
-class Api:
-    """What handlers share: the broker and facts about this node's listeners."""
-
-    def __init__(self, broker: Broker):
-        self.broker = broker
-        self.http_host: str | None = None
-        self.http_port = 0
-        self.https_host: str | None = None  # management.ssl.*: the HTTPS listener, if any
-        self.https_port = 0
-        self.started_at_s = time.time()
-
-    @property
-    def node_name(self) -> str:
-        return self.broker.config.node_name
-
-    def visible_vhosts(self, user: User) -> list[str]:
-        if has_tag(user, "monitoring"):
-            return list(self.broker.vhosts)
-        return [v for v in self.broker.vhosts if v in user.permissions]
-
-    def can_see_vhost(self, user: User, vhost: str) -> bool:
-        return vhost in self.broker.vhosts and (has_tag(user, "monitoring") or vhost in user.permissions)
-
-    def sees_all_connections(self, user: User) -> bool:
-        return has_tag(user, "monitoring")
-
-
-API = web.AppKey("api", Api)
-
-
-def api_of(request: web.Request) -> Api:
-    return request.app[API]
-
-
-def user_of(request: web.Request) -> User:
-    return request["user"]
-
-
-async def read_json(request: web.Request, required: bool = True) -> dict[str, Any]:
-    """The request body as a JSON object ({} when empty and not required)."""
-    raw = await request.read()
-    if not raw.strip():
-        if required:
-            raise bad_request("not_json")
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise bad_request("not_json") from None
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
 
 
 def _authenticate(request: web.Request, api: Api) -> User:
@@ -164,8 +77,6 @@ async def _api_middleware(request: web.Request, handler):
 
 
 def make_app(broker: Broker) -> web.Application:
-    from hutch.control import access, definitions, migrate, node, policies, quorum, sessions, topology
-
     app = web.Application(middlewares=[error_middleware, _api_middleware, node.app_state_middleware],
                           client_max_size=BODY_BYTES_MAX)
     app[API] = Api(broker)
@@ -174,7 +85,6 @@ def make_app(broker: Broker) -> web.Application:
     for module in (node, access, topology, sessions, policies, definitions, quorum, migrate):
         for r in module.routes:  # RabbitMQ also answers "/api/queues/" and the like
             app.router.add_route(r.method, r.path + "/", r.handler)
-    from hutch.control import ui
     ui.register(app)  # the web UI at / and its assets under /ui/
     return app
 

@@ -46,8 +46,8 @@ from hutch.broker.broker import hash_password
 from hutch.broker.quorumq import place_members
 from hutch.cluster import catalogue as cat
 from hutch.control import changes
-from hutch.control.app import api_of, read_json, requires
 from hutch.control.errors import ApiError, bad_request, not_found
+from hutch.control.http import api_of, read_json, requires
 from hutch.control.policy import validate_policy
 
 log = logging.getLogger("hutch.definitions")

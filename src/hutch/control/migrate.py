@@ -39,8 +39,8 @@ from hutch.amqp.spec import AMQPError
 from hutch.broker.quorumq import place_members
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, ops
-from hutch.control.app import api_of, read_json, requires
 from hutch.control.errors import ApiError, bad_request, not_found
+from hutch.control.http import api_of, read_json, requires
 from hutch.control.policy import match
 from hutch.queues.message import Message
 from hutch.quorum import fifo

@@ -44,8 +44,8 @@ from aiohttp import web
 from hutch import __version__
 from hutch.control import ops
 from hutch.control import stats as msg_stats
-from hutch.control.app import Api, api_of, read_json, requires, user_of
 from hutch.control.errors import ApiError, bad_request, not_authorised, not_found, service_unavailable
+from hutch.control.http import Api, api_of, read_json, requires, user_of
 
 routes = web.RouteTableDef()
 

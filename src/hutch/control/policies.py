@@ -30,8 +30,8 @@ from aiohttp import web
 
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, listing
-from hutch.control.app import api_of, has_tag, read_json, requires, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
+from hutch.control.http import api_of, has_tag, read_json, requires, user_of
 from hutch.control.policy import PolicyError, validate_policy
 
 log = logging.getLogger("hutch.policies")

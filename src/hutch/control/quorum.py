@@ -22,8 +22,8 @@ from aiohttp import web
 
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, ops
-from hutch.control.app import api_of, read_json, requires
 from hutch.control.errors import ApiError, bad_request, not_found
+from hutch.control.http import api_of, read_json, requires
 from hutch.control.node import node_name_arg
 
 routes = web.RouteTableDef()

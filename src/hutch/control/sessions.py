@@ -17,8 +17,8 @@ import contextlib
 from aiohttp import web
 
 from hutch.control import listing, ops, shapes, stats
-from hutch.control.app import Api, api_of, has_tag, user_of
 from hutch.control.errors import not_authorised, not_found
+from hutch.control.http import Api, api_of, has_tag, user_of
 from hutch.control.topology import vhost_for_read
 
 routes = web.RouteTableDef()

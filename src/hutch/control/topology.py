@@ -31,8 +31,8 @@ from hutch.broker import arguments as qargs
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, listing, ops, rates, shapes, stats
-from hutch.control.app import Api, api_of, read_json, user_of
 from hutch.control.errors import bad_request, not_authorised, not_found
+from hutch.control.http import Api, api_of, read_json, user_of
 
 routes = web.RouteTableDef()
 
