@@ -45,12 +45,13 @@ from hutch.broker.broker import User, priority_and_expiration
 from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
 from hutch.broker.mirrored import STALE, MirrorHost, cancel_on_failover
-from hutch.broker.quorumq import QuorumHost
+from hutch.broker.quorumq import BrokerQuorumPort
 from hutch.broker.vhost import VHost
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
+from hutch.quorum.host import QuorumHost
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker
@@ -297,7 +298,7 @@ class ClusterBroker:
         self.peer_counts: dict[str, dict] = {}  # each peer's connection and channel counts (for limits)
         self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
         self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
-        self.quorum = QuorumHost(self, self.peers)
+        self.quorum = QuorumHost(self.peers, BrokerQuorumPort(self))
         self.mirroring = MirrorHost(self)
         # publishes to mirrored queues, kept until accepted so that they can be sent again to a
         # promoted mirror: token -> [vhost, names, pub item]; and those waiting for a new leader

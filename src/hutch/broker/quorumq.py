@@ -1,84 +1,29 @@
-"""Quorum queues in the broker: one Raft group per queue, the queue state machine applied on
-commit by every member, and clients on any node.
+"""The broker's side of quorum queues: the consumer object a channel holds for one, the entry
+its unacknowledged deliveries keep, and `BrokerQuorumPort`, the few broker services the quorum
+host (`hutch.quorum.host`) may use: time, policies, dead-lettering, the loop, publisher
+windows and confirms, and delivering to a consumer's channel.
 
-The queue's record is in the catalogue (type `quorum`, its Raft members in `member_nodes`,
-its group id in `journal_id`). Every node has a `QuorumQueue` handle for it in the vhost;
-the members also host the queue's Raft group, whose committed entries each member applies to
-its own `hutch.quorum.fifo.QuorumQueueState`. Only the group's leader carries out the
-effects: deliveries go to the consumer's node, confirms to the publisher's node, dead letters
-are republished from the leader (seed 003; RabbitMQ's Ra runs `rabbit_fifo` the same way).
-
-A client operation becomes a command proposed to the leader: from a member that is not the
-leader, or from a node that is not a member, it travels to the leader over the peer
-transport (group "q": `["QP", gid, envelope]`). Proposals are retried until they are applied:
-
-- publishes carry `(publisher, publisher_seq)`, a gapless counter per channel and queue, so
-  a resend after a leader change is answered with its first outcome and never enqueued twice;
-  the confirm goes out on `Accepted` (after a majority has the message) or a nack on `Rejected`;
-- consumer registration, basic.get and purge wait for their reply (`["QR", req, answer]`);
-  with no leader for `metadata_timeout_ms` they fail with 541 and a clear text;
-- acks, nacks and rejects are collected per consumer and proposed once per loop iteration.
-
-When a node goes down, each queue's leader proposes `NodeDown`: what that node's consumers
-held comes back, redelivered with its `x-delivery-count`. A new leader does the same for the
-nodes it finds down.
+Everything about how a quorum queue works (Raft groups, proposals, the state machine's
+effects) lives in `hutch.quorum`; this module only connects it to channels and sessions.
+Must never: decide anything about a quorum queue (what to propose, to whom, when).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import msgspec
 
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker import msgstats
 from hutch.broker.channel import ChannelConsumer
 from hutch.cluster import catalogue as cat
-from hutch.cluster.peers import Peers, incarnation_in, node_of
-from hutch.queues.message import Message
-from hutch.queues.state import Entry
-from hutch.quorum import fifo
+from hutch.quorum import placement
+from hutch.quorum.handle import QuorumQueue
 
 if TYPE_CHECKING:
     from hutch.broker.cluster import ClusterBroker
 
-log = logging.getLogger("hutch.quorum")
-
-_enc = msgspec.msgpack.Encoder()
-_dec = msgspec.msgpack.Decoder()
-
-RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
-ONCE_ONLY = (fifo.Get, fifo.Purge)  # not idempotent: never resent once sent
-CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to expire
-SNAPSHOT_LOG_FACTOR = 4  # compact a queue's log when it is this many times longer than the queue
-SNAPSHOT_MESSAGES_MIN = 2048
-DEFAULT_GROUP_SIZE = 3
-
-
-# A channel's publisher state on this node (its id and per-queue sequence counters) is kept
-# until the channel closes; at most this many at once (the oldest is retired first: its
-# channel, if still open, simply gets a new id on its next publish).
-PUBLISHERS_MAX = 100_000
-# A closed channel's publisher record in each queue's state machine is dropped this long after
-# its last publish was answered, so that no resend still on its way can meet a forgotten record.
-PUBLISHER_GONE_DELAY_S = 5.0
-IDS_PER_COMMAND_MAX = min(1000, fifo.MSG_IDS_PER_COMMAND_MAX)  # msg ids per settle/return/discard
-Q_REQUEST = "q"  # the tag of this host's proposals in the peers' request table
-
-
-class _PublisherIds:
-    """A channel as a publisher to quorum queues: its cluster-wide id (a counter, never the
-    channel's address) and, per queue group, the last publisher sequence number it used."""
-
-    __slots__ = ("id", "seqs", "inflight")
-
-    def __init__(self, publisher_id: str):
-        self.id = publisher_id
-        self.seqs: dict[int, int] = {}  # gid -> last publisher_seq sent to that queue
-        self.inflight = 0  # publishes sent and not yet answered
+DEFAULT_GROUP_SIZE = placement.DEFAULT_GROUP_SIZE
 
 
 class QuorumConsumer(ChannelConsumer):
@@ -104,656 +49,58 @@ class _QuorumEntry:
         self.delivery_count = delivery_count + 1
 
 
-class _Figures:
-    __slots__ = ("ready_count", "unacked_count", "ready_bytes", "unacked_bytes")
+class BrokerQuorumPort:
+    """`hutch.quorum.host.QuorumPort` on a broker: the host's only way into it. The hot-path
+    services are the broker's bound methods themselves (no extra call per message)."""
 
-    def __init__(self, ready: int, unacked: int, nbytes: int = 0):
-        self.ready_count = ready
-        self.unacked_count = unacked
-        self.ready_bytes = nbytes
-        self.unacked_bytes = 0
-
-
-class QuorumQueue:
-    """A quorum queue's handle in a vhost, on every node."""
-
-    remote = True  # the broker's generic paths: not a classic queue homed here
-    quorum = True
-    message_ttl_ms = None
-    expires_ms = None
-    journal_id = 0
-    exclusive_owner = None
-    durable = True
-    auto_delete = False
-
-    def __init__(self, host: QuorumHost, rec: cat.QueueRecord, config: fifo.QuorumConfig):
-        self.host = host
-        self.name = rec.name
-        self.vhost = rec.vhost
-        self.arguments = dict(rec.arguments)
-        self.gid = rec.journal_id
-        self.members = tuple(rec.member_nodes)
-        self.declared_leader = rec.leader_node
-        self.config = config
-        self.single_active = config.single_active
-        self.dead_letter_exchange = config.dead_letter_exchange
-        self.dead_letter_routing_key = config.dead_letter_routing_key
-        self.deleted = False
-        self.local_consumers: dict[str, QuorumConsumer] = {}
-        self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
-        self._ops: dict[tuple[str, str], list[int]] = {}
-        self.machine: Any = None  # the QuorumQueueState when this node is a member
-        self.figures = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
-        self.mstats = msgstats.new()  # what this node's channels did with the queue
-        self.last_used_ms = 0
-
-    def __repr__(self) -> str:
-        return f"QuorumQueue({self.vhost!r}, {self.name!r}, group {self.gid})"
-
-    # -- who leads
-    @property
-    def home_node(self) -> str:
-        return self.host.leader_of(self) or self.declared_leader
-
-    def online(self) -> list[str]:
-        return [n for n in self.members if self.host.peers.is_up(n)]
-
-    def check_up(self) -> None:
-        return None  # operations wait for a leader (and time out) rather than failing at once
-
-    # -- figures
-    def _counts(self) -> tuple[int, int, int]:
-        st = self.machine
-        if st is not None:
-            return st.messages_ready, st.messages_unacknowledged, st.consumer_count
-        return self.figures
-
-    @property
-    def message_count(self) -> int:
-        return self._counts()[0]
-
-    @property
-    def unacked_count(self) -> int:
-        return self._counts()[1]
-
-    @property
-    def consumer_count(self) -> int:
-        return self._counts()[2]
-
-    @property
-    def state(self) -> _Figures:
-        """The counts in the shape listings read from a queue's state."""
-        ready, unacked, _c = self._counts()
-        return _Figures(ready, unacked, self.machine.message_bytes if self.machine is not None else 0)
-
-    def active_consumer(self) -> Any:
-        return None
-
-    # -- acknowledgements (the channel calls these with the msg_id as the entry's seq)
-    def _op(self, msg_id: int, op: str) -> None:
-        owner = self._owner.pop(msg_id, None)
-        if owner is None:
-            return
-        self._ops.setdefault((owner, op), []).append(msg_id)
-        self.host.cl.broker.dirty_queues.add(self)
-
-    def settle(self, msg_id: int) -> None:
-        self._op(msg_id, "a")
-
-    def requeue(self, msg_id: int) -> None:
-        self._op(msg_id, "r")
-
-    def discard(self, msg_id: int) -> None:
-        self._op(msg_id, "d")
-
-    def flush(self) -> None:
-        if self._ops:
-            ops, self._ops = self._ops, {}
-            make = {"a": fifo.Settle, "r": fifo.Return, "d": fifo.Discard}
-            for (owner, op), ids in ops.items():
-                for i in range(0, len(ids), IDS_PER_COMMAND_MAX):
-                    self.host.propose(self, make[op](owner, ids[i:i + IDS_PER_COMMAND_MAX]))
-
-    def dispatch(self) -> int:
-        self.flush()
-        return 0
-
-    # -- consumers on this node
-    def add_consumer(self, c: QuorumConsumer) -> None:
-        self.local_consumers[c.consumer_id] = c
-        self.host.consumers[c.consumer_id] = c
-
-    def remove_consumer(self, c: QuorumConsumer) -> bool:
-        if self.local_consumers.pop(c.consumer_id, None) is None:
-            return False
-        self.host.consumers.pop(c.consumer_id, None)
-        self.flush()
-        self.host.propose(self, fifo.Cancel(c.consumer_id, requeue=c.channel.closed,
-                                            now_ms=self.host.now_ms()))
-        return True
-
-    def consumers(self) -> list[QuorumConsumer]:
-        return list(self.local_consumers.values())
-
-    def has_exclusive_consumer(self) -> bool:
-        return any(c.exclusive for c in self.local_consumers.values())
-
-
-class _QuorumApp:
-    """The application of one quorum queue's Raft group on a member node."""
-
-    def __init__(self, host: QuorumHost, q: QuorumQueue):
-        self.host = host
-        self.q = q
-        q.machine = fifo.QuorumQueueState(q.config)
-
-    def apply(self, data: bytes, index: int) -> None:
-        try:
-            origin, req, cmd_bytes = _dec.decode(data)
-            cmd = fifo.decode_command(cmd_bytes)
-        except (msgspec.DecodeError, ValueError, TypeError):
-            log.error("queue '%s' in vhost '%s': undecodable command at index %d; skipped", self.q.name,
-                      self.q.vhost, index)
-            return
-        effects = self.q.machine.apply(cmd)
-        host = self.host
-        if host.proposed_at_ms:
-            t = host.proposed_at_ms.pop(self.q.gid, None)
-            if t is not None:
-                host.commit_latency_ms[self.q.gid] = host.cl.broker.now_ms() - t
-        if self.host.is_leader(self.q):
-            self.host.carry_out(self.q, effects, origin, req)
-
-    def restore(self, data: bytes) -> None:
-        self.q.machine = fifo.QuorumQueueState.restore(data)
-
-    def snapshot(self) -> bytes:
-        return self.q.machine.snapshot()
-
-    def snapshot_due(self, entries_kept: int) -> bool:
-        """A snapshot holds the whole queue: take one only when the log kept since the last is
-        several times longer than the queue, so its cost stays a small part per entry."""
-        st = self.q.machine
-        return st is None or entries_kept >= SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN)
-
-
-class QuorumHost:
-    """This node's side of every quorum queue: handles, groups it hosts, proposals in flight."""
-
-    def __init__(self, cl: ClusterBroker, peers: Peers):
+    def __init__(self, cl: ClusterBroker):
         self.cl = cl
-        self.peers = peers
-        self.raft: Any = None  # the runtime's group host (ensure_group, drop_group, leader, propose)
-        self.queues: dict[int, QuorumQueue] = {}  # gid -> handle
-        self.consumers: dict[str, QuorumConsumer] = {}
-        # proposals waiting for an answer live in the peers' one request table (tag Q_REQUEST)
-        # (publisher, seq) -> [q, env, channel, seq, session, retry, publisher ids]
-        self._pubs: dict[tuple[str, int], list] = {}
-        self._publishers: dict[Any, _PublisherIds] = {}  # channel (None: the broker's own) -> ids
-        self._gone_due: list[tuple[float, _PublisherIds]] = []  # closed channels' records to drop
-        self._out: dict[str, list] = {}  # node -> effects to send it
-        self._leading: set[int] = set()
-        self._next_clock_s = 0.0
-        # commit latency as a leader sees it, one proposal at a time per group (Prometheus'
-        # rabbitmq_raft_entry_commit_latency_seconds): gid -> when the one measured was proposed
-        self.proposed_at_ms: dict[int, int] = {}
-        self.commit_latency_ms: dict[int, int] = {}
+        b = cl.broker
+        self.broker = b
+        self.now_ms = b.now_ms
+        self.schedule = b.schedule
+        self.queue_settings = b.queue_settings
+        self.dead_letter = b.dead_letter
+        self.window_add = cl.window_add
+        self.new_stats = msgstats.new
 
-    def now_ms(self) -> int:
-        return self.cl.broker.now_ms()
+    def metadata_timeout_ms(self) -> int:
+        return self.broker.config.metadata_timeout_ms
 
-    def new_id(self) -> int:
-        return self.peers.new_id()
+    def dirty(self, q: QuorumQueue) -> None:
+        self.broker.dirty_queues.add(q)
 
-    # -- the catalogue's records, applied
-    def make_handle(self, rec: cat.QueueRecord, declared: bool = False) -> QuorumQueue | None:
-        """The handle of a queue record; a member hosts its group. Only the declare itself
-        (`declared`) starts a new group from the bootstrap entry naming the initial members; a
-        member that learns of the queue any other way (a snapshot, a restart) starts from its
-        own log or empty, and the leader brings it up to date."""
-        try:
-            config, _warnings = fifo.quorum_config(dict(rec.arguments), rec.name, rec.vhost)
-        except fifo.QuorumArgumentError as e:  # checked at declare; a record that slipped through
-            log.error("quorum queue '%s' in vhost '%s': %s", rec.name, rec.vhost, e.text)
-            return None
-        config = self._with_policies(config, dict(rec.arguments))
-        q = QuorumQueue(self, rec, config)
-        old = self.queues.get(q.gid)
-        if old is not None:
-            return old
-        self.queues[q.gid] = q
-        if self.peers.node in q.members and self.raft is not None:
-            self.raft.ensure_group(q.gid, q.members, _QuorumApp(self, q), leader_hint=rec.leader_node,
-                                   joining=not declared)
-        return q
+    def delete_queue(self, vhost: str, name: str) -> None:
+        self.cl.submit(cat.DeleteQueue(vhost, name), lambda _r: None)
 
-    def members_changed(self, q: QuorumQueue, members: tuple[str, ...]) -> None:
-        """The catalogue's member list of a queue changed (add_member, delete_member, grow, shrink)."""
-        before = q.members
-        q.members = members
-        me = self.peers.node
-        if self.raft is None:
-            return
-        if me in members and me not in before:
-            self.raft.ensure_group(q.gid, members, _QuorumApp(self, q), joining=True)
-        elif me in before and me not in members:
-            self.raft.drop_group(q.gid)
-            q.machine = None
+    def cancel_local(self, consumer: QuorumConsumer) -> None:
+        self.cl._cancel_local(consumer)
 
-    def drop_handle(self, q: QuorumQueue) -> None:
-        q.deleted = True
-        self.queues.pop(q.gid, None)
-        for c in list(q.local_consumers.values()):
-            q.local_consumers.pop(c.consumer_id, None)
-            self.consumers.pop(c.consumer_id, None)
-            self.cl._cancel_local(c)
-        if self.raft is not None and self.peers.node in q.members:
-            self.raft.drop_group(q.gid)
-
-    # -- policies
-    def _with_policies(self, config: fifo.QuorumConfig, args: dict) -> fifo.QuorumConfig:
-        """A queue's config from its arguments, with its policy and operator policy applied
-        (hutch.queues.effective: the same resolution as every other queue type)."""
-        eff = self.cl.broker.queue_settings(config.vhost, config.name, "quorum", args)
-        strategy = config.dead_letter_strategy
-        wanted = args.get("x-dead-letter-strategy")
-        if (wanted.decode() if isinstance(wanted, bytes) else wanted) == fifo.AT_LEAST_ONCE:
-            strategy = fifo.AT_LEAST_ONCE if eff.overflow == fifo.REJECT_PUBLISH else fifo.AT_MOST_ONCE
-        return msgspec.structs.replace(
-            config, max_length=eff.max_length, max_length_bytes=eff.max_length_bytes, overflow=eff.overflow,
-            delivery_limit=eff.delivery_limit, dead_letter_exchange=eff.dead_letter_exchange,
-            dead_letter_routing_key=eff.dead_letter_routing_key, dead_letter_strategy=strategy,
-            message_ttl_ms=eff.message_ttl_ms, expires_ms=eff.expires_ms)
-
-    def reconfigure(self, q: QuorumQueue) -> None:
-        """Policies changed: the handle takes the queue's new settings on every node, and the
-        leader proposes them to the group (`Configure`), so every member applies them at the same
-        point of its log (a lowered max-length drops heads there)."""
-        config = self._with_policies(q.config, q.arguments)
-        if config != q.config:
-            eff = self.cl.broker.queue_settings(q.vhost, q.name, "quorum", q.arguments)
-            for w in eff.warnings:
-                log.warning("%s", w)
-        q.config = config
-        q.dead_letter_exchange = config.dead_letter_exchange
-        q.dead_letter_routing_key = config.dead_letter_routing_key
-        st = q.machine
-        if st is not None and self.is_leader(q) and not q.deleted:
-            current = msgspec.structs.replace(st.config, single_active=config.single_active)
-            if current != config:
-                self.propose(q, fifo.Configure(config))
-
-    # -- leadership
-    def leader_of(self, q: QuorumQueue) -> str | None:
-        return self.raft.leader(q.gid) if self.raft is not None else None
-
-    def is_leader(self, q: QuorumQueue) -> bool:
-        return self.raft is not None and self.raft.leader(q.gid) == self.peers.node
-
-    def leadership_changed(self, gid: int, leading: bool) -> None:
-        """The runtime tells us when this node starts or stops leading a group."""
-        q = self.queues.get(gid)
-        if q is None:
-            return
-        if leading and gid not in self._leading:
-            self._leading.add(gid)
-            log.info("quorum queue '%s' in vhost '%s': this node is the leader", q.name, q.vhost)
-            now = self.now_ms()
-            for n in q.members:
-                if n != self.peers.node and not self.peers.is_up(n):
-                    self.propose(q, fifo.NodeDown(n, now))
-            for n in self._consumer_nodes(q):
-                if not self.peers.is_up(n):
-                    self.propose(q, fifo.NodeDown(n, now))
-            self._cancel_stale(q)
-            self.reconfigure(q)  # a policy may have changed while another member led
-            pending = q.machine.dead_letters_pending() if q.machine is not None else None
-            if pending is not None:
-                self._dead_letter(q, pending)
-        elif not leading:
-            self._leading.discard(gid)
-
-    def _cancel_stale(self, q: QuorumQueue, node: str | None = None) -> None:
-        """Consumers registered by an earlier run of a node that is up again (it restarted):
-        their channels are gone, so what they held comes back."""
-        st = q.machine
-        if st is None:
-            return
-        now = self.now_ms()
-        for cid in list(getattr(st, "consumers", {})):
-            n = node_of(cid)
-            if node is not None and n != node:
-                continue
-            current = self.peers.incarnation_of(n) if self.peers.is_up(n) else None
-            if current is not None and incarnation_in(cid) != current:
-                self.propose(q, fifo.Cancel(cid, requeue=True, now_ms=now))
-
-    def _consumer_nodes(self, q: QuorumQueue) -> set[str]:
-        st = q.machine
-        if st is None:
-            return set()
-        return {node_of(cid) for cid in getattr(st, "consumers", {})}
-
-    # -- proposing
-    def propose(self, q: QuorumQueue, cmd, callback: Callable[[Any], None] | None = None) -> None:
-        """Propose `cmd` to the queue's leader, after the acks, nacks and rejects collected so
-        far (a basic.get right after a reject must find the message back)."""
-        q.flush()
-        req = self.new_id()
-        env = _enc.encode([self.peers.node, req, fifo.encode_command(cmd)])
-        now = self.cl.broker.now_ms() / 1000
-        # Every command is resent until the leader answers that it is applied (an ack lost with a
-        # leader would leave its message checked out for good), except the ones that are not
-        # idempotent: a basic.get or purge applied twice would take or remove more. Those are sent
-        # once there is somewhere to send them. A client waiting for the answer gets an error
-        # after metadata_timeout_ms; the others are resent as long as the queue exists.
-        deadline = now + self.cl.broker.config.metadata_timeout_ms / 1000 if callback is not None else float("inf")
-        once = isinstance(cmd, ONCE_ONLY)
-        item = [q, env, now + RETRY_S, once, False]  # queue, envelope, resend at, once only, sent
-        self.peers.requests.open(req, callback or _no_answer, None, deadline, Q_REQUEST, item)
-        self._send_call(item)
-
-    def _send_call(self, item: list) -> None:
-        q, env, _retry, once, sent = item
-        if not once:
-            self._send(q, env)
-        elif not sent and (self.raft is None or self.peers.node not in q.members or self.raft.leader(q.gid)):
-            # sent once, and by a member only when it knows a leader (a member that does not
-            # would drop it): a Get right after a declare waits for the election
-            item[4] = self._send(q, env)
-
-    def _send(self, q: QuorumQueue, env: bytes) -> bool:
-        """To the leader (proposed here, or sent to it, or to a member that forwards it); False
-        when there was nowhere to send it."""
-        raft = self.raft
-        if raft is not None and raft.leader(q.gid) == self.peers.node:
-            if q.gid not in self.proposed_at_ms:
-                self.proposed_at_ms[q.gid] = self.cl.broker.now_ms()
-            return raft.propose(q.gid, env)
-        target = raft.leader(q.gid) if raft is not None else None
-        if target is None or target == self.peers.node or not self.peers.is_up(target):
-            up = [n for n in q.members if n != self.peers.node and self.peers.is_up(n)]
-            target = up[0] if up else None
-        return target is not None and self.peers.send(target, ["QP", q.gid, env])
-
-    def on_forwarded(self, gid: int, env: bytes) -> None:
-        q = self.queues.get(gid)
-        if q is None or self.raft is None:
-            return
-        leader = self.raft.leader(gid)
-        if leader == self.peers.node:
-            if gid not in self.proposed_at_ms:
-                self.proposed_at_ms[gid] = self.cl.broker.now_ms()
-            self.raft.propose(gid, env)
-        elif leader is not None and self.peers.is_up(leader):
-            self.peers.send(leader, ["QP", gid, env])
-        # no leader known: dropped; the proposer sends it again
-
-    def leader_known(self, gid: int) -> None:
-        """A member learnt of a (new) leader of this queue: what waits for an answer goes to it
-        now rather than at the next resend."""
-        q = self.queues.get(gid)
-        if q is None:
-            return
-        for p in self.peers.requests.tagged(Q_REQUEST):
-            if p.state[0] is q:
-                self._send_call(p.state)
-        for item in self._pubs.values():
-            if item[0] is q:
-                self._send(q, item[1])
-
-    def tick(self, now_s: float) -> None:
-        """Resend what is unanswered; fail calls past their deadline; as a leader, let time
-        pass in the queues that have something to expire (message TTL at the head, x-expires)."""
-        if now_s >= self._next_clock_s:
-            self._next_clock_s = now_s + CLOCK_S
-            for q in list(self.queues.values()):
-                if self.is_leader(q) and self._wants_clock(q, int(now_s * 1000)):
-                    self.propose(q, fifo.Tick(int(now_s * 1000)))
-        requests = self.peers.requests
-        for p in requests.tagged(Q_REQUEST):
-            item = p.state
-            if item[0].deleted and p.callback is _no_answer:
-                requests.take(p.rid)
-            elif now_s < p.deadline_s and now_s >= item[2]:
-                item[2] = now_s + RETRY_S
-                self._send_call(item)
-        requests.expire(now_s)  # a client waiting past metadata_timeout_ms gets its error
-        for item in self._pubs.values():
-            if now_s >= item[5]:
-                item[5] = now_s + RETRY_S
-                if not item[0].deleted:
-                    self._send(item[0], item[1])
-        if self._gone_due:
-            self._publishers_gone(now_s)
-
-    def _wants_clock(self, q: QuorumQueue, now_ms: int) -> bool:
-        st = q.machine
-        if st is None:
-            return False
-        if q.config.expires_ms is not None:
-            return True
-        head = st.queue.head() if st.messages_ready else None
-        return head is not None and head.expires_at_ms is not None and head.expires_at_ms <= now_ms
-
-    # -- publishing
-    def publish(self, q: QuorumQueue, msg: Message, channel, seq: int) -> None:
-        """Propose the message; the channel's confirm for `seq` waits for its Accepted."""
-        session = channel.session if channel is not None else None
-        pub = self._publishers.get(channel)
-        if pub is None:
-            pub = self._new_publisher(channel)
-        seqs = pub.seqs
-        pseq = seqs.get(q.gid, 0) + 1
-        seqs[q.gid] = pseq
-        pub.inflight += 1
-        publisher = pub.id
-        now = self.now_ms()
-        cmd = fifo.Enqueue(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent, msg.priority,
-                           msg.expiration_ms, now, publisher, pseq)
-        env = _enc.encode([self.peers.node, 0, fifo.encode_command(cmd)])
-        self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, now / 1000 + RETRY_S, pub]
+    def publish_answered(self, ch: Any, session: Any, seq: int, accepted: bool) -> None:
+        """A publish the queue decided: the session's window moves on, the channel confirms."""
+        cl = self.cl
         if session is not None:
-            self.cl.window_add(session)
-        self._send(q, env)
-
-    def _confirmed(self, publisher: str, pseq: int, accepted: bool) -> None:
-        item = self._pubs.pop((publisher, pseq), None)
-        if item is None:
-            return
-        _q, _env, ch, seq, session, _retry, pub = item
-        pub.inflight -= 1
-        assert pub.inflight >= 0, f"publisher {publisher}: more answers than publishes"
-        if session is not None:
-            self.cl.window_done(session)
+            cl.window_done(session)
         if seq and ch is not None and not ch.closed:
             if accepted:
                 ch.accepted(seq)
             else:
                 ch.nack_publish(seq)
-            self.cl.output(session)
+            cl.output(session)
 
-    def _new_publisher(self, channel: Any) -> _PublisherIds:
-        """A channel's first publish to a quorum queue: it gets an id of its own, from the
-        node's counter (ids are never reused, so a sequence restarting at 1 is always right)."""
-        if len(self._publishers) >= PUBLISHERS_MAX:
-            oldest = next(iter(self._publishers))
-            self._retire(self._publishers.pop(oldest))
-        pub = self._publishers[channel] = _PublisherIds(self.peers.owner_id())
-        return pub
-
-    def channel_closed(self, channel: Any) -> None:
-        """The channel is gone: its ids are forgotten here, and each queue it published to is
-        told to drop its record once nothing it sent can still arrive (fifo.PublisherGone)."""
-        pub = self._publishers.pop(channel, None)
-        if pub is not None:
-            self._retire(pub)
-
-    def _retire(self, pub: _PublisherIds) -> None:
-        self._gone_due.append((self.now_ms() / 1000 + PUBLISHER_GONE_DELAY_S, pub))
-
-    def _publishers_gone(self, now_s: float) -> None:
-        due, self._gone_due = self._gone_due, []
-        for at, pub in due:
-            if at > now_s:
-                self._gone_due.append((at, pub))
-            elif pub.inflight:  # publishes still unanswered (being resent): wait for them
-                self._gone_due.append((now_s + PUBLISHER_GONE_DELAY_S, pub))
-            else:
-                for gid in pub.seqs:
-                    q = self.queues.get(gid)
-                    if q is not None and not q.deleted:
-                        self.propose(q, fifo.PublisherGone(pub.id))
-
-    # -- effects, on the leader
-    def carry_out(self, q: QuorumQueue, effects: list, origin: str, req: int) -> None:
-        reply: Any = [200]
-        for e in effects:
-            t = type(e)
-            if t is fifo.Deliver:
-                self._queue_out(node_of(e.consumer_id), ["D", q.gid, e.consumer_id, e.msg_id, e.delivery_count,
-                                                          e.redelivered, e.exchange, e.routing_key, e.props, e.body])
-            elif t is fifo.Accepted or t is fifo.Rejected:
-                self._queue_out(node_of(e.publisher), ["A", e.publisher, e.publisher_seq, t is fifo.Accepted])
-            elif t is fifo.GetResult:
-                m = e.message
-                reply = [200, None if m is None else [m.msg_id, m.delivery_count, m.redelivered, m.exchange,
-                                                       m.routing_key, m.props, m.body], e.message_count,
-                         e.requester]
-            elif t is fifo.Purged or t is fifo.Deleted:
-                reply = [200, e.message_count]
-            elif t is fifo.DeadLetter:
-                self._dead_letter(q, e)
-            elif t is fifo.ConsumerCancelled:
-                self._queue_out(node_of(e.consumer_id), ["X", q.gid, e.consumer_id])
-            elif t is fifo.DispatchPending:
-                self.propose(q, fifo.Tick(self.now_ms()))
-            elif t is fifo.QueueExpired:
-                self.cl.submit(cat.DeleteQueue(q.vhost, q.name), lambda _r: None)
-        if req:
-            self._queue_out(origin, ["R", req, reply, q.gid])
-        self.cl.broker.schedule()
-
-    def _queue_out(self, node: str, item: list) -> None:
-        self._out.setdefault(node, []).append(item)
-
-    def flush(self) -> None:
-        if self._out:
-            out, self._out = self._out, {}
-            for node, items in out.items():
-                if node == self.peers.node:
-                    self.on_effects(items)
-                else:
-                    self.peers.send(node, ["QE", items])
-
-    def _dead_letter(self, q: QuorumQueue, e: fifo.DeadLetter) -> None:
-        if e.exchange is not None:
-            entries = [Entry(0, Message(m.exchange, m.routing_key, codec.route_encoding(m.exchange, m.routing_key),
-                                        m.props, m.body, m.persistent, 0, None), None) for m in e.messages]
-            self.cl.broker.dead_letter(q, entries, e.reason)
-        if e.strategy == fifo.AT_LEAST_ONCE and e.messages:
-            self.propose(q, fifo.DeadLetterSettled([m.seq for m in e.messages]))
-
-    # -- effects, where they land
-    def on_effects(self, items: list) -> None:
-        for item in items:
-            kind = item[0]
-            if kind == "D":
-                self._deliver(*item[1:])
-            elif kind == "A":
-                self._confirmed(item[1], item[2], item[3])
-            elif kind == "R":
-                if not self.peers.requests.answer(item[1], item[2]):
-                    self._orphan_answer(item[2], item[3])
-            elif kind == "X":
-                c = self.consumers.pop(item[2], None)
-                if c is not None:
-                    c.queue.local_consumers.pop(c.consumer_id, None)
-                    self.cl._cancel_local(c)
-        self.cl.broker.schedule()
-
-    def _orphan_answer(self, answer: list, gid: int) -> None:
-        """An answer nobody waits for any more (the call timed out before it committed): a
-        message a basic.get took goes back to the queue."""
-        q = self.queues.get(gid)
-        if q is not None and len(answer) == 4 and answer[1] is not None:
-            self.propose(q, fifo.Return(answer[3], [answer[1][0]]))
-
-    def _deliver(self, gid: int, consumer_id: str, msg_id: int, delivery_count: int, redelivered: bool,
-                 exchange: str, routing_key: str, props: bytes, body: bytes) -> None:
-        c = self.consumers.get(consumer_id)
-        q = self.queues.get(gid)
-        if c is None or q is None:
-            if q is not None:  # the consumer is gone: give it back
-                q.host.propose(q, fifo.Return(consumer_id, [msg_id]))
-            return
+    def deliver(self, c: QuorumConsumer, q: QuorumQueue, msg_id: int, delivery_count: int, redelivered: bool,
+                route: bytes, props: bytes, body: bytes) -> None:
         ch = c.channel
         session = ch.session
-        props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
         msgstats.count_delivery(ch.mstats, q.mstats, c.no_ack, redelivered)
         ch.delivery_tag += 1
         tag = ch.delivery_tag
         if not c.no_ack:
             ch.unacked[tag] = (q, _QuorumEntry(msg_id, delivery_count), c)
             c.unacked += 1
-            q._owner[msg_id] = consumer_id
-        session.send_frames(codec.deliver_frames(ch.number, c.ctag_enc, tag, redelivered,
-                                                 codec.route_encoding(exchange, routing_key), props, body,
+        session.send_frames(codec.deliver_frames(ch.number, c.ctag_enc, tag, redelivered, route, props, body,
                                                  session.frame_max))
         self.cl.output(session)
-
-    def got(self, q: QuorumQueue, requester: str, answer: list, no_ack: bool):
-        """A Get's answer: (msg_id, delivery_count, redelivered, route, count, props, body) or None."""
-        m, count = answer[1], answer[2]
-        if m is None:
-            return None
-        msg_id, delivery_count, redelivered, exchange, routing_key, props, body = m
-        props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
-        if not no_ack:
-            q._owner[msg_id] = requester
-        return msg_id, delivery_count, redelivered, codec.route_encoding(exchange, routing_key), count, props, body
-
-    # -- nodes
-    def peer_down(self, peer: str) -> None:
-        now = self.now_ms()
-        for q in list(self.queues.values()):
-            if self.is_leader(q):
-                self.propose(q, fifo.NodeDown(peer, now))
-        # calls and publishes in flight are resent to the next leader by tick()
-
-    def peer_up(self, peer: str) -> None:
-        now = self.now_ms()
-        for q in list(self.queues.values()):
-            if self.is_leader(q):
-                self.propose(q, fifo.NodeUp(peer, now))
-                self._cancel_stale(q, peer)
-
-    def owner_id(self) -> str:
-        """A new consumer, requester or publisher id of this run of this node."""
-        return self.peers.owner_id()
-
-    # -- membership (hutch-queues add_member, delete_member, grow, shrink)
-    def membership_op(self, gid: int, op: str, node: str) -> list:
-        """On the node asked to: the queue's leader proposes the change to its group."""
-        if self.raft is None:
-            return [spec.NOT_FOUND, "no such queue group here"]
-        why = self.raft.change_members(gid, op, node)
-        return [200] if why is None else [spec.PRECONDITION_FAILED, why]
-
-    def local_status(self, gid: int) -> dict | None:
-        st = self.raft.status(gid) if self.raft is not None else None
-        q = self.queues.get(gid)
-        if st is not None and q is not None and q.machine is not None:
-            st["publishers"] = len(q.machine.publishers)  # publishers whose sequence numbers it keeps
-        return st
-
-    # -- listings
-    def stats(self) -> list:
-        return [[q.vhost, q.name, *q._counts()] for q in self.queues.values() if self.is_leader(q)]
-
-
-def _no_answer(_answer: Any) -> None:
-    return None
 
 
 def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:
@@ -761,31 +108,5 @@ def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:
 
 
 def place_members(cl: ClusterBroker, args: dict, name: str, vhost: str) -> tuple[str, tuple[str, ...]]:
-    """The leader and members of a new quorum queue: x-quorum-initial-group-size members (3 by
-    default, at most the running nodes), placed by queue-leader-locator: client-local puts the
-    declaring node first; balanced prefers the nodes that lead and host the fewest."""
-    nodes = cl.running_nodes() or [cl.node]
-    size = args.get("x-quorum-initial-group-size")
-    size = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else DEFAULT_GROUP_SIZE
-    size = min(size, len(nodes))
-    locator = args.get("x-queue-leader-locator")
-    if isinstance(locator, bytes):
-        locator = locator.decode()
-    if locator is None:
-        pol = cl.catalogue.policy_for(vhost, name, cat.QUEUE, cat.QUORUM)
-        locator = pol.definition.get("queue-leader-locator") if pol is not None else None
-    leaders = dict.fromkeys(nodes, 0)
-    hosted = dict.fromkeys(nodes, 0)
-    for rec in cl.catalogue.queues.values():
-        if rec.type == cat.QUORUM:
-            if rec.leader_node in leaders:
-                leaders[rec.leader_node] += 1
-            for m in rec.member_nodes:
-                if m in hosted:
-                    hosted[m] += 1
-    if locator in ("balanced", "random", "least-leaders"):  # 3.13: the older names mean balanced
-        leader = min(nodes, key=lambda n: (leaders[n], hosted[n], n))
-    else:
-        leader = cl.node if cl.node in nodes else nodes[0]
-    others = sorted((n for n in nodes if n != leader), key=lambda n: (hosted[n], n))
-    return leader, (leader, *others[:size - 1])
+    """The leader and members of a new quorum queue declared on this node (hutch.quorum.placement)."""
+    return placement.place_members(cl.catalogue, cl.running_nodes(), cl.node, args, name, vhost)

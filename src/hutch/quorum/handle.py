@@ -1,0 +1,175 @@
+"""A quorum queue as the broker holds it in a vhost, on every node of the cluster
+(`QuorumQueue`): the catalogue's record, the queue's own state machine when this node is a
+member of its Raft group (`machine`), the last figures its leader reported otherwise, the
+consumers attached on this node, and the acknowledgements collected this loop iteration.
+
+Every operation is a command proposed to the queue's leader through the host
+(`hutch.quorum.host`); acknowledgements are batched per consumer and proposed once per loop
+iteration (`flush`), at most `IDS_PER_COMMAND_MAX` message ids per command.
+
+Must never: touch a channel or a connection (deliveries go out through the host's port), do
+I/O, or import anything from `hutch.broker` or above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from hutch.cluster import catalogue as cat
+from hutch.cluster.peers import Peers
+from hutch.quorum import fifo
+
+IDS_PER_COMMAND_MAX = min(1000, fifo.MSG_IDS_PER_COMMAND_MAX)  # msg ids per settle/return/discard
+
+
+class PortOps(Protocol):
+    def dirty(self, q: Any) -> None: ...
+    def new_stats(self) -> Any: ...
+
+
+class HostOps(Protocol):
+    """What a handle needs of its host (`hutch.quorum.host.QuorumHost`)."""
+
+    port: PortOps
+    peers: Peers
+    consumers: dict[str, Any]
+
+    def leader_of(self, q: QuorumQueue) -> str | None: ...
+    def now_ms(self) -> int: ...
+    def propose(self, q: QuorumQueue, cmd: Any, callback: Callable[[Any], None] | None = None) -> None: ...
+
+
+class _Figures:
+    __slots__ = ("ready_count", "unacked_count", "ready_bytes", "unacked_bytes")
+
+    def __init__(self, ready: int, unacked: int, nbytes: int = 0):
+        self.ready_count = ready
+        self.unacked_count = unacked
+        self.ready_bytes = nbytes
+        self.unacked_bytes = 0
+
+
+class QuorumQueue:
+    """A quorum queue's handle in a vhost, on every node."""
+
+    remote = True  # the broker's generic paths: not a classic queue homed here
+    quorum = True
+    message_ttl_ms = None
+    expires_ms = None
+    journal_id = 0
+    exclusive_owner = None
+    durable = True
+    auto_delete = False
+
+    def __init__(self, host: HostOps, rec: cat.QueueRecord, config: fifo.QuorumConfig):
+        self.host = host
+        self.name = rec.name
+        self.vhost = rec.vhost
+        self.arguments = dict(rec.arguments)
+        self.gid = rec.journal_id
+        self.members = tuple(rec.member_nodes)
+        self.declared_leader = rec.leader_node
+        self.config = config
+        self.single_active = config.single_active
+        self.dead_letter_exchange = config.dead_letter_exchange
+        self.dead_letter_routing_key = config.dead_letter_routing_key
+        self.deleted = False
+        self.local_consumers: dict[str, Any] = {}
+        self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
+        self._ops: dict[tuple[str, str], list[int]] = {}
+        self.machine: Any = None  # the QuorumQueueState when this node is a member
+        self.figures = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
+        self.mstats = host.port.new_stats()  # what this node's channels did with the queue
+        self.last_used_ms = 0
+
+    def __repr__(self) -> str:
+        return f"QuorumQueue({self.vhost!r}, {self.name!r}, group {self.gid})"
+
+    # -- who leads
+    @property
+    def home_node(self) -> str:
+        return self.host.leader_of(self) or self.declared_leader
+
+    def online(self) -> list[str]:
+        return [n for n in self.members if self.host.peers.is_up(n)]
+
+    def check_up(self) -> None:
+        return None  # operations wait for a leader (and time out) rather than failing at once
+
+    # -- figures
+    def _counts(self) -> tuple[int, int, int]:
+        st = self.machine
+        if st is not None:
+            return st.messages_ready, st.messages_unacknowledged, st.consumer_count
+        return self.figures
+
+    @property
+    def message_count(self) -> int:
+        return self._counts()[0]
+
+    @property
+    def unacked_count(self) -> int:
+        return self._counts()[1]
+
+    @property
+    def consumer_count(self) -> int:
+        return self._counts()[2]
+
+    @property
+    def state(self) -> _Figures:
+        """The counts in the shape listings read from a queue's state."""
+        ready, unacked, _c = self._counts()
+        return _Figures(ready, unacked, self.machine.message_bytes if self.machine is not None else 0)
+
+    def active_consumer(self) -> Any:
+        return None
+
+    # -- acknowledgements (the channel calls these with the msg_id as the entry's seq)
+    def _op(self, msg_id: int, op: str) -> None:
+        owner = self._owner.pop(msg_id, None)
+        if owner is None:
+            return
+        self._ops.setdefault((owner, op), []).append(msg_id)
+        self.host.port.dirty(self)
+
+    def settle(self, msg_id: int) -> None:
+        self._op(msg_id, "a")
+
+    def requeue(self, msg_id: int) -> None:
+        self._op(msg_id, "r")
+
+    def discard(self, msg_id: int) -> None:
+        self._op(msg_id, "d")
+
+    def flush(self) -> None:
+        if self._ops:
+            ops, self._ops = self._ops, {}
+            make = {"a": fifo.Settle, "r": fifo.Return, "d": fifo.Discard}
+            for (owner, op), ids in ops.items():
+                for i in range(0, len(ids), IDS_PER_COMMAND_MAX):
+                    self.host.propose(self, make[op](owner, ids[i:i + IDS_PER_COMMAND_MAX]))
+
+    def dispatch(self) -> int:
+        self.flush()
+        return 0
+
+    # -- consumers on this node
+    def add_consumer(self, c: Any) -> None:
+        self.local_consumers[c.consumer_id] = c
+        self.host.consumers[c.consumer_id] = c
+
+    def remove_consumer(self, c: Any) -> bool:
+        if self.local_consumers.pop(c.consumer_id, None) is None:
+            return False
+        self.host.consumers.pop(c.consumer_id, None)
+        self.flush()
+        self.host.propose(self, fifo.Cancel(c.consumer_id, requeue=c.channel.closed,
+                                            now_ms=self.host.now_ms()))
+        return True
+
+    def consumers(self) -> list[Any]:
+        return list(self.local_consumers.values())
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.local_consumers.values())
