@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hutch.queues.message import Message
-from hutch.queues.state import DROP_HEAD, REJECT_PUBLISH, REJECT_PUBLISH_DLX, QueueLimits, QueueState, Refused
+from hutch.queues.state import (
+    DROP_HEAD,
+    REJECT_PUBLISH,
+    REJECT_PUBLISH_DLX,
+    NotCheckedOut,
+    QueueLimits,
+    QueueState,
+    Refused,
+)
 
 READY, UNACKED = "ready", "unacked"
 GONE = ("settled", "discarded", "dropped", "purged", "taken")
@@ -181,7 +189,7 @@ class QueueMachine(RuleBasedStateMachine):
         before = [snapshot(q) for q in self.copies]
         for op in ("settle", "return_", "discard"):
             kind, value = self.apply(op, seq)
-            assert (kind, value) == ("raised", KeyError)
+            assert kind == "raised" and issubclass(value, KeyError)  # NotCheckedOut for settle/return_
         assert [snapshot(q) for q in self.copies] == before
 
     @precondition(lambda self: self.ids(READY))
@@ -189,8 +197,8 @@ class QueueMachine(RuleBasedStateMachine):
     def settle_of_a_ready_message_is_refused(self, data):
         n = data.draw(st.sampled_from(self.ids(READY)))
         before = [snapshot(q) for q in self.copies]
-        assert self.apply("settle", self.seq_of[n]) == ("raised", KeyError)
-        assert self.apply("return_", self.seq_of[n]) == ("raised", KeyError)
+        assert self.apply("settle", self.seq_of[n]) == ("raised", NotCheckedOut)
+        assert self.apply("return_", self.seq_of[n]) == ("raised", NotCheckedOut)
         assert [snapshot(q) for q in self.copies] == before
 
     @rule()
@@ -237,6 +245,11 @@ class QueueMachine(RuleBasedStateMachine):
             assert q.ready_bytes == sum(self.size[i] for i in ready)
             assert q.unacked_bytes == sum(self.size[i] for i in unacked)
             assert q.next_seq == self.next_seq
+
+    @invariant()
+    def the_state_checks_its_own_invariants(self):
+        for q in self.copies:
+            q.check_invariants()
 
     @invariant()
     def redelivered_is_set_exactly_on_returned_messages(self):
@@ -367,3 +380,15 @@ def test_only_the_head_expires():
 def test_unknown_overflow_mode_is_refused():
     with pytest.raises(ValueError):
         QueueLimits(overflow="drop-tail")
+
+
+def test_settling_or_returning_what_is_not_checked_out_says_so():
+    q = QueueState()
+    entry, _ = q.enqueue(Message("", "q", b"", b"", b"x", False, 0, None))
+    with pytest.raises(NotCheckedOut):
+        q.settle(entry.seq)  # ready, not checked out
+    q.checkout()
+    q.settle(entry.seq)
+    with pytest.raises(NotCheckedOut):
+        q.return_(entry.seq)  # settled already
+    q.check_invariants()

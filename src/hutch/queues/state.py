@@ -115,6 +115,11 @@ class Refused(Exception):
     """enqueue refused by reject-publish overflow."""
 
 
+class NotCheckedOut(KeyError):
+    """settle or return_ of a sequence number that is not checked out: the caller's bug (a
+    channel settles only what it was delivered, a replica only what its leader checked out)."""
+
+
 class QueueState:
     """See the module docstring."""
 
@@ -230,12 +235,17 @@ class QueueState:
         return entry
 
     def settle(self, seq: int) -> Entry:
-        entry = self.unacked.pop(seq)
+        entry = self.unacked.pop(seq, None)
+        if entry is None:
+            raise NotCheckedOut(seq)
         self.unacked_bytes -= len(entry.message.body)
+        assert self.unacked_bytes >= 0, f"unacked bytes below zero after settling {seq}"
         return entry
 
     def return_(self, seq: int) -> Entry:
-        entry = self.unacked.pop(seq)
+        entry = self.unacked.pop(seq, None)
+        if entry is None:
+            raise NotCheckedOut(seq)
         self.unacked_bytes -= len(entry.message.body)
         level = self._single if self._single is not None else self._level_of(entry.message)
         heapq.heappush(level.returned, entry)
@@ -299,3 +309,14 @@ class QueueState:
     def _ready_removed(self, entry: Entry) -> None:
         self.ready_count -= 1
         self.ready_bytes -= len(entry.message.body)
+        assert self.ready_count >= 0 and self.ready_bytes >= 0, "ready count or bytes below zero"
+
+    def check_invariants(self) -> None:
+        """The counters agree with the entries (O(n): for tests and simulations, not per operation)."""
+        ready = list(self.ready())
+        assert self.ready_count == len(ready) >= 0, (self.ready_count, len(ready))
+        assert self.ready_bytes == sum(len(e.message.body) for e in ready), "ready bytes disagree"
+        assert self.unacked_bytes == sum(len(e.message.body) for e in self.unacked.values()), "unacked bytes"
+        seqs = {e.seq for e in ready}
+        assert len(seqs) == len(ready) and not seqs & self.unacked.keys(), "an entry is both ready and out"
+        assert all(e.seq < self.next_seq for e in ready), "a ready entry from the future"
