@@ -154,6 +154,8 @@ class HutchNode:
         cmd = [sys.executable, "-m", "hutch", "server", "--node-name", self.name,
                "--amqp-port", str(self.amqp_port), "--data-dir", str(self.data_dir),
                "--log-level", self.log_level, "--mgmt-port", str(self.mgmt_port), *self.extra_args]
+        if "--prometheus-port" not in self.extra_args:
+            cmd += ["--prometheus-port", "0"]  # no metrics listener unless the test asks for one
         # the node is configured by its arguments and `env` only: HUTCH_* variables of the shell
         # running the tests would change it (where it logs, its node name, its ports)
         env = {k: v for k, v in os.environ.items() if not k.startswith("HUTCH_")}

@@ -59,6 +59,7 @@ NODE_HOST = "localhost"
 LOOPBACK = "127.0.0.1"
 BASE_PORT_DEFAULT = 5672
 MGMT_PORT_OFFSET = 10000
+PROMETHEUS_PORT_OFFSET = 10020  # 5672 -> 15692, as RabbitMQ's rabbitmq_prometheus
 PEER_PORT_OFFSET = 20000
 NODES_MAX = 16
 LAB_DIR_DEFAULT = "./var/lab"
@@ -101,6 +102,7 @@ class NodeSpec:
     mgmt_port: int
     peer_port: int
     data_dir: str
+    prometheus_port: int = 0  # 0: none (labs made before the metrics listener)
 
     @property
     def short_name(self) -> str:
@@ -124,7 +126,15 @@ class NodeSpec:
         return str(Path(self.data_dir) / "log" / f"{self.name}.log")
 
     def ports(self) -> dict[str, int]:
-        return {"AMQP": self.amqp_port, "HTTP": self.mgmt_port, "peer": self.peer_port}
+        ports = {"AMQP": self.amqp_port, "HTTP": self.mgmt_port, "peer": self.peer_port}
+        if self.prometheus_port:
+            ports["Prometheus"] = self.prometheus_port
+        return ports
+
+    @classmethod
+    def from_record(cls, record: dict) -> NodeSpec:
+        """A spec from its lab.json record (fields a record lacks take their defaults)."""
+        return cls(**{k: record[k] for k in cls.__dataclass_fields__ if k in record})
 
 
 def plan_nodes(count: int, base_port: int, lab_dir: str | os.PathLike) -> list[NodeSpec]:
@@ -134,7 +144,8 @@ def plan_nodes(count: int, base_port: int, lab_dir: str | os.PathLike) -> list[N
         raise LabError(f"base port {base_port}: P+{PEER_PORT_OFFSET}+{count - 1} must stay below 65536")
     root = Path(lab_dir).resolve()
     return [NodeSpec(i, f"hutch-{i + 1}@{NODE_HOST}", base_port + i, base_port + MGMT_PORT_OFFSET + i,
-                     base_port + PEER_PORT_OFFSET + i, str(root / f"hutch-{i + 1}")) for i in range(count)]
+                     base_port + PEER_PORT_OFFSET + i, str(root / f"hutch-{i + 1}"),
+                     base_port + PROMETHEUS_PORT_OFFSET + i) for i in range(count)]
 
 
 def directed_links(nodes: Iterable[NodeSpec]) -> list[tuple[str, str]]:
@@ -166,6 +177,7 @@ def node_command(spec: NodeSpec, nodes: list[NodeSpec], proxy_ports: dict[tuple[
     cmd = [python or sys.executable, "-m", "hutch", "server",
            "--node-name", spec.name, "--amqp-host", LOOPBACK, "--amqp-port", str(spec.amqp_port),
            "--mgmt-port", str(spec.mgmt_port), "--peer-port", str(spec.peer_port),
+           "--prometheus-port", str(spec.prometheus_port),
            "--data-dir", spec.data_dir, "--log-level", log_level,
            "--cluster-nodes", ",".join(f"{n.name}:{n.peer_port}" for n in nodes),
            "--cluster-secret-file", secret_file,
@@ -348,7 +360,7 @@ class Controller:
     def __init__(self, lab_dir: Path, config: dict):
         self.dir = lab_dir
         self.config = config
-        self.specs = [NodeSpec(**n) for n in config["nodes"]]
+        self.specs = [NodeSpec.from_record(n) for n in config["nodes"]]
         self.secret_file = str(lab_dir / SECRET_FILE)
         self.token = config["token"]
         self.proxies: dict[tuple[str, str], FaultProxy] = {}
@@ -722,7 +734,7 @@ class Lab:
 
     @property
     def nodes(self) -> list[NodeSpec]:
-        return [NodeSpec(**{k: n[k] for k in NodeSpec.__dataclass_fields__}) for n in self.info()["nodes"]]
+        return [NodeSpec.from_record(n) for n in self.info()["nodes"]]
 
     def node(self, ref: str | int) -> NodeSpec:
         return resolve_node(self.nodes, ref)
@@ -915,7 +927,7 @@ class Lab:
         Works from lab.json and /proc alone when the controller is gone."""
         rows = []
         for n in self.info()["nodes"]:
-            spec = NodeSpec(**{k: n[k] for k in NodeSpec.__dataclass_fields__})
+            spec = NodeSpec.from_record(n)
             state = process_state(n["pid"]) if n["pid"] and _is_lab_node(n["pid"], spec.name) else "stopped"
             rows.append({"name": spec.name, "pid": n["pid"], "state": state, "amqp_port": spec.amqp_port,
                          "mgmt_port": spec.mgmt_port, "peer_port": spec.peer_port,
