@@ -16,7 +16,7 @@ gets `basic.nack`. In transactional mode, publishes and acknowledgements are hel
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError, precondition_failed
@@ -25,8 +25,21 @@ from hutch.broker.msgstats import DELIVER, DELIVER_NO_ACK, REDELIVER
 from hutch.queues.classic import ClassicQueue
 from hutch.queues.state import Entry
 
-if TYPE_CHECKING:
-    from hutch.broker.session import Session
+
+class ChannelOutput(Protocol):
+    """What a channel needs of the connection it belongs to (`hutch.broker.session.Session`):
+    the broker, its vhost, a way to write frames, and the rest of the connection's state that
+    decides whether deliveries may go out."""
+
+    broker: Any
+    vhost: Any
+    frame_max: int
+    writable: bool
+
+    def send_frames(self, frames: Any) -> None: ...
+    def send_bytes(self, data: bytes) -> None: ...
+    def confirms_due(self, channel: Channel) -> None: ...
+    def new_consumer_tag(self) -> str: ...
 
 
 class ChannelConsumer:
@@ -89,7 +102,7 @@ class ChannelConsumer:
 
 
 class Channel:
-    def __init__(self, session: Session, number: int):
+    def __init__(self, session: ChannelOutput, number: int):
         self.session = session
         self.number = number
         self.consumers: dict[str, ChannelConsumer] = {}

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hutch.amqp import codec, spec
 from hutch.broker import msgstats
@@ -47,10 +47,27 @@ from hutch.queues.message import Message
 from hutch.queues.state import Entry
 
 if TYPE_CHECKING:
-    from hutch.broker.cluster import ClusterBroker, RemoteQueue
     from hutch.queues.classic import ClassicQueue
 
 log = logging.getLogger("hutch.mirroring")
+
+
+class MirrorCluster(Protocol):
+    """What the mirroring glue uses of the node's cluster side (`hutch.broker.cluster.ClusterBroker`):
+    the peers, the catalogue's leader of a queue, ha-* settings, and re-attaching consumers."""
+
+    broker: Any
+    node: str
+    incarnation: int
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+    def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None: ...
+    def send(self, peer: str, payload: Any) -> bool: ...
+    def is_up(self, node: str) -> bool: ...
+    def submit(self, cmd: cat.Command, callback: Callable[[cat.Result], None]) -> None: ...
+    def catalogue_leader_of(self, vhost: str, name: str) -> str | None: ...
+    def mirror_params(self, vhost: str, name: str) -> MirrorParams | None: ...
+    def leader_here(self, cur: Any, q: Any) -> None: ...
 
 FLOW_HIGH = 20000  # messages broadcast and not yet stable: publishers wait above this
 FLOW_LOW = 5000
@@ -500,7 +517,7 @@ class Mirror:
 class MirrorHost:
     """Every mirrored queue this node leads or mirrors, and their GM traffic (on ClusterBroker)."""
 
-    def __init__(self, cluster: ClusterBroker):
+    def __init__(self, cluster: MirrorCluster):
         self.cluster = cluster
         self.broker = cluster.broker
         self.node = cluster.node
@@ -586,7 +603,7 @@ class MirrorHost:
 
     # ---------------------------------------------------------------- becoming leader
 
-    def become_leader(self, rec: cat.QueueRecord, cur: RemoteQueue | None) -> bool:
+    def become_leader(self, rec: cat.QueueRecord, cur: Any) -> bool:
         """The catalogue names this node leader of a queue it mirrors. Promote the replica now if
         the old leader is gone from the ring; otherwise wait for it to leave (False)."""
         m = self.mirrors.get((rec.vhost, rec.name))

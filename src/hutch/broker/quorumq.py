@@ -10,7 +10,7 @@ Must never: decide anything about a quorum queue (what to propose, to whom, when
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
@@ -20,8 +20,20 @@ from hutch.cluster import catalogue as cat
 from hutch.quorum import placement
 from hutch.quorum.handle import QuorumQueue
 
-if TYPE_CHECKING:
-    from hutch.broker.cluster import ClusterBroker
+
+class ClusterSide(Protocol):
+    """What the port uses of the node's cluster glue (`hutch.broker.cluster.ClusterBroker`)."""
+
+    broker: Any
+    catalogue: cat.Catalogue
+    node: str
+
+    def window_add(self, session: Any) -> None: ...
+    def window_done(self, session: Any) -> None: ...
+    def output(self, session: Any) -> None: ...
+    def submit(self, cmd: cat.Command, callback: Any) -> None: ...
+    def running_nodes(self) -> list[str]: ...
+    def _cancel_local(self, c: Any) -> None: ...
 
 DEFAULT_GROUP_SIZE = placement.DEFAULT_GROUP_SIZE
 
@@ -53,7 +65,7 @@ class BrokerQuorumPort:
     """`hutch.quorum.host.QuorumPort` on a broker: the host's only way into it. The hot-path
     services are the broker's bound methods themselves (no extra call per message)."""
 
-    def __init__(self, cl: ClusterBroker):
+    def __init__(self, cl: ClusterSide):
         self.cl = cl
         b = cl.broker
         self.broker = b
@@ -107,6 +119,6 @@ def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:
     return AMQPError(spec.NOT_IMPLEMENTED, f"queue '{q.name}' in vhost '{q.vhost}' does not support global qos")
 
 
-def place_members(cl: ClusterBroker, args: dict, name: str, vhost: str) -> tuple[str, tuple[str, ...]]:
+def place_members(cl: ClusterSide, args: dict, name: str, vhost: str) -> tuple[str, tuple[str, ...]]:
     """The leader and members of a new quorum queue declared on this node (hutch.quorum.placement)."""
     return placement.place_members(cl.catalogue, cl.running_nodes(), cl.node, args, name, vhost)
