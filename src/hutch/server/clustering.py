@@ -7,16 +7,22 @@
   group 0), `"q"` (operations on queues
   homed on another node, `hutch.broker.cluster`) and `"rpc"` (proposals forwarded to the
   leader, joins);
-- the catalogue's `RaftGroup` on the node's `RaftHostStorage` (DATA_DIR/raft): every Ready is
-  made durable (one fsync) before its messages leave, then its committed entries are applied
-  to the catalogue and the broker (`ClusterBroker.apply_command`);
+- the catalogue's `RaftGroup` on the node's `RaftHostStorage` (DATA_DIR/raft), hosted with the
+  quorum queues' groups by `hutch.server.raft_host`: every Ready is made durable (one fsync)
+  before its messages leave, then its committed entries are applied to the catalogue and the
+  broker (`ClusterBroker.apply_command`);
 - proposals: a change proposed on a follower is forwarded to the leader and retried until
   this node has applied it or `metadata_timeout_ms` has passed — then it fails with 541
   INTERNAL_ERROR saying that no majority is reachable. A node on the minority side of a
   partition therefore never changes the catalogue;
 - the leader's chores: the first start of a cluster (default vhost, user, cluster name and
-  member addresses), adding a node that joins, and deleting the non-durable and exclusive
-  queues of a node that is down (RabbitMQ's rule for non-mirrored queues).
+  member addresses), adding a node that joins, deleting the non-durable and exclusive queues
+  of a node that is down (RabbitMQ's rule for non-mirrored queues), mirror placement, and
+  forget_cluster_node. `hutch.broker.chores` decides each of them as a pure function; this
+  module carries the decisions out (proposes, logs, remembers when it last acted).
+
+The runtime's owner (`hutch.server.runtime.Node`) is known only through the callback it
+passes in (`on_partition`); nothing here imports it.
 
 Node ids in Raft are 63-bit hashes of node names, so every node derives the same id for a
 name without coordination.
@@ -31,35 +37,42 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import msgspec
 
-from hutch.broker.broker import hash_password
+from hutch.broker import chores
+from hutch.broker.broker import Broker, Config, hash_password
 from hutch.broker.cluster import INIT_PARAM, NODE_PARAM, ClusterBroker
 from hutch.cluster import catalogue as cat
 from hutch.cluster.raftlog import RaftHostStorage
 from hutch.cluster.transport import PeerTransport
-from hutch.mirror.placement import leader_move, mirrors_for
 from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
-from hutch.raft.multi import MultiRaft
+from hutch.server.cluster_file import read_cluster_file
 from hutch.server.partitions import partitioned_from
-
-if TYPE_CHECKING:
-    from hutch.server.runtime import Node
+from hutch.server.raft_host import CallbackApp, QueueGroups, RaftHost
+from hutch.server.tasks import TaskSet
 
 log = logging.getLogger("hutch.cluster")
 
 CATALOGUE_GROUP = 0
 TICK_S = 0.1
+ELECTION_TIMEOUT_TICKS = 10  # a follower that hears no leader for a second stands for election
+HEARTBEAT_INTERVAL_TICKS = 1
+BOOT_POLL_S = 0.005  # while booting: how often the catalogue's progress is checked
+STOP_FLUSH_S = 0.05  # a controlled stop: time for the links to write the goodbyes queued on them
+JOIN_RETRY_S = 1.0  # a joining node asks its seed again until it is a member
+FORGET_RETRY_EVERY_TICKS = 10  # the removal of a forgotten member is proposed again every second
+NEVER_S = -1e9  # a loop time before anything happened
+PROPOSAL_SLACK_S = 1.0  # waiting on proposals: beyond metadata_timeout_ms, by which each one fails
 RETRY_S = 1.0  # a forwarded proposal not applied by then is sent again
 STATS_EVERY_TICKS = 10  # queue figures to every peer each second
 PLACE_EVERY_TICKS = 5  # the catalogue leader checks mirror placement twice a second
 NODE_INFO_EVERY_TICKS = 50  # the node's /api/nodes object every five seconds
 DEFAULT_PEER_PORT = 25672
-CLUSTER_FILE = "cluster.json"
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
@@ -100,10 +113,13 @@ def load_secret(path: str | None) -> bytes:
 
 
 class ClusterRuntime:
-    def __init__(self, node: Node):
-        self.node = node
-        cfg = node.config
+    def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str]], None]):
+        """`on_partition(reachable members, members)` runs whenever a peer comes up or goes down
+        (the node's pause_minority / pause_if_all_down handling)."""
+        cfg = config
         self.cfg = cfg
+        self.broker = broker
+        self.on_partition = on_partition
         self.name = cfg.node_name
         self.id = node_id(self.name)
         self.loop = asyncio.get_running_loop()
@@ -121,17 +137,18 @@ class ClusterRuntime:
         self.down_since: dict[str, float] = {}
         self._deleting: dict[tuple[str, str], float] = {}
         self._placing: dict[tuple[str, str], float] = {}
-        self._init_sent_at = -1e9
+        self._init_sent_at = NEVER_S
         self.joins: dict[str, str] = {}  # leader: joining node -> its address
         self.stopped = False
         self.stopping_peers: set[str] = set()  # peers that announced a controlled stop
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
+        self._tasks = TaskSet("cluster", log)  # the join loop
 
     # ------------------------------------------------------------ start and stop
 
     async def start(self) -> None:
         cfg = self.cfg
-        broker = self.node.broker
+        broker = self.broker
         self.cluster = ClusterBroker(broker, self.name, self._send_q, self.is_up, self.submit,
                                      self.loop.call_soon, self.status)
         broker.cluster = self.cluster
@@ -149,15 +166,17 @@ class ClusterRuntime:
         snap = storage.snapshot()
         if snap.data:
             self.cluster.catalogue.restore(snap.data)
-        raft_cfg = RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1,
-                              seed=self.id & 0xFFFFFFFF)
-        self.multi = MultiRaft(self.id, raft_cfg)
-        self.group = self.multi.add_group(CATALOGUE_GROUP, storage)
+        raft_cfg = RaftConfig(election_timeout_ticks=ELECTION_TIMEOUT_TICKS,
+                              heartbeat_interval_ticks=HEARTBEAT_INTERVAL_TICKS, seed=self.id & 0xFFFFFFFF)
+        self.raft = RaftHost(self.id, self.name, self.host, raft_cfg, self.names, CATALOGUE_GROUP,
+                             send=self._send_raft, schedule=self._schedule,
+                             on_leader_known=lambda gid: self.cluster.quorum.leader_known(gid),
+                             on_leadership=lambda gid, leading: self.cluster.quorum.leadership_changed(gid, leading))
+        self.multi = self.raft.multi
+        self.group = self.raft.add_main_group(storage, CallbackApp(self._apply_catalogue, self._restore_catalogue,
+                                                                   lambda: self.cluster.catalogue.snapshot()))
         logged_at_start = storage.last_index()
-        self.apps: dict[Any, GroupApp] = {CATALOGUE_GROUP: _CatalogueApp(self)}
-        self._leading: set[Any] = set()
-        self._leaders: dict[Any, int | None] = {}
-        self.cluster.quorum.raft = _QueueGroups(self)
+        self.cluster.quorum.raft = QueueGroups(self.raft, node_id)
         self._drain(initial=True)
         self.cluster.rebuild()
         for n, addr in self.cluster.members.items():
@@ -173,7 +192,7 @@ class ClusterRuntime:
         await self.transport.start()
         log.info("started peer listener on port %s (node %s)", self.transport.bound_port, self.name)
         if joined.get("join") and not self._is_member():
-            self.loop.create_task(self._join_loop(joined["join"], tuple(joined["address"])))
+            self._tasks.spawn(self._join_loop(joined["join"], tuple(joined["address"])), "join")
         self._tick_handle = self.loop.call_later(TICK_S, self._tick)
         alone = tuple(self.group.voters) == (self.id,)
         if alone:
@@ -196,7 +215,7 @@ class ClusterRuntime:
             self._drain()
             if self.group.leader is not None and self.group.applied >= target:
                 return
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(BOOT_POLL_S)
         log.warning("the catalogue did not catch up within %d ms (applied %d of %d, leader %s): starting with "
                     "what this node has", self.cfg.metadata_timeout_ms, self.group.applied, target,
                     self.leader_name())
@@ -210,7 +229,7 @@ class ClusterRuntime:
             if self.group.role == LEADER:
                 self._leader_chores(self.loop.time())
             self._drain()
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(BOOT_POLL_S)
         if restarted:
             await self._forget_transient_exchanges()
 
@@ -230,7 +249,7 @@ class ClusterRuntime:
         for x in transient:
             self.submit(cat.DeleteExchange(x.vhost, x.name), one)
         self._drain()
-        await asyncio.wait_for(done.wait(), self.cfg.metadata_timeout_ms / 1000 + 1)
+        await asyncio.wait_for(done.wait(), self.cfg.metadata_timeout_ms / 1000 + PROPOSAL_SLACK_S)
 
     async def stop(self) -> None:
         # a controlled shutdown: peers hear it is not a partition; mirrored queues led here tell
@@ -243,9 +262,10 @@ class ClusterRuntime:
             self.cluster.mirroring.shutdown()
             self.cluster.mirroring.flush()
         if peers:
-            await asyncio.sleep(0.05)  # the links write what was queued on the next loop turns
+            await asyncio.sleep(STOP_FLUSH_S)  # the links write what was queued on the next loop turns
         self.stopped = True
         self._tick_handle.cancel()
+        await self._tasks.close(grace_s=0)  # the join loop only waits to ask again
         for req in list(self.pending):
             cb = self.pending.pop(req)[0]
             cb(cat.Result(cat.ERROR, 320, "the node is shutting down"))
@@ -286,7 +306,7 @@ class ClusterRuntime:
     def status(self) -> dict[str, Any]:
         members = self.members()
         return {
-            "cluster_name": self.node.broker.config.cluster_name or self.name,
+            "cluster_name": self.broker.config.cluster_name or self.name,
             "node": self.name,
             "members": members,
             "disk_nodes": members,
@@ -335,62 +355,18 @@ class ClusterRuntime:
             self._drain()
 
     def _drain(self, initial: bool = False) -> None:
-        """Every group's Ready: persist (one fsync for all), send, apply, advance."""
-        multi = self.multi
-        while True:
-            mr = multi.ready()
-            if mr is None:
-                self._leadership()
-                return
-            if mr.needs_fsync():
-                self.host.sync()
-            if not initial:
-                for to, gid, m in mr.messages():
-                    peer = self.names.get(to)
-                    if peer is not None:
-                        self.transport.send(peer, "raft", [gid, rm.encode(m)])
-            compact = []
-            for gid, rd in mr.groups:
-                app = self.apps.get(gid)
-                g = multi.groups.get(gid)
-                if app is None or g is None:
-                    continue
-                if rd.snapshot is not None and rd.snapshot.data:
-                    app.restore(rd.snapshot.data)
-                applied = g.applied
-                for e in rd.committed_entries:
-                    if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
-                        try:
-                            app.apply(e.data, e.index)
-                        except Exception:  # a bug must not wedge the group: log it and go on
-                            log.exception("Raft group %s: applying entry %d failed", gid, e.index)
-                if rd.snapshot_wanted and app.snapshot_due(g.applied - g.storage.first_index() + 1):
-                    compact.append((gid, app))
-            multi.advance(mr)
-            for gid, app in compact:
-                g = multi.groups.get(gid)
-                if g is not None:
-                    g.compact(g.applied, app.snapshot())
-                    multi.touched(gid)
-            if compact:
-                self.host.sync()
+        """Every group's Ready: persist, send, apply, advance (hutch.server.raft_host)."""
+        self.raft.drain(initial)
 
-    def _leadership(self) -> None:
-        """Tell the quorum queues whose group this node started or stopped leading."""
-        for gid, g in self.multi.groups.items():
-            if gid == CATALOGUE_GROUP:
-                continue
-            leading = g.role == LEADER
-            if g.leader != self._leaders.get(gid):
-                self._leaders[gid] = g.leader
-                if g.leader is not None:
-                    self.cluster.quorum.leader_known(gid)
-            if leading != (gid in self._leading):
-                if leading:
-                    self._leading.add(gid)
-                else:
-                    self._leading.discard(gid)
-                self.cluster.quorum.leadership_changed(gid, leading)
+    def _send_raft(self, peer: str, gid: Any, message: bytes) -> None:
+        self.transport.send(peer, "raft", [gid, message])
+
+    def _restore_catalogue(self, data: bytes) -> None:
+        cl = self.cluster
+        cl.catalogue.restore(data)
+        cl.rebuild()
+        for n, addr in cl.members.items():
+            self._learn(n, addr)
 
     def _apply_catalogue(self, data: bytes) -> None:
         origin, req, cmd_bytes = _dec.decode(data)
@@ -420,16 +396,13 @@ class ClusterRuntime:
         self._propose(env)
 
     def _stale_promotion(self, env: bytes) -> bool:
-        """A mirror's promotion whose old leader this (catalogue leader) node still sees running:
-        the mirror is cut off from it, not the other way round (a partition), so it must not
-        take over — least of all once the partition heals and its retried proposal arrives."""
+        """Whether this (catalogue leader) node refuses a proposed promotion
+        (hutch.broker.chores.refuse_promotion): its old leader is still running."""
         try:
             cmd = cat.decode_command(_dec.decode(env)[2])
         except (msgspec.DecodeError, IndexError, TypeError):
             return False
-        if not isinstance(cmd, cat.SetQueueNodes) or not cmd.promotion:
-            return False
-        if cmd.expect_leader == self.name or self.transport.is_up(cmd.expect_leader):
+        if chores.refuse_promotion(cmd, self.name, self.transport.is_up):
             log.info("refusing to promote the mirror of queue '%s' in vhost '%s' on %s: its leader %s is running",
                      cmd.name, cmd.vhost, cmd.leader_node, cmd.expect_leader)
             return True
@@ -533,7 +506,7 @@ class ClusterRuntime:
     def _partition_check(self) -> None:
         members = self.members()
         up = {m for m in members if m == self.name or self.transport.is_up(m)}
-        self.node.partition_changed(up, members)
+        self.on_partition(up, members)
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
         self.down_since[peer] = self.loop.time()
@@ -580,124 +553,100 @@ class ClusterRuntime:
                     self.transport.send(peer, "q", ["NI", info])
         self._drain()
 
+    def _running(self) -> set[str]:
+        """The members this node reaches now, itself included."""
+        return {m for m in self.members() if m == self.name or self.transport.is_up(m)}
+
     def _leader_chores(self, now: float) -> None:
+        """Carry out the catalogue leader's decisions (hutch.broker.chores): the first start, the
+        nodes that asked to join, the transient queues of nodes that are gone."""
         c = self.cluster.catalogue
-        if INIT_PARAM not in c.global_parameters and now - self._init_sent_at > 2.0:
+        if chores.initialisation_due(INIT_PARAM in c.global_parameters, now, self._init_sent_at):
             self._init_sent_at = now
             self._initialise()
-        for name, address in list(self.joins.items()):
-            nid = node_id(name)
-            if NODE_PARAM + name not in c.global_parameters:
-                self.submit(cat.SetGlobalParameter(NODE_PARAM + name, address), lambda _r: None)
-                continue
-            if nid in self.group.voters or nid in self.group.learners:
-                del self.joins[name]
-                log.info("node %s joined the cluster", name)
-                continue
-            try:
-                self.group.propose_conf_change(rm.ConfChange(rm.CONF_ADD_LEARNER, (nid,)))
-                self.multi.touched(CATALOGUE_GROUP)
-                self._schedule()
-            except (ProposalRejected, NotLeader):
-                pass
-        grace = self.cfg.net_ticktime_s
-        for member in self.members():
-            if member == self.name or self.transport.is_up(member):
-                continue
-            since = self.down_since.get(member, self.started + grace)
-            if now >= since:
-                self._delete_transient_queues_of(member, now)
+        if self.joins:
+            in_group = {name for name in self.joins if node_id(name) in self.group.voters
+                        or node_id(name) in self.group.learners}
+            for step in chores.join_steps(self.joins, c.global_parameters, in_group):
+                if step.action == chores.RECORD:
+                    self.submit(step.command, _ignore)
+                elif step.action == chores.JOINED:
+                    del self.joins[step.node]
+                    log.info("node %s joined the cluster", step.node)
+                else:
+                    try:
+                        self.group.propose_conf_change(rm.ConfChange(rm.CONF_ADD_LEARNER, (node_id(step.node),)))
+                        self.multi.touched(CATALOGUE_GROUP)
+                        self._schedule()
+                    except (ProposalRejected, NotLeader):
+                        pass
+        running = self._running()
+        gone = chores.members_gone(self.name, self.members(), running, self.down_since, self.started,
+                                   self.cfg.net_ticktime_s, now)
+        if gone:
+            self._deleting = chores.recent(self._deleting, now, chores.DELETE_RETRY_S)
+        for member in gone:
+            self._delete_transient_queues_of(member, running, now)
 
     def _place_mirrors(self, now: float) -> None:
         """Keep each classic queue's mirror nodes in line with the policy that applies to it
-        (hutch.mirror.placement): nodes that start or join get mirrors, a down mirror under
-        `exactly` is replaced, a `nodes` change moves the leader once a listed mirror is
-        synchronised. A queue whose leader's node is down is left to its mirrors' promotion."""
+        (hutch.broker.chores.mirror_placements): nodes that start or join get mirrors, a down
+        mirror under `exactly` is replaced, a `nodes` change moves the leader once a listed
+        mirror is synchronised. A queue whose leader's node is down is left to its mirrors'
+        promotion."""
         c = self.cluster.catalogue
         members = self.members()
         running = [m for m in members if m == self.name or self.transport.is_up(m)]
-        for rec in list(c.queues.values()):
-            if rec.type != cat.CLASSIC or rec.exclusive_owner is not None or rec.leader_node not in running:
-                continue
-            params = self.cluster.mirror_params(rec.vhost, rec.name)
-            if params is None and not rec.member_nodes:
-                continue
-            key = (rec.vhost, rec.name)
-            if now - self._placing.get(key, -1e9) < 2.0:
-                continue
-            leader = rec.leader_node
-            want = mirrors_for(params, leader, rec.member_nodes, members, running)
-            move = leader_move(params, leader, self.cluster.mirror_status(rec.vhost, rec.name)[1])
-            if move is not None:
+        self._placing = chores.recent(self._placing, now, chores.PLACEMENT_RETRY_S)
+        for p in chores.mirror_placements(list(c.queues.values()), members, running, self.cluster.mirror_params,
+                                          lambda v, n: self.cluster.mirror_status(v, n)[1], self._placing, now):
+            rec = p.record
+            if p.moved_to is not None:
                 log.info("Mirrored queue '%s' in vhost '%s': moving its leader from %s to the synchronised mirror "
-                         "on %s (policy ha-mode nodes)", rec.name, rec.vhost, leader, move)
-                want = tuple(n for n in want if n != move)
-                leader = move
-            if leader == rec.leader_node and want == tuple(rec.member_nodes):
-                continue
-            self._placing[key] = now
-            self.submit(cat.SetQueueNodes(rec.vhost, rec.name, leader, want, expect_leader=rec.leader_node),
-                        lambda _r: None)
+                         "on %s (policy ha-mode nodes)", rec.name, rec.vhost, rec.leader_node, p.moved_to)
+            self._placing[(rec.vhost, rec.name)] = now
+            self.submit(p.command, _ignore)
 
-    def _delete_transient_queues_of(self, node: str, now: float) -> None:
-        """RabbitMQ's rule: a non-durable (or exclusive) queue whose home node is gone is deleted
-        (a mirrored one only when no mirror is left to promote)."""
-        for rec in self.cluster.queues_homed_on(node):
-            if rec.durable and rec.exclusive_owner is None:
-                continue
-            if any(n != node and self.is_up(n) for n in rec.member_nodes) and rec.exclusive_owner is None:
-                continue
-            key = (rec.vhost, rec.name)
-            if now - self._deleting.get(key, -1e9) < 5.0:
-                continue
-            self._deleting[key] = now
+    def _delete_transient_queues_of(self, node: str, running: set[str], now: float) -> None:
+        """RabbitMQ's rule (hutch.broker.chores.transient_deletions): a non-durable (or exclusive)
+        queue whose home node is gone is deleted (a mirrored one only when no mirror is left to
+        promote)."""
+        for rec in chores.transient_deletions(node, self.cluster.queues_homed_on(node), running, self._deleting,
+                                              now):
+            self._deleting[(rec.vhost, rec.name)] = now
             log.info("deleting %s queue '%s' in vhost '%s': its home node %s is down",
                      "exclusive" if rec.exclusive_owner else "non-durable", rec.name, rec.vhost, node)
-            self.submit(cat.DeleteQueue(rec.vhost, rec.name), lambda _r: None)
+            self.submit(cat.DeleteQueue(rec.vhost, rec.name), _ignore)
 
     def _initialise(self) -> None:
         cfg = self.cfg
-        # as RabbitMQ: a node that imports definitions at boot gets its vhosts and users from them,
-        # not the default vhost and user
-        cmds: list[cat.Command] = [] if cfg.load_definitions else [cat.AddVhost(cfg.default_vhost)]
-        legacy = _legacy_definitions(cfg.data_dir, self.name)
-        if legacy is not None:
-            cmds = legacy
-        elif cfg.default_user and not cfg.load_definitions:
-            cmds.append(cat.PutUser(cfg.default_user, hash_password(cfg.default_pass), ("administrator",)))
-            cmds.append(cat.SetPermissions(cfg.default_user, cfg.default_vhost, ".*", ".*", ".*"))
         first = parse_node(cfg.cluster_nodes[0])[0] if cfg.cluster_nodes else self.name
-        cmds.append(cat.SetGlobalParameter("cluster_name", cfg.cluster_name or first))
-        for n, (h, p) in sorted(self.addresses.items()):
-            cmds.append(cat.SetGlobalParameter(NODE_PARAM + n, f"{h}:{p}"))
-        cmds.append(cat.SetGlobalParameter(INIT_PARAM, True))
+        legacy = _legacy_definitions(cfg.data_dir, self.name)
+        wants_user = legacy is None and bool(cfg.default_user) and not cfg.load_definitions
+        cmds = chores.first_start_commands(
+            default_vhost=cfg.default_vhost, default_user=cfg.default_user,
+            password_hash=hash_password(cfg.default_pass) if wants_user else None,
+            load_definitions=bool(cfg.load_definitions), legacy=legacy, cluster_name=cfg.cluster_name or first,
+            addresses=self.addresses)
         for cmd in cmds:
-            self.submit(cmd, lambda _r: None)
+            self.submit(cmd, _ignore)
 
     # ------------------------------------------------------------ forgetting a member
 
     def forget(self, name: str, callback) -> None:
-        """Remove `name` from the cluster: its queues are deleted and it leaves the catalogue's
-        group. callback(None) when done, callback(error text) when refused or timed out."""
-        if name == self.name:
-            return callback(f"node {name} cannot forget itself; run forget_cluster_node on another node")
-        if name not in self.members():
-            return callback(f"node {name} is not a member of the cluster")
-        if self.is_up(name):
-            return callback(f"node {name} is running; stop it (hutchctl -n {name} stop_app) before forgetting it")
+        """Remove `name` from the cluster: its queues are deleted (or go to a mirror) and it
+        leaves the catalogue's group (hutch.broker.chores.forget_commands). callback(None) when
+        done, callback(error text) when refused or timed out."""
+        refusal = chores.forget_refusal(name, self.name, self.members(), self.is_up)
+        if refusal is not None:
+            return callback(refusal)
         log.info("Removing node %s from the cluster", name)
-        for rec in self.cluster.queues_homed_on(name):
-            mirrors = [n for n in rec.member_nodes if n != name]
-            if rec.type == cat.CLASSIC and mirrors:
-                # RabbitMQ's forget_cluster_node: a mirror takes over the queue (it starts empty
-                # if its node is stopped: mirrors keep nothing across a restart)
+        for step in chores.forget_commands(name, self.cluster.queues_homed_on(name)):
+            if step.promoted is not None:
                 log.info("Mirrored queue '%s' in vhost '%s': promoting the mirror on %s (its leader's node %s is "
-                         "forgotten)", rec.name, rec.vhost, mirrors[0], name)
-                self.submit(cat.SetQueueNodes(rec.vhost, rec.name, mirrors[0], tuple(mirrors[1:]),
-                                              expect_leader=name), lambda _r: None)
-                continue
-            self.submit(cat.DeleteQueue(rec.vhost, rec.name), lambda _r: None)
-        self.submit(cat.ClearGlobalParameter(NODE_PARAM + name), lambda _r: None)
+                         "forgotten)", step.record.name, step.record.vhost, step.promoted, name)
+            self.submit(step.command, _ignore)
+        self.submit(chores.forget_parameter(name), _ignore)
         self.forgets.append([name, callback, self.loop.time() + self.cfg.metadata_timeout_ms / 1000])
         self._remove_member(name)
 
@@ -722,7 +671,7 @@ class ClusterRuntime:
             elif now >= deadline:
                 self.forgets.remove(item)
                 callback(f"timed out removing node {name}: no majority of the cluster's nodes is reachable")
-            elif self._ticks % 10 == 0:
+            elif self._ticks % FORGET_RETRY_EVERY_TICKS == 0:
                 self._remove_member(name)
 
     # ------------------------------------------------------------ joining
@@ -732,139 +681,9 @@ class ClusterRuntime:
         my_address = f"{self.name.split('@', 1)[1]}:{self.transport.bound_port}"
         while not self.stopped and not self._is_member():
             self.transport.send(seed, "rpc", ["join", self.name, my_address])
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(JOIN_RETRY_S)
         if not self.stopped:
             log.info("node %s is a member of the cluster (via %s)", self.name, seed)
-
-
-class GroupApp(Protocol):
-    """What a Raft group hosted by this node applies its committed entries to."""
-
-    def apply(self, data: bytes, index: int) -> None: ...
-
-    def restore(self, data: bytes) -> None: ...
-
-    def snapshot(self) -> bytes: ...
-
-    def snapshot_due(self, entries_kept: int) -> bool:
-        """Whether compacting now is worth a snapshot (which may be large: a whole queue)."""
-
-
-class _QueueGroups:
-    """The quorum queues' view of this node's Raft groups (hutch.broker.quorumq calls these)."""
-
-    def __init__(self, rt: ClusterRuntime):
-        self.rt = rt
-
-    def ensure_group(self, gid: int, members: tuple[str, ...], app: GroupApp, leader_hint: str = "",
-                     joining: bool = False) -> None:
-        """Host the group here. A new group's first members start from the same bootstrap entry;
-        a member added later (`joining`) starts empty and learns everything from the leader."""
-        rt = self.rt
-        if gid in rt.multi.groups:
-            return
-        for m in members:
-            rt.names[node_id(m)] = m
-        storage = rt.host.group(gid)
-        if storage.last_index() == 0 and storage.snapshot().meta.index == 0 and not joining:
-            for m in members:
-                rt.names[node_id(m)] = m
-            storage = rt.host.bootstrap(gid, tuple(sorted(node_id(m) for m in members)))
-        snap = storage.snapshot()
-        if snap.data:
-            app.restore(snap.data)
-        rt.apps[gid] = app
-        g = rt.multi.add_group(gid, storage)
-        if leader_hint == rt.name or tuple(g.voters) == (rt.id,):
-            # the node the queue was placed on campaigns at once (alone, it wins at once)
-            for _ in range(g.cfg.election_timeout_ticks * 2):
-                if g.role == LEADER:
-                    break
-                g.tick()
-        rt.multi.touched(gid)
-        rt._schedule()
-
-    def drop_group(self, gid: int) -> None:
-        rt = self.rt
-        if gid in rt.multi.groups:
-            rt.multi.remove_group(gid)
-        rt.apps.pop(gid, None)
-        rt._leading.discard(gid)
-
-    def leader(self, gid: int) -> str | None:
-        g = self.rt.multi.groups.get(gid)
-        if g is None or g.leader is None:
-            return None
-        return self.rt.names.get(g.leader)
-
-    def propose(self, gid: int, data: bytes) -> bool:
-        try:
-            self.rt.multi.propose(gid, data)
-        except RaftError:
-            return False  # not the leader any more, or too many in flight: the proposer resends
-        self.rt._schedule()
-        return True
-
-    def status(self, gid: int) -> dict | None:
-        g = self.rt.multi.groups.get(gid)
-        if g is None:
-            return None
-        st = g.status()
-        st["snapshot_index"] = g.storage.snapshot().meta.index
-        st["voters"] = [self.rt.names.get(n, str(n)) for n in st["voters"]]
-        st["learners"] = [self.rt.names.get(n, str(n)) for n in st["learners"]]
-        st["leader"] = self.rt.names.get(st["leader"]) if st["leader"] is not None else None
-        st.pop("progress", None)
-        return st
-
-    def change_members(self, gid: int, op: str, node: str) -> str | None:
-        """On the group's leader: add (as a learner that is promoted once caught up) or remove
-        one member. None when proposed (or already so), else why not (yet)."""
-        g = self.rt.multi.groups.get(gid)
-        if g is None or g.role != LEADER:
-            return "not the leader"
-        nid = node_id(node)
-        self.rt.names[nid] = node
-        member = nid in g.voters or nid in g.learners
-        if (op == "add") == member:
-            return None
-        kind = rm.CONF_ADD_LEARNER if op == "add" else rm.CONF_REMOVE
-        try:
-            g.propose_conf_change(rm.ConfChange(kind, (nid,)))
-        except (ProposalRejected, NotLeader) as e:
-            return str(e)
-        self.rt.multi.touched(gid)
-        self.rt._schedule()
-        return None
-
-    def members(self, gid: int) -> list[str] | None:
-        g = self.rt.multi.groups.get(gid)
-        if g is None:
-            return None
-        return sorted(self.rt.names.get(n, str(n)) for n in (*g.voters, *g.learners))
-
-
-class _CatalogueApp:
-    """The catalogue group's application: commands in envelopes, the broker kept in line."""
-
-    def __init__(self, rt: ClusterRuntime):
-        self.rt = rt
-
-    def apply(self, data: bytes, index: int) -> None:
-        self.rt._apply_catalogue(data)
-
-    def restore(self, data: bytes) -> None:
-        cl = self.rt.cluster
-        cl.catalogue.restore(data)
-        cl.rebuild()
-        for n, addr in cl.members.items():
-            self.rt._learn(n, addr)
-
-    def snapshot(self) -> bytes:
-        return self.rt.cluster.catalogue.snapshot()
-
-    def snapshot_due(self, entries_kept: int) -> bool:
-        return True
 
 
 def _legacy_definitions(data_dir: str, node: str) -> list[cat.Command] | None:
@@ -885,17 +704,6 @@ def _legacy_definitions(data_dir: str, node: str) -> list[cat.Command] | None:
     return cmds
 
 
-def read_cluster_file(data_dir: str) -> dict:
-    p = Path(data_dir) / CLUSTER_FILE
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def write_cluster_file(data_dir: str, doc: dict) -> None:
-    p = Path(data_dir) / CLUSTER_FILE
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, p)
+def _ignore(_result: cat.Result) -> None:
+    """The callback of a proposal whose outcome the proposer does not wait for (it is retried
+    by the next chore pass if it did not take)."""

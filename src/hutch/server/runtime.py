@@ -38,8 +38,10 @@ from hutch.control.prometheus import MetricsService
 from hutch.control.prometheus import default_host as prometheus_host
 from hutch.control.sessions import local_listing
 from hutch.server import logs, sdnotify
-from hutch.server.clustering import CLUSTER_FILE, ClusterRuntime, write_cluster_file
+from hutch.server.cluster_file import CLUSTER_FILE, write_cluster_file
+from hutch.server.clustering import ClusterRuntime
 from hutch.server.partitions import PAUSING_MODES, pause_reason, should_pause
+from hutch.server.tasks import TaskSet
 
 log = logging.getLogger("hutch.node")
 
@@ -183,6 +185,7 @@ class Node:
         self._app_running = False
         self.paused = False  # pause_minority / pause_if_all_down: clients closed until the condition clears
         self.clustering = None
+        self._tasks = TaskSet("node", log)  # closing and reopening client listeners on pause and resume
         self._total_mem = psutil.virtual_memory().total
 
     def _schedule_run(self) -> None:
@@ -279,7 +282,7 @@ class Node:
         self.broker.request_sync = self._request_sync
         if self.http is not None:
             self.http.app[API].broker = self.broker
-        self.clustering = ClusterRuntime(self)
+        self.clustering = ClusterRuntime(self.config, self.broker, self.partition_changed)
         await self.clustering.start()
         self._wire_node_info()
         self.broker.open_storage(self.config.data_dir)
@@ -340,14 +343,14 @@ class Node:
             log.warning("Cluster %s status detected (%s): pausing node %s (cluster_partition_handling = %s)",
                         "minority" if cfg.cluster_partition_handling == "pause_minority" else "secondary",
                         pause_reason(*args), cfg.node_name, cfg.cluster_partition_handling)
-            self.loop.create_task(self._close_clients())
+            self._tasks.spawn(self._close_clients(), "pause")
         elif not pause and self.paused:
             self.paused = False
             reached = sorted(m for m in members if m in up and m != cfg.node_name)
             log.warning("Cluster %s (reachable: %s): resuming node %s",
                         "majority status regained" if cfg.cluster_partition_handling == "pause_minority"
                         else "recovery detected", ", ".join(reached) or "none", cfg.node_name)
-            self.loop.create_task(self._open_listeners())
+            self._tasks.spawn(self._open_listeners(), "resume")
 
     def _wire_node_info(self) -> None:
         """Peers show this node in their /api/nodes as it describes itself."""
@@ -365,6 +368,7 @@ class Node:
         self._app_running = False
         self.paused = False
         log.info("Stopping hutch application on node %s", self.config.node_name)
+        await self._tasks.close()  # a pause or resume under way ends before the listeners close for good
         await self._close_clients()
         for _ in range(100):
             if not self._sync_running:

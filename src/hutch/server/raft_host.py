@@ -1,0 +1,280 @@
+"""Hosting a node's Raft groups: the catalogue's (group 0) and one per quorum queue member here.
+
+`RaftHost` drives `hutch.raft.multi.MultiRaft` the way etcd's raft asks its application to
+(`Ready`, then `Advance`): every Ready is made durable on the node's `RaftHostStorage` (one
+fsync for all groups) before its messages leave, then each group's committed entries are
+handed to that group's application (`GroupApp`), then the groups advance, and a group whose
+log grew long enough is compacted behind a snapshot of its application.
+
+It also tells its owner when a group other than the main (catalogue) group learns a leader
+or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
+narrow view of the host that quorum queues (`hutch.broker.quorumq`) use.
+
+An entry whose application raises is a bug in that application. The group must not wedge on
+it, so the entry counts as applied; the first failure in a group is logged with its
+traceback, later ones with a line and the running count (`apply_errors`).
+
+This module does the I/O of Raft hosting only: it sends what the groups hand it, persists
+and applies. It makes no protocol decisions (that is `hutch.raft`) and knows nothing of what
+the entries mean (that is each `GroupApp`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from hutch.cluster.raftlog import RaftHostStorage
+from hutch.raft import messages as rm
+from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
+from hutch.raft.multi import MultiRaft
+
+log = logging.getLogger("hutch.cluster")
+
+
+class GroupApp(Protocol):
+    """What a Raft group hosted by this node applies its committed entries to."""
+
+    def apply(self, data: bytes, index: int) -> None: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def snapshot_due(self, entries_kept: int) -> bool:
+        """Whether compacting now is worth a snapshot (which may be large: a whole queue)."""
+
+
+class CallbackApp:
+    """A `GroupApp` made of three functions (the catalogue's: its runtime applies, restores
+    and snapshots the catalogue); it is snapshotted whenever the log asks."""
+
+    def __init__(self, apply: Callable[[bytes], None], restore: Callable[[bytes], None],
+                 snapshot: Callable[[], bytes]):
+        self._apply = apply
+        self._restore = restore
+        self._snapshot = snapshot
+
+    def apply(self, data: bytes, index: int) -> None:
+        self._apply(data)
+
+    def restore(self, data: bytes) -> None:
+        self._restore(data)
+
+    def snapshot(self) -> bytes:
+        return self._snapshot()
+
+    def snapshot_due(self, entries_kept: int) -> bool:
+        return True
+
+
+class RaftHost:
+    """This node's Raft groups, their storage and their applications.
+
+    `names` maps Raft node ids to node names; the host shares the dict with its owner (both
+    learn names) and only adds to it. `send(peer, gid, message bytes)` puts a Raft message on
+    the wire, `schedule()` asks for `drain` on a later loop turn."""
+
+    def __init__(self, my_id: int, my_name: str, storage: RaftHostStorage, cfg: RaftConfig, names: dict[int, str],
+                 main_gid: Any, send: Callable[[str, Any, bytes], None], schedule: Callable[[], None],
+                 on_leader_known: Callable[[Any], None], on_leadership: Callable[[Any, bool], None]):
+        self.id = my_id
+        self.name = my_name
+        self.storage = storage
+        self.names = names
+        self.main_gid = main_gid
+        self.multi = MultiRaft(my_id, cfg)
+        self.apps: dict[Any, GroupApp] = {}
+        self.apply_errors: dict[Any, int] = {}  # group -> entries whose application raised
+        self._send = send
+        self._schedule = schedule
+        self._on_leader_known = on_leader_known
+        self._on_leadership = on_leadership
+        self._leading: set[Any] = set()
+        self._leaders: dict[Any, int | None] = {}
+
+    # ------------------------------------------------------------ the Ready loop
+
+    def drain(self, initial: bool = False) -> None:
+        """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
+        at start, before the transport exists, nothing is sent."""
+        multi = self.multi
+        while True:
+            mr = multi.ready()
+            if mr is None:
+                self._leadership()
+                return
+            if mr.needs_fsync():
+                self.storage.sync()
+            if not initial:
+                for to, gid, m in mr.messages():
+                    peer = self.names.get(to)
+                    if peer is not None:
+                        self._send(peer, gid, rm.encode(m))
+            compact = []
+            for gid, rd in mr.groups:
+                app = self.apps.get(gid)
+                g = multi.groups.get(gid)
+                if app is None or g is None:
+                    continue
+                if rd.snapshot is not None and rd.snapshot.data:
+                    app.restore(rd.snapshot.data)
+                applied = g.applied
+                for e in rd.committed_entries:
+                    if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
+                        try:
+                            app.apply(e.data, e.index)
+                        except Exception:  # a bug must not wedge the group: it is logged and counted
+                            self._apply_failed(gid, e.index)
+                if rd.snapshot_wanted and app.snapshot_due(g.applied - g.storage.first_index() + 1):
+                    compact.append((gid, app))
+            multi.advance(mr)
+            for gid, app in compact:
+                g = multi.groups.get(gid)
+                if g is not None:
+                    g.compact(g.applied, app.snapshot())
+                    multi.touched(gid)
+            if compact:
+                self.storage.sync()
+
+    def _apply_failed(self, gid: Any, index: int) -> None:
+        count = self.apply_errors.get(gid, 0) + 1
+        self.apply_errors[gid] = count
+        if count == 1:
+            log.exception("Raft group %s: applying entry %d failed", gid, index)
+        else:
+            log.error("Raft group %s: applying entry %d failed (%d entries failed in this group so far; the first "
+                      "was logged with its traceback)", gid, index, count)
+
+    def _leadership(self) -> None:
+        """Tell the owner whose group (other than the main one) learnt a leader, and which this
+        node started or stopped leading."""
+        for gid, g in self.multi.groups.items():
+            if gid == self.main_gid:
+                continue
+            leading = g.role == LEADER
+            if g.leader != self._leaders.get(gid):
+                self._leaders[gid] = g.leader
+                if g.leader is not None:
+                    self._on_leader_known(gid)
+            if leading != (gid in self._leading):
+                if leading:
+                    self._leading.add(gid)
+                else:
+                    self._leading.discard(gid)
+                self._on_leadership(gid, leading)
+
+    # ------------------------------------------------------------ groups
+
+    def add_main_group(self, storage_of_group: Any, app: GroupApp) -> Any:
+        self.apps[self.main_gid] = app
+        return self.multi.add_group(self.main_gid, storage_of_group)
+
+    def ensure_group(self, gid: Any, member_ids: dict[int, str], app: GroupApp, campaign: bool,
+                     joining: bool) -> None:
+        """Host group `gid` here. A new group's first members start from the same bootstrap
+        entry; a member added later (`joining`) starts empty and learns everything from the
+        leader. `campaign`: this node stands for election at once (alone, it wins at once)."""
+        if gid in self.multi.groups:
+            return
+        self.names.update(member_ids)
+        storage = self.storage.group(gid)
+        if storage.last_index() == 0 and storage.snapshot().meta.index == 0 and not joining:
+            storage = self.storage.bootstrap(gid, tuple(sorted(member_ids)))
+        snap = storage.snapshot()
+        if snap.data:
+            app.restore(snap.data)
+        self.apps[gid] = app
+        g = self.multi.add_group(gid, storage)
+        if campaign or tuple(g.voters) == (self.id,):
+            for _ in range(g.cfg.election_timeout_ticks * 2):
+                if g.role == LEADER:
+                    break
+                g.tick()
+        self.multi.touched(gid)
+        self._schedule()
+
+    def drop_group(self, gid: Any) -> None:
+        if gid in self.multi.groups:
+            self.multi.remove_group(gid)
+        self.apps.pop(gid, None)
+        self._leading.discard(gid)
+        self._leaders.pop(gid, None)
+        self.apply_errors.pop(gid, None)
+
+
+class QueueGroups:
+    """The quorum queues' view of this node's Raft groups (hutch.broker.quorumq calls these)."""
+
+    def __init__(self, host: RaftHost, node_id: Callable[[str], int]):
+        self.host = host
+        self.node_id = node_id
+
+    def ensure_group(self, gid: int, members: tuple[str, ...], app: GroupApp, leader_hint: str = "",
+                     joining: bool = False) -> None:
+        """Host the group here. A new group's first members start from the same bootstrap entry;
+        a member added later (`joining`) starts empty and learns everything from the leader. The
+        node the queue was placed on (`leader_hint`) campaigns at once."""
+        self.host.ensure_group(gid, {self.node_id(m): m for m in members}, app, leader_hint == self.host.name,
+                               joining)
+
+    def drop_group(self, gid: int) -> None:
+        self.host.drop_group(gid)
+
+    def leader(self, gid: int) -> str | None:
+        g = self.host.multi.groups.get(gid)
+        if g is None or g.leader is None:
+            return None
+        return self.host.names.get(g.leader)
+
+    def propose(self, gid: int, data: bytes) -> bool:
+        try:
+            self.host.multi.propose(gid, data)
+        except RaftError:
+            return False  # not the leader any more, or too many in flight: the proposer resends
+        self.host._schedule()
+        return True
+
+    def status(self, gid: int) -> dict | None:
+        g = self.host.multi.groups.get(gid)
+        if g is None:
+            return None
+        names = self.host.names
+        st = g.status()
+        st["snapshot_index"] = g.storage.snapshot().meta.index
+        st["voters"] = [names.get(n, str(n)) for n in st["voters"]]
+        st["learners"] = [names.get(n, str(n)) for n in st["learners"]]
+        st["leader"] = names.get(st["leader"]) if st["leader"] is not None else None
+        st.pop("progress", None)
+        return st
+
+    def change_members(self, gid: int, op: str, node: str) -> str | None:
+        """On the group's leader: add (as a learner that is promoted once caught up) or remove
+        one member. None when proposed (or already so), else why not (yet)."""
+        g = self.host.multi.groups.get(gid)
+        if g is None or g.role != LEADER:
+            return "not the leader"
+        nid = self.node_id(node)
+        self.host.names[nid] = node
+        member = nid in g.voters or nid in g.learners
+        if (op == "add") == member:
+            return None
+        kind = rm.CONF_ADD_LEARNER if op == "add" else rm.CONF_REMOVE
+        try:
+            g.propose_conf_change(rm.ConfChange(kind, (nid,)))
+        except (ProposalRejected, NotLeader) as e:
+            return str(e)
+        self.host.multi.touched(gid)
+        self.host._schedule()
+        return None
+
+    def members(self, gid: int) -> list[str] | None:
+        g = self.host.multi.groups.get(gid)
+        if g is None:
+            return None
+        names = self.host.names
+        return sorted(names.get(n, str(n)) for n in (*g.voters, *g.learners))
+
+
+__all__ = ["GroupApp", "CallbackApp", "RaftHost", "QueueGroups"]
