@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 import os
 import sys
 import time
@@ -255,8 +256,18 @@ def stop_node(s: Session) -> None:
     """Ask the node to stop its process, then wait (up to --timeout) until its API stops answering
     and, when it runs on this host, until the process has exited (rabbitmqctl stop)."""
     s.info(f"Stopping and halting node {s.node} ...")
+    wait_for_exit(s, request_stop(s))
+
+
+def request_stop(s: Session) -> int:
+    """Ask the node to stop its process; its OS pid as it answered (0 when it did not say)."""
     answer = s.client.post("/api/hutch/node/stop", {}) or {}
-    pid = int(answer.get("os_pid") or 0)
+    return int(answer.get("os_pid") or 0)
+
+
+def wait_for_exit(s: Session, pid: int) -> None:
+    """Wait (up to --timeout) until a node asked to stop no longer answers its API and, when it
+    runs on this host, until process `pid` has exited; exits 75 when it outlives the wait."""
     deadline = time.monotonic() + s.timeout
     while time.monotonic() < deadline:
         try:
@@ -276,3 +287,27 @@ def stop_node(s: Session) -> None:
                 return
             time.sleep(POLL_S / 4)
         raise CliError(f"node {s.node} (OS pid {pid}) has not exited after {s.timeout:g} seconds", EX_TEMPFAIL)
+
+
+def ping_node(s: Session) -> None:
+    """rabbitmqctl's and rabbitmq-diagnostics' `ping`: succeeds when the node's process answers,
+    whether or not its app runs; 69 when it does not answer (77 when it refuses the credentials)."""
+    target = s.node_option or s.url
+    s.info(f"Will ping {target}. This only checks if the node's process is running and answers its API. "
+           f"Timeout: {int(s.timeout * 1000)} ms.")
+    try:
+        state = s.client.get("/api/hutch/node/state")
+    except CliError as e:
+        if e.status in (401, 403):
+            raise
+        raise CliError(f"Failed to connect and authenticate to {target} in {int(s.timeout * 1000)} ms\n{e.message}",
+                       EX_UNAVAILABLE) from None
+    s.printer.document({"result": "ok", "node": state.get("node")}, "Ping succeeded")
+
+
+def show_environment(s: Session) -> None:
+    """`environment`: the node's effective settings, one `key = JSON value` a line (secrets as ********)."""
+    doc = s.client.get("/api/hutch/node/environment")
+    s.info(f"Application environment of node {doc.get('node')} ...")
+    settings = doc.get("hutch") or {}
+    s.printer.document(doc, "\n".join(f"{k} = {json.dumps(v)}" for k, v in sorted(settings.items())))

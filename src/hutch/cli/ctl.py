@@ -993,6 +993,10 @@ def help_command(ctx: click.Context, command_name: str | None) -> None:
         click.echo(cmd.get_help(sub))
 
 
+# more of rabbitmqctl's commands (passwords, parameters, the node's lifecycle) register on `cli`
+from hutch.cli import ctl_more as _ctl_more  # noqa: E402,F401
+
+
 def main() -> None:
     run_cli(cli, "hutchctl")
 

@@ -22,12 +22,19 @@ for it). The checks read the node's health check endpoints, which answer the tru
 
 from __future__ import annotations
 
-import json
 import socket
 
 import click
 
-from hutch.cli.common import Session, await_startup, command, global_options, run_cli
+from hutch.cli.common import (
+    Session,
+    await_startup,
+    command,
+    global_options,
+    ping_node,
+    run_cli,
+    show_environment,
+)
 from hutch.cli.ctl import POLICY_COLUMNS, node_status, print_cluster_status, select, status_text
 from hutch.cli.http import EX_UNAVAILABLE, CliError, q
 
@@ -54,17 +61,7 @@ def _state(s: Session) -> dict:
 @command(cli, "ping")
 def ping(s: Session) -> None:
     """Succeeds when the node's process answers, whether or not its app runs."""
-    target = s.node_option or s.url
-    s.info(f"Will ping {target}. This only checks if the node's process is running and answers its API. "
-           f"Timeout: {int(s.timeout * 1000)} ms.")
-    try:
-        state = _state(s)
-    except CliError as e:
-        if e.status in (401, 403):
-            raise
-        raise CliError(f"Failed to connect and authenticate to {target} in {int(s.timeout * 1000)} ms\n{e.message}",
-                       EX_UNAVAILABLE) from None
-    s.printer.document({"result": "ok", "node": state.get("node")}, "Ping succeeded")
+    ping_node(s)
 
 
 @command(cli, "check_running")
@@ -236,10 +233,7 @@ def memory_breakdown(s: Session, unit: str) -> None:
 @command(cli, "environment")
 def environment(s: Session) -> None:
     """The node's effective settings (secrets are shown as ********)."""
-    doc = s.client.get("/api/hutch/node/environment")
-    s.info(f"Application environment of node {doc.get('node')} ...")
-    settings = doc.get("hutch") or {}
-    s.printer.document(doc, "\n".join(f"{k} = {json.dumps(v)}" for k, v in sorted(settings.items())))
+    show_environment(s)
 
 
 @command(cli, "log_tail")
