@@ -45,7 +45,13 @@ from hutch.server.tasks import TaskSet
 
 log = logging.getLogger("hutch.node")
 
-CLOSE_OK_WAIT_S = 3.0
+CLOSE_OK_WAIT_S = 3.0  # a client that started closing gets this long to answer before its socket closes
+HEARTBEAT_MIN_INTERVAL_S = 0.25  # heartbeats go out every heartbeat/2 s, never more often than this
+BROKER_TICK_S = 0.1  # the broker's expiry and flow-control tick
+LISTEN_BACKLOG = 1024  # pending connections each AMQP listener queues
+LISTENER_CLOSE_WAIT_S = 2.0  # closing listeners: how long to wait for each to finish
+SYNC_DRAIN_POLL_S = 0.01  # stop_app: how often to check whether the last fsync returned
+SYNC_DRAIN_POLLS = 100  # ... and how many times (a second in all) before closing storage anyway
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -144,7 +150,7 @@ class AMQPProtocol(asyncio.Protocol):
     # -- timers
 
     def _schedule_heartbeat(self) -> None:
-        interval = max(self.session.proto.heartbeat_s / 2, 0.25)
+        interval = max(self.session.proto.heartbeat_s / 2, HEARTBEAT_MIN_INTERVAL_S)
         self._hb_handle = self.node.loop.call_later(interval, self._heartbeat)
 
     def _heartbeat(self) -> None:
@@ -257,7 +263,7 @@ class Node:
         await self._start_http()
         await self._start_metrics()
         self._baseline_rss = self._proc.memory_info().rss
-        self._tick_task = self.loop.call_later(0.1, self._tick)
+        self._tick_task = self.loop.call_later(BROKER_TICK_S, self._tick)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
         self._disk_check()
         log.info("Server startup complete; node %s is ready to accept connections", self.config.node_name)
@@ -294,7 +300,7 @@ class Node:
     async def _open_listeners(self) -> None:
         self.servers = []
         server = await self.loop.create_server(self._protocol, host=self.config.amqp_host or None,
-                                               port=self.config.amqp_port, reuse_address=True, backlog=1024)
+                                               port=self.config.amqp_port, reuse_address=True, backlog=LISTEN_BACKLOG)
         self.servers.append(server)
         for sock in server.sockets:
             addr = sock.getsockname()
@@ -303,7 +309,7 @@ class Node:
         if ctx is not None:
             tls_server = await self.loop.create_server(self._tls_protocol, host=self.config.amqp_host or None,
                                                        port=self.config.amqps_port, reuse_address=True,
-                                                       backlog=1024, ssl=ctx)
+                                                       backlog=LISTEN_BACKLOG, ssl=ctx)
             self.servers.append(tls_server)
             for sock in tls_server.sockets:
                 addr = sock.getsockname()
@@ -326,7 +332,7 @@ class Node:
                 p.transport.close()
         for server in self.servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 2)
+                await asyncio.wait_for(server.wait_closed(), LISTENER_CLOSE_WAIT_S)
         self.servers = []
 
     def partition_changed(self, up: set[str], members: list[str]) -> None:
@@ -370,10 +376,10 @@ class Node:
         log.info("Stopping hutch application on node %s", self.config.node_name)
         await self._tasks.close()  # a pause or resume under way ends before the listeners close for good
         await self._close_clients()
-        for _ in range(100):
+        for _ in range(SYNC_DRAIN_POLLS):
             if not self._sync_running:
                 break
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(SYNC_DRAIN_POLL_S)
         if self.clustering is not None:
             await self.clustering.stop()
         self.broker.close_storage()
@@ -440,7 +446,7 @@ class Node:
     def _tick(self) -> None:
         if self.broker.ttl_queues or self.broker.flow_limited:
             self.broker.tick()
-        self._tick_task = self.loop.call_later(0.1, self._tick)
+        self._tick_task = self.loop.call_later(BROKER_TICK_S, self._tick)
 
     def _disk_check(self) -> None:
         try:

@@ -1,0 +1,95 @@
+"""Raft group hosting (hutch.server.raft_host) on a real RaftHostStorage: a group of one elects
+itself, committed entries reach the group's application in order, and an application that
+raises does not wedge the group: the entry counts as applied, the failure is counted, and only
+the first one in the group is logged with its traceback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from hutch.cluster.raftlog import RaftHostStorage
+from hutch.raft.group import LEADER, RaftConfig
+from hutch.server.raft_host import QueueGroups, RaftHost
+
+ME = "a@h"
+MY_ID = 7
+GID = 42
+
+
+class App:
+    def __init__(self):
+        self.applied: list[bytes] = []
+
+    def apply(self, data: bytes, index: int) -> None:
+        if data.startswith(b"bad"):
+            raise ValueError(f"cannot apply {data!r}")
+        self.applied.append(data)
+
+    def restore(self, data: bytes) -> None:
+        raise AssertionError("a new group has no snapshot")
+
+    def snapshot(self) -> bytes:
+        return b""
+
+    def snapshot_due(self, entries_kept: int) -> bool:
+        return False
+
+
+@pytest.fixture
+def hosted(tmp_path):
+    storage = RaftHostStorage(tmp_path / "raft")
+    leaders: list[tuple[int, bool]] = []
+    host = RaftHost(MY_ID, ME, storage, RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1, seed=1),
+                    {MY_ID: ME}, 0, send=lambda *a: None, schedule=lambda: None,
+                    on_leader_known=lambda gid: None, on_leadership=lambda gid, leading: leaders.append((gid, leading)))
+    groups = QueueGroups(host, lambda name: MY_ID)
+    app = App()
+    groups.ensure_group(GID, (ME,), app, leader_hint=ME)
+    host.drain()  # the bootstrap entry makes this node the group's one voter
+    for _ in range(40):  # alone, it wins the first election it stands in
+        if host.multi.groups[GID].role == LEADER:
+            break
+        host.multi.tick()
+        host.drain()
+    yield host, groups, app, leaders
+    storage.close()
+
+
+def test_a_group_of_one_elects_itself_and_tells_its_owner(hosted):
+    host, groups, _app, leaders = hosted
+    assert host.multi.groups[GID].role == LEADER
+    assert groups.leader(GID) == ME
+    assert leaders == [(GID, True)]
+
+
+def test_committed_entries_reach_the_application_in_order(hosted):
+    host, groups, app, _ = hosted
+    for data in (b"one", b"two", b"three"):
+        assert groups.propose(GID, data) is True
+    host.drain()
+    assert app.applied == [b"one", b"two", b"three"]
+
+
+def test_a_failing_entry_is_counted_and_the_group_goes_on(hosted, caplog):
+    host, groups, app, _ = hosted
+    with caplog.at_level(logging.ERROR, logger="hutch.cluster"):
+        for data in (b"ok1", b"bad1", b"bad2", b"ok2"):
+            groups.propose(GID, data)
+        host.drain()
+    assert app.applied == [b"ok1", b"ok2"]
+    assert host.apply_errors == {GID: 2}
+    failures = [r for r in caplog.records if "applying entry" in r.getMessage()]
+    assert len(failures) == 2
+    assert failures[0].exc_info is not None and isinstance(failures[0].exc_info[1], ValueError)
+    assert failures[1].exc_info is None and "2 entries failed in this group" in failures[1].getMessage()
+
+
+def test_dropping_a_group_forgets_its_bookkeeping(hosted):
+    host, groups, _app, _ = hosted
+    groups.propose(GID, b"bad")
+    host.drain()
+    groups.drop_group(GID)
+    assert GID not in host.multi.groups and GID not in host.apps and GID not in host.apply_errors
+    assert groups.leader(GID) is None and groups.status(GID) is None
