@@ -367,7 +367,7 @@ def test_shutdown_stops_the_node_and_waits_for_its_process():
         assert r.returncode == 69 and "Error:" in r.stderr
 
 
-def test_shutdown_no_wait_returns_at_once(name):
+def test_shutdown_no_wait_returns_at_once():
     with HutchNode() as n:
         r = ctl(n, "shutdown", "--no-wait")
         assert r.returncode == 0, (r.stdout, r.stderr)
