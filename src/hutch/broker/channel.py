@@ -101,6 +101,20 @@ class ChannelConsumer:
                                                     m.route_enc, m.props, m.body, ch.session.frame_max))
 
 
+class HeldEntry:
+    """An unacknowledged delivery from a queue whose messages live elsewhere (a queue homed on
+    another node, a quorum queue's Raft group), as the channel keeps it: `seq` is the queue's
+    own id for the message, `delivery_count` counts this delivery (1: the first)."""
+
+    __slots__ = ("seq", "log_seq", "delivery_count")
+
+    def __init__(self, seq: int, delivery_count: int):
+        assert delivery_count >= 1, f"delivery {seq}: a delivery count counts this delivery"
+        self.seq = seq
+        self.log_seq = 0  # never in this node's journal
+        self.delivery_count = delivery_count
+
+
 class Channel:
     def __init__(self, session: ChannelOutput, number: int):
         self.session = session
@@ -148,6 +162,20 @@ class Channel:
         if c is not None:
             c.queue.remove_consumer(c)
         return c
+
+    def deliver_held(self, c: ChannelConsumer, queue: Any, seq: int, delivery_count: int, redelivered: bool,
+                     route: bytes, props: bytes, body: bytes) -> None:
+        """basic.deliver of a message a queue elsewhere sent (the one path for remote and quorum
+        queues; a classic queue homed here delivers through `ChannelConsumer.deliver`)."""
+        msgstats.count_delivery(self.mstats, queue.mstats, c.no_ack, redelivered)
+        self.delivery_tag += 1
+        tag = self.delivery_tag
+        if not c.no_ack:
+            self.unacked[tag] = (queue, HeldEntry(seq, delivery_count), c)
+            c.unacked += 1
+        s = self.session
+        s.send_frames(codec.deliver_frames(self.number, c.ctag_enc, tag, redelivered, route, props, body,
+                                           s.frame_max))
 
     # ---------------------------------------------------------------- acknowledgements
 

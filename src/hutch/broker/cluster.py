@@ -39,16 +39,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hutch.amqp import codec, spec
-from hutch.amqp.spec import AMQPError
 from hutch.broker import msgstats
 from hutch.broker.broker import User, priority_and_expiration
-from hutch.broker.channel import Channel, ChannelConsumer
+from hutch.broker.channel import Channel, ChannelConsumer, HeldEntry
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
-from hutch.broker.mirrored import STALE, MirrorHost, cancel_on_failover
 from hutch.broker.quorumq import BrokerQuorumPort
 from hutch.broker.vhost import VHost
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
+from hutch.cluster.remote import ProxyConsumer, RemoteQueue, home_down
+from hutch.mirror.host import MirrorHost, cancel_on_failover
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
 from hutch.quorum.host import QuorumHost
@@ -60,9 +60,10 @@ log = logging.getLogger("hutch.cluster")
 
 PUBLISH_WINDOW = 4096  # messages a session may have in flight to other nodes before it is paused
 PUBLISH_WINDOW_LOW = 1024
-CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
 CREDIT_RETURN = 500
 REATTACH_TRIES = 100
+REATTACH_DELAY_S = 0.05  # between tries to attach a consumer to a promoted mirror that is not ready yet
+CANCELLED_REMEMBERED_MAX = 4096  # recently cancelled remote consumers whose late deliveries go back
 RETRY = 2  # a publish accept that says: not here yet, send it again
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
 NODE_PARAM = "hutch_node:"  # global parameter per member: its peer address
@@ -70,24 +71,24 @@ INIT_PARAM = "hutch_initialised"
 
 
 
-def home_down(q) -> AMQPError:
-    """A queue whose home node is down: a durable one waits for its node; a non-durable one is
-    being deleted (RabbitMQ's rule), so it is already reported missing."""
-    if not q.durable:
-        return AMQPError(spec.NOT_FOUND, f"no queue '{q.name}' in vhost '{q.vhost}'")
-    return AMQPError(spec.NOT_FOUND, f"home node '{q.home_node}' of durable queue '{q.name}' in vhost "
-                                     f"'{q.vhost}' is down or inaccessible")
+class _Stale:
+    """What a channel's unacknowledged delivery points to once its queue's leader is gone:
+    the new leader has requeued the message, so an ack or reject of the old tag does nothing."""
+
+    deleted = True
+    remote = True
+    quorum = False
+    journal_id = 0
+    mstats = msgstats.new()  # the channel counts an ack of an old tag somewhere: here, and nobody reads it
 
 
-class RemoteEntry:
-    """A delivery from a queue on another node, as the consuming channel keeps it."""
+STALE = _Stale()
 
-    __slots__ = ("seq", "log_seq", "delivery_count")
 
-    def __init__(self, seq: int, redelivered: bool):
-        self.seq = seq
-        self.log_seq = 0
-        self.delivery_count = 2 if redelivered else 1
+def RemoteEntry(seq: int, redelivered: bool) -> HeldEntry:  # noqa: N802 - read as the entry it makes
+    """A basic.get's answer from a queue on another node, as the channel keeps it (the home
+    node says only whether it was delivered before)."""
+    return HeldEntry(seq, 2 if redelivered else 1)
 
 
 class RemoteConsumer(ChannelConsumer):
@@ -101,166 +102,6 @@ class RemoteConsumer(ChannelConsumer):
         super().__init__(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments)
         self.cid = cid
         self.received = 0  # deliveries not yet returned as credit
-
-
-class _Figures:
-    """A remote queue's last known counts, in the shape listings read from a queue's state."""
-
-    __slots__ = ("ready_count", "unacked_count", "ready_bytes", "unacked_bytes")
-
-    def __init__(self, ready: int, unacked: int):
-        self.ready_count = ready
-        self.unacked_count = unacked
-        self.ready_bytes = 0
-        self.unacked_bytes = 0
-
-
-class RemoteQueue:
-    """A queue whose home is another node: the catalogue's record plus its last known figures.
-    Acknowledgements made on this node are collected here and sent home once per loop."""
-
-    remote = True
-    quorum = False
-    message_ttl_ms = None
-    expires_ms = None
-    journal_id = 0
-    single_active = False
-
-    def __init__(self, cluster: ClusterBroker, rec: cat.QueueRecord):
-        self.cluster = cluster
-        self.name = rec.name
-        self.vhost = rec.vhost
-        self.durable = rec.durable
-        self.auto_delete = rec.auto_delete
-        self.exclusive_owner = rec.exclusive_owner  # a string: never this node's session
-        self.arguments = dict(rec.arguments)
-        self.home_node = rec.leader_node
-        self.mirrored = bool(rec.member_nodes)
-        self.mirror_nodes: list[str] = []  # as the leader last reported them
-        self.synced_nodes: list[str] = []
-        self.deleted = False
-        self.ready = 0
-        self.unacked_remote = 0
-        self.consumers_remote = 0
-        self.local_consumers: dict[int, RemoteConsumer] = {}
-        self._ops: dict[tuple[int, str], list[int]] = {}
-        self.mstats = msgstats.new()  # what this node's channels did with the queue
-
-    def __repr__(self) -> str:
-        return f"RemoteQueue({self.vhost!r}, {self.name!r} on {self.home_node})"
-
-    @property
-    def message_count(self) -> int:
-        return self.ready
-
-    @property
-    def unacked_count(self) -> int:
-        return self.unacked_remote
-
-    @property
-    def consumer_count(self) -> int:
-        return self.consumers_remote
-
-    @property
-    def state(self) -> _Figures:
-        return _Figures(self.ready, self.unacked_remote)
-
-    def active_consumer(self) -> None:
-        return None
-
-    def is_up(self) -> bool:
-        return self.cluster.is_up(self.home_node)
-
-    def check_up(self) -> None:
-        if not self.is_up():
-            raise home_down(self)
-
-    # the channel's acknowledgement paths call these
-    def _op(self, seq: int, op: str) -> None:
-        self._ops.setdefault((0, op), []).append(seq)
-        self.cluster.broker.dirty_queues.add(self)
-
-    def settle(self, seq: int) -> None:
-        self._op(seq, "a")
-
-    def requeue(self, seq: int) -> None:
-        self._op(seq, "r")
-
-    def discard(self, seq: int) -> None:
-        self._op(seq, "d")
-
-    def flush(self) -> None:
-        if self._ops:
-            ops, self._ops = self._ops, {}
-            for (cid, op), seqs in ops.items():
-                self.cluster.send(self.home_node, ["S", self.vhost, self.name, cid, op, seqs])
-
-    def add_consumer(self, c: RemoteConsumer) -> None:
-        self.local_consumers[c.cid] = c
-        self.cluster.consumers[c.cid] = c
-
-    def remove_consumer(self, c: RemoteConsumer) -> bool:
-        if self.local_consumers.pop(c.cid, None) is None:
-            return False
-        self.cluster.consumers.pop(c.cid, None)
-        self.cluster.cancelled(c.cid, self.home_node, self.vhost, self.name)
-        self.flush()  # acks before the cancel
-        self.cluster.send(self.home_node, ["X", c.cid])
-        return True
-
-    def consumers(self) -> list[RemoteConsumer]:
-        return list(self.local_consumers.values())
-
-    def has_exclusive_consumer(self) -> bool:
-        return any(c.exclusive for c in self.local_consumers.values())
-
-    def dispatch(self) -> int:
-        self.flush()
-        return 0
-
-
-class ProxyConsumer:
-    """On a queue's home node: a consumer attached on another node."""
-
-    proxy = True
-    __slots__ = ("cid", "origin", "tag", "no_ack", "exclusive", "priority", "prefetch", "credit", "inflight",
-                 "cluster", "arguments", "channel", "queue")
-
-    def __init__(self, cluster: ClusterBroker, queue, origin: str, cid: int, tag: str, no_ack: bool,
-                 exclusive: bool, priority: int, prefetch: int, arguments: dict):
-        self.cluster = cluster
-        self.queue = queue
-        self.origin = origin
-        self.cid = cid
-        self.tag = tag
-        self.no_ack = no_ack
-        self.exclusive = exclusive
-        self.priority = priority
-        self.prefetch = prefetch
-        self.credit = CONSUMER_CREDIT
-        self.inflight: dict[int, Any] = {}
-        self.arguments = arguments
-        self.channel = None
-
-    def can_take(self) -> bool:
-        if self.credit <= 0 or not self.cluster.is_up(self.origin):
-            return False
-        return self.no_ack or not self.prefetch or len(self.inflight) < self.prefetch
-
-    def deliver(self, queue, entry) -> None:
-        self.credit -= 1
-        broker = self.cluster.broker
-        if self.no_ack:
-            if entry.log_seq:
-                broker.settled(queue, entry)
-        else:
-            self.inflight[entry.seq] = entry
-            if entry.log_seq:
-                broker.delivered(queue, entry)
-        m = entry.message
-        self.cluster.queue_delivery(self.origin, self.cid,
-                                    [entry.seq, entry.delivery_count > 1, m.route_enc, m.props, m.body])
-
 
 class ClusterBroker:
     """Attached to a Broker as `broker.cluster` when the node is part of a cluster."""
@@ -282,6 +123,12 @@ class ClusterBroker:
         self.consumers: dict[int, RemoteConsumer] = {}  # cid -> consumer on this node of a remote queue
         self.proxies: dict[tuple[str, int], tuple[Any, ProxyConsumer]] = {}  # (origin, cid) -> (queue, proxy)
         self.owners: dict[str, Any] = {}  # exclusive owner id -> this node's session
+        # Bounds of the maps below that grow with client input: a session with PUBLISH_WINDOW
+        # publishes in flight to other nodes is not read from, so _pub_tokens, _pub_items,
+        # _orphans and _token_waiters hold about PUBLISH_WINDOW per session (plus what one read
+        # brought, and the broker's own publishes such as dead letters, which no window holds);
+        # the _out_* lists are emptied every loop iteration (flush); proxies hold one entry per
+        # consumer attached from another node, get_inflight one per unacknowledged basic.get.
         self._pub_tokens: dict[int, tuple[str, Any, int, Any]] = {}  # token -> (home, channel, seq, session)
         self._session_inflight: dict[Any, int] = {}
         self._paused_sessions: set = set()
@@ -327,11 +174,14 @@ class ClusterBroker:
             self.owners[oid] = session
         return oid
 
+    def new_stats(self) -> list[int]:
+        return msgstats.new()
+
     def channel_closed(self, channel: Channel) -> None:
         self.quorum.channel_closed(channel)
 
     def cancelled(self, cid: int, home: str, vhost: str, qname: str) -> None:
-        if len(self._cancelled) >= 4096:
+        if len(self._cancelled) >= CANCELLED_REMEMBERED_MAX:
             self._cancelled.pop(next(iter(self._cancelled)))
         self._cancelled[cid] = (home, vhost, qname)
 
@@ -550,7 +400,7 @@ class ClusterBroker:
 
         def answered(result) -> None:
             if result is not None and result[0] == spec.NOT_FOUND and tries < REATTACH_TRIES and not q.deleted:
-                self._reattach_due.append((self.mirroring.now() + 0.05, q, c, tries + 1))
+                self._reattach_due.append((self.mirroring.now() + REATTACH_DELAY_S, q, c, tries + 1))
                 return
             if result is None or result[0] != 200:
                 if q.local_consumers.pop(c.cid, None) is not None:
@@ -887,16 +737,9 @@ class ClusterBroker:
         ch = c.channel
         session = ch.session
         q = c.queue
-        st, qst, no_ack = ch.mstats, q.mstats, c.no_ack
+        deliver = ch.deliver_held
         for seq, redelivered, route, props, body in items:
-            msgstats.count_delivery(st, qst, no_ack, redelivered)
-            ch.delivery_tag += 1
-            tag = ch.delivery_tag
-            if not c.no_ack:
-                ch.unacked[tag] = (q, RemoteEntry(seq, redelivered), c)
-                c.unacked += 1
-            session.send_frames(codec.deliver_frames(ch.number, c.ctag_enc, tag, redelivered, route, props, body,
-                                                     session.frame_max))
+            deliver(c, q, seq, 2 if redelivered else 1, redelivered, route, props, body)
         c.received += len(items)
         if c.received >= CREDIT_RETURN:
             self.send(q.home_node, ["CR+", cid, c.received])
@@ -1125,7 +968,7 @@ class ClusterBroker:
             v = self.broker.vhosts.get(vhost)
             q = v.queues.get(name) if v is not None else None
             if q is not None and q.quorum:
-                q.figures = (ready, unacked, consumers)
+                q.reported = (ready, unacked, consumers)
             elif q is not None and q.remote:
                 q.ready, q.unacked_remote, q.consumers_remote = ready, unacked, consumers
                 q.mirror_nodes, q.synced_nodes = mirrors if mirrors else ([], [])

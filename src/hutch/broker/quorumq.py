@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from hutch.amqp import codec, spec
+from hutch.amqp import spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker import msgstats
 from hutch.broker.channel import ChannelConsumer
@@ -48,17 +48,6 @@ class QuorumConsumer(ChannelConsumer):
                  priority: int, prefetch: int, arguments: dict):
         super().__init__(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments)
         self.consumer_id = consumer_id
-
-
-class _QuorumEntry:
-    """A delivery from a quorum queue as the channel keeps it: `seq` is the queue's msg_id."""
-
-    __slots__ = ("seq", "log_seq", "delivery_count")
-
-    def __init__(self, msg_id: int, delivery_count: int):
-        self.seq = msg_id
-        self.log_seq = 0
-        self.delivery_count = delivery_count + 1
 
 
 class BrokerQuorumPort:
@@ -103,16 +92,9 @@ class BrokerQuorumPort:
     def deliver(self, c: QuorumConsumer, q: QuorumQueue, msg_id: int, delivery_count: int, redelivered: bool,
                 route: bytes, props: bytes, body: bytes) -> None:
         ch = c.channel
-        session = ch.session
-        msgstats.count_delivery(ch.mstats, q.mstats, c.no_ack, redelivered)
-        ch.delivery_tag += 1
-        tag = ch.delivery_tag
-        if not c.no_ack:
-            ch.unacked[tag] = (q, _QuorumEntry(msg_id, delivery_count), c)
-            c.unacked += 1
-        session.send_frames(codec.deliver_frames(ch.number, c.ctag_enc, tag, redelivered, route, props, body,
-                                                 session.frame_max))
-        self.cl.output(session)
+        # the state machine's delivery_count counts earlier deliveries; the channel's this one too
+        ch.deliver_held(c, q, msg_id, delivery_count + 1, redelivered, route, props, body)
+        self.cl.output(ch.session)
 
 
 def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:

@@ -111,8 +111,9 @@ def cluster_name(api: Api) -> str:
 def _totals(api: Api) -> tuple[dict[str, int], dict[str, Any]]:
     b = api.broker
     queues = [q for v in b.vhosts.values() for q in v.queues.values()]
-    ready = sum(q.state.ready_count for q in queues)
-    unacked = sum(q.state.unacked_count for q in queues)
+    figures = [q.figures() for q in queues]
+    ready = sum(f.ready for f in figures)
+    unacked = sum(f.unacked for f in figures)
     channels = sum(len(s.channels) for s in b.sessions)
     consumers = sum(q.consumer_count for q in queues)
     objects = {"channels": channels, "connections": len(b.sessions), "consumers": consumers,

@@ -305,15 +305,15 @@ class Scrape:
                 continue
             if home_only and not self.is_home(q):
                 continue
-            st = q.state
+            f = q.figures()
             rows.append(((q.vhost, q.name), {
-                "queue_messages_ready": st.ready_count,
-                "queue_messages_unacked": st.unacked_count,
-                "queue_messages": st.ready_count + st.unacked_count,
-                "queue_consumers": q.consumer_count,
-                "queue_messages_bytes": st.ready_bytes + st.unacked_bytes,
-                "queue_messages_ready_bytes": st.ready_bytes,
-                "queue_messages_unacked_bytes": st.unacked_bytes,
+                "queue_messages_ready": f.ready,
+                "queue_messages_unacked": f.unacked,
+                "queue_messages": f.ready + f.unacked,
+                "queue_consumers": f.consumers,
+                "queue_messages_bytes": f.ready_bytes + f.unacked_bytes,
+                "queue_messages_ready_bytes": f.ready_bytes,
+                "queue_messages_unacked_bytes": f.unacked_bytes,
                 "queue_messages_published_total": q.mstats[ms.PUBLISH],
             }))
         return rows

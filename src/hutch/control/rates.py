@@ -177,8 +177,8 @@ def collect(broker: Any, kinds: set[str] | None = None) -> dict[tuple, tuple[tup
     for vname, v in broker.vhosts.items():
         vl = [0, 0, 0]
         for q in v.queues.values():
-            st = q.state
-            ready, unacked = st.ready_count, st.unacked_count
+            f = q.figures()
+            ready, unacked = f.ready, f.unacked
             if want(QUEUE):
                 out[(QUEUE, vname, q.name)] = (tuple(q.mstats), (ready + unacked, ready, unacked))
             vl[0] += ready + unacked

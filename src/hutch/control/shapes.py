@@ -116,8 +116,8 @@ def policy_fields(broker: Broker, vhost: str, name: str, kind: str, queue: Any =
 
 
 def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, Any]:
-    st = q.state
-    ready, unacked = st.ready_count, st.unacked_count
+    f = q.figures()  # the one read model of every queue type (hutch.queues.handle.Figures)
+    ready, unacked = f.ready, f.unacked
     consumers = q.consumers()
     active = q.active_consumer()
     out = {
@@ -134,10 +134,10 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
-        "message_bytes": st.ready_bytes + st.unacked_bytes,
-        "message_bytes_ready": st.ready_bytes,
-        "message_bytes_unacknowledged": st.unacked_bytes,
-        "consumers": q.consumer_count,
+        "message_bytes": f.ready_bytes + f.unacked_bytes,
+        "message_bytes_ready": f.ready_bytes,
+        "message_bytes_unacknowledged": f.unacked_bytes,
+        "consumers": f.consumers,
         "consumer_capacity": 1.0 if consumers else 0.0,
         "consumer_utilisation": 1.0 if consumers else 0.0,
         "exclusive_consumer_tag": next((c.tag for c in consumers if c.exclusive), None),
@@ -301,8 +301,9 @@ def vhost(broker: Broker, v: VHost) -> dict[str, Any]:
     metadata: dict[str, Any] = {"description": description, "tags": tags}
     if default_queue_type != "undefined":
         metadata["default_queue_type"] = default_queue_type
-    ready = sum(q.state.ready_count for q in v.queues.values())
-    unacked = sum(q.state.unacked_count for q in v.queues.values())
+    figures = [q.figures() for q in v.queues.values()]
+    ready = sum(f.ready for f in figures)
+    unacked = sum(f.unacked for f in figures)
     return {
         "name": v.name,
         "description": description,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
+from hutch.queues.handle import CLASSIC, Figures
 from hutch.queues.message import Message
 from hutch.queues.state import Entry, QueueLimits, QueueState, Refused
 
@@ -70,16 +71,21 @@ class ClassicQueue:
         self.flow_waiters: set | None = None  # publishers held back while consumers are backed up
         self.last_dispatch_ms = -10**9  # when consumers last received (the owner's clock)
         self.journal_id = 0  # durable queues: the key of their records in the node's message journal
-        # a mirrored queue's leader side (hutch.broker.mirrored.Leader): told every operation
+        # a mirrored queue's leader side (hutch.mirror.host.Leader): told every operation
         self.mirror: Any = None
         # the settings last resolved from arguments and policies (hutch.queues.effective.Effective)
         self.policy_settings: Any = None
 
     remote = False  # a queue homed on this node (see hutch.broker.cluster for the others)
     quorum = False
+    queue_type = CLASSIC.name
 
     def __repr__(self) -> str:
         return f"ClassicQueue({self.vhost!r}, {self.name!r})"
+
+    def figures(self) -> Figures:
+        st = self.state
+        return Figures(st.ready_count, len(st.unacked), st.ready_bytes, st.unacked_bytes, self.consumer_count)
 
     # ---------------------------------------------------------------- consumers
 

@@ -18,9 +18,12 @@ from typing import Any, Protocol
 
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
+from hutch.queues.handle import REPLICATED, SINGLE_ACTIVE_CONSUMER, Figures, QueueType, register
 from hutch.quorum import fifo
 
 IDS_PER_COMMAND_MAX = min(1000, fifo.MSG_IDS_PER_COMMAND_MAX)  # msg ids per settle/return/discard
+
+QUORUM = register(QueueType("quorum", (SINGLE_ACTIVE_CONSUMER, REPLICATED)))
 
 
 class PortOps(Protocol):
@@ -40,21 +43,12 @@ class HostOps(Protocol):
     def propose(self, q: QuorumQueue, cmd: Any, callback: Callable[[Any], None] | None = None) -> None: ...
 
 
-class _Figures:
-    __slots__ = ("ready_count", "unacked_count", "ready_bytes", "unacked_bytes")
-
-    def __init__(self, ready: int, unacked: int, nbytes: int = 0):
-        self.ready_count = ready
-        self.unacked_count = unacked
-        self.ready_bytes = nbytes
-        self.unacked_bytes = 0
-
-
 class QuorumQueue:
     """A quorum queue's handle in a vhost, on every node."""
 
     remote = True  # the broker's generic paths: not a classic queue homed here
     quorum = True
+    queue_type = QUORUM.name
     message_ttl_ms = None
     expires_ms = None
     journal_id = 0
@@ -79,7 +73,7 @@ class QuorumQueue:
         self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
         self._ops: dict[tuple[str, str], list[int]] = {}
         self.machine: Any = None  # the QuorumQueueState when this node is a member
-        self.figures = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
+        self.reported = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
         self.mstats = host.port.new_stats()  # what this node's channels did with the queue
         self.last_used_ms = 0
 
@@ -102,7 +96,7 @@ class QuorumQueue:
         st = self.machine
         if st is not None:
             return st.messages_ready, st.messages_unacknowledged, st.consumer_count
-        return self.figures
+        return self.reported
 
     @property
     def message_count(self) -> int:
@@ -116,11 +110,11 @@ class QuorumQueue:
     def consumer_count(self) -> int:
         return self._counts()[2]
 
-    @property
-    def state(self) -> _Figures:
-        """The counts in the shape listings read from a queue's state."""
-        ready, unacked, _c = self._counts()
-        return _Figures(ready, unacked, self.machine.message_bytes if self.machine is not None else 0)
+    def figures(self) -> Figures:
+        """From the state machine on a member; as the leader last reported them elsewhere
+        (ready bytes only on a member)."""
+        ready, unacked, consumers = self._counts()
+        return Figures(ready, unacked, self.machine.message_bytes if self.machine is not None else 0, 0, consumers)
 
     def active_consumer(self) -> Any:
         return None

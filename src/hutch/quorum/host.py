@@ -15,7 +15,8 @@ transport (group "q": `["QP", gid, envelope]`). Proposals are retried until they
 - publishes carry `(publisher, publisher_seq)`, a gapless counter per channel and queue, so
   a resend after a leader change is answered with its first outcome and never enqueued twice;
   the confirm goes out on `Accepted` (after a majority has the message) or a nack on `Rejected`;
-- consumer registration, basic.get and purge wait for their reply (`["QR", req, answer]`);
+- consumer registration, basic.get and purge wait for their reply (an `Answer` in the
+  leader's `["QE", outcomes]` message to the proposing node);
   with no leader for `metadata_timeout_ms` they fail with 541 and a clear text;
 - acks, nacks and rejects are collected per consumer and proposed once per loop iteration.
 
@@ -78,6 +79,48 @@ class _PublisherIds:
         self.id = publisher_id
         self.seqs: dict[int, int] = {}  # gid -> last publisher_seq sent to that queue
         self.inflight = 0  # publishes sent and not yet answered
+
+
+# What a leader sends the node an effect concerns, in one "QE" message per loop iteration.
+class ToConsumer(msgspec.Struct, tag="deliver", array_like=True, frozen=True, gc=False):
+    """fifo.Deliver, for the consumer's node."""
+
+    gid: int
+    consumer_id: str
+    msg_id: int
+    delivery_count: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+
+
+class PublishDecided(msgspec.Struct, tag="decided", array_like=True, frozen=True, gc=False):
+    """fifo.Accepted or fifo.Rejected, for the publisher's node."""
+
+    publisher: str
+    publisher_seq: int
+    accepted: bool
+
+
+class Answer(msgspec.Struct, tag="answer", array_like=True, frozen=True, gc=False):
+    """The answer to a proposal someone waits for (`req` of the peers' request table)."""
+
+    req: int
+    answer: Any
+    gid: int
+
+
+class ConsumerEnded(msgspec.Struct, tag="cancelled", array_like=True, frozen=True, gc=False):
+    """fifo.ConsumerCancelled, for the consumer's node."""
+
+    gid: int
+    consumer_id: str
+
+
+Outcome = ToConsumer | PublishDecided | Answer | ConsumerEnded
+_outcomes_dec = msgspec.msgpack.Decoder(list[Outcome])
 
 
 class QuorumPort(Protocol):
@@ -463,10 +506,12 @@ class QuorumHost:
         for e in effects:
             t = type(e)
             if t is fifo.Deliver:
-                self._queue_out(node_of(e.consumer_id), ["D", q.gid, e.consumer_id, e.msg_id, e.delivery_count,
-                                                          e.redelivered, e.exchange, e.routing_key, e.props, e.body])
+                self._queue_out(node_of(e.consumer_id), ToConsumer(q.gid, e.consumer_id, e.msg_id, e.delivery_count,
+                                                                   e.redelivered, e.exchange, e.routing_key, e.props,
+                                                                   e.body))
             elif t is fifo.Accepted or t is fifo.Rejected:
-                self._queue_out(node_of(e.publisher), ["A", e.publisher, e.publisher_seq, t is fifo.Accepted])
+                self._queue_out(node_of(e.publisher), PublishDecided(e.publisher, e.publisher_seq,
+                                                                     t is fifo.Accepted))
             elif t is fifo.GetResult:
                 m = e.message
                 reply = [200, None if m is None else [m.msg_id, m.delivery_count, m.redelivered, m.exchange,
@@ -477,26 +522,28 @@ class QuorumHost:
             elif t is fifo.DeadLetter:
                 self._dead_letter(q, e)
             elif t is fifo.ConsumerCancelled:
-                self._queue_out(node_of(e.consumer_id), ["X", q.gid, e.consumer_id])
+                self._queue_out(node_of(e.consumer_id), ConsumerEnded(q.gid, e.consumer_id))
             elif t is fifo.DispatchPending:
                 self.propose(q, fifo.Tick(self.now_ms()))
             elif t is fifo.QueueExpired:
                 self.port.delete_queue(q.vhost, q.name)
         if req:
-            self._queue_out(origin, ["R", req, reply, q.gid])
+            self._queue_out(origin, Answer(req, reply, q.gid))
         self.port.schedule()
 
-    def _queue_out(self, node: str, item: list) -> None:
+    def _queue_out(self, node: str, item: Outcome) -> None:
         self._out.setdefault(node, []).append(item)
 
     def flush(self) -> None:
+        """Send what the groups this node leads decided, once per loop iteration and node (to
+        this node itself without encoding)."""
         if self._out:
             out, self._out = self._out, {}
             for node, items in out.items():
                 if node == self.peers.node:
                     self.on_effects(items)
                 else:
-                    self.peers.send(node, ["QE", items])
+                    self.peers.send(node, ["QE", _enc.encode(items)])
 
     def _dead_letter(self, q: QuorumQueue, e: fifo.DeadLetter) -> None:
         if e.exchange is not None:
@@ -507,18 +554,26 @@ class QuorumHost:
             self.propose(q, fifo.DeadLetterSettled([m.seq for m in e.messages]))
 
     # -- effects, where they land
-    def on_effects(self, items: list) -> None:
+    def on_effects(self, items: list[Outcome] | bytes) -> None:
+        """Outcomes a leader sent this node (encoded when they came over the wire)."""
+        if isinstance(items, bytes):
+            try:
+                items = _outcomes_dec.decode(items)
+            except msgspec.DecodeError as e:  # a bug on the sending side: its resends decide again
+                log.error("undecodable quorum queue outcomes from a leader: %s", e)
+                return
         for item in items:
-            kind = item[0]
-            if kind == "D":
-                self._deliver(*item[1:])
-            elif kind == "A":
-                self._confirmed(item[1], item[2], item[3])
-            elif kind == "R":
-                if not self.peers.requests.answer(item[1], item[2]):
-                    self._orphan_answer(item[2], item[3])
-            elif kind == "X":
-                c = self.consumers.pop(item[2], None)
+            t = type(item)
+            if t is ToConsumer:
+                self._deliver(item.gid, item.consumer_id, item.msg_id, item.delivery_count, item.redelivered,
+                              item.exchange, item.routing_key, item.props, item.body)
+            elif t is PublishDecided:
+                self._confirmed(item.publisher, item.publisher_seq, item.accepted)
+            elif t is Answer:
+                if not self.peers.requests.answer(item.req, item.answer):
+                    self._orphan_answer(item.answer, item.gid)
+            elif t is ConsumerEnded:
+                c = self.consumers.pop(item.consumer_id, None)
                 if c is not None:
                     c.queue.local_consumers.pop(c.consumer_id, None)
                     self.port.cancel_local(c)

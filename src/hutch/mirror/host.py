@@ -9,6 +9,12 @@ in one broadcast on the queue's GM group. Each mirror node runs a `Mirror`: a GM
 joined the leader's ring and a `Replica` built from the operations. Consumers and publishers
 anywhere talk to the leader (the queue is a `RemoteQueue` on every other node).
 
+This module is the whole mirroring strategy of a node (`MirrorHost`: the leader side, the
+mirrors, synchronisation, promotion). It sees the broker only through `MirrorCluster` (peers,
+the catalogue, ha-* settings, re-attaching consumers after a promotion) and the queue objects
+it is given. Must never: import anything from `hutch.broker` or above, or write to a
+client's connection.
+
 - **Confirms.** A publish is accepted (basic.ack, or the accept another node waits for) once
   the broadcast that carried it is stable: it went round the ring, so every mirror has it.
   tx.commit-ok waits the same way. A mirror that stops acknowledging stalls the ring and the
@@ -38,7 +44,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hutch.amqp import codec, spec
-from hutch.broker import msgstats
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
 from hutch.mirror.placement import ALWAYS, AUTOMATIC, SYNC_BATCH_SIZE, WHEN_SYNCED, MirrorParams
@@ -83,20 +88,6 @@ def node_of(member: str) -> str:
 
 def _qname(q) -> str:
     return f"Mirrored queue '{q.name}' in vhost '{q.vhost}'"
-
-
-class _Stale:
-    """What a channel's unacknowledged delivery points to once its queue's leader is gone:
-    the new leader has requeued the message, so an ack or reject of the old tag does nothing."""
-
-    deleted = True
-    remote = True
-    quorum = False
-    journal_id = 0
-    mstats = msgstats.new()  # the channel counts an ack of an old tag somewhere: here, and nobody reads it
-
-
-STALE = _Stale()
 
 
 class MirrorInfo:
@@ -785,4 +776,4 @@ def cancel_on_failover(arguments: dict) -> bool:
     return v is True or v == 1
 
 
-__all__ = ["MirrorHost", "Leader", "Mirror", "STALE", "cancel_on_failover"]
+__all__ = ["MirrorHost", "Leader", "Mirror", "cancel_on_failover"]

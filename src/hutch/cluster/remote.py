@@ -1,0 +1,195 @@
+"""A queue as a node sees it when the queue is homed on another node (`RemoteQueue`), and a
+consumer attached from another node as the queue's home sees it (`ProxyConsumer`).
+
+RabbitMQ's "Non-mirrored Queue Behavior in a Cluster": a queue lives on one node and every
+other node reaches it over the cluster. Operations travel to the home node over the peer
+protocol (`hutch.broker.cluster` carries them today); acknowledgements made on this node
+are collected on the handle and sent home once per loop iteration. The home node feeds a
+remote consumer within a credit (`CONSUMER_CREDIT` deliveries ahead of the consumer node's
+receipts).
+
+Both see the rest of the node through `RemoteSide` (the peers, the consumers attached here,
+the broker's loop). Must never: import anything from `hutch.broker` or above, or write to a
+client's connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from hutch.amqp import spec
+from hutch.amqp.spec import AMQPError
+from hutch.cluster import catalogue as cat
+from hutch.queues.handle import CLASSIC, Figures
+
+CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
+
+
+class RemoteSide(Protocol):
+    """What these need of the node's cluster glue (`hutch.broker.cluster.ClusterBroker`)."""
+
+    broker: Any  # dirty_queues, settled, delivered
+    consumers: dict[int, Any]
+
+    def is_up(self, node: str) -> bool: ...
+    def send(self, peer: str, payload: Any) -> bool: ...
+    def cancelled(self, cid: int, home: str, vhost: str, qname: str) -> None: ...
+    def queue_delivery(self, origin: str, cid: int, item: list) -> None: ...
+    def new_stats(self) -> list[int]: ...
+
+
+def home_down(q) -> AMQPError:
+    """A queue whose home node is down: a durable one waits for its node; a non-durable one is
+    being deleted (RabbitMQ's rule), so it is already reported missing."""
+    if not q.durable:
+        return AMQPError(spec.NOT_FOUND, f"no queue '{q.name}' in vhost '{q.vhost}'")
+    return AMQPError(spec.NOT_FOUND, f"home node '{q.home_node}' of durable queue '{q.name}' in vhost "
+                                     f"'{q.vhost}' is down or inaccessible")
+
+
+class RemoteQueue:
+    """A queue whose home is another node: the catalogue's record plus its last known figures.
+    Acknowledgements made on this node are collected here and sent home once per loop."""
+
+    remote = True
+    quorum = False
+    queue_type = CLASSIC.name
+    message_ttl_ms = None
+    expires_ms = None
+    journal_id = 0
+    single_active = False
+
+    def __init__(self, cluster: RemoteSide, rec: cat.QueueRecord):
+        self.cluster = cluster
+        self.name = rec.name
+        self.vhost = rec.vhost
+        self.durable = rec.durable
+        self.auto_delete = rec.auto_delete
+        self.exclusive_owner = rec.exclusive_owner  # a string: never this node's session
+        self.arguments = dict(rec.arguments)
+        self.home_node = rec.leader_node
+        self.mirrored = bool(rec.member_nodes)
+        self.mirror_nodes: list[str] = []  # as the leader last reported them
+        self.synced_nodes: list[str] = []
+        self.deleted = False
+        self.ready = 0
+        self.unacked_remote = 0
+        self.consumers_remote = 0
+        self.local_consumers: dict[int, Any] = {}  # cid -> the broker's consumer object
+        self._ops: dict[tuple[int, str], list[int]] = {}
+        self.mstats = cluster.new_stats()  # what this node's channels did with the queue
+
+    def __repr__(self) -> str:
+        return f"RemoteQueue({self.vhost!r}, {self.name!r} on {self.home_node})"
+
+    @property
+    def message_count(self) -> int:
+        return self.ready
+
+    @property
+    def unacked_count(self) -> int:
+        return self.unacked_remote
+
+    @property
+    def consumer_count(self) -> int:
+        return self.consumers_remote
+
+    def figures(self) -> Figures:
+        """As its home node last reported them (bytes are not reported)."""
+        return Figures(self.ready, self.unacked_remote, 0, 0, self.consumers_remote)
+
+    def active_consumer(self) -> None:
+        return None
+
+    def is_up(self) -> bool:
+        return self.cluster.is_up(self.home_node)
+
+    def check_up(self) -> None:
+        if not self.is_up():
+            raise home_down(self)
+
+    # the channel's acknowledgement paths call these
+    def _op(self, seq: int, op: str) -> None:
+        self._ops.setdefault((0, op), []).append(seq)
+        self.cluster.broker.dirty_queues.add(self)
+
+    def settle(self, seq: int) -> None:
+        self._op(seq, "a")
+
+    def requeue(self, seq: int) -> None:
+        self._op(seq, "r")
+
+    def discard(self, seq: int) -> None:
+        self._op(seq, "d")
+
+    def flush(self) -> None:
+        if self._ops:
+            ops, self._ops = self._ops, {}
+            for (cid, op), seqs in ops.items():
+                self.cluster.send(self.home_node, ["S", self.vhost, self.name, cid, op, seqs])
+
+    def add_consumer(self, c: Any) -> None:
+        self.local_consumers[c.cid] = c
+        self.cluster.consumers[c.cid] = c
+
+    def remove_consumer(self, c: Any) -> bool:
+        if self.local_consumers.pop(c.cid, None) is None:
+            return False
+        self.cluster.consumers.pop(c.cid, None)
+        self.cluster.cancelled(c.cid, self.home_node, self.vhost, self.name)
+        self.flush()  # acks before the cancel
+        self.cluster.send(self.home_node, ["X", c.cid])
+        return True
+
+    def consumers(self) -> list[Any]:
+        return list(self.local_consumers.values())
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.local_consumers.values())
+
+    def dispatch(self) -> int:
+        self.flush()
+        return 0
+
+
+class ProxyConsumer:
+    """On a queue's home node: a consumer attached on another node."""
+
+    proxy = True
+    __slots__ = ("cid", "origin", "tag", "no_ack", "exclusive", "priority", "prefetch", "credit", "inflight",
+                 "cluster", "arguments", "channel", "queue")
+
+    def __init__(self, cluster: RemoteSide, queue: Any, origin: str, cid: int, tag: str, no_ack: bool,
+                 exclusive: bool, priority: int, prefetch: int, arguments: dict):
+        self.cluster = cluster
+        self.queue = queue
+        self.origin = origin
+        self.cid = cid
+        self.tag = tag
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch
+        self.credit = CONSUMER_CREDIT
+        self.inflight: dict[int, Any] = {}
+        self.arguments = arguments
+        self.channel = None
+
+    def can_take(self) -> bool:
+        if self.credit <= 0 or not self.cluster.is_up(self.origin):
+            return False
+        return self.no_ack or not self.prefetch or len(self.inflight) < self.prefetch
+
+    def deliver(self, queue, entry) -> None:
+        self.credit -= 1
+        broker = self.cluster.broker
+        if self.no_ack:
+            if entry.log_seq:
+                broker.settled(queue, entry)
+        else:
+            self.inflight[entry.seq] = entry
+            if entry.log_seq:
+                broker.delivered(queue, entry)
+        m = entry.message
+        self.cluster.queue_delivery(self.origin, self.cid,
+                                    [entry.seq, entry.delivery_count > 1, m.route_enc, m.props, m.body])

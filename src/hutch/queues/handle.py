@@ -1,0 +1,213 @@
+"""The contract between the broker and a kind of queue: what a channel, a session and the
+management API may ask of any queue, whatever keeps its messages.
+
+RabbitMQ made this move when it added quorum queues (`rabbit_queue_type`, 3.8): the channel
+talks to one behaviour, each queue type implements it, and operations return *actions* the
+channel carries out (`{deliver, ...}`, `{settled, QName, Correlations}`, ...). hutch has four
+implementations of `QueueHandle`:
+
+| handle | where | what it is |
+|---|---|---|
+| `hutch.queues.classic.ClassicQueue` | the queue's home node | a classic queue (and, with a `Leader` attached, a mirrored one's leader side, `hutch.mirror.host`) |
+| `hutch.broker.cluster.RemoteQueue` | every other node | a classic queue homed on another node, reached over the peer protocol |
+| `hutch.quorum.handle.QuorumQueue` | every node | a quorum queue: commands proposed to its Raft group's leader |
+
+The read side is `figures()`: one `Figures` record (ready, unacknowledged, their bytes,
+consumers) that listings, statistics and Prometheus read, the same for every type. The type
+itself is a `QueueType` in the registry (`register`, `queue_type`): its name as
+`x-queue-type` spells it and what it can do (`capabilities`), so code that must differ by type
+asks for a capability instead of testing which class it holds.
+
+The action vocabulary (`Deliver`, `Accepted`, `Rejected`, `Cancelled`, `Block`, `Unblock`)
+names what a queue type may ask of the channel side; see docs/design/queue-types.md for which
+paths return them today.
+
+Must never: import anything outside `hutch.queues`, do I/O, or check a handle's type with
+isinstance on a per-message path (the registry is read at declare time and by listings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+QUEUE_TYPES_MAX = 16  # kinds of queue one node knows; a registry, not client input
+
+# capabilities a queue type may have
+PRIORITIES = "priorities"  # x-max-priority
+SINGLE_ACTIVE_CONSUMER = "single-active-consumer"
+GLOBAL_QOS = "global-qos"  # basic.qos global=true with its consumers
+EXCLUSIVE = "exclusive"  # exclusive (connection-owned) queues
+NON_DURABLE = "non-durable"
+MIRRORING = "mirroring"  # ha-* policies apply
+REPLICATED = "replicated"  # kept by a Raft group (membership, quorum status)
+
+
+class Figures:
+    """A queue's counts as listings show them. For a queue led on another node they are what
+    its leader last reported (every second)."""
+
+    __slots__ = ("ready", "unacked", "ready_bytes", "unacked_bytes", "consumers")
+
+    def __init__(self, ready: int, unacked: int, ready_bytes: int, unacked_bytes: int, consumers: int):
+        assert ready >= 0 and unacked >= 0 and consumers >= 0, (ready, unacked, consumers)
+        self.ready = ready
+        self.unacked = unacked
+        self.ready_bytes = ready_bytes
+        self.unacked_bytes = unacked_bytes
+        self.consumers = consumers
+
+    @property
+    def messages(self) -> int:
+        return self.ready + self.unacked
+
+    @property
+    def message_bytes(self) -> int:
+        return self.ready_bytes + self.unacked_bytes
+
+    def __repr__(self) -> str:
+        return (f"Figures(ready={self.ready}, unacked={self.unacked}, bytes={self.ready_bytes}+"
+                f"{self.unacked_bytes}, consumers={self.consumers})")
+
+
+# ---------------------------------------------------------------- actions
+
+class Deliver:
+    """Give the message `seq` to the consumer known to the type as `consumer_ref`."""
+
+    __slots__ = ("consumer_ref", "seq", "delivery_count", "redelivered", "route", "props", "body")
+
+    def __init__(self, consumer_ref: Any, seq: int, delivery_count: int, redelivered: bool, route: bytes,
+                 props: bytes, body: bytes):
+        self.consumer_ref = consumer_ref
+        self.seq = seq
+        self.delivery_count = delivery_count
+        self.redelivered = redelivered
+        self.route = route
+        self.props = props
+        self.body = body
+
+
+class Accepted:
+    """The publishes `correlations` (a channel's publish sequence numbers) are safe with the queue."""
+
+    __slots__ = ("correlations",)
+
+    def __init__(self, correlations: Iterable[int]):
+        self.correlations = tuple(correlations)
+
+
+class Rejected:
+    """The publishes `correlations` were refused (overflow, the queue gone): nack them."""
+
+    __slots__ = ("correlations",)
+
+    def __init__(self, correlations: Iterable[int]):
+        self.correlations = tuple(correlations)
+
+
+class Cancelled:
+    """The queue cancelled the consumer `consumer_ref` (deleted, failover): basic.cancel."""
+
+    __slots__ = ("consumer_ref",)
+
+    def __init__(self, consumer_ref: Any):
+        self.consumer_ref = consumer_ref
+
+
+class Block:
+    """The queue cannot take more from this publisher for now (flow)."""
+
+    __slots__ = ()
+
+
+class Unblock:
+    __slots__ = ()
+
+
+# ---------------------------------------------------------------- the handle
+
+class QueueHandle(Protocol):
+    """A queue as the broker holds it in a vhost. Settling takes the sequence number the
+    queue gave the delivery (`entry.seq` of the channel's unacknowledged entry)."""
+
+    name: str
+    vhost: str
+    queue_type: str  # the registry's name: "classic", "quorum"
+    durable: bool
+    auto_delete: bool
+    arguments: dict
+    deleted: bool
+    mstats: list[int]
+
+    @property
+    def home_node(self) -> str | None: ...
+
+    def figures(self) -> Figures: ...
+
+    @property
+    def message_count(self) -> int: ...
+
+    @property
+    def consumer_count(self) -> int: ...
+
+    def check_up(self) -> None: ...
+
+    def settle(self, seq: int) -> Any: ...
+
+    def requeue(self, seq: int) -> Any: ...
+
+    def discard(self, seq: int) -> Any: ...
+
+    def add_consumer(self, c: Any) -> None: ...
+
+    def remove_consumer(self, c: Any) -> bool: ...
+
+    def consumers(self) -> list[Any]: ...
+
+    def active_consumer(self) -> Any: ...
+
+    def has_exclusive_consumer(self) -> bool: ...
+
+    def dispatch(self) -> int: ...
+
+
+# ---------------------------------------------------------------- the registry
+
+class QueueType:
+    """One kind of queue: its `x-queue-type` name and what it can do."""
+
+    __slots__ = ("name", "capabilities")
+
+    def __init__(self, name: str, capabilities: Iterable[str]):
+        self.name = name
+        self.capabilities = frozenset(capabilities)
+
+    def can(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+    def __repr__(self) -> str:
+        return f"QueueType({self.name!r})"
+
+
+_REGISTRY: dict[str, QueueType] = {}
+
+
+def register(qt: QueueType) -> QueueType:
+    """Make a queue type known (once per name; registering the same name again replaces it)."""
+    if qt.name not in _REGISTRY and len(_REGISTRY) >= QUEUE_TYPES_MAX:
+        raise ValueError(f"more than {QUEUE_TYPES_MAX} queue types")
+    _REGISTRY[qt.name] = qt
+    return qt
+
+
+def queue_type(name: str) -> QueueType | None:
+    return _REGISTRY.get(name)
+
+
+def queue_types() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+CLASSIC = register(QueueType("classic", (PRIORITIES, SINGLE_ACTIVE_CONSUMER, GLOBAL_QOS, EXCLUSIVE, NON_DURABLE,
+                                         MIRRORING)))
