@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 from hutch.amqp import codec, spec
 from hutch.broker import msgstats
-from hutch.broker.broker import User, priority_and_expiration
+from hutch.broker.broker import priority_and_expiration
 from hutch.broker.channel import Channel, ChannelConsumer, HeldEntry
-from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
+from hutch.broker.exchanges import EXCHANGE, QUEUE
 from hutch.broker.quorumq import BrokerQuorumPort
-from hutch.broker.vhost import VHost
+from hutch.broker.topology import NODE_PARAM, Topology
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
 from hutch.cluster.remote import ProxyConsumer, RemoteQueue, home_down
@@ -66,7 +66,6 @@ REATTACH_DELAY_S = 0.05  # between tries to attach a consumer to a promoted mirr
 CANCELLED_REMEMBERED_MAX = 4096  # recently cancelled remote consumers whose late deliveries go back
 RETRY = 2  # a publish accept that says: not here yet, send it again
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
-NODE_PARAM = "hutch_node:"  # global parameter per member: its peer address
 INIT_PARAM = "hutch_initialised"
 
 
@@ -146,6 +145,7 @@ class ClusterBroker:
         self._held: dict[Any, list[tuple[str, int, bool]]] = {}  # flow-limited queue -> accepts held back
         self._cancelled: dict[int, tuple[str, str, str]] = {}  # recently cancelled cid -> (home, vhost, queue)
         self.quorum = QuorumHost(self.peers, BrokerQuorumPort(self))
+        self.topology = Topology(self)  # the catalogue, applied to this node's objects
         self.mirroring = MirrorHost(self)
         # publishes to mirrored queues, kept until accepted so that they can be sent again to a
         # promoted mirror: token -> [vhost, names, pub item]; and those waiting for a new leader
@@ -202,155 +202,15 @@ class ClusterBroker:
     # ------------------------------------------------------------ the catalogue, applied
 
     def apply_command(self, cmd: cat.Command) -> cat.Result:
-        res = self.catalogue.apply(cmd)
-        if res.status in (cat.CREATED, cat.UPDATED, cat.DELETED) or res.exchanges_deleted:
-            try:
-                self._materialise(cmd, res)
-            except Exception:  # a bug here must not stop the node applying the log
-                log.exception("cannot apply catalogue change %s on this node; rebuilding from the catalogue", cmd)
-                self.rebuild()
-        return res
+        """Apply one committed catalogue command here (hutch.broker.topology)."""
+        return self.topology.apply_command(cmd)
 
-    def _materialise(self, cmd: cat.Command, res: cat.Result) -> None:
-        b = self.broker
-        t = type(cmd)
-        if t is cat.DeclareExchange:
-            v = b.vhosts.get(cmd.vhost)
-            if v is not None and cmd.name not in v.exchanges:
-                b.add_exchange(v, Exchange(cmd.name, cmd.type, durable=cmd.durable, auto_delete=cmd.auto_delete,
-                                           internal=cmd.internal, arguments=dict(cmd.arguments)))
-        elif t is cat.DeleteExchange:
-            v = b.vhosts.get(cmd.vhost)
-            if v is not None:
-                v.remove_exchange(cmd.name)
-                self._drop_exchanges(v, res.exchanges_deleted)
-        elif t is cat.Bind:
-            v = b.vhosts.get(cmd.vhost)
-            if v is not None and cmd.source in v.exchanges:
-                v.bind(cmd.source, cmd.destination_type, cmd.destination, cmd.routing_key, dict(cmd.arguments))
-        elif t is cat.Unbind:
-            v = b.vhosts.get(cmd.vhost)
-            if v is not None:
-                v.unbind(cmd.source, cmd.destination_type, cmd.destination, cmd.routing_key, dict(cmd.arguments))
-                self._drop_exchanges(v, res.exchanges_deleted)
-        elif t is cat.DeclareQueue or t is cat.SetQueueNodes:
-            rec = self.catalogue.queue(cmd.vhost, cmd.name)
-            if rec is not None:
-                self._make_queue(rec, declared=t is cat.DeclareQueue and res.status == cat.CREATED)
-        elif t is cat.DeleteQueue:
-            v = b.vhosts.get(cmd.vhost)
-            q = v.queues.get(cmd.name) if v is not None else None
-            if q is not None:
-                self.drop_queue(q)
-                self._drop_exchanges(v, res.exchanges_deleted)
-        elif t in (cat.AddVhost, cat.DeleteVhost, cat.PutUser, cat.DeleteUser, cat.SetPermissions,
-                   cat.ClearPermissions):
-            self._sync_vhosts_and_users()
-            if t is cat.DeleteVhost:
-                self._sync_policies()
-        elif t in (cat.SetPolicy, cat.ClearPolicy, cat.SetOperatorPolicy, cat.ClearOperatorPolicy):
-            self._sync_policies()
-            b.reapply_policies()  # every matching queue takes its new settings at once
-        elif t in (cat.SetGlobalParameter, cat.ClearGlobalParameter):
-            self._sync_members()
-
-    def _drop_exchanges(self, v: VHost, names: tuple[str, ...]) -> None:
-        for name in names:
-            v.remove_exchange(name)
-
-    def _make_queue(self, rec: cat.QueueRecord, declared: bool = False) -> None:
-        """Bring this node's object for a queue record in line: real here, a stand-in elsewhere."""
-        b = self.broker
-        v = b.vhosts.get(rec.vhost)
-        if v is None:
-            return
-        cur = v.queues.get(rec.name)
-        if rec.type == cat.QUORUM:
-            if cur is not None and cur.quorum and cur.gid == rec.journal_id:
-                if tuple(rec.member_nodes) != cur.members:
-                    self.quorum.members_changed(cur, tuple(rec.member_nodes))
-                return
-            if cur is not None:
-                self.drop_queue(cur)
-            handle = self.quorum.make_handle(rec, declared)
-            if handle is not None:
-                v.queues[rec.name] = handle
-                v.topology_changed()
-            return
-        here = rec.leader_node == self.node
-        if cur is not None:
-            remote = getattr(cur, "remote", False)
-            if here and remote and (rec.vhost, rec.name) in self.mirroring.mirrors:
-                if not self.mirroring.become_leader(rec, cur):
-                    cur.home_node = rec.leader_node  # until the old leader has left the ring
-                    return
-                new = v.queues.get(rec.name)
-                if new is not cur and new is not None and not new.remote:
-                    self.mirroring.record_changed(rec, new)
-                    return
-            if (not remote) == here:
-                if remote:
-                    cur.mirrored = bool(rec.member_nodes)
-                    if cur.home_node != rec.leader_node:
-                        self._leader_moved(cur, rec.leader_node)
-                self.mirroring.record_changed(rec, cur)
-                return
-            self.drop_queue(cur, keep_bindings=True)
-        if here:
-            transient = not rec.durable or rec.exclusive_owner is not None
-            if transient and rec.home_incarnation not in (0, self.incarnation):
-                # a non-durable or exclusive queue of an earlier run of this node: gone with it
-                self.submit(cat.DeleteQueue(rec.vhost, rec.name), _ignore)
-                return
-            owner = None
-            if rec.exclusive_owner is not None:
-                owner = self.owners.get(rec.exclusive_owner)
-                if owner is None or owner.closed:
-                    # its connection is gone already: the queue goes too
-                    self.submit(cat.DeleteQueue(rec.vhost, rec.name), _ignore)
-                    return
-            q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=rec.exclusive_owner is not None,
-                                auto_delete=rec.auto_delete, arguments=dict(rec.arguments), owner=owner)
-            q.journal_id = rec.journal_id if rec.durable and rec.exclusive_owner is None else 0
-        else:
-            q = v.queues[rec.name] = RemoteQueue(self, rec)
-            v.topology_changed()
-        self.mirroring.record_changed(rec, q)
+    def rebuild(self) -> None:
+        self.topology.rebuild()
 
     def drop_queue(self, q, keep_bindings: bool = False) -> None:
-        """The catalogue no longer has this queue (or it moved: `keep_bindings`): remove this
-        node's object for it."""
-        b = self.broker
-        if q.quorum:
-            v = b.vhosts.get(q.vhost)
-            if v is not None and v.queues.get(q.name) is q:
-                del v.queues[q.name]
-                v.remove_bindings_of_queue(q.name)
-            self.quorum.drop_handle(q)
-            return
-        if getattr(q, "remote", False):
-            if not keep_bindings:
-                self.mirroring.queue_gone(q.vhost, q.name)  # the mirror here goes with the queue
-            q.deleted = True
-            v = b.vhosts.get(q.vhost)
-            if v is not None and v.queues.get(q.name) is q:
-                del v.queues[q.name]
-                if not keep_bindings:
-                    v.remove_bindings_of_queue(q.name)
-            for c in list(q.local_consumers.values()):
-                q.local_consumers.pop(c.cid, None)
-                self.consumers.pop(c.cid, None)
-                self._cancel_local(c)
-            return
-        for key in [k for k, (pq, _p) in self.proxies.items() if pq is q]:
-            del self.proxies[key]
-        target = self.migrations.get((q.vhost, q.name))
-        if target is not None:  # messages that arrived since the move: they go on, unconfirmed
-            for e in list(q.state.ready()):
-                self.quorum.publish(target, e.message, None, 0)
-        if q.mirror is not None and keep_bindings:  # led elsewhere now (deleted: delete_queue drops it)
-            self.mirroring.drop_leader(q.mirror)
-        b.delete_queue(q, propose=False, keep_bindings=keep_bindings)
+        self.topology.drop_queue(q, keep_bindings)
+
 
     def leader_here(self, cur: RemoteQueue, q) -> None:
         """A mirror here was promoted: this node's consumers of the queue attach to it directly."""
@@ -412,80 +272,6 @@ class ClusterBroker:
 
     def _cancel_local(self, c: RemoteConsumer) -> None:
         self.broker.cancel_notify(c)
-
-    def _sync_vhosts_and_users(self) -> None:
-        b = self.broker
-        c = self.catalogue
-        for name in list(b.vhosts):
-            if name not in c.vhosts:
-                v = b.vhosts.pop(name)
-                for q in list(v.queues.values()):
-                    self.drop_queue(q)
-        for name in c.vhosts:
-            if name not in b.vhosts:
-                b.add_vhost(name)
-        users = {}
-        for name, rec in c.users.items():
-            u = b.users.get(name)
-            if u is None or u.password_hash != rec.password_hash or list(u.tags) != list(rec.tags):
-                u = User(name, rec.password_hash, list(rec.tags))
-            u.permissions.clear()
-            users[name] = u
-        for (user, vhost), p in c.permissions.items():
-            if user in users:
-                users[user].set_permissions(vhost, p.configure, p.write, p.read)
-        b.users.clear()
-        b.users.update(users)
-
-    def _sync_policies(self) -> None:
-        self.broker.policies = [
-            {"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-             "priority": p.priority, "definition": dict(p.definition)}
-            for _key, p in sorted(self.catalogue.policies.items())]
-        self.broker.operator_policies = [
-            {"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-             "priority": p.priority, "definition": dict(p.definition)}
-            for _key, p in sorted(self.catalogue.operator_policies.items())]
-
-    def _sync_members(self) -> None:
-        self.members = {k[len(NODE_PARAM):]: v for k, v in self.catalogue.global_parameters.items()
-                        if k.startswith(NODE_PARAM)}
-        cn = self.catalogue.global_parameters.get("cluster_name")
-        if isinstance(cn, str) and cn:
-            self.broker.config.cluster_name = cn
-
-    def rebuild(self) -> None:
-        """Make every local object agree with the catalogue (start-up, an installed snapshot)."""
-        b = self.broker
-        c = self.catalogue
-        self._sync_members()
-        self._sync_vhosts_and_users()
-        self._sync_policies()
-        for v in b.vhosts.values():
-            want = {name: rec for (vh, name), rec in c.exchanges.items() if vh == v.name}
-            for name in list(v.exchanges):
-                if name not in want:
-                    v.remove_exchange(name)
-            for name, rec in want.items():
-                x = v.exchanges.get(name)
-                if x is None or x.type != rec.type:
-                    x = Exchange(name, rec.type, durable=rec.durable, auto_delete=rec.auto_delete,
-                                 internal=rec.internal, arguments=dict(rec.arguments))
-                    v.exchanges[name] = x
-                x.bindings.clear()
-                x._direct.clear()
-            for (vh, _name), rec in c.queues.items():
-                if vh == v.name:
-                    self._make_queue(rec)
-            for name, q in list(v.queues.items()):
-                if c.queue(v.name, name) is None:
-                    self.drop_queue(q)
-            v.topology_changed()
-        for rec in c.bindings.values():
-            v = b.vhosts.get(rec.vhost)
-            if v is not None and rec.source in v.exchanges:
-                v.bind(rec.source, rec.destination_type, rec.destination, rec.routing_key, dict(rec.arguments))
-        b.reapply_policies()
 
     # ------------------------------------------------------------ placing queues
 
@@ -1051,4 +837,5 @@ def _ignore(_result: cat.Result) -> None:
     return None
 
 
-__all__ = ["ClusterBroker", "RemoteQueue", "RemoteConsumer", "ProxyConsumer", "home_down", "EXCHANGE", "QUEUE"]
+__all__ = ["ClusterBroker", "RemoteQueue", "RemoteConsumer", "ProxyConsumer", "home_down", "EXCHANGE", "QUEUE", "NODE_PARAM",
+           "INIT_PARAM"]
