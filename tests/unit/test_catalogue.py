@@ -214,9 +214,9 @@ def test_declaring_a_queue_records_its_type_nodes_and_journal_id():
                                           "'20' but current is '10'"),
     ({"arguments": {}}, "inequivalent arg 'x-max-length' for queue 'q' in vhost '/': received none but current is "
                         "the value '10' of type 'signedint'"),
+    # RabbitMQ 3.10.8 shows both values bare when both are present, whatever their types
     ({"arguments": {"x-max-length": "10"}}, "inequivalent arg 'x-max-length' for queue 'q' in vhost '/': received "
-                                            "the value '10' of type 'longstr' but current is the value '10' of type "
-                                            "'signedint'"),
+                                            "'10' but current is '10'"),
     ({"arguments": {"x-max-length": 10, "x-queue-type": "quorum"}, "type": "quorum"},
      "inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': received the value 'quorum' of type 'longstr' "
      "but current is none"),

@@ -2,7 +2,8 @@
 
 A declare with an argument of the wrong type or range fails with 406 PRECONDITION_FAILED
 ("invalid arg 'x-max-length' for queue 'q' in vhost '/': ..."); a redeclare whose arguments
-differ from the existing queue's fails with 406 "inequivalent arg ...". Unknown `x-` arguments
+differ from the existing queue's fails with 406 "inequivalent arg ..." (that comparison is
+`hutch.cluster.catalogue.args_difference`, the one place it is made). Unknown `x-` arguments
 are accepted and kept, as RabbitMQ does.
 """
 
@@ -10,34 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from hutch.amqp.codec import field_text as _show
 from hutch.amqp.codec import field_type_name as _type_name
 from hutch.amqp.spec import PRECONDITION_FAILED, AMQPError, precondition_failed
 from hutch.queues.state import DROP_HEAD, OVERFLOW_MODES, QueueLimits
 
-QUEUE_ARGS_COMPARED = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
-                       "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
-                       "x-single-active-consumer", "x-queue-type", "x-queue-mode", "x-queue-master-locator")
-
 
 def _text(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
-
-
-def check_equivalent_args(kind: str, name: str, vhost: str, current: dict, received: dict,
-                          compared: tuple[str, ...]) -> None:
-    for key in compared:
-        a, b = current.get(key), received.get(key)
-        if _text(a) == _text(b) and not (isinstance(a, bool) != isinstance(b, bool) and a is not None
-                                         and b is not None):
-            continue
-        if a is not None and b is not None and _type_name(a) == _type_name(b):
-            got, cur = f"'{_show(b)}'", f"'{_show(a)}'"
-        else:
-            got = "none" if b is None else f"the value '{_show(b)}' of type '{_type_name(b)}'"
-            cur = "none" if a is None else f"the value '{_show(a)}' of type '{_type_name(a)}'"
-        raise precondition_failed(f"inequivalent arg '{key}' for {kind} '{name}' in vhost '{vhost}': "
-                                  f"received {got} but current is {cur}")
 
 
 def _invalid(key: str, name: str, vhost: str, why: str) -> AMQPError:

@@ -21,10 +21,11 @@ from hutch.amqp.connection import Connection
 from hutch.amqp.spec import AMQPError, access_refused, not_found, precondition_failed
 from hutch.broker import arguments as qargs
 from hutch.broker import msgstats
+from hutch.broker import operations as ops
 from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.cluster import RemoteConsumer, RemoteEntry
 from hutch.broker.cluster import home_down as cluster_home_down
-from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE, Exchange
+from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
 from hutch.broker.msgstats import (
     DROP_UNROUTABLE,
     PUBLISH,
@@ -34,7 +35,7 @@ from hutch.broker.msgstats import (
     X_PUBLISH_OUT,
     X_RETURN_UNROUTABLE,
 )
-from hutch.broker.quorumq import QuorumConsumer, place_members
+from hutch.broker.quorumq import QuorumConsumer
 from hutch.broker.quorumq import not_implemented_global_qos as quorum_global_qos
 from hutch.cluster import catalogue as cat
 from hutch.queues.message import Message
@@ -49,10 +50,6 @@ log = logging.getLogger("hutch.connection")
 _NO_PROPS = b"\x00\x00"
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 DIRECT_REPLY_PREFIX = "amq.rabbitmq.reply-to."
-
-
-def _bool_text(v: bool) -> str:
-    return "true" if v else "false"
 
 
 class Session:
@@ -507,60 +504,26 @@ class Session:
     def exchange_declare(self, ch: Channel, m) -> None:
         vhost = self.vhost
         name = m.exchange
-        if name == "":
-            raise access_refused("operation not permitted on the default exchange")
         if m.passive:
+            if name == "":
+                raise access_refused(ops.DEFAULT_EXCHANGE_REFUSED)
             vhost.exchange(name)
             if not m.nowait:
                 self.send_method(ch.number, commands.Exchange.DeclareOk())
             return
-        self.broker.check_permission(self.user, vhost.name, "configure", "exchange", name)
-        xtype = m.exchange_type
-        existing = vhost.exchanges.get(name)
-        if xtype not in EXCHANGE_TYPES:
-            if xtype.startswith("x-"):
-                raise AMQPError(spec.COMMAND_INVALID, f"invalid exchange type '{xtype}'")
-            raise AMQPError(spec.COMMAND_INVALID, f"unknown exchange type '{xtype}'")
-        args = m.arguments or {}
-        if existing is None:
-            if name.startswith("amq."):
-                raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
-            qargs.validate_exchange_args(args, name, vhost.name)
-            cmd = cat.DeclareExchange(vhost.name, name, xtype, bool(m.durable), bool(m.auto_delete),
-                                      bool(m.internal), dict(args))
+        cmd = ops.declare_exchange(self.broker, vhost, self.user, name, m.exchange_type, bool(m.durable),
+                                   bool(m.auto_delete), bool(m.internal), m.arguments or {})
+        if cmd is not None:
             self.catalogue_change(ch, m, cmd, lambda _r: m.nowait or self.send_method(
                 ch.number, commands.Exchange.DeclareOk()))
             return
-        else:
-            def ineq(arg: str, got: str, cur: str) -> AMQPError:
-                return precondition_failed(f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
-                                           f"'{vhost.name}': received '{got}' but current is '{cur}'")
-            if existing.type != xtype:
-                raise ineq("type", xtype, existing.type)
-            if existing.durable != bool(m.durable):
-                raise ineq("durable", _bool_text(m.durable), _bool_text(existing.durable))
-            if existing.auto_delete != bool(m.auto_delete):
-                raise ineq("auto_delete", _bool_text(m.auto_delete), _bool_text(existing.auto_delete))
-            if existing.internal != bool(m.internal):
-                raise ineq("internal", _bool_text(m.internal), _bool_text(existing.internal))
-            qargs.check_equivalent_args("exchange", name, vhost.name, existing.arguments, args,
-                                        ("alternate-exchange",))
         if not m.nowait:
             self.send_method(ch.number, commands.Exchange.DeclareOk())
 
     def exchange_delete(self, ch: Channel, m) -> None:
-        vhost = self.vhost
-        name = m.exchange
-        if name == "":
-            raise access_refused("operation not permitted on the default exchange")
-        if name.startswith("amq.") and name in vhost.exchanges:
-            raise access_refused(f"deletion of system exchange '{name}' in vhost '{vhost.name}' not allowed")
-        self.broker.check_permission(self.user, vhost.name, "configure", "exchange", name)
-        x = vhost.exchanges.get(name)
-        if x is not None:
-            if m.if_unused and vhost.exchange_in_use(x):
-                raise precondition_failed(f"exchange '{name}' in vhost '{vhost.name}' in use")
-            self.catalogue_change(ch, m, cat.DeleteExchange(vhost.name, name, bool(m.if_unused)),
+        cmd = ops.delete_exchange(self.broker, self.vhost, self.user, m.exchange, bool(m.if_unused))
+        if cmd is not None:
+            self.catalogue_change(ch, m, cmd,
                                   lambda _r: m.nowait or self.send_method(ch.number, commands.Exchange.DeleteOk()))
             return
         if not m.nowait:
@@ -581,24 +544,10 @@ class Session:
               arguments: dict | None, bind: bool, ok) -> None:
         """Bind or unbind after the checks, then answer with `ok` (unless nowait)."""
         vhost = self.vhost
-        if source == "" or (kind == EXCHANGE and destination == ""):
-            raise access_refused("operation not permitted on the default exchange")
-        if kind == QUEUE:
-            if destination == "":
-                raise not_found(f"no queue '' in vhost '{vhost.name}'")
-            vhost.queue(destination, owner=self)
-        elif destination not in vhost.exchanges:
-            raise not_found(f"no exchange '{destination}' in vhost '{vhost.name}'")
-        if source not in vhost.exchanges:
-            raise not_found(f"no exchange '{source}' in vhost '{vhost.name}'")
-        self.broker.check_permission(self.user, vhost.name, "write", kind, destination)
-        self.broker.check_permission(self.user, vhost.name, "read", "exchange", source)
-        self.broker.check_topic_permission(self.user, vhost.name, vhost.exchanges[source], "read", routing_key)
+        ops.check_binding(self.broker, vhost, self.user, source, kind, destination, routing_key, self)
         nowait = getattr(m, "nowait", False)
-        if vhost.exchanges[source].has_binding(destination, kind, routing_key, arguments) != bind:
-            kind_c = cat.QUEUE if kind == QUEUE else cat.EXCHANGE
-            cmd = (cat.Bind if bind else cat.Unbind)(vhost.name, source, kind_c, destination, routing_key,
-                                                     dict(arguments or {}))
+        cmd = ops.binding_command(vhost, source, kind, destination, routing_key, arguments, bind)
+        if cmd is not None:
             self.catalogue_change(ch, m, cmd, lambda _r: nowait or self.send_method(ch.number, ok()))
             return
         if not nowait:
@@ -624,39 +573,14 @@ class Session:
             self._declare_ok(ch, m, q)
             return
         if name == "":
-            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
-        self.broker.check_permission(self.user, vhost.name, "configure", "queue", name)
-        args = m.arguments or {}
-        q = vhost.queues.get(name)
-        if q is None:
-            if name.startswith("amq.") and not name.startswith("amq.gen-"):
-                raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-            refusal = self.broker.queue_refusal(vhost, name)
-            if refusal is not None:  # the vhost's max-queues (only a new queue counts, as in RabbitMQ)
-                raise precondition_failed(refusal)
-            dlx = args.get("x-dead-letter-exchange")
-            if isinstance(dlx, (str, bytes)):
-                # as RabbitMQ: whoever declares a dead-lettering queue must be allowed to publish there
-                self.broker.check_permission(self.user, vhost.name, "write", "exchange",
-                                             dlx.decode() if isinstance(dlx, bytes) else dlx)
-            self._declare_new(ch, m, name, args)
+            name = ops.GENERATED_PREFIX + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        q, cmd = ops.declare_queue(self.broker, vhost, self.user, name, durable=bool(m.durable),
+                                   exclusive=bool(m.exclusive), auto_delete=bool(m.auto_delete),
+                                   args=m.arguments or {}, owner=self, server_named=not m.queue)
+        if cmd is not None:
+            self._declare_new(ch, m, name, cmd)
             return
-        else:
-            vhost.queue(name, owner=self)  # 405 for another connection's exclusive queue
-
-            def ineq(arg: str, got: bool, cur: bool) -> AMQPError:
-                return precondition_failed(f"inequivalent arg '{arg}' for queue '{name}' in vhost '{vhost.name}'"
-                                           f": received '{_bool_text(got)}' but current is '{_bool_text(cur)}'")
-            if q.durable != bool(m.durable):
-                raise ineq("durable", bool(m.durable), q.durable)
-            if (q.exclusive_owner is not None) != bool(m.exclusive):
-                raise AMQPError(spec.RESOURCE_LOCKED, f"cannot obtain exclusive access to locked queue '{name}' "
-                                f"in vhost '{vhost.name}'. It could be originally declared on another connection "
-                                "or the exclusive property value does not match that of the original declaration.")
-            if q.auto_delete != bool(m.auto_delete):
-                raise ineq("auto_delete", bool(m.auto_delete), q.auto_delete)
-            qargs.check_equivalent_args("queue", name, vhost.name, q.arguments, args, qargs.QUEUE_ARGS_COMPARED)
-            self.broker.queue_used(q)
+        self.broker.queue_used(q)
         ch.last_queue = name
         self._declare_ok(ch, m, q)
 
@@ -670,24 +594,9 @@ class Session:
             self.send_method(ch.number, commands.Queue.DeclareOk(queue=q.name, message_count=q.message_count,
                                                                  consumer_count=q.consumer_count))
 
-    def _declare_new(self, ch: Channel, m, name: str, args: dict) -> None:
-        """A new queue: its record goes through the catalogue, with the home node chosen here."""
+    def _declare_new(self, ch: Channel, m, name: str, cmd: cat.DeclareQueue) -> None:
+        """A new queue: its record goes through the catalogue (the home node chosen here)."""
         vhost = self.vhost
-        cl = self.broker.cluster
-        s = qargs.queue_settings(args, name, vhost.name)  # 406 for bad x- arguments, before anything changes
-        exclusive = bool(m.exclusive)
-        durable = bool(m.durable)
-        if s.queue_type == cat.QUORUM:
-            try:
-                fifo.quorum_config(args, name, vhost.name, durable=durable, exclusive=exclusive,
-                                   auto_delete=bool(m.auto_delete))
-            except fifo.QuorumArgumentError as e:
-                raise precondition_failed(e.text) from None
-            leader, members = place_members(cl, args, name, vhost.name)
-            gid = int.from_bytes(os.urandom(8), "big") >> 1 or 1
-            cmd = cat.DeclareQueue(vhost.name, name, cat.QUORUM, True, False, None, dict(args), leader, members, gid)
-        else:
-            cmd = self._classic_declare(cl, name, args, exclusive, durable, bool(m.auto_delete))
 
         def done(_res: cat.Result) -> None:
             q = vhost.queue(name, owner=self)
@@ -696,16 +605,6 @@ class Session:
                 self.send_method(ch.number, commands.Queue.DeclareOk(queue=name, message_count=q.message_count,
                                                                      consumer_count=q.consumer_count))
         self.catalogue_change(ch, m, cmd, done)
-
-    def _classic_declare(self, cl, name: str, args: dict, exclusive: bool, durable: bool,
-                         auto_delete: bool) -> cat.DeclareQueue:
-        vhost = self.vhost
-        home = cl.choose_home(args, exclusive, vhost.name, name)
-        journal_id = (int.from_bytes(os.urandom(8), "big") >> 1 or 1) if durable and not exclusive else 0
-        return cat.DeclareQueue(vhost.name, name, cat.CLASSIC, durable, auto_delete,
-                                cl.owner_id(self) if exclusive else None, dict(args), home,
-                                () if exclusive else cl.initial_mirrors(vhost.name, name, home), journal_id,
-                                cl.incarnation if home == cl.node else 0)
 
     def queue_bind(self, ch: Channel, m) -> None:
         self._bind(ch, m, m.exchange, QUEUE, self._queue_name(ch, m.queue), m.routing_key, m.arguments, True,
@@ -720,9 +619,7 @@ class Session:
             self.send_method(ch.number, commands.Queue.UnbindOk())
 
     def queue_purge(self, ch: Channel, m) -> None:
-        vhost = self.vhost
-        q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
-        self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        q = ops.queue_to_purge(self.broker, self.vhost, self.user, self._queue_name(ch, m.queue), self)
         if q.quorum:
             self.quorum_call(ch, m, q, fifo.Purge(self.broker.now_ms()), lambda r: m.nowait or self.send_method(
                 ch.number, commands.Queue.PurgeOk(message_count=r[1])))
@@ -738,16 +635,8 @@ class Session:
     def queue_delete(self, ch: Channel, m) -> None:
         vhost = self.vhost
         name = self._queue_name(ch, m.queue)
-        q = vhost.queues.get(name)
-        count = 0
-        if q is not None:
-            vhost.queue(name, owner=self)
-            self.broker.check_permission(self.user, vhost.name, "configure", "queue", name)
-            if m.if_unused and q.consumer_count:
-                raise precondition_failed(f"queue '{name}' in vhost '{vhost.name}' in use")
-            if m.if_empty and q.message_count:
-                raise precondition_failed(f"queue '{name}' in vhost '{vhost.name}' not empty")
-            count = q.message_count
+        q = ops.check_delete_queue(self.broker, vhost, self.user, name, self, bool(m.if_unused), bool(m.if_empty))
+        count = q.message_count if q is not None else 0
         if q is not None and q.remote:
             self.catalogue_change(ch, m, cat.DeleteQueue(vhost.name, name), lambda _r: m.nowait or self.send_method(
                 ch.number, commands.Queue.DeleteOk(message_count=count)))
@@ -883,9 +772,7 @@ class Session:
             self.broker.consumer_gone(c.queue)
 
     def basic_get(self, ch: Channel, m) -> None:
-        vhost = self.vhost
-        q = vhost.queue(self._queue_name(ch, m.queue), owner=self)
-        self.broker.check_permission(self.user, vhost.name, "read", "queue", q.name)
+        q = ops.queue_to_purge(self.broker, self.vhost, self.user, self._queue_name(ch, m.queue), self)
         if q.quorum:
             cl = self.broker.cluster
             requester = cl.quorum.owner_id()

@@ -27,6 +27,7 @@ in the commands, chosen by the proposer. Validation that depends on who asks (pe
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -417,18 +418,43 @@ def _text(v: Any) -> Any:
     return v.decode(errors="replace") if isinstance(v, bytes) else v
 
 
+def _type_class(v: Any) -> str:
+    """RabbitMQ's type classes for argument equivalence (rabbit_misc:type_class): every integer
+    type is one class, float and double another; any other type is its own class."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, (str, bytes)):
+        return "longstr"
+    return _type_name(v)
+
+
 def _same_arg(a: Any, b: Any) -> bool:
-    return _text(a) == _text(b) and isinstance(a, bool) == isinstance(b, bool)
+    """Two present argument values are equivalent when their type classes match and their values
+    are equal: x-max-length 10 and 10 (any integer width) are, 10 and "10" or 10 and 10.0 are not."""
+    if _type_class(a) != _type_class(b):
+        return False
+    if isinstance(a, Decimal):
+        return a.as_tuple() == b.as_tuple()
+    return _text(a) == _text(b)
 
 
-def _args_difference(kind: str, name: str, vhost: str, current: dict, received: dict,
-                     compared: tuple[str, ...]) -> str | None:
-    """RabbitMQ's "inequivalent arg" text for the first compared argument that differs."""
+def args_difference(kind: str, name: str, vhost: str, current: dict, received: dict,
+                    compared: tuple[str, ...]) -> str | None:
+    """RabbitMQ's "inequivalent arg" text for the first compared argument that differs, or None
+    (rabbit_misc:assert_args_equivalence). The one equivalence rule of hutch: the AMQP and HTTP
+    declares check it before they propose, and the catalogue again when the declare commits.
+    A missing x-queue-type and "classic" are equivalent, as in RabbitMQ."""
     for key in compared:
         a, b = current.get(key), received.get(key)
         if a is None and b is None or a is not None and b is not None and _same_arg(a, b):
             continue
-        if a is not None and b is not None and _type_name(a) == _type_name(b):
+        if key == "x-queue-type" and _text(a if b is None else b) == CLASSIC and (a is None or b is None):
+            continue
+        if a is not None and b is not None:  # RabbitMQ shows both bare, even when their types differ
             got, cur = f"'{_show(b)}'", f"'{_show(a)}'"
         else:
             got = "none" if b is None else f"the value '{_show(b)}' of type '{_type_name(b)}'"
@@ -666,7 +692,7 @@ class Catalogue:
             return ineq("auto_delete", _bool(c.auto_delete), _bool(old.auto_delete))
         if old.internal != bool(c.internal):
             return ineq("internal", _bool(c.internal), _bool(old.internal))
-        text = _args_difference("exchange", c.name, c.vhost, old.arguments, c.arguments, EXCHANGE_ARGS_COMPARED)
+        text = args_difference("exchange", c.name, c.vhost, old.arguments, c.arguments, EXCHANGE_ARGS_COMPARED)
         if text is not None:
             return _err(PRECONDITION_FAILED, text)
         return Result(EXISTED)
@@ -750,7 +776,7 @@ class Catalogue:
             return _locked(c.name, c.vhost)
         if old.auto_delete != bool(c.auto_delete):
             return ineq("auto_delete", _bool(c.auto_delete), _bool(old.auto_delete))
-        text = _args_difference("queue", c.name, c.vhost, old.arguments, c.arguments, QUEUE_ARGS_COMPARED)
+        text = args_difference("queue", c.name, c.vhost, old.arguments, c.arguments, QUEUE_ARGS_COMPARED)
         if text is not None:
             return _err(PRECONDITION_FAILED, text)
         if old.type != c.type:

@@ -26,8 +26,8 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from hutch.amqp.spec import AMQPError, access_refused, precondition_failed
-from hutch.broker import arguments as qargs
+from hutch.amqp.spec import AMQPError, access_refused
+from hutch.broker import operations
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, listing, ops, rates, shapes, stats
@@ -119,13 +119,6 @@ async def get_exchange(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
-def _inequivalent(what: str, name: str, vhost: str, arg: str, got: Any, cur: Any) -> AMQPError:
-    def show(b: Any) -> str:
-        return ("true" if b else "false") if isinstance(b, bool) else str(b)
-    return precondition_failed(f"inequivalent arg '{arg}' for {what} '{name}' in vhost '{vhost}': received "
-                               f"'{show(got)}' but current is '{show(cur)}'")
-
-
 @routes.put("/api/exchanges/{vhost}/{name}")
 async def put_exchange(request: web.Request) -> web.Response:
     broker = api_of(request).broker
@@ -137,28 +130,15 @@ async def put_exchange(request: web.Request) -> web.Response:
     if xtype is None:
         raise bad_request("[{key_missing,type}]")
     if xtype not in EXCHANGE_TYPES:
-        raise bad_request(f"503 COMMAND_INVALID - unknown exchange type '{xtype}'")
+        raise bad_request(f"unknown exchange type '{xtype}'")  # RabbitMQ 3.10.8's reason, verbatim
     durable = _flag(body, "durable", True)
     auto_delete = _flag(body, "auto_delete", False)
     internal = _flag(body, "internal", False)
     args = _arguments(body)
-    if name == "":
-        raise access_refused("operation not permitted on the default exchange")
-    broker.check_permission(user, v.name, "configure", "exchange", name)
-    existing = v.exchanges.get(name)
-    if existing is not None:
-        for arg, got, cur in (("type", xtype, existing.type), ("durable", durable, existing.durable),
-                              ("auto_delete", auto_delete, existing.auto_delete),
-                              ("internal", internal, existing.internal)):
-            if got != cur:
-                raise _inequivalent("exchange", name, v.name, arg, got, cur)
-        qargs.check_equivalent_args("exchange", name, v.name, existing.arguments, args, ("alternate-exchange",))
+    cmd = operations.declare_exchange(broker, v, user, name, xtype, durable, auto_delete, internal, args)
+    if cmd is None:
         return web.Response(status=204)
-    if name.startswith("amq."):
-        raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
-    qargs.validate_exchange_args(args, name, v.name)
-    return changes.put_answer(await changes.commit(
-        broker, cat.DeclareExchange(v.name, name, xtype, durable, auto_delete, internal, args)))
+    return changes.put_answer(await changes.commit(broker, cmd))
 
 
 @routes.delete("/api/exchanges/{vhost}/{name}")
@@ -170,15 +150,9 @@ async def delete_exchange(request: web.Request) -> web.Response:
     x = v.exchanges.get(name)
     if x is None:
         raise not_found()
-    if name == "":
-        raise access_refused("operation not permitted on the default exchange")
-    if name.startswith("amq."):
-        raise access_refused(f"deletion of system exchange '{name}' in vhost '{v.name}' not allowed")
-    broker.check_permission(user, v.name, "configure", "exchange", name)
-    if_unused = _query_flag(request, "if-unused")
-    if if_unused and v.exchange_in_use(x):
-        raise precondition_failed(f"exchange '{name}' in vhost '{v.name}' in use")
-    return changes.delete_answer(await changes.commit(broker, cat.DeleteExchange(v.name, name, if_unused)))
+    cmd = operations.delete_exchange(broker, v, user, name, _query_flag(request, "if-unused"))
+    assert cmd is not None, name  # it exists, and nothing ran between the lookup and the checks
+    return changes.delete_answer(await changes.commit(broker, cmd))
 
 
 @routes.get("/api/exchanges/{vhost}/{name}/bindings/source")
@@ -252,27 +226,11 @@ async def put_queue(request: web.Request) -> web.Response:
     members = broker.cluster.members
     if node is not None and node not in members:
         raise bad_request(f"node '{node}' is not a member of this cluster")
-    broker.check_permission(user, v.name, "configure", "queue", name)
-    q = v.queues.get(name)
-    if q is not None:
-        v.queue(name, owner=None)  # another connection's exclusive queue: 405 RESOURCE_LOCKED
-        for arg, got, cur in (("durable", durable, q.durable), ("auto_delete", auto_delete, q.auto_delete)):
-            if got != cur:
-                raise _inequivalent("queue", name, v.name, arg, got, cur)
-        qargs.check_equivalent_args("queue", name, v.name, q.arguments, args, qargs.QUEUE_ARGS_COMPARED)
+    q, cmd = operations.declare_queue(broker, v, user, name, durable=durable, exclusive=False,
+                                      auto_delete=auto_delete, args=args, owner=None, node=node)
+    if cmd is None:
         return web.Response(status=204)
-    if name.startswith("amq."):
-        raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
-    refusal = broker.queue_refusal(v, name)
-    if refusal is not None:  # the vhost's max-queues, as for queue.declare
-        raise precondition_failed(refusal)
-    qargs.queue_settings(args, name, v.name)  # 400 for bad x- arguments, before anything changes
-    home = node or broker.cluster.choose_home(args, False, v.name, name)
-    journal_id = changes.new_journal_id() if durable else 0
-    return changes.put_answer(await changes.commit(broker, cat.DeclareQueue(
-        v.name, name, cat.CLASSIC, durable, auto_delete, None, args, home,
-        broker.cluster.initial_mirrors(v.name, name, home), journal_id,
-        broker.cluster.incarnation if home == broker.cluster.node else 0)))
+    return changes.put_answer(await changes.commit(broker, cmd))
 
 
 def _queue(request: web.Request, v):
@@ -287,12 +245,8 @@ async def delete_queue(request: web.Request) -> web.Response:
     broker = api_of(request).broker
     v = vhost_for_write(request)
     q = _queue(request, v)
-    v.queue(q.name, owner=None)
-    broker.check_permission(user_of(request), v.name, "configure", "queue", q.name)
-    if _query_flag(request, "if-unused") and q.consumer_count:
-        raise precondition_failed(f"queue '{q.name}' in vhost '{v.name}' in use")
-    if _query_flag(request, "if-empty") and q.message_count:
-        raise precondition_failed(f"queue '{q.name}' in vhost '{v.name}' not empty")
+    operations.check_delete_queue(broker, v, user_of(request), q.name, None, _query_flag(request, "if-unused"),
+                                  _query_flag(request, "if-empty"))
     return changes.delete_answer(await changes.commit(broker, cat.DeleteQueue(v.name, q.name)))
 
 
@@ -300,9 +254,7 @@ async def delete_queue(request: web.Request) -> web.Response:
 async def purge_queue(request: web.Request) -> web.Response:
     broker = api_of(request).broker
     v = vhost_for_write(request)
-    q = _queue(request, v)
-    v.queue(q.name, owner=None)
-    broker.check_permission(user_of(request), v.name, "read", "queue", q.name)
+    q = operations.queue_to_purge(broker, v, user_of(request), _queue(request, v).name, None)
     await ops.purge_anywhere(broker, q)
     return web.Response(status=204)
 
@@ -407,14 +359,7 @@ def _binding_routes(letter: str) -> None:
         if not isinstance(routing_key, str):
             raise bad_request("routing_key must be a string")
         args = _arguments(body)
-        if source == "" or (kind == EXCHANGE and destination == ""):
-            raise access_refused("operation not permitted on the default exchange")
-        if kind == QUEUE:
-            v.queue(destination, owner=None)
-        broker.check_permission(user, v.name, "write", kind, destination)
-        broker.check_permission(user, v.name, "read", "exchange", source)
-        if source in v.exchanges:
-            broker.check_topic_permission(user, v.name, v.exchanges[source], "read", routing_key)
+        operations.check_binding(broker, v, user, source, kind, destination, routing_key, None)
         await changes.commit(broker, cat.Bind(v.name, source, _CATALOGUE_KINDS[kind], destination, routing_key,
                                               args))
         key = shapes.properties_key(routing_key, args)
@@ -436,16 +381,12 @@ def _binding_routes(letter: str) -> None:
         source, destination = _ends(request, v, kind)
         key = request.match_info["props"]
         if source == "":
-            raise access_refused("operation not permitted on the default exchange")
+            raise access_refused(operations.DEFAULT_EXCHANGE_REFUSED)
         x = v.exchanges[source]
         for b in list(x.bindings.values()):
             pk = shapes.properties_key(b.routing_key, b.arguments)
             if b.kind == kind and b.destination == destination and key in (pk, unquote(pk)):
-                if kind == QUEUE:
-                    v.queue(destination, owner=None)
-                broker.check_permission(user, v.name, "write", kind, destination)
-                broker.check_permission(user, v.name, "read", "exchange", source)
-                broker.check_topic_permission(user, v.name, x, "read", b.routing_key)
+                operations.check_binding(broker, v, user, source, kind, destination, b.routing_key, None)
                 return changes.delete_answer(await changes.commit(broker, cat.Unbind(
                     v.name, source, _CATALOGUE_KINDS[kind], destination, b.routing_key, dict(b.arguments))))
         raise not_found()
