@@ -7,9 +7,9 @@ this module must never import `control.app` or any route module: it sits below a
 which keeps control/ free of import cycles. It holds no state of its own and does no I/O
 beyond reading the body of the request it is handed.
 
-Access follows RabbitMQ's management user tags (see the management plugin's access control
-section in the seeds): administrator implies every tag; policymaker and monitoring imply
-management.
+Access follows the user tags of RabbitMQ's management plugin guide ("Permissions"; the
+seeds do not cover the plugin): administrator implies every tag; policymaker and monitoring
+imply management.
 """
 
 from __future__ import annotations
