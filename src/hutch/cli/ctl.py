@@ -25,12 +25,12 @@ from hutch.cli.common import (
     Session,
     await_startup,
     command,
-    global_options,
     lab_peer_address,
     run_cli,
     stop_node,
     usage_error,
 )
+from hutch.cli.ctl_base import _delete, _password_given, _vhost_option, cli
 from hutch.cli.http import EX_DATAERR, EX_NOUSER, EX_SOFTWARE, CliError, q
 
 # ---------------------------------------------------------------- columns
@@ -155,16 +155,6 @@ def select(objects: list[dict], columns: tuple[str, ...], table: dict[str, Calla
 
 
 # ---------------------------------------------------------------- the group
-
-@click.group(name="hutchctl", context_settings={"help_option_names": ["-h", "--help"]})
-@global_options
-def cli(**_options) -> None:
-    """Manage a hutch node through its management HTTP API (rabbitmqctl's commands)."""
-
-
-def _vhost_option(f):
-    return click.option("-p", "--vhost", default="/", show_default=True, help="Virtual host.")(f)
-
 
 def _columns(f):
     return click.argument("columns", nargs=-1)(f)
@@ -365,15 +355,6 @@ def list_operator_policies(s: Session, vhost: str) -> None:
     s.printer.rows(cols, rows, [f'Listing operator policy overrides for vhost "{vhost}" ...'])
 
 
-def _delete(s: Session, path: str, missing: str) -> None:
-    try:
-        s.client.delete(path)
-    except CliError as e:
-        if e.status == 404:
-            raise CliError(missing, e.exit_code, 404) from None
-        raise
-
-
 # ---------------------------------------------------------------- users, vhosts, permissions
 
 @command(cli, "add_user")
@@ -416,17 +397,6 @@ def delete_user(s: Session, username: str) -> None:
     """Delete a user."""
     s.info(f'Deleting user "{username}" ...')
     _delete(s, f"/api/users/{q(username)}", f'User "{username}" does not exist')
-
-
-def _password_given(password: str | None) -> str:
-    """The password argument, else one line of stdin; nothing at all is refused as rabbitmqctl
-    refuses it (a blank line is a blank password: password login disabled)."""
-    if password is not None:
-        return password
-    line = sys.stdin.readline() if sys.stdin is not None else ""
-    if not line:
-        raise CliError("Password is not provided via argument or stdin", EX_DATAERR)
-    return line.rstrip("\r\n")
 
 
 @command(cli, "change_password")

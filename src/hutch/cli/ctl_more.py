@@ -10,8 +10,8 @@ connections in bulk, the cluster name, and the node's lifecycle and health.
 
 Names, arguments, banners, output and exit codes are rabbitmqctl 3.10.8's (compared with
 a RabbitMQ node; docs/cli.md lists where hutchctl differs). The commands register
-themselves on `hutch.cli.ctl.cli`, which imports this module. Like the rest of the CLI,
-this module reaches a node only through its management HTTP API: it never imports the
+themselves on `hutch.cli.ctl_base.cli`; `hutch.cli.ctl` imports this module so they are
+there. Like the rest of the CLI, this module reaches a node only through its management HTTP API: it never imports the
 broker, and `hash_password` computes RabbitMQ's documented hash itself for that reason.
 """
 
@@ -34,7 +34,7 @@ from hutch.cli.common import (
     show_environment,
     wait_for_exit,
 )
-from hutch.cli.ctl import _delete, _password_given, _vhost_option, cli
+from hutch.cli.ctl_base import _delete, _password_given, _vhost_option, cli
 from hutch.cli.http import EX_DATAERR, EX_SOFTWARE, EX_UNAVAILABLE, Client, CliError, q
 
 AWAIT_ONLINE_TIMEOUT_S = 300.0  # rabbitmqctl await_online_nodes' default
