@@ -60,9 +60,11 @@ SNAPSHOT_MESSAGES_MIN = 2048
 
 
 # A channel's publisher state on this node (its id and per-queue sequence counters) is kept
-# until the channel closes; at most this many at once (the oldest is retired first: its
-# channel, if still open, simply gets a new id on its next publish).
-PUBLISHERS_MAX = 100_000
+# until the channel closes; at most this many at once. Past it the oldest is forgotten here
+# without telling the queues (their own records are bounded by fifo.PUBLISHERS_TRACKED_MAX, the
+# oldest forgotten first); its channel, if still open, simply gets a new id on its next publish.
+# Publishers that never close (the migration's per-message movers) cost no more than this.
+PUBLISHERS_MAX = fifo.PUBLISHERS_TRACKED_MAX
 # A closed channel's publisher record in each queue's state machine is dropped this long after
 # its last publish was answered, so that no resend still on its way can meet a forgotten record.
 PUBLISHER_GONE_DELAY_S = 5.0
@@ -472,8 +474,7 @@ class QuorumHost:
         """A channel's first publish to a quorum queue: it gets an id of its own, from the
         node's counter (ids are never reused, so a sequence restarting at 1 is always right)."""
         if len(self._publishers) >= PUBLISHERS_MAX:
-            oldest = next(iter(self._publishers))
-            self._retire(self._publishers.pop(oldest))
+            del self._publishers[next(iter(self._publishers))]
         pub = self._publishers[channel] = _PublisherIds(self.peers.owner_id())
         return pub
 
