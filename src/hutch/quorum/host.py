@@ -191,11 +191,13 @@ class QuorumHost:
         self.queues: dict[int, QuorumQueue] = {}  # gid -> handle
         self.consumers: dict[str, Any] = {}  # consumer_id -> the broker's consumer object
         # proposals waiting for an answer live in the peers' one request table (tag Q_REQUEST)
-        # (publisher, seq) -> [q, env, channel, seq, session, retry, publisher ids]
+        # (publisher, seq) -> [q, env, channel, seq, session, retry, publisher ids]; bounded by the
+        # sessions' publish windows (port.window_add: a session with PUBLISH_WINDOW unanswered
+        # publishes is not read from), except the broker's own (dead letters, migration)
         self._pubs: dict[tuple[str, int], list] = {}
-        self._publishers: dict[Any, _PublisherIds] = {}  # channel (None: the broker's own) -> ids
-        self._gone_due: list[tuple[float, _PublisherIds]] = []  # closed channels' records to drop
-        self._out: dict[str, list] = {}  # node -> effects to send it
+        self._publishers: dict[Any, _PublisherIds] = {}  # channel (None: the broker's own) -> ids; PUBLISHERS_MAX
+        self._gone_due: list[tuple[float, _PublisherIds]] = []  # channels closed in the last few seconds
+        self._out: dict[str, list] = {}  # node -> outcomes to send it; emptied every loop iteration (flush)
         self._leading: set[int] = set()
         self._next_clock_s = 0.0
         # commit latency as a leader sees it, one proposal at a time per group (Prometheus'
