@@ -49,8 +49,7 @@ from hutch.broker.cluster import INIT_PARAM, NODE_PARAM, ClusterBroker
 from hutch.cluster import catalogue as cat
 from hutch.cluster.raftlog import RaftHostStorage
 from hutch.cluster.transport import PeerTransport
-from hutch.raft import messages as rm
-from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
+from hutch.raft.group import LEADER, RaftConfig
 from hutch.server.cluster_file import read_cluster_file
 from hutch.server.partitions import partitioned_from
 from hutch.server.raft_host import CallbackApp, QueueGroups, RaftHost
@@ -409,19 +408,18 @@ class ClusterRuntime:
         return False
 
     def _propose(self, env: bytes) -> None:
-        g = self.group
-        if g.role == LEADER:
-            if self._stale_promotion(env):
-                return
-            try:
-                self.multi.propose(CATALOGUE_GROUP, env)
-                self._schedule()
-            except RaftError:
-                pass  # retried
+        if self.group.role == LEADER:
+            self._propose_here(env)
             return
         leader = self.leader_name()
         if leader is not None:
             self.transport.send(leader, "rpc", ["propose", env])
+
+    def _propose_here(self, env: bytes) -> None:
+        """On the catalogue's leader: into the log, unless it is a stale promotion (a proposal
+        that does not fit now is retried by its proposer)."""
+        if not self._stale_promotion(env):
+            self.raft.propose(CATALOGUE_GROUP, env)
 
     def _expire_pending(self, now: float) -> None:
         for req, item in list(self.pending.items()):
@@ -444,12 +442,7 @@ class ClusterRuntime:
 
     def _on_message(self, peer: str, group: Any, payload: Any) -> None:
         if group == "raft":
-            try:
-                gid, data = payload
-                self.multi.step(gid, rm.decode(data))
-            except (msgspec.DecodeError, RaftError, ValueError, TypeError) as e:
-                log.warning("bad Raft message from %s: %s", peer, e)
-            self._schedule()
+            self.raft.step(peer, payload)
         elif group == "q":
             self.cluster.on_message(peer, payload)
         elif group == "rpc":
@@ -459,13 +452,7 @@ class ClusterRuntime:
         kind = payload[0]
         if kind == "propose":
             if self.group.role == LEADER:
-                if self._stale_promotion(payload[1]):
-                    return
-                try:
-                    self.multi.propose(CATALOGUE_GROUP, payload[1])
-                    self._schedule()
-                except RaftError:
-                    pass
+                self._propose_here(payload[1])
             elif (leader := self.leader_name()) is not None and leader != peer:
                 self.transport.send(leader, "rpc", payload)
         elif kind == "join":
@@ -510,15 +497,7 @@ class ClusterRuntime:
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
         self.down_since[peer] = self.loop.time()
-        nid = node_id(peer)
-        alive = {node_id(m) for m in self.members() if m == self.name or self.transport.is_up(m)}
-        for gid, g in self.multi.groups.items():
-            if nid in g.voters or nid in g.learners:
-                g.report_unreachable(nid)
-                if g.leader == nid:  # its leader died: the lowest surviving voter stands at once
-                    live = [v for v in g.voters if v in alive]
-                    g.leader_down(nid, campaign_now=bool(live) and min(live) == g.id)
-                self.multi.touched(gid)
+        self.raft.peer_down(node_id(peer), {node_id(m) for m in self._running()})
         self.cluster.peer_down(peer)
         self._partition_check()
 
@@ -574,12 +553,7 @@ class ClusterRuntime:
                     del self.joins[step.node]
                     log.info("node %s joined the cluster", step.node)
                 else:
-                    try:
-                        self.group.propose_conf_change(rm.ConfChange(rm.CONF_ADD_LEARNER, (node_id(step.node),)))
-                        self.multi.touched(CATALOGUE_GROUP)
-                        self._schedule()
-                    except (ProposalRejected, NotLeader):
-                        pass
+                    self.raft.change_member(CATALOGUE_GROUP, True, node_id(step.node))  # else again next tick
         running = self._running()
         gone = chores.members_gone(self.name, self.members(), running, self.down_since, self.started,
                                    self.cfg.net_ticktime_s, now)
@@ -652,12 +626,7 @@ class ClusterRuntime:
 
     def _remove_member(self, name: str) -> None:
         if self.group.role == LEADER:
-            try:
-                self.group.propose_conf_change(rm.ConfChange(rm.CONF_REMOVE, (node_id(name),)))
-                self.multi.touched(CATALOGUE_GROUP)
-                self._schedule()
-            except (ProposalRejected, NotLeader):
-                pass  # retried from the tick
+            self.raft.change_member(CATALOGUE_GROUP, False, node_id(name))  # else retried from the tick
         elif (leader := self.leader_name()) is not None:
             self.transport.send(leader, "rpc", ["forget", name])
 

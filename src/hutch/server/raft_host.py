@@ -25,6 +25,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
+
 from hutch.cluster.raftlog import RaftHostStorage
 from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
@@ -165,6 +167,54 @@ class RaftHost:
                     self._leading.discard(gid)
                 self._on_leadership(gid, leading)
 
+    # ------------------------------------------------------------ messages, proposals, members
+
+    def step(self, peer: str, payload: Any) -> None:
+        """A Raft message `[group id, message bytes]` from `peer`; a malformed one is logged
+        and dropped."""
+        try:
+            gid, data = payload
+            self.multi.step(gid, rm.decode(data))
+        except (msgspec.DecodeError, RaftError, ValueError, TypeError) as e:
+            log.warning("bad Raft message from %s: %s", peer, e)
+        self._schedule()
+
+    def propose(self, gid: Any, data: bytes) -> bool:
+        """Append `data` to group `gid`'s log (this node must lead it). False when it cannot
+        now: not the leader any more, or too many proposals in flight (the proposer resends)."""
+        try:
+            self.multi.propose(gid, data)
+        except RaftError:
+            return False
+        self._schedule()
+        return True
+
+    def change_member(self, gid: Any, add: bool, nid: int) -> str | None:
+        """On the group's leader: propose adding `nid` as a learner (promoted once caught up) or
+        removing it. None when proposed, else why not."""
+        g = self.multi.groups.get(gid)
+        if g is None:
+            return "no such group"
+        kind = rm.CONF_ADD_LEARNER if add else rm.CONF_REMOVE
+        try:
+            g.propose_conf_change(rm.ConfChange(kind, (nid,)))
+        except (ProposalRejected, NotLeader) as e:
+            return str(e)
+        self.multi.touched(gid)
+        self._schedule()
+        return None
+
+    def peer_down(self, nid: int, alive: set[int]) -> None:
+        """Node `nid` is unreachable: each group it belongs to stops sending to it, and a group
+        it led has its lowest surviving voter stand for election at once."""
+        for gid, g in self.multi.groups.items():
+            if nid in g.voters or nid in g.learners:
+                g.report_unreachable(nid)
+                if g.leader == nid:
+                    live = [v for v in g.voters if v in alive]
+                    g.leader_down(nid, campaign_now=bool(live) and min(live) == g.id)
+                self.multi.touched(gid)
+
     # ------------------------------------------------------------ groups
 
     def add_main_group(self, storage_of_group: Any, app: GroupApp) -> Any:
@@ -229,12 +279,7 @@ class QueueGroups:
         return self.host.names.get(g.leader)
 
     def propose(self, gid: int, data: bytes) -> bool:
-        try:
-            self.host.multi.propose(gid, data)
-        except RaftError:
-            return False  # not the leader any more, or too many in flight: the proposer resends
-        self.host._schedule()
-        return True
+        return self.host.propose(gid, data)
 
     def status(self, gid: int) -> dict | None:
         g = self.host.multi.groups.get(gid)
@@ -260,14 +305,7 @@ class QueueGroups:
         member = nid in g.voters or nid in g.learners
         if (op == "add") == member:
             return None
-        kind = rm.CONF_ADD_LEARNER if op == "add" else rm.CONF_REMOVE
-        try:
-            g.propose_conf_change(rm.ConfChange(kind, (nid,)))
-        except (ProposalRejected, NotLeader) as e:
-            return str(e)
-        self.host.multi.touched(gid)
-        self.host._schedule()
-        return None
+        return self.host.change_member(gid, op == "add", nid)
 
     def members(self, gid: int) -> list[str] | None:
         g = self.host.multi.groups.get(gid)
