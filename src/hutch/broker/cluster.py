@@ -48,7 +48,8 @@ from hutch.broker.topology import NODE_PARAM, Topology
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
 from hutch.cluster.remote import ProxyConsumer, RemoteQueue, home_down
-from hutch.mirror.host import MirrorHost, cancel_on_failover
+from hutch.mirror.failover import Failover
+from hutch.mirror.host import MirrorHost
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
 from hutch.quorum.host import QuorumHost
@@ -61,8 +62,6 @@ log = logging.getLogger("hutch.cluster")
 PUBLISH_WINDOW = 4096  # messages a session may have in flight to other nodes before it is paused
 PUBLISH_WINDOW_LOW = 1024
 CREDIT_RETURN = 500
-REATTACH_TRIES = 100
-REATTACH_DELAY_S = 0.05  # between tries to attach a consumer to a promoted mirror that is not ready yet
 CANCELLED_REMEMBERED_MAX = 4096  # recently cancelled remote consumers whose late deliveries go back
 RETRY = 2  # a publish accept that says: not here yet, send it again
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
@@ -152,7 +151,7 @@ class ClusterBroker:
         self._pub_items: dict[int, list] = {}
         self._orphans: dict[int, float] = {}  # token -> give up (nack) at this time
         self._token_waiters: dict[int, list] = {}  # token -> countdowns waiting for its accept
-        self._reattach_due: list = []  # (when, queue, consumer, tries): consumers to attach again
+        self.failover = Failover(self, self.mirroring.now)  # consumers following a mirrored queue's leader
 
     # ------------------------------------------------------------ ids and sending
 
@@ -213,62 +212,32 @@ class ClusterBroker:
 
 
     def leader_here(self, cur: RemoteQueue, q) -> None:
-        """A mirror here was promoted: this node's consumers of the queue attach to it directly."""
-        cur.deleted = True
-        for c in list(cur.local_consumers.values()):
-            cur.local_consumers.pop(c.cid, None)
-            self.consumers.pop(c.cid, None)
-            self._forget_unacked(c.channel, cur)
-            if cancel_on_failover(c.arguments) or c.channel.closed:
-                self._cancel_local(c)
-                continue
-            lc = ChannelConsumer(c.tag, q, c.channel, c.no_ack, c.exclusive, c.priority, c.prefetch, c.arguments)
-            c.channel.consumers[c.tag] = lc
-            q.add_consumer(lc)
+        """A mirror here was promoted (hutch.mirror.failover)."""
+        self.failover.leader_here(cur, q)
         self.broker.dirty_queues.add(q)
 
-    def _forget_unacked(self, ch, q) -> None:
+    def _leader_moved(self, q: RemoteQueue, new_home: str) -> None:
+        self.failover.leader_moved(q, new_home)
+
+    # the broker side of hutch.mirror.failover (FailoverSide)
+    def forget_unacked(self, ch, q) -> None:
         """Deliveries from a leader that is gone: the new leader requeued them, so their tags
         settle nothing (a late ack must not settle the message's next delivery)."""
         for tag, (uq, entry, c) in list(ch.unacked.items()):
             if uq is q:
                 ch.unacked[tag] = (STALE, entry, c)
 
-    def _leader_moved(self, q: RemoteQueue, new_home: str) -> None:
-        """A mirrored queue led elsewhere has a new leader: consumers here follow it, or are
-        cancelled if they asked for x-cancel-on-ha-failover."""
-        old = q.home_node
-        q.home_node = new_home
-        q.mirror_nodes, q.synced_nodes = [], []  # until the new leader reports them
-        log.info("Mirrored queue '%s' in vhost '%s': leader moved from %s to %s", q.name, q.vhost, old, new_home)
-        for c in list(q.local_consumers.values()):
-            self._forget_unacked(c.channel, q)
-            if cancel_on_failover(c.arguments) or c.channel.closed:
-                q.local_consumers.pop(c.cid, None)
-                self.consumers.pop(c.cid, None)
-                self._cancel_local(c)
-                continue
-            self._reattach(q, c)
+    def cancel_consumer(self, c: RemoteConsumer) -> None:
+        self._cancel_local(c)
+
+    def adopt_consumer(self, c: RemoteConsumer, q) -> None:
+        """A consumer of a queue led elsewhere becomes a local consumer of the queue led here."""
+        lc = ChannelConsumer(c.tag, q, c.channel, c.no_ack, c.exclusive, c.priority, c.prefetch, c.arguments)
+        c.channel.consumers[c.tag] = lc
+        q.add_consumer(lc)
+
+    def retry_orphans(self) -> None:
         self._retry_orphans()
-
-    def _reattach(self, q: RemoteQueue, c: RemoteConsumer, tries: int = 0) -> None:
-        """Attach a consumer to its mirrored queue's new leader. The new leader may not have
-        applied its promotion yet when asked: a few retries, then the consumer is cancelled."""
-        c.received = 0
-        if not self.is_up(q.home_node) or q.deleted:
-            return
-
-        def answered(result) -> None:
-            if result is not None and result[0] == spec.NOT_FOUND and tries < REATTACH_TRIES and not q.deleted:
-                self._reattach_due.append((self.mirroring.now() + REATTACH_DELAY_S, q, c, tries + 1))
-                return
-            if result is None or result[0] != 200:
-                if q.local_consumers.pop(c.cid, None) is not None:
-                    self.consumers.pop(c.cid, None)
-                    self._cancel_local(c)
-        self.expect_reply(c.cid, q.home_node, answered)
-        self.send(q.home_node, ["C", c.cid, q.vhost, q.name, c.tag, c.no_ack, c.exclusive, c.priority, c.prefetch,
-                                c.arguments])
 
     def _cancel_local(self, c: RemoteConsumer) -> None:
         self.broker.cancel_notify(c)
@@ -377,13 +346,7 @@ class ClusterBroker:
     def tick(self, now_s: float) -> None:
         self.mirroring.tick(now_s)
         self._retry_orphans()
-        if self._reattach_due:
-            due, self._reattach_due = self._reattach_due, []
-            for at, q, c, tries in due:
-                if at > now_s:
-                    self._reattach_due.append((at, q, c, tries))
-                elif self.consumers.get(c.cid) is c:
-                    self._reattach(q, c, tries)
+        self.failover.tick(now_s)
 
     def after_forwarded(self, session, fn: Callable[[Any], None], arg: Any) -> None:
         """fn(arg) once every publish this session sent to other nodes so far is accepted or
@@ -764,9 +727,7 @@ class ClusterBroker:
     def peer_up(self, peer: str) -> None:
         self.quorum.peer_up(peer)
         self.mirroring.peer_up(peer)
-        for c in list(self.consumers.values()):  # a mirrored queue's leader is back, unpromoted
-            if c.queue.home_node == peer and c.queue.mirrored:
-                self._reattach(c.queue, c)
+        self.failover.peer_up(peer)  # a mirrored queue's leader is back, unpromoted
         self._retry_orphans()
         self.broker.schedule()
 
@@ -802,7 +763,7 @@ class ClusterBroker:
         # consumers wait for its promoted mirror; what they had is redelivered by it)
         for c in list(self.consumers.values()):
             if c.queue.home_node == peer and c.queue.mirrored:
-                self._forget_unacked(c.channel, c.queue)
+                self.forget_unacked(c.channel, c.queue)
             elif c.queue.home_node == peer:
                 c.queue.local_consumers.pop(c.cid, None)
                 self.consumers.pop(c.cid, None)

@@ -771,9 +771,4 @@ class MirrorHost:
         return ld.mirror_nodes() if ld is not None else ([], [])
 
 
-def cancel_on_failover(arguments: dict) -> bool:
-    v = (arguments or {}).get("x-cancel-on-ha-failover")
-    return v is True or v == 1
-
-
-__all__ = ["MirrorHost", "Leader", "Mirror", "cancel_on_failover"]
+__all__ = ["MirrorHost", "Leader", "Mirror"]
