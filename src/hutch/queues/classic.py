@@ -71,7 +71,7 @@ class ClassicQueue:
         self.flow_waiters: set | None = None  # publishers held back while consumers are backed up
         self.last_dispatch_ms = -10**9  # when consumers last received (the owner's clock)
         self.journal_id = 0  # durable queues: the key of their records in the node's message journal
-        # a mirrored queue's leader side (hutch.mirror.host.Leader): told every operation
+        # a mirrored queue's leader side (hutch.mirror.leader.Leader): told every operation
         self.mirror: Any = None
         # the settings last resolved from arguments and policies (hutch.queues.effective.Effective)
         self.policy_settings: Any = None

@@ -1,0 +1,247 @@
+"""A mirrored queue's leader side (`Leader`, attached to the leader's `ClassicQueue` as
+`q.mirror`): every operation the queue makes becomes a GM broadcast, publishes are accepted
+once their broadcast is stable, mirrors joining and dying are tracked (`MirrorInfo`), and
+publishers wait while too much is unstable (`FLOW_HIGH`/`FLOW_LOW`). Synchronisation is
+`hutch.mirror.sync`.
+
+Seed 000 ("Master/mirror synchronisation", "Publisher confirms and transactions"). The
+leader's host (`hutch.mirror.host.MirrorHost`) owns it. Must never: import anything from
+`hutch.broker` or above, or write to a client's connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hutch.mirror import gm
+from hutch.mirror.names import node_of, qname
+from hutch.mirror.placement import AUTOMATIC, MirrorParams
+from hutch.mirror.replica import Backlog, encode_ops, enqueue_op
+from hutch.mirror.sync import SyncJob
+from hutch.queues.state import Entry
+
+if TYPE_CHECKING:
+    from hutch.queues.classic import ClassicQueue
+
+log = logging.getLogger("hutch.mirroring")
+
+FLOW_HIGH = 20000  # messages broadcast and not yet stable: publishers wait above this
+FLOW_LOW = 5000
+SYNC_INFLIGHT = 64  # sync batches in the ring at once
+SYNC_PROGRESS_S = 1.0
+
+
+class MirrorInfo:
+    __slots__ = ("member", "node", "since", "order")
+
+    def __init__(self, member: str, node: str, since: int, order: int):
+        self.member = member
+        self.node = node
+        self.since = since  # the mirror holds every message from this sequence number on
+        self.order = order  # join order: lower is longer-running
+
+
+class Leader:
+    """The leader side of one mirrored queue, attached to its ClassicQueue as `q.mirror`."""
+
+    def __init__(self, host: Any, q: ClassicQueue, member: gm.GMMember):
+        self.host = host
+        self.q = q
+        self.gm = member
+        self.ops: list = []
+        self.op_msgs = 0
+        self.backlog = Backlog()
+        self.last_seq = 0  # last broadcast
+        self.stable_seq = 0
+        self.mirrors: dict[str, MirrorInfo] = {}
+        self._order = 0
+        self.sync: SyncJob | None = None
+        self.sync_waiters: list[Callable[[Any], None]] = []
+        self.stopping = False
+        self._view_sent: list | None = None
+        self.recent_tokens: dict[tuple[str, int], None] = {}
+
+    # ---------------------------------------------------------------- what the queue did
+
+    def enqueued(self, entry: Entry) -> None:
+        origin, token = self.host.token
+        self.ops.append(enqueue_op(entry.seq, entry.message, entry.expires_at_ms, origin, token))
+        self.op_msgs += 1
+
+    def _seqs(self, tag: str, seq: int) -> None:
+        ops = self.ops
+        if ops and ops[-1][0] == tag:
+            ops[-1][1].append(seq)
+        else:
+            ops.append([tag, [seq]])
+
+    def checked_out(self, seq: int) -> None:
+        self._seqs("K", seq)
+
+    def removed(self, seq: int) -> None:
+        self._seqs("X", seq)
+        if self.sync is not None:
+            self.sync.removed.add(seq)
+
+    # ---------------------------------------------------------------- broadcasting
+
+    def flush(self) -> None:
+        if not self.ops or self.gm.status != gm.MEMBER:
+            return
+        ops, self.ops = self.ops, []
+        n = self.gm.broadcast(encode_ops(ops))
+        self.last_seq = n
+        self.backlog.sent(n, self.op_msgs)
+        self.op_msgs = 0
+
+    def after_stable(self, fn: Callable[[Any], None], arg: Any) -> None:
+        """fn(arg) once every mirror has everything recorded so far."""
+        target = self.last_seq + (1 if self.ops else 0)
+        if target <= self.stable_seq:
+            self.host.cluster.call_soon(fn, arg)
+        else:
+            self.backlog.waiters.append((target, fn, arg))
+
+    def backlogged(self) -> bool:
+        return self.backlog.unstable_msgs + self.op_msgs > FLOW_HIGH
+
+    def drained(self) -> bool:
+        return self.backlog.unstable_msgs + self.op_msgs <= FLOW_LOW
+
+    @property
+    def syncing(self) -> bool:
+        return self.sync is not None
+
+    def after_sync(self, fn: Callable[[Any], None]) -> None:
+        if self.sync is None:
+            self.host.cluster.call_soon(fn, None)
+        else:
+            self.sync_waiters.append(fn)
+
+    # ---------------------------------------------------------------- events of the ring
+
+    def on_event(self, ev) -> None:
+        t = type(ev)
+        if t is gm.Stable:
+            self.stable_seq = ev.seq
+            for _s, fn, arg in self.backlog.stable(ev.seq):
+                fn(arg)
+            if self.sync is not None:
+                self.sync.on_stable(ev.seq)
+            if self.q.flow_waiters is not None:
+                self.host.broker.dirty_queues.add(self.q)
+        elif t is gm.MembersChanged:
+            self._members_changed(ev)
+
+    def _members_changed(self, ev: gm.MembersChanged) -> None:
+        q = self.q
+        for m in ev.births:
+            if m == self.gm.id or m in self.mirrors:
+                continue
+            self._order += 1
+            self.mirrors[m] = MirrorInfo(m, node_of(m), q.state.next_seq, self._order)
+            log.info("%s: Adding mirror on node %s: %s", qname(q), node_of(m), m)
+        dead = [m for m in ev.deaths if m in self.mirrors]
+        if dead:
+            for m in dead:
+                del self.mirrors[m]
+            log.info("%s: Master %s saw deaths of mirrors %s", qname(q), self.gm.id, " ".join(dead))
+        self.send_view()
+        if ev.births and self.params().sync_mode == AUTOMATIC and self.unsynced():
+            self.start_sync()
+        if self.sync is not None:
+            self.sync.members_changed()
+
+    # ---------------------------------------------------------------- synchronisation state
+
+    def floor(self) -> int:
+        """The lowest sequence number still in the queue (next_seq when it is empty)."""
+        st = self.q.state
+        low = st.next_seq
+        for e in st.ready_heads():
+            low = min(low, e.seq)
+        if st.unacked:
+            low = min(low, min(st.unacked))
+        return low
+
+    def synchronised(self) -> list[MirrorInfo]:
+        f = self.floor()
+        return [m for m in self.mirrors.values() if m.since <= f]
+
+    def unsynced(self) -> list[MirrorInfo]:
+        f = self.floor()
+        return [m for m in self.mirrors.values() if m.since > f]
+
+    def params(self) -> MirrorParams:
+        return self.host.cluster.mirror_params(self.q.vhost, self.q.name) or MirrorParams("all", None)
+
+    def view(self) -> list:
+        """[mirrors oldest first as [member, node, synchronised, since], stopping,
+        ha-promote-on-failure, ha-promote-on-shutdown, the leader's member]"""
+        f = self.floor()
+        p = self.params()
+        mirrors = sorted(self.mirrors.values(), key=lambda m: m.order)
+        return [[[m.member, m.node, m.since <= f, m.since] for m in mirrors], self.stopping, p.promote_on_failure,
+                p.promote_on_shutdown, self.gm.id]
+
+    def send_view(self) -> None:
+        v = self.view()
+        if v != self._view_sent:
+            self._view_sent = v
+            self.ops.append(["V", v])
+
+    def mirror_nodes(self) -> tuple[list[str], list[str]]:
+        """(mirror nodes, synchronised mirror nodes), as listings show them."""
+        f = self.floor()
+        ms = sorted(self.mirrors.values(), key=lambda m: m.order)
+        return [m.node for m in ms], [m.node for m in ms if m.since <= f]
+
+    # ---------------------------------------------------------------- sync
+
+    def start_sync(self) -> str:
+        if self.sync is not None:
+            return "already synchronising"
+        if not self.unsynced():
+            return "already synchronised"
+        self.sync = SyncJob(self)
+        self.sync.start()
+        return "ok"
+
+    def cancel_sync(self) -> bool:
+        if self.sync is None:
+            return False
+        self.sync.finish(cancelled=True)
+        return True
+
+    def sync_done(self, cancelled: bool = False) -> None:
+        self.sync = None
+        self.q.dispatch_blocked = False
+        self.host.broker.dirty_queues.add(self.q)
+        self.host.broker.schedule()
+        waiters, self.sync_waiters = self.sync_waiters, []
+        for fn in waiters:
+            fn(None)
+        if not cancelled and self.params().sync_mode == AUTOMATIC and self.unsynced() and not self.stopping:
+            self.start_sync()  # a mirror that joined while the last one ran
+
+    def tick(self, now: float) -> None:
+        self.send_view()
+        if self.sync is not None:
+            self.sync.pump(now)
+
+    def detach(self, deleted: bool = False) -> None:
+        """The queue stops being mirrored, stops being led here, or is deleted (then the mirrors
+        are told, so that none of them takes the leader's leaving for a failure)."""
+        if self.sync is not None:
+            self.sync.finish(cancelled=True)
+        if deleted:
+            self.ops.append(["Z"])
+        if self.gm.status == gm.MEMBER:
+            self.flush()
+            self.gm.leave()
+        waiters = list(self.backlog.waiters)
+        self.backlog.waiters.clear()
+        for _s, fn, arg in waiters:  # nobody else holds these now: settle as the queue stands
+            fn(arg)

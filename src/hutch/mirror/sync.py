@@ -1,0 +1,113 @@
+"""Synchronising a mirror that joined late (seed 000, "Master/mirror synchronisation"): the
+leader sends the queue's messages older than what the mirror has in batches of
+`ha-sync-batch-size`, at most `SYNC_INFLIGHT` batches in the ring at once, paced by
+`mirroring_sync_max_throughput`; the queue delivers nothing until it is done. Must never:
+import anything from `hutch.broker` or above.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from hutch.mirror.placement import SYNC_BATCH_SIZE
+from hutch.mirror.replica import encode_ops, enqueue_op
+
+if TYPE_CHECKING:
+    pass
+
+from hutch.mirror.names import qname
+
+log = logging.getLogger("hutch.mirroring")
+
+SYNC_INFLIGHT = 64  # sync batches in the ring at once
+SYNC_PROGRESS_S = 1.0
+
+
+class SyncJob:
+    """One run of a sync: the queue's messages as they stood at the start, sent in batches."""
+
+    def __init__(self, leader: Any):  # the hutch.mirror.leader.Leader that runs it
+        self.leader = leader
+        q = leader.q
+        st = q.state
+        self.entries = sorted(list(st.ready()) + list(st.unacked.values()), key=lambda e: e.seq)
+        self.floor_at_start = st.next_seq
+        self.targets = {m.member for m in leader.unsynced()}
+        p = leader.params()
+        self.batch = p.sync_batch_size or leader.host.broker.config.mirroring_sync_batch_size or SYNC_BATCH_SIZE
+        self.max_bytes_s = leader.host.broker.config.mirroring_sync_max_throughput
+        self.pos = 0
+        self.sent_bytes = 0
+        self.inflight: list[int] = []
+        self.started = leader.host.now()
+        self.last_progress = self.started
+        self.done_seq = 0
+        self.finished = False
+        self.removed: set[int] = set()
+
+    def start(self) -> None:
+        q = self.leader.q
+        self.leader.q.dispatch_blocked = True
+        log.info("%s: Synchronising: %d messages to synchronise", qname(q), len(self.entries))
+        log.info("%s: Synchronising: batch size: %d", qname(q), self.batch)
+        self.pump(self.started)
+
+    def members_changed(self) -> None:
+        alive = set(self.leader.mirrors)
+        self.targets &= alive
+        if not self.targets and not self.finished:
+            self.finish(cancelled=False, reason="all mirrors to synchronise are gone")
+
+    def pump(self, now: float) -> None:
+        if self.finished:
+            return
+        ld = self.leader
+        q = ld.q
+        if now - self.last_progress >= SYNC_PROGRESS_S:
+            self.last_progress = now
+            log.info("%s: Synchronising: %d messages", qname(q), self.pos)
+        while self.pos < len(self.entries) and len(self.inflight) < SYNC_INFLIGHT:
+            if self.max_bytes_s and self.sent_bytes > (now - self.started) * self.max_bytes_s:
+                return  # over mirroring_sync_max_throughput: the next tick (0.1 s) goes on
+            chunk = self.entries[self.pos:self.pos + self.batch]
+            self.pos += len(chunk)
+            items = []
+            for e in chunk:
+                if e.seq in self.removed:  # acknowledged meanwhile: its removal went out already
+                    continue
+                items.append(enqueue_op(e.seq, e.message, e.expires_at_ms, "", 0) + [e.delivery_count])
+                self.sent_bytes += len(e.message.body)
+            ld.flush()  # operations recorded before this batch go first
+            n = ld.gm.broadcast(encode_ops([["Y", items]]))
+            ld.last_seq = n
+            self.inflight.append(n)
+        if self.pos >= len(self.entries) and not self.done_seq:
+            ld.flush()
+            self.done_seq = ld.gm.broadcast(encode_ops([["YD", self.floor_at_start]]))
+            ld.last_seq = self.done_seq
+
+    def on_stable(self, seq: int) -> None:
+        self.inflight = [s for s in self.inflight if s > seq]
+        if self.done_seq and seq >= self.done_seq:
+            for m in self.leader.mirrors.values():
+                if m.member in self.targets:
+                    m.since = 0  # it has what existed at the start, and everything since it joined
+            self.finish(cancelled=False)
+            return
+        self.pump(self.leader.host.now())
+
+    def finish(self, cancelled: bool, reason: str = "") -> None:
+        if self.finished:
+            return
+        self.finished = True
+        q = self.leader.q
+        if cancelled:
+            log.info("%s: Synchronising: cancelled after %d messages", qname(q), self.pos)
+        elif reason:
+            log.info("%s: Synchronising: stopped, %s", qname(q), reason)
+        else:
+            log.info("%s: Synchronising: %d messages", qname(q), len(self.entries))
+            log.info("%s: Synchronising: complete", qname(q))
+        self.leader.send_view()
+        self.leader.sync_done(cancelled)
