@@ -9,14 +9,19 @@ the counters and merges the sample rings (hutch.control.rates.merge), then write
 node already sees each queue's figures (a queue homed elsewhere reports them to the others),
 so their details come from this node's samples.
 
-A peer that does not answer within `PEER_TIMEOUT_S` is left out, as RabbitMQ leaves out a node
-it cannot reach. This module only reads; it never changes broker state.
+A request never waits long for a peer: it waits at most `PEER_WAIT_S` for the peers' answers and
+uses, for a peer that has not answered by then, the newest figures that peer sent before (its
+counters only grow, so older figures are a lower bound). A peer whose earlier ask is still out —
+a hung node, say, that the failure detector has not yet declared down — is not asked again nor
+waited for until that ask ends (answered, failed, or `PEER_TIMEOUT_S` passed). A peer whose ask
+failed is left out, as RabbitMQ leaves out a node it cannot reach. This module only reads; it
+never changes broker state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import weakref
 from typing import Any
 
 from aiohttp import web
@@ -24,7 +29,42 @@ from aiohttp import web
 from hutch.control import ops, rates
 from hutch.control.errors import bad_request
 
-PEER_TIMEOUT_S = 2.0
+PEER_WAIT_S = 0.5  # how long an API request waits for the peers' figures
+PEER_TIMEOUT_S = 5.0  # how long an ask may stay out before it counts as failed
+ANSWERS_KEPT_MAX = 256  # (peer, question) answers kept; questions vary with the query's ages
+
+
+class _PeerFigures:
+    """Per (peer, question): the newest answer, and the one ask that may be out at a time."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple, list] = {}
+        self.asking: dict[tuple, asyncio.Task] = {}
+
+    def ask(self, broker: Any, key: tuple, params: list) -> asyncio.Task | None:
+        """Ask `key`'s peer unless an earlier ask of the same is still out; the new task, or None."""
+        if key in self.asking:
+            return None
+        task = asyncio.get_running_loop().create_task(
+            ops.call_peer(broker, key[0], "list", params, timeout_s=PEER_TIMEOUT_S))
+        self.asking[key] = task
+        task.add_done_callback(lambda t: self.answered(key, t))
+        return task
+
+    def answered(self, key: tuple, task: asyncio.Task) -> None:
+        """Take a finished ask's outcome (idempotent)."""
+        if self.asking.get(key) is task:
+            del self.asking[key]
+        if task.cancelled() or task.exception() is not None:
+            self.last.pop(key, None)  # left out until it answers again
+        else:
+            self.last.pop(key, None)
+            self.last[key] = task.result() or []
+            while len(self.last) > ANSWERS_KEPT_MAX:
+                del self.last[next(iter(self.last))]  # the least recently answered
+
+
+_peer_figures: weakref.WeakKeyDictionary[Any, _PeerFigures] = weakref.WeakKeyDictionary()
 
 
 def window_of(request: web.Request) -> rates.Window:
@@ -48,14 +88,18 @@ async def cluster_figures(broker: Any, kinds: list[str], window: rates.Window) -
     cl = broker.cluster
     if cl is not None:
         peers = [p for p in cl.running_nodes() if p != cl.node]
-
-        async def ask(peer: str) -> list:
-            with contextlib.suppress(Exception):
-                return await ops.call_peer(broker, peer, "list",
-                                           ["mstats", {"kinds": kinds, "n": wanted}],
-                                           timeout_s=PEER_TIMEOUT_S)
-            return []
-        reports += await asyncio.gather(*(ask(p) for p in peers))
+        state = _peer_figures.get(broker)
+        if state is None:
+            state = _peer_figures[broker] = _PeerFigures()
+        params = ["mstats", {"kinds": kinds, "n": wanted}]
+        keys = [(p, tuple(kinds), wanted) for p in peers]
+        started = {k: t for k in keys if (t := state.ask(broker, k, params)) is not None}
+        if started:
+            await asyncio.wait(started.values(), timeout=PEER_WAIT_S)
+            for k, t in started.items():
+                if t.done():
+                    state.answered(k, t)
+        reports += [state.last.get(k, []) for k in keys]
     counts: dict[tuple, list[int]] = {}
     rings: dict[tuple, list] = {}
     for report in reports:
