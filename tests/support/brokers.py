@@ -171,11 +171,15 @@ class HutchNode:
         return self
 
     def wait_ready(self, timeout_s: float = 20.0) -> None:
-        wait_until(lambda: amqp_ready("127.0.0.1", self.amqp_port), timeout_s,
-                   f"hutch node {self.name} on {self.amqp_port}", proc=self.proc)
-        if self.mgmt_port:
-            wait_until(lambda: port_open("127.0.0.1", self.mgmt_port), timeout_s,
-                       f"hutch node {self.name} HTTP API on {self.mgmt_port}", proc=self.proc)
+        try:
+            wait_until(lambda: amqp_ready("127.0.0.1", self.amqp_port), timeout_s,
+                       f"hutch node {self.name} on {self.amqp_port}", proc=self.proc)
+            if self.mgmt_port:
+                wait_until(lambda: port_open("127.0.0.1", self.mgmt_port), timeout_s,
+                           f"hutch node {self.name} HTTP API on {self.mgmt_port}", proc=self.proc)
+        except (RuntimeError, TimeoutError) as e:  # say why: the end of the node's own output
+            tail = "\n".join(self.log().splitlines()[-25:])
+            raise type(e)(f"{e}\n--- last lines of {self.log_path}:\n{tail}") from None
 
     def log(self) -> str:
         try:
