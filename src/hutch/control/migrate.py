@@ -30,6 +30,7 @@ again after a failure carries on from where it stopped.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from aiohttp import web
@@ -261,7 +262,19 @@ def run_for_peer(broker, args: list, reply) -> None:
             reply([e.status, str(e.reason)])
         except AMQPError as e:
             reply([400, e.text])
-    asyncio.get_running_loop().create_task(run())
+    task = asyncio.get_running_loop().create_task(run(), name=f"migrate:{args[0]}/{args[1]}")
+    _forwarded.add(task)  # kept until it ends; an unexpected failure is logged, never lost
+    task.add_done_callback(_forwarded_ended)
+
+
+_forwarded: set[asyncio.Task] = set()  # at most one per migration a peer forwarded here
+
+
+def _forwarded_ended(task: asyncio.Task) -> None:
+    _forwarded.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("hutch.http").error("forwarded migration %s failed", task.get_name(),
+                                              exc_info=task.exception())
 
 
 @routes.post("/api/hutch/migrate/{vhost}/{name}")
