@@ -43,13 +43,18 @@ class ChannelOutput(Protocol):
 
 
 class ChannelConsumer:
-    """A basic.consume: the queue calls `can_take` and `deliver`."""
+    """A basic.consume, whatever the queue's type: a classic queue homed here calls `can_take`
+    and `deliver`; a queue whose messages live elsewhere knows the consumer by `ref` (a queue on
+    another node: the id its home node knows; a quorum queue: its consumer id in the state
+    machine) and delivers through `Channel.deliver_held`."""
 
     __slots__ = ("tag", "ctag_enc", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
-                 "unacked", "arguments")
+                 "unacked", "arguments", "ref", "received")
 
     def __init__(self, tag: str, queue: ClassicQueue, channel: Channel, no_ack: bool, exclusive: bool,
-                 priority: int, prefetch: int, arguments: dict[str, Any]):
+                 priority: int, prefetch: int, arguments: dict[str, Any], ref: Any = None):
+        self.ref = ref
+        self.received = 0  # a queue on another node: deliveries not yet returned to it as credit
         self.tag = tag
         self.ctag_enc = codec.shortstr(tag)
         self.queue = queue

@@ -89,17 +89,13 @@ def RemoteEntry(seq: int, redelivered: bool) -> HeldEntry:  # noqa: N802 - read 
     return HeldEntry(seq, 2 if redelivered else 1)
 
 
-class RemoteConsumer(ChannelConsumer):
+def RemoteConsumer(cid: int, tag: str, queue: RemoteQueue, channel: Channel, no_ack: bool,  # noqa: N802
+                   exclusive: bool, priority: int, prefetch: int, arguments: dict) -> ChannelConsumer:
     """A basic.consume on a queue homed elsewhere, on the consuming node: the home node's
-    stand-in for it (`ProxyConsumer`) is what its queue dispatches to."""
+    stand-in for it (`ProxyConsumer`) is what its queue dispatches to; `ref` is the id both
+    nodes know it by."""
+    return ChannelConsumer(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments, ref=cid)
 
-    __slots__ = ("cid", "received")
-
-    def __init__(self, cid: int, tag: str, queue: RemoteQueue, channel: Channel, no_ack: bool, exclusive: bool,
-                 priority: int, prefetch: int, arguments: dict):
-        super().__init__(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments)
-        self.cid = cid
-        self.received = 0  # deliveries not yet returned as credit
 
 class ClusterBroker:
     """Attached to a Broker as `broker.cluster` when the node is part of a cluster."""
@@ -118,7 +114,7 @@ class ClusterBroker:
         self.submit = submit
         self.call_soon = call_soon
         self.catalogue = cat.Catalogue()
-        self.consumers: dict[int, RemoteConsumer] = {}  # cid -> consumer on this node of a remote queue
+        self.consumers: dict[int, ChannelConsumer] = {}  # cid -> consumer on this node of a remote queue
         self.proxies: dict[tuple[str, int], tuple[Any, ProxyConsumer]] = {}  # (origin, cid) -> (queue, proxy)
         self.owners: dict[str, Any] = {}  # exclusive owner id -> this node's session
         # Bounds of the maps below that grow with client input: a session with PUBLISH_WINDOW
@@ -227,10 +223,10 @@ class ClusterBroker:
             if uq is q:
                 ch.unacked[tag] = (STALE, entry, c)
 
-    def cancel_consumer(self, c: RemoteConsumer) -> None:
+    def cancel_consumer(self, c: ChannelConsumer) -> None:
         self._cancel_local(c)
 
-    def adopt_consumer(self, c: RemoteConsumer, q) -> None:
+    def adopt_consumer(self, c: ChannelConsumer, q) -> None:
         """A consumer of a queue led elsewhere becomes a local consumer of the queue led here."""
         lc = ChannelConsumer(c.tag, q, c.channel, c.no_ack, c.exclusive, c.priority, c.prefetch, c.arguments)
         c.channel.consumers[c.tag] = lc
@@ -239,7 +235,7 @@ class ClusterBroker:
     def retry_orphans(self) -> None:
         self._retry_orphans()
 
-    def _cancel_local(self, c: RemoteConsumer) -> None:
+    def _cancel_local(self, c: ChannelConsumer) -> None:
         self.broker.cancel_notify(c)
 
     # ------------------------------------------------------------ placing queues
@@ -665,7 +661,7 @@ class ClusterBroker:
         elif kind == "CX":  # the home node cancelled our consumer
             c = self.consumers.pop(payload[1], None)
             if c is not None:
-                c.queue.local_consumers.pop(c.cid, None)
+                c.queue.local_consumers.pop(c.ref, None)
                 self._cancel_local(c)
         elif kind == "R":
             self._on_call(peer, *payload[1:])
@@ -765,13 +761,13 @@ class ClusterBroker:
             if c.queue.home_node == peer and c.queue.mirrored:
                 self.forget_unacked(c.channel, c.queue)
             elif c.queue.home_node == peer:
-                c.queue.local_consumers.pop(c.cid, None)
-                self.consumers.pop(c.cid, None)
+                c.queue.local_consumers.pop(c.ref, None)
+                self.consumers.pop(c.ref, None)
                 self._drop_unacked_of(c)
                 self._cancel_local(c)
         b.schedule()
 
-    def _drop_unacked_of(self, c: RemoteConsumer) -> None:
+    def _drop_unacked_of(self, c: ChannelConsumer) -> None:
         ch = c.channel
         for tag in [t for t, (_q, _e, cc) in ch.unacked.items() if cc is c]:
             del ch.unacked[tag]

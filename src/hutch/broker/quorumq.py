@@ -38,16 +38,11 @@ class ClusterSide(Protocol):
 DEFAULT_GROUP_SIZE = placement.DEFAULT_GROUP_SIZE
 
 
-class QuorumConsumer(ChannelConsumer):
-    """A basic.consume on a quorum queue, on the consumer's node; the queue's state machine
-    knows it by `consumer_id`."""
-
-    __slots__ = ("consumer_id",)
-
-    def __init__(self, consumer_id: str, tag: str, queue: QuorumQueue, channel, no_ack: bool, exclusive: bool,
-                 priority: int, prefetch: int, arguments: dict):
-        super().__init__(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments)
-        self.consumer_id = consumer_id
+def QuorumConsumer(consumer_id: str, tag: str, queue: QuorumQueue, channel: Any, no_ack: bool,  # noqa: N802
+                   exclusive: bool, priority: int, prefetch: int, arguments: dict) -> ChannelConsumer:
+    """A basic.consume on a quorum queue, on the consumer's node; `ref` is the id the queue's
+    state machine knows it by."""
+    return ChannelConsumer(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments, ref=consumer_id)
 
 
 class BrokerQuorumPort:
@@ -74,7 +69,7 @@ class BrokerQuorumPort:
     def delete_queue(self, vhost: str, name: str) -> None:
         self.cl.submit(cat.DeleteQueue(vhost, name), lambda _r: None)
 
-    def cancel_local(self, consumer: QuorumConsumer) -> None:
+    def cancel_local(self, consumer: ChannelConsumer) -> None:
         self.cl._cancel_local(consumer)
 
     def publish_answered(self, ch: Any, session: Any, seq: int, accepted: bool) -> None:
@@ -89,7 +84,7 @@ class BrokerQuorumPort:
                 ch.nack_publish(seq)
             cl.output(session)
 
-    def deliver(self, c: QuorumConsumer, q: QuorumQueue, msg_id: int, delivery_count: int, redelivered: bool,
+    def deliver(self, c: ChannelConsumer, q: QuorumQueue, msg_id: int, delivery_count: int, redelivered: bool,
                 route: bytes, props: bytes, body: bytes) -> None:
         ch = c.channel
         # the state machine's delivery_count counts earlier deliveries; the channel's this one too

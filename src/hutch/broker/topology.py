@@ -179,8 +179,8 @@ class Topology:
                 if not keep_bindings:
                     v.remove_bindings_of_queue(q.name)
             for c in list(q.local_consumers.values()):
-                q.local_consumers.pop(c.cid, None)
-                self.cl.consumers.pop(c.cid, None)
+                q.local_consumers.pop(c.ref, None)
+                self.cl.consumers.pop(c.ref, None)
                 self.cl._cancel_local(c)
             return
         for key in [k for k, (pq, _p) in self.cl.proxies.items() if pq is q]:

@@ -129,16 +129,16 @@ class RemoteQueue:
                 self.cluster.send(self.home_node, ["S", self.vhost, self.name, cid, op, seqs])
 
     def add_consumer(self, c: Any) -> None:
-        self.local_consumers[c.cid] = c
-        self.cluster.consumers[c.cid] = c
+        self.local_consumers[c.ref] = c
+        self.cluster.consumers[c.ref] = c
 
     def remove_consumer(self, c: Any) -> bool:
-        if self.local_consumers.pop(c.cid, None) is None:
+        if self.local_consumers.pop(c.ref, None) is None:
             return False
-        self.cluster.consumers.pop(c.cid, None)
-        self.cluster.cancelled(c.cid, self.home_node, self.vhost, self.name)
+        self.cluster.consumers.pop(c.ref, None)
+        self.cluster.cancelled(c.ref, self.home_node, self.vhost, self.name)
         self.flush()  # acks before the cancel
-        self.cluster.send(self.home_node, ["X", c.cid])
+        self.cluster.send(self.home_node, ["X", c.ref])
         return True
 
     def consumers(self) -> list[Any]:

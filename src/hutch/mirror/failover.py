@@ -67,8 +67,8 @@ class Failover:
         side = self.side
         cur.deleted = True
         for c in list(cur.local_consumers.values()):
-            cur.local_consumers.pop(c.cid, None)
-            side.consumers.pop(c.cid, None)
+            cur.local_consumers.pop(c.ref, None)
+            side.consumers.pop(c.ref, None)
             side.forget_unacked(c.channel, cur)
             if cancel_on_failover(c.arguments) or c.channel.closed:
                 side.cancel_consumer(c)
@@ -85,8 +85,8 @@ class Failover:
         for c in list(q.local_consumers.values()):
             side.forget_unacked(c.channel, q)
             if cancel_on_failover(c.arguments) or c.channel.closed:
-                q.local_consumers.pop(c.cid, None)
-                side.consumers.pop(c.cid, None)
+                q.local_consumers.pop(c.ref, None)
+                side.consumers.pop(c.ref, None)
                 side.cancel_consumer(c)
                 continue
             self.reattach(q, c)
@@ -105,11 +105,11 @@ class Failover:
                 self._due.append((self.now_s() + REATTACH_DELAY_S, q, c, tries + 1))
                 return
             if result is None or result[0] != 200:
-                if q.local_consumers.pop(c.cid, None) is not None:
-                    side.consumers.pop(c.cid, None)
+                if q.local_consumers.pop(c.ref, None) is not None:
+                    side.consumers.pop(c.ref, None)
                     side.cancel_consumer(c)
-        side.expect_reply(c.cid, q.home_node, answered)
-        side.send(q.home_node, ["C", c.cid, q.vhost, q.name, c.tag, c.no_ack, c.exclusive, c.priority, c.prefetch,
+        side.expect_reply(c.ref, q.home_node, answered)
+        side.send(q.home_node, ["C", c.ref, q.vhost, q.name, c.tag, c.no_ack, c.exclusive, c.priority, c.prefetch,
                                 c.arguments])
 
     def peer_up(self, peer: str) -> None:
@@ -124,5 +124,5 @@ class Failover:
             for at, q, c, tries in due:
                 if at > now_s:
                     self._due.append((at, q, c, tries))
-                elif self.side.consumers.get(c.cid) is c:
+                elif self.side.consumers.get(c.ref) is c:
                     self.reattach(q, c, tries)

@@ -150,15 +150,15 @@ class QuorumQueue:
 
     # -- consumers on this node
     def add_consumer(self, c: Any) -> None:
-        self.local_consumers[c.consumer_id] = c
-        self.host.consumers[c.consumer_id] = c
+        self.local_consumers[c.ref] = c
+        self.host.consumers[c.ref] = c
 
     def remove_consumer(self, c: Any) -> bool:
-        if self.local_consumers.pop(c.consumer_id, None) is None:
+        if self.local_consumers.pop(c.ref, None) is None:
             return False
-        self.host.consumers.pop(c.consumer_id, None)
+        self.host.consumers.pop(c.ref, None)
         self.flush()
-        self.host.propose(self, fifo.Cancel(c.consumer_id, requeue=c.channel.closed,
+        self.host.propose(self, fifo.Cancel(c.ref, requeue=c.channel.closed,
                                             now_ms=self.host.now_ms()))
         return True
 

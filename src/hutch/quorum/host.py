@@ -250,8 +250,8 @@ class QuorumHost:
         q.deleted = True
         self.queues.pop(q.gid, None)
         for c in list(q.local_consumers.values()):
-            q.local_consumers.pop(c.consumer_id, None)
-            self.consumers.pop(c.consumer_id, None)
+            q.local_consumers.pop(c.ref, None)
+            self.consumers.pop(c.ref, None)
             self.port.cancel_local(c)
         if self.raft is not None and self.peers.node in q.members:
             self.raft.drop_group(q.gid)
@@ -578,7 +578,7 @@ class QuorumHost:
             elif t is ConsumerEnded:
                 c = self.consumers.pop(item.consumer_id, None)
                 if c is not None:
-                    c.queue.local_consumers.pop(c.consumer_id, None)
+                    c.queue.local_consumers.pop(c.ref, None)
                     self.port.cancel_local(c)
         self.port.schedule()
 
