@@ -13,9 +13,9 @@ Consumers are the broker's objects; the queue needs only `can_take()` and
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Protocol
 
+from hutch.queues.dispatch import PriorityRings
 from hutch.queues.handle import CLASSIC, Figures
 from hutch.queues.message import Message
 from hutch.queues.state import Entry, QueueLimits, QueueState, Refused
@@ -34,7 +34,7 @@ class Consumer(Protocol):
 
 class ClassicQueue:
     __slots__ = ("name", "vhost", "durable", "auto_delete", "exclusive_owner", "arguments", "state",
-                 "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
+                 "_rings", "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
                  "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
                  "deleted", "home_node", "_registered", "mstats", "dispatch_blocked",
                  "flow_waiters", "journal_id", "last_dispatch_ms", "mirror", "policy_settings")
@@ -52,7 +52,8 @@ class ClassicQueue:
         self.exclusive_owner = exclusive_owner
         self.arguments = arguments or {}
         self.state = QueueState(limits)
-        self._groups: list[tuple[int, deque]] = []  # (priority, consumers), highest priority first
+        self._rings = PriorityRings()  # competing consumers (hutch.queues.dispatch)
+        self._groups = self._rings.groups  # the same list, read directly on the delivery path
         self._registered: list[Any] = []  # consumers in the order they registered
         self.consumer_count = 0
         self.single_active = single_active
@@ -90,36 +91,25 @@ class ClassicQueue:
     # ---------------------------------------------------------------- consumers
 
     def consumers(self) -> list[Any]:
-        return [c for _p, group in self._groups for c in group]
+        return list(self._rings)
 
     def has_exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.consumers())
 
     def add_consumer(self, consumer: Consumer) -> None:
-        for prio, group in self._groups:
-            if prio == consumer.priority:
-                group.append(consumer)
-                break
-        else:
-            self._groups.append((consumer.priority, deque([consumer])))
-            self._groups.sort(key=lambda g: -g[0])
+        self._rings.add(consumer.priority, consumer)
         self._registered.append(consumer)
         self.consumer_count += 1
         self.ever_consumed = True
 
     def remove_consumer(self, consumer: Consumer) -> bool:
         """Detach a consumer. True if it was attached."""
-        for i, (_prio, group) in enumerate(self._groups):
-            try:
-                group.remove(consumer)
-            except ValueError:
-                continue
-            if not group:
-                del self._groups[i]
-            self._registered.remove(consumer)
-            self.consumer_count -= 1
-            return True
-        return False
+        if not self._rings.remove(consumer):
+            return False
+        self._registered.remove(consumer)
+        self.consumer_count -= 1
+        assert self.consumer_count >= 0, "more consumers removed than added"
+        return True
 
     def active_consumer(self) -> Any | None:
         """With single-active-consumer: the one consumer that receives."""
@@ -150,7 +140,7 @@ class ClassicQueue:
         if self.single_active:
             c = self.active_consumer()
             return c if c is not None and c.can_take() else None
-        for _prio, group in self._groups:
+        for _prio, group in self._groups:  # PriorityRings.next, inlined: it runs per delivery
             for _ in range(len(group)):
                 c = group[0]
                 group.rotate(-1)

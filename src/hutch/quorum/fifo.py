@@ -40,6 +40,7 @@ from collections import deque
 
 import msgspec
 
+from hutch.queues.dispatch import PriorityRings
 from hutch.queues.message import Message
 from hutch.queues.state import DROP_HEAD, REJECT_PUBLISH, REJECT_PUBLISH_DLX, Entry, QueueLimits, QueueState
 
@@ -440,7 +441,7 @@ class QuorumQueueState:
         self.config = config or QuorumConfig()
         self.queue = QueueState(_limits(self.config))
         self.consumers: dict[str, _Consumer] = {}  # registration order (the single-active queue)
-        self._groups: list[tuple[int, deque[str]]] = []  # competing consumers that are UP: (priority, ring)
+        self._rings = PriorityRings()  # competing consumers that are UP, by id (hutch.queues.dispatch)
         self.active_id: str | None = None  # single active consumer
         self.next_msg_id = 1
         self.dlx_pending: dict[int, Entry] = {}  # at-least-once dead letters owed, by seq
@@ -678,7 +679,7 @@ class QuorumQueueState:
         effects.append(Deleted(self.queue.ready_count))
         self.queue = QueueState(_limits(self.config))
         self.consumers.clear()
-        self._groups.clear()
+        self._rings.clear()
         self.active_id = None
         self.dlx_pending.clear()
         self.dlx_bytes = 0
@@ -692,24 +693,14 @@ class QuorumQueueState:
         if self.config.single_active:
             self._elect(effects)
             return
-        for prio, ring in self._groups:
-            if prio == c.priority:
-                ring.append(c.consumer_id)
-                return
-        self._groups.append((c.priority, deque([c.consumer_id])))
-        self._groups.sort(key=lambda g: -g[0])
+        self._rings.add(c.priority, c.consumer_id)
 
     def _unserve(self, c: _Consumer) -> None:
         if self.config.single_active:
             if self.active_id == c.consumer_id:
                 self.active_id = None
             return
-        for i, (_prio, ring) in enumerate(self._groups):
-            if c.consumer_id in ring:
-                ring.remove(c.consumer_id)
-                if not ring:
-                    del self._groups[i]
-                return
+        self._rings.remove(c.consumer_id)
 
     def _elect(self, effects: list[Effect]) -> None:
         """Single active consumer: when there is none, the longest-waiting UP consumer takes over."""
@@ -725,13 +716,11 @@ class QuorumQueueState:
         if self.config.single_active:
             c = self.consumers.get(self.active_id) if self.active_id is not None else None
             return c if c is not None and c.can_take() else None
-        for _prio, ring in self._groups:
-            for _ in range(len(ring)):
-                c = self.consumers[ring[0]]
-                ring.rotate(-1)
-                if c.can_take():
-                    return c
-        return None
+        cid = self._rings.next(self._id_can_take)
+        return self.consumers[cid] if cid is not None else None
+
+    def _id_can_take(self, consumer_id: str) -> bool:
+        return self.consumers[consumer_id].can_take()
 
     def _dispatch(self, effects: list[Effect]) -> None:
         """Expire heads, then hand ready messages to consumers that can take them: highest
@@ -886,7 +875,7 @@ class QuorumQueueState:
         ready = list(q.ready())
         assert len(ready) == q.ready_count and sum(len(e.message.body) for e in ready) == q.ready_bytes
         assert self.dlx_bytes == sum(len(e.message.body) for e in self.dlx_pending.values())
-        ringed = [cid for _p, ring in self._groups for cid in ring]
+        ringed = list(self._rings)
         assert len(ringed) == len(set(ringed))
         for c in self.consumers.values():
             assert (c.consumer_id in ringed) == (c.status == UP and not self.config.single_active)
@@ -907,7 +896,7 @@ class QuorumQueueState:
             [_snap_entry(e) for e in held],
             [_SnapConsumer(c.consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, c.status,
                            [(i, s) for i, s in c.checked_out.items()]) for c in self.consumers.values()],
-            [(p, list(ring)) for p, ring in self._groups],
+            self._rings.snapshot(),
             self.active_id, self.next_msg_id,
             [_snap_entry(e) for e in self.dlx_pending.values()],
             [(p, r.last, list(r.rejected), sorted(r.ahead.items())) for p, r in self.publishers.items()],
@@ -940,7 +929,7 @@ class QuorumQueueState:
             c = _Consumer(sc.consumer_id, sc.tag, sc.prefetch, sc.priority, sc.no_ack, sc.status)
             c.checked_out = dict(sc.checked_out)
             self.consumers[c.consumer_id] = c
-        self._groups = [(p, deque(ring)) for p, ring in snap.groups]
+        self._rings = PriorityRings.restore(snap.groups)
         self.active_id = snap.active_id
         self.next_msg_id = snap.next_msg_id
         for s in snap.dlx_pending:
