@@ -52,6 +52,7 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/lint-imports
+	$(BIN)/python tools/import_cycles.py
 
 bench: install
 	$(BIN)/python bench/compare

@@ -38,3 +38,10 @@ def test_imports_inside_functions_and_type_checking_blocks_count(tmp_path):
     graph = {n: t.imports_of(n, p, known) for n, p in known.items()}
     assert graph["hutch.one"] == {"hutch.two"} and graph["hutch.two"] == {"hutch.one"}
     assert t.cycles(graph) == [["hutch.one", "hutch.two"]]
+
+
+def test_hutch_has_no_import_cycles():
+    t = _tool()
+    known = t.module_files(ROOT / "src", "hutch")
+    graph = {n: t.imports_of(n, p, known) for n, p in known.items()}
+    assert t.cycles(graph) == []
