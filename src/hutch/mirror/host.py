@@ -315,11 +315,20 @@ class MirrorHost:
             return [200, ld.start_sync()]
         return [200, "ok" if ld.cancel_sync() else "not synchronising"]
 
-    def shutdown(self) -> None:
-        """Controlled shutdown: tell the mirrors (ha-promote-on-shutdown applies), then leave."""
-        for ld in list(self.leaders.values()):
+    def announce_shutdown(self) -> None:
+        """The first step of a controlled shutdown: every queue led here tells its mirrors that
+        its leader is stopping on purpose (so ha-promote-on-shutdown, not -on-failure, decides
+        whether one of them is promoted). The caller waits (`after_all_stable`) until the
+        mirrors have it before `shutdown` leaves the rings, or a mirror may see the leader go
+        before it sees why."""
+        for ld in self.leaders.values():
             ld.stopping = True
             ld.send_view()
+
+    def shutdown(self) -> None:
+        """Controlled shutdown: tell the mirrors (ha-promote-on-shutdown applies), then leave."""
+        self.announce_shutdown()
+        for ld in list(self.leaders.values()):
             self.drop_leader(ld)
         for m in list(self.mirrors.values()):
             self.drop_mirror(m)

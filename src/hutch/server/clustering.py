@@ -31,6 +31,7 @@ name without coordination.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -62,6 +63,7 @@ TICK_S = 0.1
 ELECTION_TIMEOUT_TICKS = 10  # a follower that hears no leader for a second stands for election
 HEARTBEAT_INTERVAL_TICKS = 1
 BOOT_POLL_S = 0.005  # while booting: how often the catalogue's progress is checked
+SHUTDOWN_ANNOUNCE_WAIT_S = 2.0  # a controlled stop waits this long for mirrors to hear of it
 STOP_FLUSH_S = 0.05  # a controlled stop: time for the links to write the goodbyes queued on them
 JOIN_RETRY_S = 1.0  # a joining node asks its seed again until it is a member
 FORGET_RETRY_EVERY_TICKS = 10  # the removal of a forgotten member is proposed again every second
@@ -257,9 +259,18 @@ class ClusterRuntime:
         peers = self.transport.up_peers
         for peer in peers:
             self.transport.send(peer, "rpc", ["leaving"])
-        if self.cluster.mirroring.leaders or self.cluster.mirroring.mirrors:
-            self.cluster.mirroring.shutdown()
-            self.cluster.mirroring.flush()
+        mirroring = self.cluster.mirroring
+        if mirroring.leaders:
+            # every mirror must hold the "stopping" view before this node leaves the rings
+            announced = asyncio.Event()
+            mirroring.announce_shutdown()
+            mirroring.flush()
+            mirroring.after_all_stable(lambda _arg: announced.set(), None)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(announced.wait(), SHUTDOWN_ANNOUNCE_WAIT_S)
+        if mirroring.leaders or mirroring.mirrors:
+            mirroring.shutdown()
+            mirroring.flush()
         if peers:
             await asyncio.sleep(STOP_FLUSH_S)  # the links write what was queued on the next loop turns
         self.stopped = True
