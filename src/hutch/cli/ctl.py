@@ -291,6 +291,12 @@ def set_policy(s: Session, vhost: str, priority: str, apply_to: str, name: str, 
     """Set a policy: NAME PATTERN DEFINITION (a JSON object)."""
     s.info(f'Setting policy "{name}" for pattern "{pattern}" to "{definition}" with priority "{priority}" '
            f'for vhost "{vhost}" ...')
+    _put_policy(s, "policies", vhost, name, pattern, definition, priority, apply_to)
+
+
+def _put_policy(s: Session, kind: str, vhost: str, name: str, pattern: str, definition: str, priority: str,
+                apply_to: str) -> None:
+    """PUT a policy or operator policy (`kind`: the route's word) from the command's text arguments."""
     try:
         parsed = json.loads(definition)
     except ValueError as e:
@@ -299,7 +305,7 @@ def set_policy(s: Session, vhost: str, priority: str, apply_to: str, name: str, 
         prio = int(priority)
     except ValueError:
         raise usage_error(f"priority must be an integer, got {priority!r}") from None
-    s.client.put(f"/api/policies/{q(vhost)}/{q(name)}",
+    s.client.put(f"/api/{kind}/{q(vhost)}/{q(name)}",
                  {"pattern": pattern, "definition": parsed, "priority": prio, "apply-to": apply_to})
 
 
@@ -325,16 +331,7 @@ def set_operator_policy(s: Session, vhost: str, priority: str, apply_to: str, na
     """Set an operator policy (limits that override users' policies): NAME PATTERN DEFINITION."""
     s.info(f'Setting operator policy override "{name}" for pattern "{pattern}" to "{definition}" with priority '
            f'"{priority}" for vhost "{vhost}" ...')
-    try:
-        parsed = json.loads(definition)
-    except ValueError as e:
-        raise CliError(f"could not parse JSON document: {e}", EX_DATAERR) from None
-    try:
-        prio = int(priority)
-    except ValueError:
-        raise usage_error(f"priority must be an integer, got {priority!r}") from None
-    s.client.put(f"/api/operator-policies/{q(vhost)}/{q(name)}",
-                 {"pattern": pattern, "definition": parsed, "priority": prio, "apply-to": apply_to})
+    _put_policy(s, "operator-policies", vhost, name, pattern, definition, priority, apply_to)
 
 
 @command(cli, "clear_operator_policy")

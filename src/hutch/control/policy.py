@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
 from typing import Any
+
+from hutch.queues.effective import HA_KEYS, OPERATOR_POLICY_KEYS, match  # one definition of each
 
 APPLY_TO = ("queues", "exchanges", "all")
 HA_MODES = ("all", "exactly", "nodes")
@@ -33,8 +34,6 @@ OVERFLOW_VALUES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")
 PROMOTE_VALUES = ("always", "when-synced")
 SYNC_MODES = ("manual", "automatic")
-HA_KEYS = ("ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-shutdown",
-           "ha-promote-on-failure")
 POLICY_NAME_MAX = 255
 
 
@@ -128,7 +127,6 @@ _CHECKS: dict[str, Any] = {
     "alternate-exchange": _string("alternate exchange name"),
 }
 POLICY_KEYS = tuple(_CHECKS)
-OPERATOR_POLICY_KEYS = ("expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit")
 
 
 def _check_ha(definition: dict[str, Any]) -> None:
@@ -224,30 +222,5 @@ def validate_policy(vhost: str, name: str, body: Any, operator: bool = False) ->
             "priority": priority}
 
 
-def applies_to(policy: dict[str, Any], kind: str) -> bool:
-    """Does a policy apply to objects of `kind` ('queue' or 'exchange')?"""
-    target = policy.get("apply-to", "all")
-    return target == "all" or target == kind + "s"
-
-
-def match(policies: Iterable[dict[str, Any]], vhost: str, name: str, kind: str) -> dict[str, Any] | None:
-    """The policy that applies to the queue or exchange `name` in `vhost`, or None.
-
-    The highest priority wins; among equal priorities the greatest policy name (RabbitMQ's
-    rule, so the choice never depends on the order policies were stored)."""
-    best = None
-    for p in policies:
-        if p.get("vhost") != vhost or not applies_to(p, kind):
-            continue
-        try:
-            if re.search(p["pattern"], name) is None:
-                continue
-        except re.error:
-            continue
-        if best is None or (p.get("priority", 0), p["name"]) > (best.get("priority", 0), best["name"]):
-            best = p
-    return best
-
-
-__all__ = ["PolicyError", "validate_policy", "validate_definition", "match", "applies_to", "POLICY_KEYS",
+__all__ = ["PolicyError", "validate_policy", "validate_definition", "match", "POLICY_KEYS",
            "OPERATOR_POLICY_KEYS", "HA_KEYS"]
