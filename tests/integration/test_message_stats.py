@@ -9,8 +9,6 @@ the module, sampling every 200 ms; each test works in its own vhost so its figur
 
 from __future__ import annotations
 
-import base64
-import json
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,31 +19,9 @@ import pytest
 
 from tests.integration.helpers import wait_until
 from tests.support.brokers import HutchNode, free_port
+from tests.support.http import Http
 
 INTERVAL_MS = 200
-
-
-class Http:
-    def __init__(self, port: int):
-        self.base = f"http://127.0.0.1:{port}"
-        self.auth = "Basic " + base64.b64encode(b"guest:guest").decode()
-
-    def __call__(self, method: str, path: str, body=None) -> tuple[int, object]:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method)
-        req.add_header("Authorization", self.auth)
-        req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                status, text = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            status, text = e.code, e.read()
-        return status, (json.loads(text) if text.strip() else None)
-
-    def get(self, path: str):
-        status, out = self("GET", path)
-        assert status == 200, (path, status, out)
-        return out
 
 
 @pytest.fixture(scope="module")
