@@ -912,6 +912,13 @@ async def confirm_after_reply(lab: Lab, opts: Options, r: Report) -> None:
             healed_at = (await athread(lab.heal))["ts_ns"] / 1e9
             with contextlib.suppress(ScenarioError):
                 await wait_until(lambda: call.t_confirm, 30, "the confirm after the heal", interval_s=0.01)
+        if healed_at is None:
+            # The confirm can come as soon as hutch-2 declares hutch-3 down and the ring closes
+            # over it; hutch-1's own detector fires within a tick of that. Wait for it before
+            # healing, so the report shows what the leader saw (a heal first would hide it).
+            with contextlib.suppress(ScenarioError):
+                await wait_until(lambda: node_log(n1, t_part, contains=("hutch-3@localhost down",)),
+                                 opts.net_ticktime_s * 2 + 5, "hutch-1 to declare hutch-3 down", interval_s=0.05)
         t_down = [ln.wall for ln in node_log(n1, t_part, contains=("hutch-3@localhost down",))]
         r.kv("request published", f"{call.t_pub - t_part:+.3f} s after the partition")
         r.kv("server received it", s(server_seen[call.corr] - call.t_pub) + " after publishing"
