@@ -181,10 +181,10 @@ def test_requeued_message_goes_to_the_next_consumer_redelivered():
 def test_get_checks_out_or_takes():
     q = ClassicQueue("q", "/")
     fill(q, range(2))
-    e = q.get(no_ack=False)
+    e = q.take_head(no_ack=False)
     assert e.message.id == 0 and q.unacked_count == 1
-    assert q.get(no_ack=True).message.id == 1 and q.unacked_count == 1
-    assert q.get(no_ack=True) is None
+    assert q.take_head(no_ack=True).message.id == 1 and q.unacked_count == 1
+    assert q.take_head(no_ack=True) is None
     assert sum(q.mstats) == 0  # a basic.get is counted by the channel, not the queue
 
 
@@ -206,7 +206,7 @@ def test_publish_refused_by_reject_publish_overflow():
     q = ClassicQueue("q", "/", limits=QueueLimits(max_length=1, overflow=REJECT_PUBLISH))
     assert q.publish(msg(1), 0)[0] is not None
     assert q.publish(msg(2), 0) == (None, [])
-    assert q.message_count == 1 and len(q.purge()) == 1
+    assert q.message_count == 1 and len(q.remove_ready()) == 1
 
 
 @settings(max_examples=200, deadline=None)

@@ -31,7 +31,7 @@ def test_a_classic_queues_figures_follow_its_state():
     assert q.queue_type == "classic"
     for body in (b"a", b"bb", b"ccc"):
         q.publish(Message("", "q", b"\x00\x01q", b"", body), 0)
-    entry = q.get(no_ack=False)
+    entry = q.take_head(no_ack=False)
     f = q.figures()
     assert (f.ready, f.unacked, f.ready_bytes, f.unacked_bytes, f.consumers) == (2, 1, 5, 1, 0)
     assert (f.messages, f.message_bytes) == (3, 6)

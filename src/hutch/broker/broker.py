@@ -490,7 +490,8 @@ class Broker:
                          exclusive_owner=owner if exclusive else None, arguments=dict(arguments), limits=s.limits,
                          single_active=s.single_active, message_ttl_ms=s.message_ttl_ms, expires_ms=s.expires_ms,
                          dead_letter_exchange=s.dead_letter_exchange,
-                         dead_letter_routing_key=s.dead_letter_routing_key, home_node=self.config.node_name)
+                         dead_letter_routing_key=s.dead_letter_routing_key, home_node=self.config.node_name,
+                         host=self)
         q.last_used_ms = self.now_ms()
         vhost.queues[name] = q
         vhost.topology_changed()
@@ -632,7 +633,7 @@ class Broker:
         self.expire_queue(q)
         taken = []
         for _ in range(count):
-            entry = q.get(no_ack=False)
+            entry = q.take_head(no_ack=False)
             if entry is None:
                 break
             self.delivered(q, entry)
@@ -653,7 +654,7 @@ class Broker:
         return taken
 
     def purge_queue(self, q: ClassicQueue) -> int:
-        removed = q.purge()
+        removed = q.remove_ready()
         if q.journal_id and self.journal is not None:
             self.journal.purged(q.journal_id, [e.log_seq for e in removed if e.log_seq])
         return len(removed)
@@ -670,6 +671,10 @@ class Broker:
 
     def queue_used(self, q: ClassicQueue) -> None:
         q.last_used_ms = self.now_ms()
+
+    def consumer_added(self, q: ClassicQueue) -> None:
+        self.dirty_queues.add(q)
+        self.schedule()
 
     def kick_consumers_of(self, channel) -> None:
         for c in channel.consumers.values():

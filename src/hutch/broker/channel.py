@@ -23,6 +23,7 @@ from hutch.amqp.spec import AMQPError, precondition_failed
 from hutch.broker import msgstats
 from hutch.broker.msgstats import DELIVER, DELIVER_NO_ACK, REDELIVER
 from hutch.queues.classic import ClassicQueue
+from hutch.queues.handle import HeldEntry
 from hutch.queues.state import Entry
 
 
@@ -104,20 +105,6 @@ class ChannelConsumer:
         m = entry.message
         ch.session.send_frames(codec.deliver_frames(ch.number, self.ctag_enc, tag, redelivered,
                                                     m.route_enc, m.props, m.body, ch.session.frame_max))
-
-
-class HeldEntry:
-    """An unacknowledged delivery from a queue whose messages live elsewhere (a queue homed on
-    another node, a quorum queue's Raft group), as the channel keeps it: `seq` is the queue's
-    own id for the message, `delivery_count` counts this delivery (1: the first)."""
-
-    __slots__ = ("seq", "log_seq", "delivery_count")
-
-    def __init__(self, seq: int, delivery_count: int):
-        assert delivery_count >= 1, f"delivery {seq}: a delivery count counts this delivery"
-        self.seq = seq
-        self.log_seq = 0  # never in this node's journal
-        self.delivery_count = delivery_count
 
 
 class Channel:

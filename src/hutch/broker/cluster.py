@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp import codec, spec
 from hutch.broker import msgstats
 from hutch.broker.broker import priority_and_expiration
-from hutch.broker.channel import Channel, ChannelConsumer, HeldEntry
+from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.exchanges import EXCHANGE, QUEUE
 from hutch.broker.quorumq import BrokerQuorumPort
 from hutch.broker.topology import NODE_PARAM, Topology
@@ -51,6 +51,7 @@ from hutch.cluster.remote import ProxyConsumer, RemoteQueue, home_down
 from hutch.mirror.failover import Failover
 from hutch.mirror.host import MirrorHost
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
+from hutch.queues.handle import PENDING
 from hutch.queues.message import Message
 from hutch.quorum.host import QuorumHost
 
@@ -81,20 +82,6 @@ class _Stale:
 
 
 STALE = _Stale()
-
-
-def RemoteEntry(seq: int, redelivered: bool) -> HeldEntry:  # noqa: N802 - read as the entry it makes
-    """A basic.get's answer from a queue on another node, as the channel keeps it (the home
-    node says only whether it was delivered before)."""
-    return HeldEntry(seq, 2 if redelivered else 1)
-
-
-def RemoteConsumer(cid: int, tag: str, queue: RemoteQueue, channel: Channel, no_ack: bool,  # noqa: N802
-                   exclusive: bool, priority: int, prefetch: int, arguments: dict) -> ChannelConsumer:
-    """A basic.consume on a queue homed elsewhere, on the consuming node: the home node's
-    stand-in for it (`ProxyConsumer`) is what its queue dispatches to; `ref` is the id both
-    nodes know it by."""
-    return ChannelConsumer(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments, ref=cid)
 
 
 class ClusterBroker:
@@ -605,25 +592,25 @@ class ClusterBroker:
             result = [200, q.message_count, q.consumer_count]
         elif kind == "purge":
             result = [200, b.purge_queue(q)]
-        elif kind in ("get", "take") and q.mirror is not None and q.mirror.syncing:
+        elif kind == "take" and q.mirror is not None and q.mirror.syncing:
             # a synchronising queue answers nothing else until it is done (seed 000)
             q.mirror.after_sync(lambda _r: self._on_call(origin, rid, kind, args))
             return
         elif kind == "get":
             no_ack = args[2]
-            b.queue_used(q)
-            b.expire_queue(q)
-            entry = q.get(no_ack)
-            if entry is None:
-                result = [200, None]
-            else:
-                if no_ack:
-                    b.settled(q, entry)
-                else:
-                    self.get_inflight.setdefault(origin, []).append((q, entry.seq))
-                    b.delivered(q, entry)
-                m = entry.message
-                result = [200, [entry.seq, entry.delivery_count > 1, m.route_enc, q.message_count, m.props, m.body]]
+
+            def answer(got) -> None:
+                if got is None:
+                    self.send(origin, ["RR", rid, [200, None]])
+                    return
+                if not no_ack:
+                    self.get_inflight.setdefault(origin, []).append((q, got.entry.seq))
+                self.send(origin, ["RR", rid, [200, [got.entry.seq, got.redelivered, got.route, got.message_count,
+                                                     got.props, got.body]]])
+            got = q.get(no_ack, answer)
+            if got is not PENDING:
+                answer(got)
+            return
         elif kind == "take":  # the management API's get: [count, requeue, reject]
             taken = b.take_messages(q, args[2], args[3], args[4])
             result = [200, [[e.message.exchange, e.message.routing_key, e.message.props, e.message.body,
@@ -794,5 +781,5 @@ def _ignore(_result: cat.Result) -> None:
     return None
 
 
-__all__ = ["ClusterBroker", "RemoteQueue", "RemoteConsumer", "ProxyConsumer", "home_down", "EXCHANGE", "QUEUE", "NODE_PARAM",
+__all__ = ["ClusterBroker", "RemoteQueue", "ProxyConsumer", "home_down", "EXCHANGE", "QUEUE", "NODE_PARAM",
            "INIT_PARAM"]

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from hutch.amqp import spec
-from hutch.amqp.spec import AMQPError
 from hutch.broker import msgstats
 from hutch.broker.channel import ChannelConsumer
 from hutch.cluster import catalogue as cat
@@ -36,13 +34,6 @@ class ClusterSide(Protocol):
     def _cancel_local(self, c: Any) -> None: ...
 
 DEFAULT_GROUP_SIZE = placement.DEFAULT_GROUP_SIZE
-
-
-def QuorumConsumer(consumer_id: str, tag: str, queue: QuorumQueue, channel: Any, no_ack: bool,  # noqa: N802
-                   exclusive: bool, priority: int, prefetch: int, arguments: dict) -> ChannelConsumer:
-    """A basic.consume on a quorum queue, on the consumer's node; `ref` is the id the queue's
-    state machine knows it by."""
-    return ChannelConsumer(tag, queue, channel, no_ack, exclusive, priority, prefetch, arguments, ref=consumer_id)
 
 
 class BrokerQuorumPort:
@@ -90,10 +81,6 @@ class BrokerQuorumPort:
         # the state machine's delivery_count counts earlier deliveries; the channel's this one too
         ch.deliver_held(c, q, msg_id, delivery_count + 1, redelivered, route, props, body)
         self.cl.output(ch.session)
-
-
-def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:
-    return AMQPError(spec.NOT_IMPLEMENTED, f"queue '{q.name}' in vhost '{q.vhost}' does not support global qos")
 
 
 def place_members(cl: ClusterSide, args: dict, name: str, vhost: str) -> tuple[str, tuple[str, ...]]:

@@ -23,8 +23,6 @@ from hutch.broker import arguments as qargs
 from hutch.broker import msgstats
 from hutch.broker import operations as ops
 from hutch.broker.channel import Channel, ChannelConsumer
-from hutch.broker.cluster import RemoteConsumer, RemoteEntry
-from hutch.broker.cluster import home_down as cluster_home_down
 from hutch.broker.exchanges import EXCHANGE, QUEUE, Exchange
 from hutch.broker.msgstats import (
     DROP_UNROUTABLE,
@@ -35,11 +33,9 @@ from hutch.broker.msgstats import (
     X_PUBLISH_OUT,
     X_RETURN_UNROUTABLE,
 )
-from hutch.broker.quorumq import QuorumConsumer
-from hutch.broker.quorumq import not_implemented_global_qos as quorum_global_qos
 from hutch.cluster import catalogue as cat
+from hutch.queues.handle import PENDING, Got
 from hutch.queues.message import Message
-from hutch.quorum import fifo
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker
@@ -210,6 +206,31 @@ class Session:
         resume = self.park(ch, m)
         start(lambda answer: resume(finish, answer))
 
+    def ask(self, ch: Channel, m, call, finish) -> None:
+        """`call(reply)` one of a queue's client operations (hutch.queues.handle) and finish the
+        method with `finish(answer)`: at once when the queue answers at once, else with the
+        connection parked until it does. An answer that is an exception fails the method."""
+        early: list = []
+        resume = None
+
+        def reply(answer) -> None:
+            if resume is None:
+                early.append(answer)
+            else:
+                resume(_finish, answer)
+
+        def _finish(answer) -> None:
+            if isinstance(answer, Exception):
+                raise answer
+            finish(answer)
+        answer = call(reply)
+        if answer is PENDING:
+            if not early:
+                resume = self.park(ch, m)
+                return
+            answer = early[0]
+        _finish(answer)
+
     def catalogue_change(self, ch: Channel, m, cmd: cat.Command, done) -> None:
         """Propose a catalogue change; done(result) runs once this node has applied it."""
         def finish(res: cat.Result) -> None:
@@ -217,12 +238,6 @@ class Session:
                 raise AMQPError(res.code, res.text)
             done(res)
         self.wait_for(ch, m, lambda reply: self.broker.cluster.submit(cmd, reply), finish)
-
-    def remote_call(self, ch: Channel, m, q, kind: str, args: list, done) -> None:
-        """Ask a queue's home node; done(result) with its answer (a 404 if it is down)."""
-        q.check_up()
-        self.wait_for(ch, m, lambda reply: self.broker.cluster.call(q.home_node, kind, [q.vhost, q.name, *args], reply),
-                      lambda result: done(_home_answer(q, result)))
 
     def handle(self, ev: events.Event) -> None:
         t = type(ev)
@@ -586,13 +601,8 @@ class Session:
 
     def _declare_ok(self, ch: Channel, m, q) -> None:
         """queue.declare-ok with the queue's counts (asked of its home node when that is another)."""
-        if q.remote and not q.quorum:
-            self.remote_call(ch, m, q, "stat", [], lambda r: m.nowait or self.send_method(
-                ch.number, commands.Queue.DeclareOk(queue=q.name, message_count=r[1], consumer_count=r[2])))
-            return
-        if not m.nowait:
-            self.send_method(ch.number, commands.Queue.DeclareOk(queue=q.name, message_count=q.message_count,
-                                                                 consumer_count=q.consumer_count))
+        self.ask(ch, m, q.stat, lambda r: m.nowait or self.send_method(
+            ch.number, commands.Queue.DeclareOk(queue=q.name, message_count=r[0], consumer_count=r[1])))
 
     def _declare_new(self, ch: Channel, m, name: str, cmd: cat.DeclareQueue) -> None:
         """A new queue: its record goes through the catalogue (the home node chosen here)."""
@@ -620,17 +630,8 @@ class Session:
 
     def queue_purge(self, ch: Channel, m) -> None:
         q = ops.queue_to_purge(self.broker, self.vhost, self.user, self._queue_name(ch, m.queue), self)
-        if q.quorum:
-            self.quorum_call(ch, m, q, fifo.Purge(self.broker.now_ms()), lambda r: m.nowait or self.send_method(
-                ch.number, commands.Queue.PurgeOk(message_count=r[1])))
-            return
-        if q.remote:
-            self.remote_call(ch, m, q, "purge", [], lambda r: m.nowait or self.send_method(
-                ch.number, commands.Queue.PurgeOk(message_count=r[1])))
-            return
-        count = self.broker.purge_queue(q)
-        if not m.nowait:
-            self.send_method(ch.number, commands.Queue.PurgeOk(message_count=count))
+        self.ask(ch, m, q.purge, lambda count: m.nowait or self.send_method(
+            ch.number, commands.Queue.PurgeOk(message_count=count)))
 
     def queue_delete(self, ch: Channel, m) -> None:
         vhost = self.vhost
@@ -694,73 +695,18 @@ class Session:
             raise AMQPError(spec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         if q.has_exclusive_consumer() or (m.exclusive and q.consumer_count):
             raise access_refused(f"queue '{q.name}' in vhost '{vhost.name}' in exclusive use")
-        args = m.arguments or {}
-        priority = qargs.consumer_priority(args)
-        if q.quorum:
-            self._consume_quorum(ch, m, q, tag, priority, dict(args))
-            return
-        if q.remote:
-            self._consume_remote(ch, m, q, tag, priority, dict(args))
-            return
-        c = ChannelConsumer(tag, q, ch, bool(m.no_ack), bool(m.exclusive), priority, ch.prefetch, args)
-        if not m.nowait:
-            self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
-        ch.add_consumer(c)
-        self.broker.dirty_queues.add(q)
-        self.broker.schedule()
+        args = dict(m.arguments or {})
+        c = ChannelConsumer(tag, q, ch, bool(m.no_ack), bool(m.exclusive), qargs.consumer_priority(args), ch.prefetch,
+                            args)
 
-    def _consume_quorum(self, ch: Channel, m, q, tag: str, priority: int, args: dict) -> None:
-        if ch.global_prefetch:
-            raise quorum_global_qos(q)  # as RabbitMQ 3.10: a connection error
-        cl = self.broker.cluster
-        consumer_id = cl.quorum.owner_id()
-        c = QuorumConsumer(consumer_id, tag, q, ch, bool(m.no_ack), bool(m.exclusive), priority, ch.prefetch, args)
-        q.add_consumer(c)  # deliveries may follow the commit before the answer does
-
-        def done(_r) -> None:
+        def attached(_none) -> None:
             if ch.closed or q.deleted:
                 q.remove_consumer(c)
                 return
             if not m.nowait:
                 self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
             ch.consumers[tag] = c
-        self.quorum_call(ch, m, q, fifo.Checkout(consumer_id, tag, c.prefetch, priority, c.no_ack,
-                                                 self.broker.now_ms()), done, undo=lambda: q.remove_consumer(c))
-
-    def quorum_call(self, ch: Channel, m, q, cmd, done, undo=None) -> None:
-        """Propose a command to a quorum queue's leader and finish the method with its answer;
-        541 when no leader answers within metadata_timeout_ms."""
-        def finish(result) -> None:
-            if result is None:
-                if undo is not None:
-                    undo()
-                raise AMQPError(spec.INTERNAL_ERROR, f"timed out waiting for a leader of queue '{q.name}' in "
-                                                     f"vhost '{q.vhost}': no majority of its members "
-                                                     f"({', '.join(q.members)}) is reachable")
-            done(result)
-        self.wait_for(ch, m, lambda reply: self.broker.cluster.quorum.propose(q, cmd, reply), finish)
-
-    def _consume_remote(self, ch: Channel, m, q, tag: str, priority: int, args: dict) -> None:
-        cl = self.broker.cluster
-        q.check_up()
-        cid = cl.new_id()
-        c = RemoteConsumer(cid, tag, q, ch, bool(m.no_ack), bool(m.exclusive), priority, ch.prefetch, args)
-
-        def finish(result) -> None:
-            _home_answer(q, result)
-            if ch.closed or q.deleted:
-                cl.send(q.home_node, ["X", cid])
-                return
-            if not m.nowait:
-                self.send_method(ch.number, commands.Basic.ConsumeOk(consumer_tag=tag))
-            ch.consumers[tag] = c
-            q.add_consumer(c)
-
-        def start(reply) -> None:
-            cl.expect_reply(cid, q.home_node, reply)
-            cl.send(q.home_node, ["C", cid, q.vhost, q.name, tag, c.no_ack, c.exclusive, priority, c.prefetch,
-                                  args])
-        self.wait_for(ch, m, start, finish)
+        self.ask(ch, m, lambda reply: q.consume(c, reply), attached)
 
     def basic_cancel(self, ch: Channel, m) -> None:
         if ch.reply_token is not None and m.consumer_tag == ch.reply_tag:
@@ -773,54 +719,23 @@ class Session:
 
     def basic_get(self, ch: Channel, m) -> None:
         q = ops.queue_to_purge(self.broker, self.vhost, self.user, self._queue_name(ch, m.queue), self)
-        if q.quorum:
-            cl = self.broker.cluster
-            requester = cl.quorum.owner_id()
-            self.quorum_call(ch, m, q, fifo.Get(requester, bool(m.no_ack), self.broker.now_ms()),
-                             lambda r: self._got_remote(ch, m, q, cl.quorum.got(q, requester, r, bool(m.no_ack))))
-            return
-        if q.remote:
-            self.remote_call(ch, m, q, "get", [bool(m.no_ack)], lambda r: self._got_remote(ch, m, q, r[1]))
-            return
-        if q.mirror is not None and q.mirror.syncing:  # answered once the sync is done (seed 000)
-            self.wait_for(ch, m, q.mirror.after_sync, lambda _r: self.basic_get(ch, m))
-            return
-        self.broker.queue_used(q)
-        self.broker.expire_queue(q)
-        entry = q.get(bool(m.no_ack))
-        if entry is None:
-            ch.mstats[msgstats.GET_EMPTY] += 1
-            q.mstats[msgstats.GET_EMPTY] += 1
-            self.send_method(ch.number, commands.Basic.GetEmpty())
-            return
-        msgstats.count_get(ch.mstats, q.mstats, bool(m.no_ack), entry.delivery_count > 1)
-        ch.delivery_tag += 1
-        tag = ch.delivery_tag
-        if not m.no_ack:
-            ch.unacked[tag] = (q, entry, None)
-            self.broker.delivered(q, entry)
-        msg = entry.message
-        self.send_frames(codec.get_ok_frames(ch.number, tag, entry.delivery_count > 1, msg.route_enc,
-                                             q.message_count, msg.props, msg.body, self.frame_max))
-        if m.no_ack:
-            self.broker.settled(q, entry)
+        no_ack = bool(m.no_ack)
+        self.ask(ch, m, lambda reply: q.get(no_ack, reply), lambda got: self._get_ok(ch, q, no_ack, got))
 
-    def _got_remote(self, ch: Channel, m, q, got) -> None:
+    def _get_ok(self, ch: Channel, q, no_ack: bool, got: Got | None) -> None:
+        """get-ok (or get-empty) for a basic.get's answer, whatever the queue's type."""
         if got is None:
             ch.mstats[msgstats.GET_EMPTY] += 1
             q.mstats[msgstats.GET_EMPTY] += 1
             self.send_method(ch.number, commands.Basic.GetEmpty())
             return
-        if q.quorum:
-            seq, _delivery_count, redelivered, route, count, props, body = got
-        else:
-            seq, redelivered, route, count, props, body = got
-        msgstats.count_get(ch.mstats, q.mstats, bool(m.no_ack), redelivered)
+        msgstats.count_get(ch.mstats, q.mstats, no_ack, got.redelivered)
         ch.delivery_tag += 1
         tag = ch.delivery_tag
-        if not m.no_ack:
-            ch.unacked[tag] = (q, RemoteEntry(seq, redelivered), None)
-        self.send_frames(codec.get_ok_frames(ch.number, tag, redelivered, route, count, props, body, self.frame_max))
+        if not no_ack:
+            ch.unacked[tag] = (q, got.entry, None)
+        self.send_frames(codec.get_ok_frames(ch.number, tag, got.redelivered, got.route, got.message_count,
+                                             got.props, got.body, self.frame_max))
 
     def basic_recover(self, ch: Channel, m) -> None:
         if not m.requeue:
@@ -887,15 +802,6 @@ class Session:
 
     def access_request(self, ch: Channel, m) -> None:
         self.send_method(ch.number, commands.Access.RequestOk())
-
-
-def _home_answer(q, result):
-    """A queue's home node answered (None: it went down): the answer, or the error it carries."""
-    if result is None:
-        raise cluster_home_down(q)
-    if result[0] != 200:
-        raise AMQPError(result[0], result[1])
-    return result
 
 
 def _method_name(err: AMQPError) -> str:

@@ -15,12 +15,13 @@ client's connection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from hutch.amqp import spec
 from hutch.amqp.spec import AMQPError
 from hutch.cluster import catalogue as cat
-from hutch.queues.handle import CLASSIC, Figures
+from hutch.queues.handle import CLASSIC, PENDING, Figures, Got, HeldEntry
 
 CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
 
@@ -36,6 +37,9 @@ class RemoteSide(Protocol):
     def cancelled(self, cid: int, home: str, vhost: str, qname: str) -> None: ...
     def queue_delivery(self, origin: str, cid: int, item: list) -> None: ...
     def new_stats(self) -> list[int]: ...
+    def new_id(self) -> int: ...
+    def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None: ...
+    def expect_reply(self, rid: int, peer: str, callback: Callable[[Any], None]) -> None: ...
 
 
 def home_down(q) -> AMQPError:
@@ -150,6 +154,60 @@ class RemoteQueue:
     def dispatch(self) -> int:
         self.flush()
         return 0
+
+    # -- client operations (hutch.queues.handle): asked of the home node
+    def _answer(self, result: Any) -> Any:
+        """The home node's answer (None: it went down) as a result, or the error it carries."""
+        if result is None:
+            return home_down(self)
+        if result[0] != 200:
+            return AMQPError(result[0], result[1])
+        return result
+
+    def _call(self, kind: str, args: list, reply: Callable[[Any], None], answer: Callable[[list], Any]) -> Any:
+        self.check_up()
+
+        def got(result: Any) -> None:
+            r = self._answer(result)
+            reply(r if isinstance(r, Exception) else answer(r))
+        self.cluster.call(self.home_node, kind, [self.vhost, self.name, *args], got)
+        return PENDING
+
+    def stat(self, reply: Callable[[Any], None]) -> Any:
+        return self._call("stat", [], reply, lambda r: (r[1], r[2]))
+
+    def purge(self, reply: Callable[[Any], None]) -> Any:
+        return self._call("purge", [], reply, lambda r: r[1])
+
+    def get(self, no_ack: bool, reply: Callable[[Any], None]) -> Any:
+        return self._call("get", [no_ack], reply, _got)
+
+    def consume(self, c: Any, reply: Callable[[Any], None]) -> Any:
+        """The home node attaches a `ProxyConsumer` for `c`; `c.ref` is the id both know it by."""
+        self.check_up()
+        cl = self.cluster
+        c.ref = cid = cl.new_id()
+
+        def answered(result: Any) -> None:
+            r = self._answer(result)
+            if not isinstance(r, Exception):
+                self.add_consumer(c)
+                r = None
+            reply(r)
+        cl.expect_reply(cid, self.home_node, answered)
+        cl.send(self.home_node, ["C", cid, self.vhost, self.name, c.tag, c.no_ack, c.exclusive, c.priority,
+                                 c.prefetch, c.arguments])
+        return PENDING
+
+
+def _got(result: list) -> Got | None:
+    """A home node's answer to a get: [200, None] or [200, [seq, redelivered, route, count,
+    props, body]] (it says only whether the message was delivered before)."""
+    item = result[1]
+    if item is None:
+        return None
+    seq, redelivered, route, count, props, body = item
+    return Got(HeldEntry(seq, 2 if redelivered else 1), redelivered, route, props, body, count)
 
 
 class ProxyConsumer:

@@ -186,7 +186,7 @@ async def _move_classic(broker, src, dst, timeout_s: float) -> int:
     seq = 0
     while True:
         while len(inflight) < WINDOW:
-            e = src.get(no_ack=False)
+            e = src.take_head(no_ack=False)
             if e is None:
                 break
             seq += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from hutch.queues.dispatch import PriorityRings
-from hutch.queues.handle import CLASSIC, Figures
+from hutch.queues.handle import CLASSIC, PENDING, Figures, Got
 from hutch.queues.message import Message
 from hutch.queues.state import Entry, QueueLimits, QueueState, Refused
 
@@ -32,19 +32,32 @@ class Consumer(Protocol):
     def deliver(self, queue: ClassicQueue, entry: Entry) -> None: ...
 
 
+class ClassicHost(Protocol):
+    """What a classic queue's client operations need of the node that holds it
+    (`hutch.broker.broker.Broker`): its journal, its clock and its loop."""
+
+    def purge_queue(self, q: ClassicQueue) -> int: ...
+    def queue_used(self, q: ClassicQueue) -> None: ...
+    def expire_queue(self, q: ClassicQueue) -> None: ...
+    def delivered(self, q: ClassicQueue, entry: Entry) -> None: ...
+    def settled(self, q: ClassicQueue, entry: Entry) -> None: ...
+    def consumer_added(self, q: ClassicQueue) -> None: ...
+
+
 class ClassicQueue:
     __slots__ = ("name", "vhost", "durable", "auto_delete", "exclusive_owner", "arguments", "state",
                  "_rings", "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
                  "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
                  "deleted", "home_node", "_registered", "mstats", "dispatch_blocked",
-                 "flow_waiters", "journal_id", "last_dispatch_ms", "mirror", "policy_settings")
+                 "flow_waiters", "journal_id", "last_dispatch_ms", "mirror", "policy_settings", "host")
 
     def __init__(self, name: str, vhost: str, *, durable: bool = False, auto_delete: bool = False,
                  exclusive_owner: Any = None, arguments: dict[str, Any] | None = None,
                  limits: QueueLimits | None = None, single_active: bool = False,
                  message_ttl_ms: int | None = None, expires_ms: int | None = None,
                  dead_letter_exchange: str | None = None, dead_letter_routing_key: str | None = None,
-                 home_node: str = ""):
+                 home_node: str = "", host: ClassicHost | None = None):
+        self.host = host  # the client operations' way to the node (unit tests of the queue alone: None)
         self.name = name
         self.vhost = vhost
         self.durable = durable
@@ -117,6 +130,39 @@ class ClassicQueue:
             return self._registered[0]
         return None
 
+    # ---------------------------------------------------------------- client operations (hutch.queues.handle)
+
+    def stat(self, reply: Any) -> tuple[int, int]:
+        return self.state.ready_count, self.consumer_count
+
+    def purge(self, reply: Any) -> int:
+        return self.host.purge_queue(self)
+
+    def get(self, no_ack: bool, reply: Any) -> Any:
+        mirror = self.mirror
+        if mirror is not None and mirror.syncing:  # answered once the sync is done (seed 000)
+            mirror.after_sync(lambda _r: reply(self._get_now(no_ack)))
+            return PENDING
+        return self._get_now(no_ack)
+
+    def _get_now(self, no_ack: bool) -> Got | None:
+        host = self.host
+        host.queue_used(self)
+        host.expire_queue(self)
+        entry = self.take_head(no_ack)
+        if entry is None:
+            return None
+        if no_ack:
+            host.settled(self, entry)
+        else:
+            host.delivered(self, entry)
+        m = entry.message
+        return Got(entry, entry.delivery_count > 1, m.route_enc, m.props, m.body, self.state.ready_count)
+
+    def consume(self, c: Consumer, reply: Any) -> None:
+        self.add_consumer(c)
+        self.host.consumer_added(self)
+
     # ---------------------------------------------------------------- messages
 
     def publish(self, message: Message, now_ms: int) -> tuple[Entry | None, list[Entry]]:
@@ -171,7 +217,7 @@ class ClassicQueue:
             n += 1
         return n
 
-    def get(self, no_ack: bool) -> Entry | None:
+    def take_head(self, no_ack: bool) -> Entry | None:
         entry = self.state.take() if no_ack else self.state.checkout()
         if entry is not None:
             if self.mirror is not None:
@@ -196,7 +242,7 @@ class ClassicQueue:
             self.mirror.removed(seq)
         return entry
 
-    def purge(self) -> list[Entry]:
+    def remove_ready(self) -> list[Entry]:
         """Every ready message leaves; returns them."""
         removed = self.state.purge()
         if self.mirror is not None:

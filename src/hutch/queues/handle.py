@@ -28,7 +28,7 @@ isinstance on a per-message path (the registry is read at declare time and by li
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 QUEUE_TYPES_MAX = 16  # kinds of queue one node knows; a registry, not client input
@@ -125,6 +125,51 @@ class Unblock:
     __slots__ = ()
 
 
+# ---------------------------------------------------------------- client operations
+
+class _Pending:
+    """What an operation returns when its answer comes later, through its `reply` callback."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING = _Pending()
+
+
+class HeldEntry:
+    """A channel's unacknowledged delivery from a queue whose messages live elsewhere (a
+    queue homed on another node, a quorum queue's Raft group): `seq` is the queue's own id for
+    the message, `delivery_count` counts this delivery (1: the first). A classic queue homed
+    here gives the channel its own `Entry` instead; both have `seq`, `log_seq` and
+    `delivery_count`."""
+
+    __slots__ = ("seq", "log_seq", "delivery_count")
+
+    def __init__(self, seq: int, delivery_count: int):
+        assert delivery_count >= 1, f"delivery {seq}: a delivery count counts this delivery"
+        self.seq = seq
+        self.log_seq = 0  # never in this node's journal
+        self.delivery_count = delivery_count
+
+
+class Got:
+    """A basic.get's answer, whatever the queue's type: what the channel keeps until it is
+    acknowledged (`entry`), and what goes to the client in get-ok."""
+
+    __slots__ = ("entry", "redelivered", "route", "props", "body", "message_count")
+
+    def __init__(self, entry: Any, redelivered: bool, route: bytes, props: bytes, body: bytes, message_count: int):
+        self.entry = entry
+        self.redelivered = redelivered
+        self.route = route
+        self.props = props
+        self.body = body
+        self.message_count = message_count
+
+
 # ---------------------------------------------------------------- the handle
 
 class QueueHandle(Protocol):
@@ -170,6 +215,24 @@ class QueueHandle(Protocol):
     def has_exclusive_consumer(self) -> bool: ...
 
     def dispatch(self) -> int: ...
+
+    # Client operations. Each answers at once (returns the answer) or later: it returns
+    # PENDING and calls reply(answer) exactly once (it may do so before returning). An answer
+    # that is an exception is the error the client gets (an AMQP error from the type's layer).
+
+    def stat(self, reply: Callable[[Any], None]) -> Any:
+        """(message_count, consumer_count) for queue.declare-ok."""
+
+    def purge(self, reply: Callable[[Any], None]) -> Any:
+        """How many ready messages the purge removed."""
+
+    def get(self, no_ack: bool, reply: Callable[[Any], None]) -> Any:
+        """basic.get: a `Got`, or None when the queue is empty."""
+
+    def consume(self, c: Any, reply: Callable[[Any], None]) -> Any:
+        """Attach the consumer `c` (the channel's consumer object; the type may set `c.ref`):
+        None once it is attached. The channel then sends consume-ok, or, when the channel
+        closed or the queue went meanwhile, calls `remove_consumer(c)`."""
 
 
 # ---------------------------------------------------------------- the registry

@@ -16,9 +16,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from hutch.amqp import codec, spec
+from hutch.amqp.spec import AMQPError
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
-from hutch.queues.handle import REPLICATED, SINGLE_ACTIVE_CONSUMER, Figures, QueueType, register
+from hutch.queues.handle import (
+    PENDING,
+    REPLICATED,
+    SINGLE_ACTIVE_CONSUMER,
+    Figures,
+    Got,
+    HeldEntry,
+    QueueType,
+    register,
+)
 from hutch.quorum import fifo
 
 IDS_PER_COMMAND_MAX = min(1000, fifo.MSG_IDS_PER_COMMAND_MAX)  # msg ids per settle/return/discard
@@ -39,6 +50,7 @@ class HostOps(Protocol):
     consumers: dict[str, Any]
 
     def leader_of(self, q: QuorumQueue) -> str | None: ...
+    def owner_id(self) -> str: ...
     def now_ms(self) -> int: ...
     def propose(self, q: QuorumQueue, cmd: Any, callback: Callable[[Any], None] | None = None) -> None: ...
 
@@ -167,3 +179,60 @@ class QuorumQueue:
 
     def has_exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.local_consumers.values())
+
+    # -- client operations (hutch.queues.handle): commands proposed to the leader
+    def _no_leader(self) -> AMQPError:
+        return AMQPError(spec.INTERNAL_ERROR, f"timed out waiting for a leader of queue '{self.name}' in vhost "
+                                              f"'{self.vhost}': no majority of its members "
+                                              f"({', '.join(self.members)}) is reachable")
+
+    def _propose(self, cmd: Any, reply: Callable[[Any], None], answer: Callable[[Any], Any],
+                 undo: Callable[[], Any] | None = None) -> Any:
+        """Propose `cmd`; reply(answer(result)), or the 541 error when no leader answers within
+        metadata_timeout_ms (after undo())."""
+        def got(result: Any) -> None:
+            if result is None:
+                if undo is not None:
+                    undo()
+                reply(self._no_leader())
+                return
+            reply(answer(result))
+        self.host.propose(self, cmd, got)
+        return PENDING
+
+    def stat(self, reply: Callable[[Any], None]) -> tuple[int, int]:
+        return self.message_count, self.consumer_count
+
+    def purge(self, reply: Callable[[Any], None]) -> Any:
+        return self._propose(fifo.Purge(self.host.now_ms()), reply, lambda r: r[1])
+
+    def get(self, no_ack: bool, reply: Callable[[Any], None]) -> Any:
+        requester = self.host.owner_id()
+        return self._propose(fifo.Get(requester, no_ack, self.host.now_ms()), reply,
+                             lambda r: self._got(requester, r, no_ack))
+
+    def _got(self, requester: str, answer: list, no_ack: bool) -> Got | None:
+        """A Get's answer: the message with its x-delivery-count header, or None."""
+        m, count = answer[1], answer[2]
+        if m is None:
+            return None
+        msg_id, delivery_count, redelivered, exchange, routing_key, props, body = m
+        props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
+        if not no_ack:
+            self._owner[msg_id] = requester
+        return Got(HeldEntry(msg_id, 2 if redelivered else 1), redelivered, codec.route_encoding(exchange, routing_key),
+                   props, body, count)
+
+    def consume(self, c: Any, reply: Callable[[Any], None]) -> Any:
+        """A checkout in the state machine; `c.ref` is the consumer id it knows. The consumer is
+        attached at once: deliveries may follow the commit before the answer does."""
+        if c.channel.global_prefetch:
+            raise not_implemented_global_qos(self)  # as RabbitMQ 3.10: a connection error
+        c.ref = consumer_id = self.host.owner_id()
+        self.add_consumer(c)
+        return self._propose(fifo.Checkout(consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, self.host.now_ms()),
+                             reply, lambda _r: None, undo=lambda: self.remove_consumer(c))
+
+
+def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:
+    return AMQPError(spec.NOT_IMPLEMENTED, f"queue '{q.name}' in vhost '{q.vhost}' does not support global qos")

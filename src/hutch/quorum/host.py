@@ -603,17 +603,6 @@ class QuorumHost:
         self.port.deliver(c, q, msg_id, delivery_count, redelivered, codec.route_encoding(exchange, routing_key),
                           props, body)
 
-    def got(self, q: QuorumQueue, requester: str, answer: list, no_ack: bool):
-        """A Get's answer: (msg_id, delivery_count, redelivered, route, count, props, body) or None."""
-        m, count = answer[1], answer[2]
-        if m is None:
-            return None
-        msg_id, delivery_count, redelivered, exchange, routing_key, props, body = m
-        props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
-        if not no_ack:
-            q._owner[msg_id] = requester
-        return msg_id, delivery_count, redelivered, codec.route_encoding(exchange, routing_key), count, props, body
-
     # -- nodes
     def peer_down(self, peer: str) -> None:
         now = self.now_ms()
