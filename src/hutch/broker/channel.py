@@ -10,7 +10,8 @@ Publisher confirms are counted per channel from 1 and sent batched: after a loop
 publishes, one `basic.ack` with multiple=true covers every sequence number up to the lowest
 one still waiting (a message that must reach disk, or a replica, waits). A refused message
 gets `basic.nack`. In transactional mode, publishes and acknowledgements are held until
-`tx.commit` and dropped by `tx.rollback`.
+`tx.commit` and dropped by `tx.rollback`; one transaction holds at most `TX_HELD_MAX` of them
+(RabbitMQ sets no limit: there a client can hold the whole node's memory in one transaction).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from hutch.broker.msgstats import DELIVER, DELIVER_NO_ACK, REDELIVER
 from hutch.queues.classic import ClassicQueue
 from hutch.queues.handle import HeldEntry
 from hutch.queues.state import Entry
+
+
+TX_HELD_MAX = 1_000_000  # publishes, acks and rejects one transaction may hold before tx.commit
+TX_HELD_BYTES_MAX = 512 * 2**20  # ... and the bodies of its held publishes, in bytes
 
 
 class ChannelOutput(Protocol):
@@ -129,6 +134,7 @@ class Channel:
         self.confirm_dirty = False
         # transactions
         self.tx: list[tuple] | None = None
+        self.tx_bytes = 0  # body bytes of the publishes `tx` holds
         # direct reply-to: this channel's pseudo-queue for replies
         self.reply_token: str | None = None
         self.reply_tag = ""
@@ -331,6 +337,15 @@ class Channel:
         self.tx = None
         if broker.cluster is not None:  # what the cluster kept for this channel as a publisher
             broker.cluster.channel_closed(self)
+
+    def tx_hold(self, op: tuple, body_size: int = 0) -> None:
+        """Hold a publish, ack or reject until tx.commit; a channel error (406) past the limits."""
+        if len(self.tx) >= TX_HELD_MAX or self.tx_bytes + body_size > TX_HELD_BYTES_MAX:
+            raise precondition_failed(f"transaction too large: it holds {len(self.tx)} publishes and "
+                                      f"acknowledgements ({self.tx_bytes} bytes of messages); the limits are "
+                                      f"{TX_HELD_MAX} and {TX_HELD_BYTES_MAX} bytes: commit more often")
+        self.tx.append(op)
+        self.tx_bytes += body_size
 
     def check_open(self) -> None:
         if self.closed:

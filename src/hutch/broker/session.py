@@ -251,7 +251,7 @@ class Session:
                 if ch is not None:
                     if ch.tx is not None:
                         ch.check_tag(ev.delivery_tag, ev.multiple)
-                        ch.tx.append(("ack", ev.delivery_tag, ev.multiple))
+                        ch.tx_hold(("ack", ev.delivery_tag, ev.multiple))
                     else:
                         ch.ack(ev.delivery_tag, ev.multiple)
             elif t is events.Method:
@@ -262,7 +262,7 @@ class Session:
                     multiple = ev.multiple if t is events.Nack else False
                     if ch.tx is not None:
                         ch.check_tag(ev.delivery_tag, multiple)
-                        ch.tx.append(("reject", ev.delivery_tag, multiple, ev.requeue))
+                        ch.tx_hold(("reject", ev.delivery_tag, multiple, ev.requeue))
                     else:
                         ch.reject(ev.delivery_tag, multiple, ev.requeue)
             elif t is events.ChannelOpened:
@@ -441,7 +441,7 @@ class Session:
         msg = Message(ev.exchange, ev.routing_key, ev.route_enc, props, ev.body, persistent, priority,
                       expiration_ms)
         if ch.tx is not None:
-            ch.tx.append(("publish", x, msg, headers, ev.mandatory))
+            ch.tx_hold(("publish", x, msg, headers, ev.mandatory), len(msg.body))
             return
         self.deliver_publish(ch, x, msg, headers, ev.mandatory)
 
@@ -770,6 +770,7 @@ class Session:
         if ch.tx is None:
             raise precondition_failed("channel is not transactional")
         ops, ch.tx = ch.tx, []
+        ch.tx_bytes = 0
         for op in ops:
             if op[0] == "publish":
                 _, x, msg, headers, mandatory = op
@@ -795,6 +796,7 @@ class Session:
         if ch.tx is None:
             raise precondition_failed("channel is not transactional")
         ch.tx = []
+        ch.tx_bytes = 0
         self.send_method(ch.number, commands.Tx.RollbackOk())
 
     def channel_flow_ok(self, ch: Channel, m) -> None:
