@@ -13,8 +13,21 @@ from hutch.mirror.placement import (
     mirrors_for,
     params_of,
 )
-from hutch.mirror.replica import TOKENS_KEPT, Replica, decode_ops, encode_ops, enqueue_op
-from hutch.queues.message import Message
+from hutch.mirror.replica import (
+    TOKENS_KEPT,
+    CheckedOut,
+    Deleted,
+    Enqueued,
+    NewLeaderHead,
+    Removed,
+    Replica,
+    SyncBatch,
+    SyncDone,
+    SyncItem,
+    View,
+    decode_ops,
+    encode_ops,
+)
 
 A, B, C, D = "a@h", "b@h", "c@h", "d@h"
 ALL4 = [A, B, C, D]
@@ -56,14 +69,18 @@ def test_nodes_ignores_unknown_names_and_moves_the_leader_only_to_a_synchronised
     assert declare_node(params_of({"ha-mode": "nodes", "ha-params": [A, C]}), A, ALL4) == A
 
 
-def _op(seq: int, body: bytes = b"x", origin: str = "", token: int = 0) -> list:
-    return enqueue_op(seq, Message("", "q", b"", b"", body, True), None, origin, token)
+def _op(seq: int, body: bytes = b"x", origin: str = "", token: int = 0) -> Enqueued:
+    return Enqueued(seq, "", "q", b"", body, True, 0, None, None, origin, token)
+
+
+def _item(seq: int, delivery_count: int) -> SyncItem:
+    return SyncItem(seq, "", "q", b"", b"x", True, 0, None, None, delivery_count)
 
 
 def test_a_replica_follows_the_leaders_operations():
     r = Replica()
-    r.apply(decode_ops(encode_ops([_op(1), _op(2, origin=B, token=7), _op(3), ["K", [1, 3]], ["X", [2]],
-                                   ["K", [1]], ["X", [99]]])))
+    r.apply(decode_ops(encode_ops([_op(1), _op(2, origin=B, token=7), _op(3), CheckedOut([1, 3]),
+                                   Removed([2]), CheckedOut([1]), Removed([99])])))
     assert sorted(r.entries) == [1, 3] and r.max_seq == 3
     assert (r.entries[1].delivery_count, r.entries[3].delivery_count) == (2, 1)
     assert (B, 7) in r.tokens  # a promoted copy recognises that publish when it is sent again
@@ -71,14 +88,14 @@ def test_a_replica_follows_the_leaders_operations():
 
 def test_a_late_mirror_is_filled_by_sync_and_a_new_leader_trims_what_it_lacks():
     r = Replica()
-    r.apply([_op(5), ["X", [2]]])  # joined late: seqs below 5 unknown, their operations ignored
-    r.apply([["Y", [_op(2) + [1], _op(3) + [0], _op(5) + [0]]], ["YD", 6]])
+    r.apply([_op(5), Removed([2])])  # joined late: seqs below 5 unknown, their operations ignored
+    r.apply([SyncBatch((_item(2, 1), _item(3, 0), _item(5, 0))), SyncDone(6)])
     assert sorted(r.entries) == [2, 3, 5] and r.entries[2].delivery_count == 1 and r.entries[5].delivery_count == 0
-    r.apply([["H", 4, [3]]])  # the new leader holds 3 and everything from 4 on
+    r.apply([NewLeaderHead(4, (3,))])  # the new leader holds 3 and everything from 4 on
     assert sorted(r.entries) == [3, 5]
     assert [e.seq for e in r.in_order()] == [3, 5]
-    r.apply([["V", [[], False, ALWAYS, WHEN_SYNCED, "m"]], ["Z"]])
-    assert r.view[4] == "m" and r.deleted
+    r.apply([View((), False, ALWAYS, WHEN_SYNCED, "m"), Deleted()])
+    assert r.view.leader == "m" and r.deleted
 
 
 def test_a_replica_remembers_a_bounded_number_of_publish_ids():

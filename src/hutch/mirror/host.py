@@ -52,6 +52,7 @@ from hutch.mirror.leader import Leader, MirrorInfo
 from hutch.mirror.mirror import Mirror
 from hutch.mirror.names import node_of
 from hutch.mirror.placement import MirrorParams
+from hutch.mirror.replica import NewLeaderHead
 from hutch.queues.message import Message
 from hutch.queues.state import Entry
 
@@ -214,15 +215,17 @@ class MirrorHost:
         ld = self._attach(q, m.member)
         ld.recent_tokens = m.replica.tokens
         my_since = 0
-        for member, _node, _synced, since in (view[0] if view else []):
-            if member == m.member.id:
-                my_since = since
+        viewed = view.mirrors if view is not None else ()
+        for mv in viewed:
+            if mv.member == m.member.id:
+                my_since = mv.since
         alive = set(m.member.members)
-        for member, node, _synced, since in (view[0] if view else []):
-            if member != m.member.id and member in alive:
+        for mv in viewed:
+            if mv.member != m.member.id and mv.member in alive:
                 ld._order += 1
-                ld.mirrors[member] = MirrorInfo(member, node, 0 if since <= my_since else since, ld._order)
-        ld.ops.append(["H", my_since, [s for s in m.replica.entries if s < my_since]])
+                since = 0 if mv.since <= my_since else mv.since
+                ld.mirrors[mv.member] = MirrorInfo(mv.member, mv.node, since, ld._order)
+        ld.ops.append(NewLeaderHead(my_since, tuple(s for s in m.replica.entries if s < my_since)))
         ld.send_view()
         if cur is not None and cur is not q:
             self.cluster.leader_here(cur, q)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.mirror import gm
 from hutch.mirror.names import node_of, qname
 from hutch.mirror.placement import AUTOMATIC, MirrorParams
-from hutch.mirror.replica import Backlog, encode_ops, enqueue_op
+from hutch.mirror.replica import Backlog, CheckedOut, Deleted, Enqueued, MirrorView, Removed, View, encode_ops
 from hutch.mirror.sync import SyncJob
 from hutch.queues.state import Entry
 
@@ -50,7 +50,7 @@ class Leader:
         self.host = host
         self.q = q
         self.gm = member
-        self.ops: list = []
+        self.ops: list = []  # hutch.mirror.replica operations not yet broadcast
         self.op_msgs = 0
         self.backlog = Backlog()
         self.last_seq = 0  # last broadcast
@@ -60,28 +60,30 @@ class Leader:
         self.sync: SyncJob | None = None
         self.sync_waiters: list[Callable[[Any], None]] = []
         self.stopping = False
-        self._view_sent: list | None = None
+        self._view_sent: View | None = None
         self.recent_tokens: dict[tuple[str, int], None] = {}
 
     # ---------------------------------------------------------------- what the queue did
 
     def enqueued(self, entry: Entry) -> None:
         origin, token = self.host.token
-        self.ops.append(enqueue_op(entry.seq, entry.message, entry.expires_at_ms, origin, token))
+        m = entry.message
+        self.ops.append(Enqueued(entry.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent,
+                                 m.priority, m.expiration_ms, entry.expires_at_ms, origin, token))
         self.op_msgs += 1
 
-    def _seqs(self, tag: str, seq: int) -> None:
+    def _seqs(self, kind: type[CheckedOut] | type[Removed], seq: int) -> None:
         ops = self.ops
-        if ops and ops[-1][0] == tag:
-            ops[-1][1].append(seq)
+        if ops and type(ops[-1]) is kind:
+            ops[-1].seqs.append(seq)
         else:
-            ops.append([tag, [seq]])
+            ops.append(kind([seq]))
 
     def checked_out(self, seq: int) -> None:
-        self._seqs("K", seq)
+        self._seqs(CheckedOut, seq)
 
     def removed(self, seq: int) -> None:
-        self._seqs("X", seq)
+        self._seqs(Removed, seq)
         if self.sync is not None:
             self.sync.removed.add(seq)
 
@@ -177,20 +179,20 @@ class Leader:
     def params(self) -> MirrorParams:
         return self.host.cluster.mirror_params(self.q.vhost, self.q.name) or MirrorParams("all", None)
 
-    def view(self) -> list:
-        """[mirrors oldest first as [member, node, synchronised, since], stopping,
-        ha-promote-on-failure, ha-promote-on-shutdown, the leader's member]"""
+    def view(self) -> View:
+        """The mirrors oldest first, whether the leader is stopping, ha-promote-on-failure and
+        -on-shutdown, and the leader's member (see hutch.mirror.replica.View)."""
         f = self.floor()
         p = self.params()
         mirrors = sorted(self.mirrors.values(), key=lambda m: m.order)
-        return [[[m.member, m.node, m.since <= f, m.since] for m in mirrors], self.stopping, p.promote_on_failure,
-                p.promote_on_shutdown, self.gm.id]
+        return View(tuple(MirrorView(m.member, m.node, m.since <= f, m.since) for m in mirrors),
+                    self.stopping, p.promote_on_failure, p.promote_on_shutdown, self.gm.id)
 
     def send_view(self) -> None:
         v = self.view()
         if v != self._view_sent:
             self._view_sent = v
-            self.ops.append(["V", v])
+            self.ops.append(v)
 
     def mirror_nodes(self) -> tuple[list[str], list[str]]:
         """(mirror nodes, synchronised mirror nodes), as listings show them."""
@@ -237,7 +239,7 @@ class Leader:
         if self.sync is not None:
             self.sync.finish(cancelled=True)
         if deleted:
-            self.ops.append(["Z"])
+            self.ops.append(Deleted())
         if self.gm.status == gm.MEMBER:
             self.flush()
             self.gm.leave()

@@ -74,8 +74,8 @@ class Mirror:
             if ev.sender != self.member.id:
                 self.replica.apply(decode_ops(ev.payload))
                 view = self.replica.view
-                if view and len(view) > 4 and view[4] != self.leader_member and ev.sender == view[4]:
-                    self.leader_member = view[4]
+                if view is not None and view.leader != self.leader_member and ev.sender == view.leader:
+                    self.leader_member = view.leader
         elif t is gm.MembersChanged:
             if self.leader_member in ev.deaths and not self.leader_dead:
                 self.leader_dead = True
@@ -92,14 +92,14 @@ class Mirror:
     def successor(self) -> str | None:
         """The member every survivor picks from the leader's last view (None: nobody may lead)."""
         view = self.replica.view
-        if not view:
+        if view is None:
             return None
-        mirrors, stopping, on_failure, on_shutdown, _leader = view
         alive = set(self.member.members) if self.member is not None else set()
-        need_sync = on_failure == WHEN_SYNCED or (stopping and on_shutdown != ALWAYS)
-        for member, _node, synced, _since in mirrors:
-            if member in alive and (synced or not need_sync):
-                return member
+        need_sync = (view.promote_on_failure == WHEN_SYNCED
+                     or (view.stopping and view.promote_on_shutdown != ALWAYS))
+        for mv in view.mirrors:
+            if mv.member in alive and (mv.synchronised or not need_sync):
+                return mv.member
         return None
 
     def consider_promotion(self) -> None:
@@ -122,7 +122,8 @@ class Mirror:
             return
         self.promoting = True
         view = self.replica.view
-        others = [n for m, n, *_ in view[0] if m != self.member.id and m in set(self.member.members)]
+        alive = set(self.member.members)
+        others = [mv.node for mv in view.mirrors if mv.member != self.member.id and mv.member in alive]
         cmd = cat.SetQueueNodes(self.vhost, self.name, self.host.node, tuple(dict.fromkeys(others)),
                                 expect_leader=self.dead_leader_node, promotion=True)
 

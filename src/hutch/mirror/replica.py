@@ -4,19 +4,31 @@ The leader applies every change to its `QueueState` and records the same change 
 operation here; once per loop iteration the operations go out in one GM broadcast, so every
 mirror applies them in the leader's order (ARCHITECTURE.md: one queue model, replicated).
 A mirror does not need the leader's dispatch decisions, only their outcome, so its copy is a
-map from the leader's sequence numbers to entries:
+map from the leader's sequence numbers to entries.
 
-    ["E", seq, exchange, routing_key, props, body, persistent, priority, expiration_ms,
-          expires_at_ms, origin, token]          a message joined the queue (origin/token: the
-                                                 publishing node's id for it, to deduplicate)
-    ["K", [seq, ...]]                            checked out to a consumer (delivery count + 1)
-    ["X", [seq, ...]]                            left the queue (ack, reject, expiry, purge, drop)
-    ["Y", [[E fields..., delivery_count], ...]]  sync: messages the mirror may lack, oldest first
-    ["YD", floor]                                sync done (the leader waits for this to be stable)
-    ["H", floor, [seq, ...]]                     a new leader's head: drop what is below `floor`
-                                                 except the listed seqs (the leader lacks it)
-    ["V", view]                                  the leader's view: who mirrors, since when, synced
-    ["Z"]                                        the queue is deleted: its leader leaves, no failover
+A broadcast is a msgpack list of operations. Each operation is a frozen msgspec struct sent
+as an array whose first element is its integer tag, and a mirror decodes the list against
+`Op`, the union of them, so a payload that does not fit fails in `decode_ops` with a
+`msgspec.ValidationError` (or `DecodeError`) naming what is wrong instead of somewhere in
+`Replica.apply`:
+
+- `Enqueued`: a message joined the queue under sequence number `seq`, with what a promoted
+  mirror needs to deliver it again; `origin` and `token` name the publish on its publisher's
+  node (origin "" for a local one), so a publish sent again after a promotion is recognised.
+- `CheckedOut`: these messages went to consumers; each one's delivery count goes up by one.
+  Consecutive check-outs (and consecutive removals) share one operation.
+- `Removed`: these messages left the queue (ack, reject, expiry, purge, overflow drop).
+- `SyncBatch`: a sync's messages the mirror may lack, oldest first, each a `SyncItem` that
+  carries its delivery count so far (and no publish id); a mirror keeps those it lacks.
+- `SyncDone`: the sync has sent everything up to `floor`; the leader waits for this
+  broadcast to be stable before it calls the late mirrors synchronised.
+- `NewLeaderHead`: a promoted leader holds every message from `floor` on, and below it only
+  the seqs in `keep`; a mirror drops what the new leader lacks.
+- `View`: the leader's view of its mirrors (`MirrorView`: member, node, synchronised, the seq
+  from which it has everything), whether the leader is stopping on purpose, the queue's
+  ha-promote-on-failure / -on-shutdown and the leader's own member: what a mirror picks a
+  successor from.
+- `Deleted`: the queue is deleted; its leader leaves the ring and nobody takes over.
 
 A mirror that joined late simply lacks the head: operations on seqs it does not hold are
 ignored. Whether a message is checked out or ready does not matter to a mirror (a promoted
@@ -33,33 +45,128 @@ from collections import deque
 
 import msgspec
 
-from hutch.queues.message import Message
-
-_enc = msgspec.msgpack.Encoder()
-_dec = msgspec.msgpack.Decoder()
 TOKENS_KEPT = 65536  # publish ids remembered for deduplication after a promotion
 
 
-def encode_ops(ops: list) -> bytes:
+# -- the operations (msgpack arrays with an integer tag first) --------------------------------
+
+
+class Enqueued(msgspec.Struct, tag=1, array_like=True, frozen=True, gc=False):
+    """A message joined the queue (built once per message on a mirrored queue's publish path)."""
+
+    seq: int
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+    persistent: bool
+    priority: int
+    expiration_ms: int | None
+    expires_at_ms: int | None
+    origin: str  # the publishing node's id for this publish ("" for none), to deduplicate
+    token: int
+
+
+class CheckedOut(msgspec.Struct, tag=2, array_like=True, frozen=True, gc=False):
+    """These messages went to consumers. The leader appends to `seqs` while the operation is
+    the last one recorded, hence a list."""
+
+    seqs: list[int]
+
+
+class Removed(msgspec.Struct, tag=3, array_like=True, frozen=True, gc=False):
+    """These messages left the queue. `seqs` grows like CheckedOut's."""
+
+    seqs: list[int]
+
+
+class SyncItem(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One message of a sync batch, with its delivery count at the leader."""
+
+    seq: int
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+    persistent: bool
+    priority: int
+    expiration_ms: int | None
+    expires_at_ms: int | None
+    delivery_count: int
+
+
+class SyncBatch(msgspec.Struct, tag=4, array_like=True, frozen=True, gc=False):
+    """Messages a late mirror may lack, oldest first."""
+
+    items: tuple[SyncItem, ...]
+
+
+class SyncDone(msgspec.Struct, tag=5, array_like=True, frozen=True, gc=False):
+    """The sync sent everything below `floor` (the queue's next seq when it started)."""
+
+    floor: int
+
+
+class NewLeaderHead(msgspec.Struct, tag=6, array_like=True, frozen=True, gc=False):
+    """A promoted leader has every message from `floor` on and, below it, only `keep`."""
+
+    floor: int
+    keep: tuple[int, ...]
+
+
+class MirrorView(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One mirror as its leader sees it."""
+
+    member: str
+    node: str
+    synchronised: bool
+    since: int  # it holds every message from this seq on
+
+
+class View(msgspec.Struct, tag=7, array_like=True, frozen=True, gc=False):
+    """The leader's view, sent whenever it changes: its mirrors, oldest first, and what
+    decides which of them is promoted when the leader goes."""
+
+    mirrors: tuple[MirrorView, ...]
+    stopping: bool  # a controlled shutdown: ha-promote-on-shutdown applies
+    promote_on_failure: str
+    promote_on_shutdown: str
+    leader: str  # the leader's GM member
+
+
+class Deleted(msgspec.Struct, tag=8, array_like=True, frozen=True, gc=False):
+    """The queue is deleted: its leader's leaving is no failure."""
+
+
+Op = Enqueued | CheckedOut | Removed | SyncBatch | SyncDone | NewLeaderHead | View | Deleted
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(list[Op])
+
+
+def encode_ops(ops: list[Op]) -> bytes:
     return _enc.encode(ops)
 
 
-def decode_ops(data: bytes) -> list:
+def decode_ops(data: bytes) -> list[Op]:
+    """Raises msgspec.DecodeError (msgspec.ValidationError for a payload of the wrong shape)."""
     return _dec.decode(data)
-
-
-def enqueue_op(seq: int, m: Message, expires_at_ms: int | None, origin: str, token: int) -> list:
-    return ["E", seq, m.exchange, m.routing_key, m.props, m.body, m.persistent, m.priority, m.expiration_ms,
-            expires_at_ms, origin, token]
 
 
 class MirrorEntry:
     __slots__ = ("seq", "exchange", "routing_key", "props", "body", "persistent", "priority", "expiration_ms",
                  "expires_at_ms", "delivery_count")
 
-    def __init__(self, op: list, delivery_count: int = 0):
-        (_tag, self.seq, self.exchange, self.routing_key, self.props, self.body, self.persistent, self.priority,
-         self.expiration_ms, self.expires_at_ms) = op[:10]
+    def __init__(self, op: Enqueued | SyncItem, delivery_count: int = 0):
+        self.seq = op.seq
+        self.exchange = op.exchange
+        self.routing_key = op.routing_key
+        self.props = op.props
+        self.body = op.body
+        self.persistent = op.persistent
+        self.priority = op.priority
+        self.expiration_ms = op.expiration_ms
+        self.expires_at_ms = op.expires_at_ms
         self.delivery_count = delivery_count
 
 
@@ -70,40 +177,40 @@ class Replica:
         self.entries: dict[int, MirrorEntry] = {}
         self.max_seq = 0
         self.tokens: dict[tuple[str, int], None] = {}  # recent publishes, oldest first
-        self.view: list = []  # the leader's last view (see MirrorHost)
+        self.view: View | None = None  # the leader's last view (see MirrorHost)
         self.deleted = False  # the leader said: the queue is deleted (its leaving is no failure)
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def apply(self, ops: list) -> None:
+    def apply(self, ops: list[Op]) -> None:
         for op in ops:
-            tag = op[0]
-            if tag == "E":
+            t = type(op)  # an if-chain, most frequent first: faster than a dict of methods
+            if t is Enqueued:
                 self._add(MirrorEntry(op))
-                if op[10]:
-                    self._remember(op[10], op[11])
-            elif tag == "K":
-                for seq in op[1]:
+                if op.origin:
+                    self._remember(op.origin, op.token)
+            elif t is CheckedOut:
+                for seq in op.seqs:
                     e = self.entries.get(seq)
                     if e is not None:
                         e.delivery_count += 1
-            elif tag == "X":
-                for seq in op[1]:
+            elif t is Removed:
+                for seq in op.seqs:
                     self.entries.pop(seq, None)
-            elif tag == "Y":
-                for item in op[1]:
-                    if item[1] not in self.entries:
-                        self._add(MirrorEntry(item, item[12]))
-            elif tag == "YD":
+            elif t is SyncBatch:
+                for item in op.items:
+                    if item.seq not in self.entries:
+                        self._add(MirrorEntry(item, item.delivery_count))
+            elif t is SyncDone:
                 pass  # the leader's marker: once it is stable, every mirror has the sync's messages
-            elif tag == "H":  # a new leader: what it lacks goes
-                keep = set(op[2])
-                for seq in [s for s in self.entries if s < op[1] and s not in keep]:
+            elif t is NewLeaderHead:  # a new leader: what it lacks goes
+                keep = set(op.keep)
+                for seq in [s for s in self.entries if s < op.floor and s not in keep]:
                     del self.entries[seq]
-            elif tag == "V":
-                self.view = op[1]
-            elif tag == "Z":
+            elif t is View:
+                self.view = op
+            elif t is Deleted:
                 self.deleted = True
 
     def _add(self, e: MirrorEntry) -> None:

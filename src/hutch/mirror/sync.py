@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from hutch.mirror.placement import SYNC_BATCH_SIZE
-from hutch.mirror.replica import encode_ops, enqueue_op
+from hutch.mirror.replica import SyncBatch, SyncDone, SyncItem, encode_ops
 
 if TYPE_CHECKING:
     pass
@@ -76,15 +76,17 @@ class SyncJob:
             for e in chunk:
                 if e.seq in self.removed:  # acknowledged meanwhile: its removal went out already
                     continue
-                items.append(enqueue_op(e.seq, e.message, e.expires_at_ms, "", 0) + [e.delivery_count])
-                self.sent_bytes += len(e.message.body)
+                m = e.message
+                items.append(SyncItem(e.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent,
+                                      m.priority, m.expiration_ms, e.expires_at_ms, e.delivery_count))
+                self.sent_bytes += len(m.body)
             ld.flush()  # operations recorded before this batch go first
-            n = ld.gm.broadcast(encode_ops([["Y", items]]))
+            n = ld.gm.broadcast(encode_ops([SyncBatch(tuple(items))]))
             ld.last_seq = n
             self.inflight.append(n)
         if self.pos >= len(self.entries) and not self.done_seq:
             ld.flush()
-            self.done_seq = ld.gm.broadcast(encode_ops([["YD", self.floor_at_start]]))
+            self.done_seq = ld.gm.broadcast(encode_ops([SyncDone(self.floor_at_start)]))
             ld.last_seq = self.done_seq
 
     def on_stable(self, seq: int) -> None:
