@@ -27,7 +27,6 @@ from hutch.queues.classic import ClassicQueue
 from hutch.queues.handle import HeldEntry
 from hutch.queues.state import Entry
 
-
 TX_HELD_MAX = 1_000_000  # publishes, acks and rejects one transaction may hold before tx.commit
 TX_HELD_BYTES_MAX = 512 * 2**20  # ... and the bodies of its held publishes, in bytes
 

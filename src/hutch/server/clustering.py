@@ -70,6 +70,7 @@ FORGET_RETRY_EVERY_TICKS = 10  # the removal of a forgotten member is proposed a
 NEVER_S = -1e9  # a loop time before anything happened
 PROPOSAL_SLACK_S = 1.0  # waiting on proposals: beyond metadata_timeout_ms, by which each one fails
 RETRY_S = 1.0  # a forwarded proposal not applied by then is sent again
+CATALOGUE_REQUEST = "catalogue"  # the request-table tag of this node's catalogue changes in flight
 STATS_EVERY_TICKS = 10  # queue figures to every peer each second
 PLACE_EVERY_TICKS = 5  # the catalogue leader checks mirror placement twice a second
 NODE_INFO_EVERY_TICKS = 50  # the node's /api/nodes object every five seconds
@@ -130,8 +131,6 @@ class ClusterRuntime:
             self.addresses[n] = addr
         self.names: dict[int, str] = {node_id(n): n for n in self.addresses}
         self.names[self.id] = self.name
-        self.pending: dict[int, list] = {}  # req id -> [callback, deadline, envelope, next retry]
-        self._next_req = 0
         self._process_scheduled = False
         self._ticks = 0
         self.started = self.loop.time()
@@ -276,9 +275,10 @@ class ClusterRuntime:
         self.stopped = True
         self._tick_handle.cancel()
         await self._tasks.close(grace_s=0)  # the join loop only waits to ask again
-        for req in list(self.pending):
-            cb = self.pending.pop(req)[0]
-            cb(cat.Result(cat.ERROR, 320, "the node is shutting down"))
+        requests = self.cluster.peers.requests
+        for p in requests.tagged(CATALOGUE_REQUEST):
+            requests.take(p.rid)
+            p.callback(cat.Result(cat.ERROR, 320, "the node is shutting down"))
         await self.transport.close()
         self.host.sync()
         self.host.close()
@@ -389,21 +389,28 @@ class ClusterRuntime:
         if isinstance(cmd, (cat.SetGlobalParameter,)) and cmd.name.startswith(NODE_PARAM):
             self._learn(cmd.name[len(NODE_PARAM):], cmd.value)
         if origin == self.name:
-            item = self.pending.pop(req, None)
-            if item is not None:
-                item[0](res)
+            self.cluster.peers.requests.answer(req, res)
 
     # ------------------------------------------------------------ proposing
 
     def submit(self, cmd: cat.Command, callback) -> None:
         """Propose `cmd`; callback(result) once this node has applied it, or with a 541 error
         after metadata_timeout_ms."""
-        self._next_req += 1
-        req = self._next_req
+        peers = self.cluster.peers
+        req = peers.new_id()
         env = _enc.encode([self.name, req, cat.encode_command(cmd)])
         now = self.loop.time()
-        self.pending[req] = [callback, now + self.cfg.metadata_timeout_ms / 1000, env, now + RETRY_S]
+        # in the node's one request table; the state is [envelope, when to propose it again]
+        peers.requests.open(req, lambda res: callback(res if res is not None else self._timed_out()), None,
+                            now + self.cfg.metadata_timeout_ms / 1000, CATALOGUE_REQUEST, [env, now + RETRY_S])
         self._propose(env)
+
+    def _timed_out(self) -> cat.Result:
+        leader = self.leader_name()
+        why = (f"no leader is known and {self.name} cannot reach a majority of the cluster's nodes"
+               if leader is None else f"the change did not commit (leader {leader})")
+        return cat.Result(cat.ERROR, 541, f"timed out after {self.cfg.metadata_timeout_ms} ms waiting for "
+                                          f"the cluster metadata store: {why}")
 
     def _stale_promotion(self, env: bytes) -> bool:
         """Whether this (catalogue leader) node refuses a proposed promotion
@@ -433,18 +440,14 @@ class ClusterRuntime:
             self.raft.propose(CATALOGUE_GROUP, env)
 
     def _expire_pending(self, now: float) -> None:
-        for req, item in list(self.pending.items()):
-            cb, deadline, env, retry = item
-            if now >= deadline:
-                del self.pending[req]
-                leader = self.leader_name()
-                why = (f"no leader is known and {self.name} cannot reach a majority of the cluster's nodes"
-                       if leader is None else f"the change did not commit (leader {leader})")
-                cb(cat.Result(cat.ERROR, 541, f"timed out after {self.cfg.metadata_timeout_ms} ms waiting for "
-                                              f"the cluster metadata store: {why}"))
-            elif now >= retry:
-                item[3] = now + RETRY_S
-                self._propose(env)
+        """Catalogue changes past metadata_timeout_ms fail (541); the others are proposed again
+        every RETRY_S (a leader may have changed, or dropped the proposal)."""
+        requests = self.cluster.peers.requests
+        requests.expire(now)
+        for p in requests.tagged(CATALOGUE_REQUEST):
+            if now >= p.state[1]:
+                p.state[1] = now + RETRY_S
+                self._propose(p.state[0])
 
     # ------------------------------------------------------------ transport callbacks
 
@@ -521,8 +524,7 @@ class ClusterRuntime:
         self._ticks += 1
         self.multi.tick()
         now = self.loop.time()
-        if self.pending:
-            self._expire_pending(now)
+        self._expire_pending(now)
         if self.forgets:
             self._check_forgets(now)
         self.cluster.quorum.tick(self.cluster.broker.now_ms() / 1000)
