@@ -200,7 +200,7 @@ class Broker:
             for q in batch:
                 if q.deleted:
                     continue
-                if q.remote:
+                if not q.local:
                     q.flush()
                     continue
                 if q.message_ttl_ms is not None or q in self.ttl_queues:
@@ -230,7 +230,7 @@ class Broker:
         catalogue has been replayed and has made those queues)."""
         self.journal = Journal(os.path.join(data_dir, "msgs"))
         queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values()
-                  if not q.remote and q.journal_id}
+                  if q.local and q.journal_id}
         # Recovery makes many long-lived objects at once: the cyclic GC would rescan them again
         # and again while they are made, and has nothing to find among them.
         gc_was_enabled = gc.isenabled()
@@ -560,7 +560,7 @@ class Broker:
                 if q.quorum:
                     if self.cluster is not None:
                         self.cluster.quorum.reconfigure(q)
-                elif not q.remote:
+                elif q.local:
                     self.apply_policies(q)
 
     def delete_queue(self, q: ClassicQueue, propose: bool = True, keep_bindings: bool = False) -> None:
@@ -660,7 +660,7 @@ class Broker:
         return len(removed)
 
     def consumer_gone(self, q: ClassicQueue) -> None:
-        if q.remote:
+        if not q.local:
             return
         q.last_used_ms = self.now_ms()
         if q.auto_delete and q.consumer_count == 0 and q.ever_consumed and not q.deleted:
@@ -698,7 +698,7 @@ class Broker:
         now = self.now_ms() if msg.expiration_ms is not None or self.ttl_queues else 0
         remote = None
         for q in queues:
-            if q.remote:
+            if not q.local:
                 if remote is None:
                     remote = []
                 remote.append(q)
@@ -877,7 +877,7 @@ class Broker:
 
     def dead_letter(self, q: ClassicQueue, entries: list[Entry], reason: str) -> None:
         """Republish discarded messages to the queue's dead-letter exchange, with x-death."""
-        if q.remote and not q.quorum:
+        if not q.local and not q.quorum:
             return  # its home node dead-letters (a quorum queue's leader calls this itself)
         for e in entries:
             self.settled(q, e)
@@ -927,7 +927,7 @@ class Broker:
             if reason != "rejected":
                 targets = [t for t in targets if not _dead_letter_cycle(t.name, deaths)]
             for t in targets:
-                if t.remote:
+                if not t.local:
                     self.cluster.forward([t], dm, None, 0)
                 else:
                     self._put(t, dm, self.now_ms())
@@ -945,7 +945,7 @@ class Broker:
         per = self.MESSAGE_OVERHEAD_BYTES
         for v in self.vhosts.values():
             for q in v.queues.values():
-                if q.remote:
+                if not q.local:
                     continue
                 st = q.state
                 total += st.ready_bytes + st.unacked_bytes + per * (st.ready_count + len(st.unacked))

@@ -75,7 +75,7 @@ class _Stale:
     the new leader has requeued the message, so an ack or reject of the old tag does nothing."""
 
     deleted = True
-    remote = True
+    local = False
     quorum = False
     journal_id = 0
     mstats = msgstats.new()  # the channel counts an ack of an old tag somewhere: here, and nobody reads it
@@ -392,7 +392,7 @@ class ClusterBroker:
         for token, vhost, names, exchange, rk, props, body, persistent in pubs:
             v = b.vhosts.get(vhost)
             queues = tuple(q for q in (v.queues.get(n) for n in names) if q is not None and not q.deleted
-                           and not getattr(q, "remote", False)) if v is not None else ()
+                           and q.local) if v is not None else ()
             if len(queues) < len(names) and v is not None and any(
                     self.catalogue.queue(vhost, n) is not None and getattr(v.queues.get(n), "remote", False)
                     for n in names):
@@ -492,7 +492,7 @@ class ClusterBroker:
         b = self.broker
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
-        if q is None or getattr(q, "remote", False) or q.deleted:
+        if q is None or not q.local or q.deleted:
             self.send(origin, ["CR", cid, spec.NOT_FOUND, f"no queue '{qname}' in vhost '{vhost}'"])
             return
         if q.has_exclusive_consumer() or (exclusive and q.consumer_count):
@@ -524,7 +524,7 @@ class ClusterBroker:
         b = self.broker
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
-        if q is None or getattr(q, "remote", False) or q.deleted:
+        if q is None or not q.local or q.deleted:
             return
         proxies = [p for (o, _c), (pq, p) in self.proxies.items() if o == origin and pq is q]
         dead = []
@@ -585,7 +585,7 @@ class ClusterBroker:
         vhost, qname = args[0], args[1]
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
-        if q is None or getattr(q, "remote", False) or q.deleted:
+        if q is None or not q.local or q.deleted:
             self.send(origin, ["RR", rid, [spec.NOT_FOUND, f"no queue '{qname}' in vhost '{vhost}'"]])
             return
         if kind == "stat":
@@ -693,7 +693,7 @@ class ClusterBroker:
         return [[q.vhost, q.name, q.message_count, q.unacked_count, q.consumer_count,
                  *(q.mirror.mirror_nodes() if q.mirror is not None else ())]
                 for v in self.broker.vhosts.values() for q in v.queues.values()
-                if not q.remote] + self.quorum.stats()
+                if q.local] + self.quorum.stats()
 
     def _on_stats(self, rows: list) -> None:
         for vhost, name, ready, unacked, consumers, *mirrors in rows:
@@ -701,7 +701,7 @@ class ClusterBroker:
             q = v.queues.get(name) if v is not None else None
             if q is not None and q.quorum:
                 q.reported = (ready, unacked, consumers)
-            elif q is not None and q.remote:
+            elif q is not None and not q.local:
                 q.ready, q.unacked_remote, q.consumers_remote = ready, unacked, consumers
                 q.mirror_nodes, q.synced_nodes = mirrors if mirrors else ([], [])
 
@@ -769,7 +769,7 @@ class ClusterBroker:
         q = v.queues.get(name) if v is not None else None
         if q is None or q.quorum:
             return [], []
-        if q.remote:
+        if not q.local:
             return list(q.mirror_nodes), list(q.synced_nodes)
         return q.mirror.mirror_nodes() if q.mirror is not None else ([], [])
 

@@ -638,7 +638,7 @@ class Session:
         name = self._queue_name(ch, m.queue)
         q = ops.check_delete_queue(self.broker, vhost, self.user, name, self, bool(m.if_unused), bool(m.if_empty))
         count = q.message_count if q is not None else 0
-        if q is not None and q.remote:
+        if q is not None and not q.local:
             self.catalogue_change(ch, m, cat.DeleteQueue(vhost.name, name), lambda _r: m.nowait or self.send_method(
                 ch.number, commands.Queue.DeleteOk(message_count=count)))
             return

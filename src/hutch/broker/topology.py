@@ -120,13 +120,13 @@ class Topology:
             return
         here = rec.leader_node == self.cl.node
         if cur is not None:
-            remote = getattr(cur, "remote", False)
+            remote = not cur.local
             if here and remote and (rec.vhost, rec.name) in self.cl.mirroring.mirrors:
                 if not self.cl.mirroring.become_leader(rec, cur):
                     cur.home_node = rec.leader_node  # until the old leader has left the ring
                     return
                 new = v.queues.get(rec.name)
-                if new is not cur and new is not None and not new.remote:
+                if new is not cur and new is not None and new.local:
                     self.cl.mirroring.record_changed(rec, new)
                     return
             if (not remote) == here:
@@ -169,7 +169,7 @@ class Topology:
                 v.remove_bindings_of_queue(q.name)
             self.cl.quorum.drop_handle(q)
             return
-        if getattr(q, "remote", False):
+        if not q.local:
             if not keep_bindings:
                 self.cl.mirroring.queue_gone(q.vhost, q.name)  # the mirror here goes with the queue
             q.deleted = True

@@ -55,7 +55,7 @@ class RemoteQueue:
     """A queue whose home is another node: the catalogue's record plus its last known figures.
     Acknowledgements made on this node are collected here and sent home once per loop."""
 
-    remote = True
+    local = False
     quorum = False
     queue_type = CLASSIC.name
     message_ttl_ms = None

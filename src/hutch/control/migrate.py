@@ -93,7 +93,7 @@ async def migrate(broker, vhost: str, name: str, timeout_s: float) -> dict[str, 
         if hold is None:
             raise bad_request(f"queue '{name}' in vhost '{vhost}' is a quorum queue already")
         return await _finish(broker, v, name, hold, {"moved": 0, "dropped_arguments": []}, timeout_s)
-    if src is not None and src.remote:
+    if src is not None and not src.local:
         answer = await ops.ask_peer(broker, src.home_node, "migrate", [vhost, name, timeout_s],
                                     timeout_s=timeout_s * 3 + 10)
         if answer is None:

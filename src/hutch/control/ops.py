@@ -178,7 +178,7 @@ def get_request(body: dict[str, Any]) -> tuple[int, str, str, int | None]:
 
 async def get_messages_anywhere(broker: Broker, q, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The management get on a queue here, or on its home node when that is another."""
-    if not q.remote:
+    if q.local:
         if q.mirror is not None and q.mirror.syncing:  # answered once the sync is done, as basic.get
             done = asyncio.get_running_loop().create_future()
             q.mirror.after_sync(lambda _r: done.done() or done.set_result(None))
@@ -192,7 +192,7 @@ async def get_messages_anywhere(broker: Broker, q, body: dict[str, Any]) -> list
 
 
 async def purge_anywhere(broker: Broker, q) -> int:
-    if not q.remote:
+    if q.local:
         return broker.purge_queue(q)
     return await call_home(broker, q, "purge", [])
 
@@ -267,7 +267,7 @@ async def run_aliveness_test(broker: Broker, user: User, v: VHost) -> None:
     q = v.queues.get(ALIVENESS_QUEUE)
     if q is None:
         raise bad_request("aliveness-test queue was deleted during the test")
-    if not getattr(q, "remote", False):
+    if q.local:
         return _aliveness_round_trip(broker, user, v, q)
     _aliveness_check_and_publish(broker, user, v, q)
     cl.flush()  # the publish leaves before the get below

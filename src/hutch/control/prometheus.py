@@ -295,7 +295,7 @@ class Scrape:
         nodes' series counts each queue once."""
         if q.quorum:
             return q.home_node == self.cfg.node_name
-        return not q.remote
+        return q.local
 
     def queue_rows(self, vhosts: set[str] | None, home_only: bool = True
                    ) -> list[tuple[tuple[str, ...], dict[str, float]]]:

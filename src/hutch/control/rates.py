@@ -115,7 +115,7 @@ class Sampler:
                 kind = "quorum" if q.quorum else "classic"
                 key = (vname, q.name, id(q))
                 now[key] = (kind, q.mstats)
-                if (getattr(q, "declared_leader", None) == node) if q.quorum else not q.remote:
+                if (getattr(q, "declared_leader", None) == node) if q.quorum else q.local:
                     homed.add(key)
                 acc = out.setdefault(kind, msgstats.new())
                 for i, n in enumerate(q.mstats):

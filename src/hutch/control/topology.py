@@ -283,7 +283,7 @@ async def queue_action(request: web.Request) -> web.Response:
         raise bad_request(f'unknown action {action!r}: expected "sync" or "cancel_sync"')
     if q.quorum or broker.cluster is None:
         raise bad_request(f"queue '{q.name}' in vhost '{v.name}' is not a mirrored classic queue")
-    if q.remote:
+    if not q.local:
         try:
             await ops.call_home(broker, q, "sync", [action])
         except AMQPError as e:

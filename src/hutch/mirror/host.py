@@ -120,7 +120,7 @@ class MirrorHost:
                 m.leader_dead = False
         elif m is not None and not (rec.leader_node == self.node and m.wants_lead):
             self.drop_mirror(m)
-        if rec.leader_node == self.node and not q.remote:
+        if rec.leader_node == self.node and q.local:
             self.ensure_leader(q, bool(rec.member_nodes))
 
     def ensure_leader(self, q: ClassicQueue, mirrored: bool) -> None:

@@ -90,7 +90,7 @@ class ClassicQueue:
         # the settings last resolved from arguments and policies (hutch.queues.effective.Effective)
         self.policy_settings: Any = None
 
-    remote = False  # a queue homed on this node (see hutch.broker.cluster for the others)
+    local = True  # this node's object holds the messages: a classic queue homed here
     quorum = False
     queue_type = CLASSIC.name
 

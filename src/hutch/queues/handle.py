@@ -179,6 +179,7 @@ class QueueHandle(Protocol):
     name: str
     vhost: str
     queue_type: str  # the registry's name: "classic", "quorum"
+    local: bool  # this node's object holds the messages (a classic queue homed here); else they are elsewhere
     durable: bool
     auto_delete: bool
     arguments: dict

@@ -58,7 +58,7 @@ class HostOps(Protocol):
 class QuorumQueue:
     """A quorum queue's handle in a vhost, on every node."""
 
-    remote = True  # the broker's generic paths: not a classic queue homed here
+    local = False  # its messages are in the Raft group, not in a classic queue homed here
     quorum = True
     queue_type = QUORUM.name
     message_ttl_ms = None
