@@ -36,6 +36,7 @@ from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
 from hutch.broker.exchanges import QUEUE, Exchange
 from hutch.broker.journal import Journal
+from hutch.broker.msgstats import PUBLISH
 from hutch.broker.vhost import VHost
 from hutch.queues import effective
 from hutch.queues.classic import ClassicQueue
@@ -698,6 +699,7 @@ class Broker:
         now = self.now_ms() if msg.expiration_ms is not None or self.ttl_queues else 0
         remote = None
         for q in queues:
+            q.mstats[PUBLISH] += 1  # the queue's publish counter (hutch.broker.msgstats)
             if not q.local:
                 if remote is None:
                     remote = []

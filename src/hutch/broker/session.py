@@ -464,9 +464,7 @@ class Session:
         queues = self.vhost.route(x, msg.routing_key, headers)
         if queues:
             xst[X_PUBLISH_OUT] += len(queues)
-            for q in queues:
-                q.mstats[PUBLISH] += 1
-            refused = broker.enqueue(queues, msg, ch, seq)
+            refused = broker.enqueue(queues, msg, ch, seq)  # (counts each queue's publish)
             if refused and seq:
                 ch.nack_publish(seq)
                 return

@@ -140,14 +140,13 @@ def publish(broker: Broker, user: User, v: VHost, exchange_name: str, body: dict
 
 def _count_publish(broker: Broker, vhost: str, x, queues) -> None:
     """Count an API publish as RabbitMQ does (its management plugin publishes on a channel of
-    its own): on the exchange, the queues, and the vhost's and node's totals."""
+    its own): on the exchange, and the vhost's and node's totals (each queue counts its own in
+    Broker.enqueue)."""
     counts = msgstats.new()
     counts[msgstats.PUBLISH] = 1
     x.mstats[msgstats.X_PUBLISH_IN] += 1
     if queues:
         x.mstats[msgstats.X_PUBLISH_OUT] += len(queues)
-        for q in queues:
-            q.mstats[msgstats.PUBLISH] += 1
     else:
         counts[msgstats.DROP_UNROUTABLE] = 1
         x.mstats[msgstats.X_DROP_UNROUTABLE] += 1
