@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 from hutch.amqp import spec
 from hutch.amqp.spec import AMQPError, access_refused, precondition_failed
 from hutch.broker import arguments as qargs
+from hutch.broker import kinds
+from hutch.broker import quorumq as _quorum_kind  # noqa: F401 - registers the quorum kind
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE
-from hutch.broker.quorumq import place_members
 from hutch.cluster import catalogue as cat
-from hutch.quorum import fifo
+from hutch.queues.handle import CLASSIC, SERVER_NAMED, queue_type
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker, User
@@ -159,7 +160,8 @@ def with_default_type(broker: Broker, vhost: str, durable: bool, exclusive: bool
     dqt = default_queue_type(broker, vhost)
     if not dqt:
         return args
-    if dqt == cat.QUORUM and not (durable and not exclusive and not auto_delete):
+    qt = queue_type(dqt)
+    if qt is None or not qt.holds(durable, exclusive, auto_delete):
         return args
     return {**args, "x-queue-type": dqt}
 
@@ -172,8 +174,9 @@ def declare_queue(broker: Broker, vhost: VHost, user: User, name: str, *, durabl
     `node` the home asked for by an HTTP PUT; `server_named` when the client left the name to
     the broker (RabbitMQ allows that for classic queues only)."""
     args = with_default_type(broker, vhost.name, durable, exclusive, auto_delete, args)
-    if server_named and _text(args.get("x-queue-type")) == cat.QUORUM:
-        raise precondition_failed("Cannot declare a server-named queue for type rabbit_quorum_queue")
+    qt = queue_type(_text(args.get("x-queue-type")) or CLASSIC.name)
+    if server_named and qt is not None and not qt.can(SERVER_NAMED):
+        raise precondition_failed(f"Cannot declare a server-named queue for type {qt.module}")
     broker.check_permission(user, vhost.name, "configure", "queue", name)
     q = vhost.queues.get(name)
     if q is not None:
@@ -206,25 +209,11 @@ def declare_queue(broker: Broker, vhost: VHost, user: User, name: str, *, durabl
 
 def new_queue_command(broker: Broker, vhost: str, name: str, *, durable: bool, exclusive: bool, auto_delete: bool,
                       args: dict[str, Any], owner: Any, node: str | None) -> cat.DeclareQueue:
-    """The catalogue record of a new queue of the type its arguments name, homed here or as asked."""
-    cl = broker.cluster
+    """The catalogue record of a new queue of the type its arguments name (hutch.broker.kinds)."""
     s = qargs.queue_settings(args, name, vhost)  # 406 for bad x- arguments, before anything changes
-    if s.queue_type == cat.QUORUM:
-        try:
-            fifo.quorum_config(args, name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete)
-        except fifo.QuorumArgumentError as e:
-            raise precondition_failed(e.text) from None
-        leader, members = place_members(cl, args, name, vhost)
-        if node is not None and node in members:
-            leader = node  # an HTTP PUT's "node": the member that starts as leader
-        return cat.DeclareQueue(vhost, name, cat.QUORUM, True, False, None, dict(args), leader, members,
-                                _random_id())
-    home = node or cl.choose_home(args, exclusive, vhost, name)
-    journal_id = _random_id() if durable and not exclusive else 0
-    return cat.DeclareQueue(vhost, name, cat.CLASSIC, bool(durable), bool(auto_delete),
-                            cl.owner_id(owner) if exclusive else None, dict(args), home,
-                            () if exclusive else cl.initial_mirrors(vhost, name, home), journal_id,
-                            cl.incarnation if home == cl.node else 0)
+    return kinds.kind(s.queue_type).declare_command(broker.cluster, vhost, name, durable=durable, exclusive=exclusive,
+                                                    auto_delete=auto_delete, args=args, owner=owner, node=node,
+                                                    journal_id=_random_id())
 
 
 def check_delete_queue(broker: Broker, vhost: VHost, user: User, name: str, owner: Any, if_unused: bool,

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from hutch.amqp.spec import precondition_failed
 from hutch.broker import msgstats
 from hutch.broker.channel import ChannelConsumer
+from hutch.broker.kinds import register_kind
 from hutch.cluster import catalogue as cat
-from hutch.quorum import placement
-from hutch.quorum.handle import QuorumQueue
+from hutch.quorum import fifo, placement
+from hutch.quorum.handle import QUORUM, QuorumQueue
 
 
 class ClusterSide(Protocol):
@@ -86,3 +88,44 @@ class BrokerQuorumPort:
 def place_members(cl: ClusterSide, args: dict, name: str, vhost: str) -> tuple[str, tuple[str, ...]]:
     """The leader and members of a new quorum queue declared on this node (hutch.quorum.placement)."""
     return placement.place_members(cl.catalogue, cl.running_nodes(), cl.node, args, name, vhost)
+
+
+class QuorumKind:
+    """Quorum queues: a `QuorumQueue` handle on every node, made and dropped by the quorum host."""
+
+    name = QUORUM.name
+
+    def declare_command(self, cl: ClusterSide, vhost: str, name: str, *, durable: bool, exclusive: bool,
+                        auto_delete: bool, args: dict, owner: Any, node: str | None,
+                        journal_id: int) -> cat.DeclareQueue:
+        try:
+            fifo.quorum_config(args, name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete)
+        except fifo.QuorumArgumentError as e:
+            raise precondition_failed(e.text) from None
+        leader, members = place_members(cl, args, name, vhost)
+        if node is not None and node in members:
+            leader = node  # an HTTP PUT's "node": the member that starts as leader
+        return cat.DeclareQueue(vhost, name, cat.QUORUM, True, False, None, dict(args), leader, members, journal_id)
+
+    def apply_record(self, topo: Any, v: Any, rec: cat.QueueRecord, cur: Any, declared: bool) -> None:
+        host = topo.cl.quorum
+        if cur is not None and cur.gid == rec.journal_id:
+            if tuple(rec.member_nodes) != cur.members:
+                host.members_changed(cur, tuple(rec.member_nodes))
+            return
+        if cur is not None:  # the same name declared again: another group
+            topo.drop_queue(cur)
+        handle = host.make_handle(rec, declared)
+        if handle is not None:
+            v.queues[rec.name] = handle
+            v.topology_changed()
+
+    def drop(self, topo: Any, q: Any, keep_bindings: bool) -> None:
+        v = topo.cl.broker.vhosts.get(q.vhost)
+        if v is not None and v.queues.get(q.name) is q:
+            del v.queues[q.name]
+            v.remove_bindings_of_queue(q.name)
+        topo.cl.quorum.drop_handle(q)
+
+
+register_kind(QuorumKind())

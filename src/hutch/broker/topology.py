@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hutch.broker import kinds
 from hutch.broker.broker import User
 from hutch.broker.exchanges import Exchange
 from hutch.broker.vhost import VHost
 from hutch.cluster import catalogue as cat
-from hutch.cluster.remote import RemoteQueue
 
 log = logging.getLogger("hutch.cluster")
 
@@ -100,98 +100,20 @@ class Topology:
             v.remove_exchange(name)
 
     def _make_queue(self, rec: cat.QueueRecord, declared: bool = False) -> None:
-        """Bring this node's object for a queue record in line: real here, a stand-in elsewhere."""
-        b = self.cl.broker
-        v = b.vhosts.get(rec.vhost)
+        """Bring this node's object for a queue record in line, as the record's type does it."""
+        v = self.cl.broker.vhosts.get(rec.vhost)
         if v is None:
             return
         cur = v.queues.get(rec.name)
-        if rec.type == cat.QUORUM:
-            if cur is not None and cur.quorum and cur.gid == rec.journal_id:
-                if tuple(rec.member_nodes) != cur.members:
-                    self.cl.quorum.members_changed(cur, tuple(rec.member_nodes))
-                return
-            if cur is not None:
-                self.drop_queue(cur)
-            handle = self.cl.quorum.make_handle(rec, declared)
-            if handle is not None:
-                v.queues[rec.name] = handle
-                v.topology_changed()
-            return
-        here = rec.leader_node == self.cl.node
-        if cur is not None:
-            remote = not cur.local
-            if here and remote and (rec.vhost, rec.name) in self.cl.mirroring.mirrors:
-                if not self.cl.mirroring.become_leader(rec, cur):
-                    cur.home_node = rec.leader_node  # until the old leader has left the ring
-                    return
-                new = v.queues.get(rec.name)
-                if new is not cur and new is not None and new.local:
-                    self.cl.mirroring.record_changed(rec, new)
-                    return
-            if (not remote) == here:
-                if remote:
-                    cur.mirrored = bool(rec.member_nodes)
-                    if cur.home_node != rec.leader_node:
-                        self.cl._leader_moved(cur, rec.leader_node)
-                self.cl.mirroring.record_changed(rec, cur)
-                return
-            self.drop_queue(cur, keep_bindings=True)
-        if here:
-            transient = not rec.durable or rec.exclusive_owner is not None
-            if transient and rec.home_incarnation not in (0, self.cl.incarnation):
-                # a non-durable or exclusive queue of an earlier run of this node: gone with it
-                self.cl.submit(cat.DeleteQueue(rec.vhost, rec.name), _ignore)
-                return
-            owner = None
-            if rec.exclusive_owner is not None:
-                owner = self.cl.owners.get(rec.exclusive_owner)
-                if owner is None or owner.closed:
-                    # its connection is gone already: the queue goes too
-                    self.cl.submit(cat.DeleteQueue(rec.vhost, rec.name), _ignore)
-                    return
-            q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=rec.exclusive_owner is not None,
-                                auto_delete=rec.auto_delete, arguments=dict(rec.arguments), owner=owner)
-            q.journal_id = rec.journal_id if rec.durable and rec.exclusive_owner is None else 0
-        else:
-            q = v.queues[rec.name] = RemoteQueue(self.cl, rec)
-            v.topology_changed()
-        self.cl.mirroring.record_changed(rec, q)
+        if cur is not None and cur.queue_type != rec.type:
+            self.drop_queue(cur)
+            cur = None
+        kinds.kind(rec.type).apply_record(self, v, rec, cur, declared)
 
     def drop_queue(self, q, keep_bindings: bool = False) -> None:
         """The catalogue no longer has this queue (or it moved: `keep_bindings`): remove this
         node's object for it."""
-        b = self.cl.broker
-        if q.quorum:
-            v = b.vhosts.get(q.vhost)
-            if v is not None and v.queues.get(q.name) is q:
-                del v.queues[q.name]
-                v.remove_bindings_of_queue(q.name)
-            self.cl.quorum.drop_handle(q)
-            return
-        if not q.local:
-            if not keep_bindings:
-                self.cl.mirroring.queue_gone(q.vhost, q.name)  # the mirror here goes with the queue
-            q.deleted = True
-            v = b.vhosts.get(q.vhost)
-            if v is not None and v.queues.get(q.name) is q:
-                del v.queues[q.name]
-                if not keep_bindings:
-                    v.remove_bindings_of_queue(q.name)
-            for c in list(q.local_consumers.values()):
-                q.local_consumers.pop(c.ref, None)
-                self.cl.consumers.pop(c.ref, None)
-                self.cl._cancel_local(c)
-            return
-        for key in [k for k, (pq, _p) in self.cl.proxies.items() if pq is q]:
-            del self.cl.proxies[key]
-        target = self.cl.migrations.get((q.vhost, q.name))
-        if target is not None:  # messages that arrived since the move: they go on, unconfirmed
-            for e in list(q.state.ready()):
-                self.cl.quorum.publish(target, e.message, None, 0)
-        if q.mirror is not None and keep_bindings:  # led elsewhere now (deleted: delete_queue drops it)
-            self.cl.mirroring.drop_leader(q.mirror)
-        b.delete_queue(q, propose=False, keep_bindings=keep_bindings)
+        kinds.kind(q.queue_type).drop(self, q, keep_bindings)
 
     def _sync_vhosts_and_users(self) -> None:
         b = self.cl.broker

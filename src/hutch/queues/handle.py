@@ -39,6 +39,8 @@ SINGLE_ACTIVE_CONSUMER = "single-active-consumer"
 GLOBAL_QOS = "global-qos"  # basic.qos global=true with its consumers
 EXCLUSIVE = "exclusive"  # exclusive (connection-owned) queues
 NON_DURABLE = "non-durable"
+AUTO_DELETE = "auto-delete"
+SERVER_NAMED = "server-named"  # queue.declare with an empty name: the broker names it
 MIRRORING = "mirroring"  # ha-* policies apply
 REPLICATED = "replicated"  # kept by a Raft group (membership, quorum status)
 
@@ -239,16 +241,24 @@ class QueueHandle(Protocol):
 # ---------------------------------------------------------------- the registry
 
 class QueueType:
-    """One kind of queue: its `x-queue-type` name and what it can do."""
+    """One kind of queue: its `x-queue-type` name, what it can do, and the name RabbitMQ's
+    error texts give its module (`rabbit_classic_queue`, `rabbit_quorum_queue`)."""
 
-    __slots__ = ("name", "capabilities")
+    __slots__ = ("name", "capabilities", "module")
 
-    def __init__(self, name: str, capabilities: Iterable[str]):
+    def __init__(self, name: str, capabilities: Iterable[str], module: str = ""):
         self.name = name
         self.capabilities = frozenset(capabilities)
+        self.module = module or f"rabbit_{name}_queue"
 
     def can(self, capability: str) -> bool:
         return capability in self.capabilities
+
+    def holds(self, durable: bool, exclusive: bool, auto_delete: bool) -> bool:
+        """Whether a queue of this type can have these properties (a vhost's default queue type
+        applies only to a declare it can hold, as RabbitMQ's augment_declare_args)."""
+        return ((durable or self.can(NON_DURABLE)) and (not exclusive or self.can(EXCLUSIVE))
+                and (not auto_delete or self.can(AUTO_DELETE)))
 
     def __repr__(self) -> str:
         return f"QueueType({self.name!r})"
@@ -274,4 +284,4 @@ def queue_types() -> list[str]:
 
 
 CLASSIC = register(QueueType("classic", (PRIORITIES, SINGLE_ACTIVE_CONSUMER, GLOBAL_QOS, EXCLUSIVE, NON_DURABLE,
-                                         MIRRORING)))
+                                         AUTO_DELETE, SERVER_NAMED, MIRRORING)))
