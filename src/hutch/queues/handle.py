@@ -2,14 +2,17 @@
 management API may ask of any queue, whatever keeps its messages.
 
 RabbitMQ made this move when it added quorum queues (`rabbit_queue_type`, 3.8): the channel
-talks to one behaviour, each queue type implements it, and operations return *actions* the
-channel carries out (`{deliver, ...}`, `{settled, QName, Correlations}`, ...). hutch has four
-implementations of `QueueHandle`:
+talks to one behaviour and each queue type implements it. There the callbacks return
+*actions* for the channel to carry out. Here the client operations answer through a `reply`
+callback (or at once), and a queue hands a delivery to the consumer object it was given
+(`can_take`/`deliver`, or the channel's `deliver_held`): the same separation without one
+action object per message, which measured 0.2 us of the 5.7 us a message costs the broker.
+hutch has three implementations of `QueueHandle`:
 
 | handle | where | what it is |
 |---|---|---|
 | `hutch.queues.classic.ClassicQueue` | the queue's home node | a classic queue (and, with a `Leader` attached, a mirrored one's leader side, `hutch.mirror.host`) |
-| `hutch.broker.cluster.RemoteQueue` | every other node | a classic queue homed on another node, reached over the peer protocol |
+| `hutch.cluster.remote.RemoteQueue` | every other node | a classic queue homed on another node, reached over the peer protocol |
 | `hutch.quorum.handle.QuorumQueue` | every node | a quorum queue: commands proposed to its Raft group's leader |
 
 The read side is `figures()`: one `Figures` record (ready, unacknowledged, their bytes,
@@ -17,10 +20,6 @@ consumers) that listings, statistics and Prometheus read, the same for every typ
 itself is a `QueueType` in the registry (`register`, `queue_type`): its name as
 `x-queue-type` spells it and what it can do (`capabilities`), so code that must differ by type
 asks for a capability instead of testing which class it holds.
-
-The action vocabulary (`Deliver`, `Accepted`, `Rejected`, `Cancelled`, `Block`, `Unblock`)
-names what a queue type may ask of the channel side; see docs/design/queue-types.md for which
-paths return them today.
 
 Must never: import anything outside `hutch.queues`, do I/O, or check a handle's type with
 isinstance on a per-message path (the registry is read at declare time and by listings).
@@ -70,61 +69,6 @@ class Figures:
     def __repr__(self) -> str:
         return (f"Figures(ready={self.ready}, unacked={self.unacked}, bytes={self.ready_bytes}+"
                 f"{self.unacked_bytes}, consumers={self.consumers})")
-
-
-# ---------------------------------------------------------------- actions
-
-class Deliver:
-    """Give the message `seq` to the consumer known to the type as `consumer_ref`."""
-
-    __slots__ = ("consumer_ref", "seq", "delivery_count", "redelivered", "route", "props", "body")
-
-    def __init__(self, consumer_ref: Any, seq: int, delivery_count: int, redelivered: bool, route: bytes,
-                 props: bytes, body: bytes):
-        self.consumer_ref = consumer_ref
-        self.seq = seq
-        self.delivery_count = delivery_count
-        self.redelivered = redelivered
-        self.route = route
-        self.props = props
-        self.body = body
-
-
-class Accepted:
-    """The publishes `correlations` (a channel's publish sequence numbers) are safe with the queue."""
-
-    __slots__ = ("correlations",)
-
-    def __init__(self, correlations: Iterable[int]):
-        self.correlations = tuple(correlations)
-
-
-class Rejected:
-    """The publishes `correlations` were refused (overflow, the queue gone): nack them."""
-
-    __slots__ = ("correlations",)
-
-    def __init__(self, correlations: Iterable[int]):
-        self.correlations = tuple(correlations)
-
-
-class Cancelled:
-    """The queue cancelled the consumer `consumer_ref` (deleted, failover): basic.cancel."""
-
-    __slots__ = ("consumer_ref",)
-
-    def __init__(self, consumer_ref: Any):
-        self.consumer_ref = consumer_ref
-
-
-class Block:
-    """The queue cannot take more from this publisher for now (flow)."""
-
-    __slots__ = ()
-
-
-class Unblock:
-    __slots__ = ()
 
 
 # ---------------------------------------------------------------- client operations
