@@ -8,17 +8,28 @@ its home node and a `RemoteQueue` stand-in everywhere else (RabbitMQ's "Non-mirr
 Behavior in a Cluster"). Routing is therefore local on every node, and an operation on a queue
 homed elsewhere travels to its home over the peer transport:
 
-| message (group "q") | from → to | meaning |
+Each is a typed message of `hutch.cluster.remote` (a msgspec struct with an integer tag); a
+node sends them in group "q" as `["RQ", bytes]` (`REMOTE`: a list of them, encoded once) and
+the receiver decodes them against their union, so a malformed one is logged and dropped:
+
+| message | from → to | meaning |
 |---|---|---|
-| `["P", [pub, ...]]` | publisher's node → home | messages routed to queues there; each pub is `[token, vhost, [queue names], exchange, routing key, properties, body, persistent]` |
-| `["PA", [[token, refused], ...]]` | home → publisher's node | accepted (on disk first when persistent to a durable queue) or refused (overflow) |
-| `["C", cid, vhost, queue, tag, no_ack, exclusive, priority, prefetch, arguments]` | consumer's node → home | basic.consume; answered by `["CR", cid, code, text]` |
-| `["X", cid]` | consumer's node → home | basic.cancel, or the channel closed |
-| `["D", cid, [[seq, redelivered, route, properties, body], ...]]` | home → consumer's node | deliveries |
-| `["CR+", cid, n]` | consumer's node → home | n more deliveries may be in flight (credit) |
-| `["S", vhost, queue, cid, op, [seq, ...]]` | consumer's node → home | ack (`a`), requeue (`r`) or reject (`d`) |
-| `["R", rid, kind, args]` / `["RR", rid, result]` | any | calls answered once: `stat`, `get`, `purge` |
-| `["ST", [[vhost, queue, ready, unacked, consumers], ...]]` | home → all | queue figures, every second, for listings |
+| `Publishes([Publish(token, vhost, queues, exchange, routing_key, props, body, persistent), ...])` | publisher's node → home | messages routed to queues there, one batch per home and loop iteration |
+| `PublishAnswers([PublishAnswer(token, outcome), ...])` | home → publisher's node | ACCEPTED (on disk first when persistent to a durable queue), REFUSED (overflow) or RETRY (not here yet: a leader that moved) |
+| `Consume(cid, vhost, queue, tag, no_ack, exclusive, priority, prefetch, arguments)` | consumer's node → home | basic.consume; answered by `ConsumeAnswer(cid, code, text)` |
+| `Cancel(cid)` | consumer's node → home | basic.cancel, or the channel closed |
+| `ConsumerCancelled(cid)` | home → consumer's node | the home node cancelled the consumer |
+| `Deliveries(cid, [Delivery(seq, redelivered, route, props, body), ...])` | home → consumer's node | deliveries |
+| `Credit(cid, n)` | consumer's node → home | n more deliveries may be in flight |
+| `Settle(vhost, queue, cid, op, [seq, ...])` | consumer's node → home | ack (`a`), requeue (`r`) or reject (`d`) |
+| `Call(rid, kind, args)` / `CallAnswer(rid, result)` | any | calls answered once: `stat`, `get`, `purge`, `take`, `list`, `migrate`, `qstatus`, `qmember`, `gmid`, `sync` |
+| `FiguresReport([QueueFigures(vhost, name, ready, unacked, consumers, mirror_nodes, synced_nodes), ...])` | home → all | queue figures, every second, for listings (the runtime sends `["ST", stats()]`) |
+
+The other messages of group "q" stay lists tagged by a string: quorum queues' `["QP", gid,
+envelope]` and `["QE", outcomes]` (typed and encoded by `hutch.quorum.host`), mirroring's GM
+envelope `["G", from, to, gm message]` (the GM message itself encoded by `hutch.mirror.gm`), and
+the runtime's `["NI", node info]` and `["CC", connection counts]`; one of the wrong length is
+logged and dropped.
 
 Publisher confirms keep their meaning: a publish waits for one accept per home node it went
 to (and for the local journal), and a home node that goes down nacks what it had not accepted.
@@ -38,6 +49,8 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from hutch.amqp import codec, spec
 from hutch.broker import msgstats
 from hutch.broker.broker import priority_and_expiration
@@ -47,7 +60,36 @@ from hutch.broker.quorumq import BrokerQuorumPort
 from hutch.broker.topology import NODE_PARAM, Topology
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
-from hutch.cluster.remote import ProxyConsumer, RemoteQueue, home_down
+from hutch.cluster.remote import (
+    ACCEPTED,
+    ACK,
+    REFUSED,
+    REMOTE,
+    REQUEUE,
+    RETRY,
+    SETTLE_OPS,
+    Call,
+    CallAnswer,
+    Cancel,
+    Consume,
+    ConsumeAnswer,
+    ConsumerCancelled,
+    Credit,
+    Deliveries,
+    Delivery,
+    FiguresReport,
+    ProxyConsumer,
+    Publish,
+    PublishAnswer,
+    PublishAnswers,
+    Publishes,
+    QueueFigures,
+    RemoteQueue,
+    Settle,
+    decode_batch,
+    encode_batch,
+    home_down,
+)
 from hutch.mirror.failover import Failover
 from hutch.mirror.host import MirrorHost
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
@@ -64,9 +106,13 @@ PUBLISH_WINDOW = 4096  # messages a session may have in flight to other nodes be
 PUBLISH_WINDOW_LOW = 1024
 CREDIT_RETURN = 500
 CANCELLED_REMEMBERED_MAX = 4096  # recently cancelled remote consumers whose late deliveries go back
-RETRY = 2  # a publish accept that says: not here yet, send it again
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
 INIT_PARAM = "hutch_initialised"
+# the arguments each kind of Call takes at least (others: [vhost, queue, ...])
+CALL_ARGS = {"list": 2, "migrate": 3, "qstatus": 1, "qmember": 3, "gmid": 2, "sync": 3, "stat": 2, "purge": 2,
+             "get": 3, "take": 5}
+# the other messages of group "q" (lists tagged by a string), and how long each is
+_LIST_MESSAGES = {REMOTE: 2, "ST": 2, "QP": 3, "QE": 2, "G": 4, "NI": 2, "CC": 2}
 
 
 
@@ -172,6 +218,10 @@ class ClusterBroker:
             self.submit(cat.DeleteQueue(q.vhost, q.name), _ignore)
 
     def send(self, peer: str, payload: Any) -> bool:
+        """Send a payload of group "q"; a remote-queue message (hutch.cluster.remote) goes
+        encoded, alone in its batch."""
+        if isinstance(payload, msgspec.Struct):
+            payload = [REMOTE, encode_batch([payload])]
         return self.peers.send(peer, payload)
 
     def incarnation_of(self, node: str) -> int | None:
@@ -290,7 +340,7 @@ class ClusterBroker:
         for home, names in by_home.items():
             token = self.new_id()
             self._pub_tokens[token] = (home, channel, seq, session)
-            item = [token, vhost, names, msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent]
+            item = Publish(token, vhost, names, msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent)
             if session is not None:
                 self.window_add(session)
             if home in mirrored_homes:
@@ -313,7 +363,8 @@ class ClusterBroker:
             if item is None or entry is None:
                 self._orphans.pop(token, None)
                 continue
-            homes = {rec.leader_node for rec in (self.catalogue.queue(item[1], n) for n in item[2]) if rec is not None}
+            homes = {rec.leader_node for rec in (self.catalogue.queue(item.vhost, n) for n in item.queues)
+                     if rec is not None}
             if len(homes) == 1:
                 home = homes.pop()
                 if home == self.node or self.is_up(home):
@@ -387,9 +438,10 @@ class ClusterBroker:
             session.output_pending = True
             self.broker.output_due(session)
 
-    def _on_publishes(self, origin: str, pubs: list) -> None:
+    def _on_publishes(self, origin: str, pubs: list[Publish]) -> None:
         b = self.broker
-        for token, vhost, names, exchange, rk, props, body, persistent in pubs:
+        for pub in pubs:
+            token, vhost, names = pub.token, pub.vhost, pub.queues
             v = b.vhosts.get(vhost)
             queues = tuple(q for q in (v.queues.get(n) for n in names) if q is not None and not q.deleted
                            and q.local) if v is not None else ()
@@ -398,18 +450,19 @@ class ClusterBroker:
                     for n in names):
                 # a queue that has just moved to another leader (or whose promotion here is not
                 # done yet): its publisher's node sends it again when it can, or nacks it
-                self._out_acks.setdefault(origin, []).append([token, RETRY])
+                self._out_acks.setdefault(origin, []).append(PublishAnswer(token, RETRY))
                 continue
             if not queues:
-                self._out_acks.setdefault(origin, []).append([token, False])
+                self._out_acks.setdefault(origin, []).append(PublishAnswer(token, ACCEPTED))
                 continue
             mirrored = [q for q in queues if q.mirror is not None]
             if mirrored and any((origin, token) in q.mirror.recent_tokens for q in mirrored):
                 # sent again after a promotion, and the old leader had passed it on: it is here
-                self._out_acks.setdefault(origin, []).append([token, False])
+                self._out_acks.setdefault(origin, []).append(PublishAnswer(token, ACCEPTED))
                 continue
+            exchange, rk, props = pub.exchange, pub.routing_key, pub.props
             priority, expiration_ms = priority_and_expiration(props)
-            msg = Message(exchange, rk, codec.route_encoding(exchange, rk), props, body, persistent, priority,
+            msg = Message(exchange, rk, codec.route_encoding(exchange, rk), props, pub.body, pub.persistent, priority,
                           expiration_ms)
             self.mirroring.token = (origin, token)
             refused, journalled = b.enqueue_local(queues, msg)
@@ -447,34 +500,34 @@ class ClusterBroker:
             if q.flow_waiters is not None and not q.deleted:
                 self._held.setdefault(q, []).append((origin, token, refused))
                 return
-        self._out_acks.setdefault(origin, []).append([token, refused])
+        self._out_acks.setdefault(origin, []).append(PublishAnswer(token, REFUSED if refused else ACCEPTED))
         self.broker.schedule()
 
     def flow_released(self, q) -> None:
         for origin, token, refused in self._held.pop(q, ()):
-            self._out_acks.setdefault(origin, []).append([token, refused])
+            self._out_acks.setdefault(origin, []).append(PublishAnswer(token, REFUSED if refused else ACCEPTED))
         self.broker.schedule()
 
     # ------------------------------------------------------------ consuming from other nodes
 
-    def queue_delivery(self, origin: str, cid: int, item: list) -> None:
+    def queue_delivery(self, origin: str, cid: int, item: Delivery) -> None:
         self._out_deliveries.setdefault((origin, cid), []).append(item)
 
-    def _on_deliveries(self, cid: int, items: list) -> None:
+    def _on_deliveries(self, cid: int, items: list[Delivery]) -> None:
         c = self.consumers.get(cid)
         if c is None:
             # cancelled meanwhile: give them back
-            by_op: list[int] = [it[0] for it in items]
-            return self._orphan_deliveries(cid, by_op)
+            return self._orphan_deliveries(cid, [it.seq for it in items])
         ch = c.channel
         session = ch.session
         q = c.queue
         deliver = ch.deliver_held
-        for seq, redelivered, route, props, body in items:
-            deliver(c, q, seq, 2 if redelivered else 1, redelivered, route, props, body)
+        for d in items:
+            redelivered = d.redelivered
+            deliver(c, q, d.seq, 2 if redelivered else 1, redelivered, d.route, d.props, d.body)
         c.received += len(items)
         if c.received >= CREDIT_RETURN:
-            self.send(q.home_node, ["CR+", cid, c.received])
+            self.send(q.home_node, Credit(cid, c.received))
             c.received = 0
         if not session.output_pending:
             session.output_pending = True
@@ -485,32 +538,33 @@ class ClusterBroker:
         where = self._cancelled.get(cid)
         if where is not None:
             home, vhost, qname = where
-            self.send(home, ["S", vhost, qname, cid, "r", seqs])
+            self.send(home, Settle(vhost, qname, cid, REQUEUE, seqs))
 
-    def _on_consume(self, origin: str, cid: int, vhost: str, qname: str, tag: str, no_ack: bool, exclusive: bool,
-                    priority: int, prefetch: int, arguments: dict) -> None:
+    def _on_consume(self, origin: str, m: Consume) -> None:
         b = self.broker
+        cid, vhost, qname = m.cid, m.vhost, m.queue
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
         if q is None or not q.local or q.deleted:
-            self.send(origin, ["CR", cid, spec.NOT_FOUND, f"no queue '{qname}' in vhost '{vhost}'"])
+            self.send(origin, ConsumeAnswer(cid, spec.NOT_FOUND, f"no queue '{qname}' in vhost '{vhost}'"))
             return
-        if q.has_exclusive_consumer() or (exclusive and q.consumer_count):
-            self.send(origin, ["CR", cid, spec.ACCESS_REFUSED,
-                               f"queue '{qname}' in vhost '{vhost}' in exclusive use"])
+        if q.has_exclusive_consumer() or (m.exclusive and q.consumer_count):
+            self.send(origin, ConsumeAnswer(cid, spec.ACCESS_REFUSED,
+                                            f"queue '{qname}' in vhost '{vhost}' in exclusive use"))
             return
-        p = ProxyConsumer(self, q, origin, cid, tag, no_ack, exclusive, priority, prefetch, arguments)
+        p = ProxyConsumer(self, q, origin, cid, m.tag, m.no_ack, m.exclusive, m.priority, m.prefetch,
+                          m.arguments if m.arguments is not None else {})
         self.proxies[(origin, cid)] = (q, p)
         q.add_consumer(p)
         q.ever_consumed = True
-        self.send(origin, ["CR", cid, 200, ""])
+        self.send(origin, ConsumeAnswer(cid, 200, ""))
         b.dirty_queues.add(q)
         b.schedule()
 
     def cancel_proxy(self, q, p: ProxyConsumer) -> None:
         """The home queue cancels a consumer attached from another node (queue still there)."""
         self.proxies.pop((p.origin, p.cid), None)
-        self.send(p.origin, ["CX", p.cid])
+        self.send(p.origin, ConsumerCancelled(p.cid))
 
     def _on_cancel(self, origin: str, cid: int) -> None:
         item = self.proxies.pop((origin, cid), None)
@@ -520,8 +574,13 @@ class ClusterBroker:
         q.remove_consumer(p)
         self.broker.consumer_gone(q)
 
-    def _on_settle(self, origin: str, vhost: str, qname: str, cid: int, op: str, seqs: list[int]) -> None:
+    def _on_settle(self, origin: str, m: Settle) -> None:
         b = self.broker
+        vhost, qname, op, seqs = m.vhost, m.queue, m.op, m.seqs
+        if op not in SETTLE_OPS:
+            log.error("settle of unknown kind %r from %s for queue '%s' in vhost '%s': ignored", op, origin, qname,
+                      vhost)
+            return
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
         if q is None or not q.local or q.deleted:
@@ -535,10 +594,10 @@ class ClusterBroker:
             entry = q.state.unacked.get(seq)
             if entry is None:
                 continue
-            if op == "a":
+            if op == ACK:
                 q.settle(seq)
                 b.settled(q, entry)
-            elif op == "r":
+            elif op == REQUEUE:
                 q.requeue(seq)
             else:
                 q.discard(seq)
@@ -556,37 +615,42 @@ class ClusterBroker:
 
     def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None:
         """Ask `peer`; callback(result) once it answers, or callback(None) if it goes down first."""
-        self.peers.call(peer, lambda rid: ["R", rid, kind, args], callback)
+        self.peers.call(peer, lambda rid: [REMOTE, encode_batch([Call(rid, kind, args)])], callback)
 
     def _on_call(self, origin: str, rid: int, kind: str, args: list) -> None:
         b = self.broker
+        need = CALL_ARGS.get(kind, 2)
+        if len(args) < need:
+            log.error("call %r from %s with %d arguments (it takes %d): refused", kind, origin, len(args), need)
+            self.send(origin, CallAnswer(rid, [spec.INTERNAL_ERROR, f"malformed call {kind}"]))
+            return
         if kind == "list":  # a management listing of this node's own objects: [what, params]
             rows = self.lister(args[0], args[1]) if self.lister is not None else []
-            self.send(origin, ["RR", rid, [200, rows]])
+            self.send(origin, CallAnswer(rid, [200, rows]))
             return
         if kind == "migrate":  # [vhost, queue, timeout_s]: run here, the classic queue's home
             if self.migrator is None:
-                self.send(origin, ["RR", rid, [spec.NOT_IMPLEMENTED, "migration is not available here"]])
+                self.send(origin, CallAnswer(rid, [spec.NOT_IMPLEMENTED, "migration is not available here"]))
             else:
-                self.migrator(args, lambda result: self.send(origin, ["RR", rid, result]))
+                self.migrator(args, lambda result: self.send(origin, CallAnswer(rid, result)))
             return
         if kind == "qstatus":  # this node's view of a quorum queue's Raft group: [gid]
-            self.send(origin, ["RR", rid, [200, self.quorum.local_status(args[0])]])
+            self.send(origin, CallAnswer(rid, [200, self.quorum.local_status(args[0])]))
             return
         if kind == "qmember":  # on a quorum queue's leader: [gid, "add"|"remove", node]
-            self.send(origin, ["RR", rid, self.quorum.membership_op(args[0], args[1], args[2])])
+            self.send(origin, CallAnswer(rid, self.quorum.membership_op(args[0], args[1], args[2])))
             return
         if kind == "gmid":  # a mirror asks which GM member to join: [vhost, queue]
-            self.send(origin, ["RR", rid, self.mirroring.leader_member(args[0], args[1])])
+            self.send(origin, CallAnswer(rid, self.mirroring.leader_member(args[0], args[1])))
             return
         if kind == "sync":  # sync_queue / cancel_sync_queue on the leader: [vhost, queue, action]
-            self.send(origin, ["RR", rid, self.mirroring.sync_action(args[0], args[1], args[2])])
+            self.send(origin, CallAnswer(rid, self.mirroring.sync_action(args[0], args[1], args[2])))
             return
         vhost, qname = args[0], args[1]
         v = b.vhosts.get(vhost)
         q = v.queues.get(qname) if v is not None else None
         if q is None or not q.local or q.deleted:
-            self.send(origin, ["RR", rid, [spec.NOT_FOUND, f"no queue '{qname}' in vhost '{vhost}'"]])
+            self.send(origin, CallAnswer(rid, [spec.NOT_FOUND, f"no queue '{qname}' in vhost '{vhost}'"]))
             return
         if kind == "stat":
             result = [200, q.message_count, q.consumer_count]
@@ -601,12 +665,12 @@ class ClusterBroker:
 
             def answer(got) -> None:
                 if got is None:
-                    self.send(origin, ["RR", rid, [200, None]])
+                    self.send(origin, CallAnswer(rid, [200, None]))
                     return
                 if not no_ack:
                     self.get_inflight.setdefault(origin, []).append((q, got.entry.seq))
-                self.send(origin, ["RR", rid, [200, [got.entry.seq, got.redelivered, got.route, got.message_count,
-                                                     got.props, got.body]]])
+                self.send(origin, CallAnswer(rid, [200, [got.entry.seq, got.redelivered, got.route,
+                                                         got.message_count, got.props, got.body]]))
             got = q.get(no_ack, answer)
             if got is not PENDING:
                 answer(got)
@@ -617,49 +681,22 @@ class ClusterBroker:
                              e.delivery_count > 1, left] for e, left in taken]]
         else:
             result = [spec.NOT_IMPLEMENTED, f"unknown call {kind}"]
-        self.send(origin, ["RR", rid, result])
+        self.send(origin, CallAnswer(rid, result))
 
     # ------------------------------------------------------------ the peer protocol
 
     def on_message(self, peer: str, payload: Any) -> None:
+        if (type(payload) is not list or not payload or type(payload[0]) is not str
+                or _LIST_MESSAGES.get(payload[0]) != len(payload)):
+            log.error("malformed message from %s in group q: %.200r; ignored", peer, payload)
+            return
         kind = payload[0]
-        if kind == "P":
-            self._on_publishes(peer, payload[1])
-        elif kind == "PA":
-            for token, refused in payload[1]:
-                if refused == RETRY and token in self._pub_items:
-                    self._orphans.setdefault(token, self.mirroring.now() + ORPHAN_TIMEOUT_S)
-                else:
-                    self._publish_accepted(token, bool(refused))
-        elif kind == "D":
-            self._on_deliveries(payload[1], payload[2])
-        elif kind == "S":
-            self._on_settle(peer, *payload[1:])
-        elif kind == "CR+":
-            item = self.proxies.get((peer, payload[1]))
-            if item is not None:
-                item[1].credit += payload[2]
-                self.broker.dirty_queues.add(item[0])
-                self.broker.schedule()
-        elif kind == "C":
-            self._on_consume(peer, *payload[1:])
-        elif kind == "X":
-            self._on_cancel(peer, payload[1])
-        elif kind == "CX":  # the home node cancelled our consumer
-            c = self.consumers.pop(payload[1], None)
-            if c is not None:
-                c.queue.local_consumers.pop(c.ref, None)
-                self._cancel_local(c)
-        elif kind == "R":
-            self._on_call(peer, *payload[1:])
-        elif kind in ("RR", "CR"):
-            self.peers.requests.answer(payload[1], payload[2] if kind == "RR" else [payload[2], payload[3]])
+        if kind == REMOTE or kind == "ST":
+            self._on_batch(peer, payload[1])
         elif kind == "QP":
             self.quorum.on_forwarded(payload[1], payload[2])
         elif kind == "QE":
             self.quorum.on_effects(payload[1])
-        elif kind == "ST":
-            self._on_stats(payload[1])
         elif kind == "G":
             self.mirroring.on_gm(peer, payload[1], payload[2], payload[3])
         elif kind == "NI":
@@ -670,40 +707,93 @@ class ClusterBroker:
                 self.peer_counts[peer] = payload[1]
         self.broker.schedule()
 
+    def _on_batch(self, peer: str, data: Any) -> None:
+        """A batch of remote-queue messages (hutch.cluster.remote) from `peer`."""
+        if type(data) is not bytes:
+            log.error("remote-queue messages from %s are not encoded (%s); ignored", peer, type(data).__name__)
+            return
+        try:
+            msgs = decode_batch(data)
+        except msgspec.DecodeError as e:  # ValidationError too: a message that does not fit its type
+            log.error("undecodable remote-queue messages from %s: %s; ignored", peer, e)
+            return
+        for m in msgs:
+            t = type(m)
+            if t is Publishes:
+                self._on_publishes(peer, m.items)
+            elif t is PublishAnswers:
+                for a in m.items:
+                    token = a.token
+                    if a.outcome == RETRY and token in self._pub_items:
+                        self._orphans.setdefault(token, self.mirroring.now() + ORPHAN_TIMEOUT_S)
+                    else:
+                        self._publish_accepted(token, a.outcome != ACCEPTED)
+            elif t is Deliveries:
+                self._on_deliveries(m.cid, m.items)
+            elif t is Settle:
+                self._on_settle(peer, m)
+            elif t is Credit:
+                item = self.proxies.get((peer, m.cid))
+                if item is not None:
+                    item[1].credit += m.n
+                    self.broker.dirty_queues.add(item[0])
+                    self.broker.schedule()
+            elif t is Consume:
+                self._on_consume(peer, m)
+            elif t is Cancel:
+                self._on_cancel(peer, m.cid)
+            elif t is ConsumerCancelled:  # the home node cancelled our consumer
+                c = self.consumers.pop(m.cid, None)
+                if c is not None:
+                    c.queue.local_consumers.pop(c.ref, None)
+                    self._cancel_local(c)
+            elif t is Call:
+                self._on_call(peer, m.rid, m.kind, m.args)
+            elif t is CallAnswer:
+                self.peers.requests.answer(m.rid, m.result)
+            elif t is ConsumeAnswer:
+                self.peers.requests.answer(m.cid, [m.code, m.text])
+            elif t is FiguresReport:
+                self._on_stats(m.queues)
+
     def flush(self) -> None:
-        """Send what this loop iteration collected (called once per broker run)."""
+        """Send what this loop iteration collected (called once per broker run): one message
+        per home, publisher's node and consumer, each encoded once in a frame of its own (as
+        large as the old protocol's, well within the transport's frame limit)."""
         if self._out_pubs:
             pubs, self._out_pubs = self._out_pubs, {}
             for home, items in pubs.items():
-                if not self.send(home, ["P", items]):
+                if not self.send(home, Publishes(items)):
                     for it in items:
-                        self._publish_accepted(it[0], True)
+                        self._publish_accepted(it.token, True)
         if self._out_acks:
             acks, self._out_acks = self._out_acks, {}
-            for origin, items in acks.items():
-                self.send(origin, ["PA", items])
+            for origin, answers in acks.items():
+                self.send(origin, PublishAnswers(answers))
         if self._out_deliveries:
             dels, self._out_deliveries = self._out_deliveries, {}
-            for (origin, cid), items in dels.items():
-                self.send(origin, ["D", cid, items])
+            for (origin, cid), ds in dels.items():
+                self.send(origin, Deliveries(cid, ds))
         self.quorum.flush()
         self.mirroring.flush()
 
-    def stats(self) -> list:
-        return [[q.vhost, q.name, q.message_count, q.unacked_count, q.consumer_count,
-                 *(q.mirror.mirror_nodes() if q.mirror is not None else ())]
-                for v in self.broker.vhosts.values() for q in v.queues.values()
-                if q.local] + self.quorum.stats()
+    def stats(self) -> bytes:
+        """This node's queue figures for its peers (the runtime sends them as ["ST", stats()])."""
+        rows = [QueueFigures(q.vhost, q.name, q.message_count, q.unacked_count, q.consumer_count,
+                             *(q.mirror.mirror_nodes() if q.mirror is not None else ()))
+                for v in self.broker.vhosts.values() for q in v.queues.values() if q.local]
+        rows.extend(QueueFigures(*row) for row in self.quorum.stats())
+        return encode_batch([FiguresReport(rows)])
 
-    def _on_stats(self, rows: list) -> None:
-        for vhost, name, ready, unacked, consumers, *mirrors in rows:
-            v = self.broker.vhosts.get(vhost)
-            q = v.queues.get(name) if v is not None else None
+    def _on_stats(self, rows: list[QueueFigures]) -> None:
+        for f in rows:
+            v = self.broker.vhosts.get(f.vhost)
+            q = v.queues.get(f.name) if v is not None else None
             if q is not None and q.quorum:
-                q.reported = (ready, unacked, consumers)
+                q.reported = (f.ready, f.unacked, f.consumers)
             elif q is not None and not q.local:
-                q.ready, q.unacked_remote, q.consumers_remote = ready, unacked, consumers
-                q.mirror_nodes, q.synced_nodes = mirrors if mirrors else ([], [])
+                q.ready, q.unacked_remote, q.consumers_remote = f.ready, f.unacked, f.consumers
+                q.mirror_nodes, q.synced_nodes = list(f.mirror_nodes), list(f.synced_nodes)
 
     # ------------------------------------------------------------ peers coming and going
 

@@ -3,10 +3,18 @@ consumer attached from another node as the queue's home sees it (`ProxyConsumer`
 
 RabbitMQ's "Non-mirrored Queue Behavior in a Cluster": a queue lives on one node and every
 other node reaches it over the cluster. Operations travel to the home node over the peer
-protocol (`hutch.broker.cluster` carries them today); acknowledgements made on this node
-are collected on the handle and sent home once per loop iteration. The home node feeds a
+protocol (`hutch.broker.cluster` carries them today) as the typed messages below;
+acknowledgements made on this node are collected on the handle and sent home once per loop
+iteration. The home node feeds a
 remote consumer within a credit (`CONSUMER_CREDIT` deliveries ahead of the consumer node's
 receipts).
+
+The peer messages. Each is a frozen msgspec struct sent as an array whose first element is
+its integer tag; a node sends a list of them, encoded once (`encode_batch`), inside the
+transport's group "q" envelope `[REMOTE, bytes]` (`["ST", bytes]` for the once-a-second
+`FiguresReport`), and the receiver decodes it against `RemoteMessage`, the union of them
+(`decode_batch`), so a payload that does not fit fails there with a `msgspec.ValidationError`
+or `DecodeError` naming what is wrong, never later in a handler.
 
 Both see the rest of the node through `RemoteSide` (the peers, the consumers attached here,
 the broker's loop). Must never: import anything from `hutch.broker` or above, or write to a
@@ -18,12 +26,178 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
+
 from hutch.amqp import spec
 from hutch.amqp.spec import AMQPError
 from hutch.cluster import catalogue as cat
 from hutch.queues.handle import CLASSIC, PENDING, Figures, Got, HeldEntry
 
 CONSUMER_CREDIT = 2000  # deliveries a home node sends ahead of the consumer node's receipts
+REMOTE = "RQ"  # the group "q" envelope of a batch of the messages below: [REMOTE, encode_batch(...)]
+
+# PublishAnswer.outcome
+ACCEPTED = 0
+REFUSED = 1  # nacked: overflow, or no such queue
+RETRY = 2  # not here yet (a leader that moved): the publisher's node sends it again, or nacks it
+
+# Settle.op
+ACK = "a"
+REQUEUE = "r"
+DISCARD = "d"  # rejected without requeue: dead-lettered
+SETTLE_OPS = (ACK, REQUEUE, DISCARD)
+
+
+# -- the peer messages --------------------------------------------------------------------
+
+
+class Publish(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One message routed to queues homed on the receiving node."""
+
+    token: int  # the publisher's node's id for it, answered in a PublishAnswer
+    vhost: str
+    queues: list[str]
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+    persistent: bool
+
+
+class Publishes(msgspec.Struct, tag=1, array_like=True, frozen=True, gc=False):
+    """Publisher's node → home: messages for queues there (one per home and loop iteration)."""
+
+    items: list[Publish]
+
+
+class PublishAnswer(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    token: int
+    outcome: int  # ACCEPTED, REFUSED or RETRY
+
+
+class PublishAnswers(msgspec.Struct, tag=2, array_like=True, frozen=True, gc=False):
+    """Home → publisher's node: accepted (on disk first when persistent to a durable queue),
+    refused (overflow) or not here yet."""
+
+    items: list[PublishAnswer]
+
+
+class Consume(msgspec.Struct, tag=3, array_like=True, frozen=True, gc=False):
+    """Consumer's node → home: basic.consume; answered by a ConsumeAnswer with the same cid."""
+
+    cid: int
+    vhost: str
+    queue: str
+    tag: str
+    no_ack: bool
+    exclusive: bool
+    priority: int
+    prefetch: int
+    arguments: dict[str, Any]
+
+
+class ConsumeAnswer(msgspec.Struct, tag=4, array_like=True, frozen=True, gc=False):
+    """Home → consumer's node: 200, or the AMQP error code and text."""
+
+    cid: int
+    code: int
+    text: str
+
+
+class Cancel(msgspec.Struct, tag=5, array_like=True, frozen=True, gc=False):
+    """Consumer's node → home: basic.cancel, or the channel closed."""
+
+    cid: int
+
+
+class ConsumerCancelled(msgspec.Struct, tag=6, array_like=True, frozen=True, gc=False):
+    """Home → consumer's node: the home node cancelled the consumer (the queue went)."""
+
+    cid: int
+
+
+class Delivery(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    seq: int
+    redelivered: bool
+    route: bytes  # exchange and routing key as encoded in basic.deliver
+    props: bytes
+    body: bytes
+
+
+class Deliveries(msgspec.Struct, tag=7, array_like=True, frozen=True, gc=False):
+    """Home → consumer's node: deliveries to one consumer (one per consumer and loop iteration)."""
+
+    cid: int
+    items: list[Delivery]
+
+
+class Credit(msgspec.Struct, tag=8, array_like=True, frozen=True, gc=False):
+    """Consumer's node → home: `n` more deliveries may be in flight."""
+
+    cid: int
+    n: int
+
+
+class Settle(msgspec.Struct, tag=9, array_like=True, frozen=True, gc=False):
+    """Consumer's node → home: ack (ACK), requeue (REQUEUE) or reject (DISCARD) deliveries
+    (cid 0: of any consumer of the queue from that node, or of basic.get)."""
+
+    vhost: str
+    queue: str
+    cid: int
+    op: str
+    seqs: list[int]
+
+
+class Call(msgspec.Struct, tag=10, array_like=True, frozen=True, gc=False):
+    """Any → any: a call answered once by a CallAnswer with the same rid. `kind` is one of
+    stat, get, purge, take (a queue homed there: args start [vhost, queue]), list, migrate,
+    qstatus, qmember, gmid, sync; `args` are the kind's own (ClusterBroker._on_call)."""
+
+    rid: int
+    kind: str
+    args: list[Any]
+
+
+class CallAnswer(msgspec.Struct, tag=11, array_like=True, frozen=True, gc=False):
+    """The answer to a Call: [200, ...] or [code, text]."""
+
+    rid: int
+    result: Any
+
+
+class QueueFigures(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A queue led by the sending node, as listings show it."""
+
+    vhost: str
+    name: str
+    ready: int
+    unacked: int
+    consumers: int
+    mirror_nodes: list[str] = []  # a mirrored classic queue's mirrors, and those in sync
+    synced_nodes: list[str] = []
+
+
+class FiguresReport(msgspec.Struct, tag=12, array_like=True, frozen=True, gc=False):
+    """Home → all, every second: figures of the queues it leads (classic and quorum)."""
+
+    queues: list[QueueFigures]
+
+
+RemoteMessage = (Publishes | PublishAnswers | Consume | ConsumeAnswer | Cancel | ConsumerCancelled | Deliveries
+                 | Credit | Settle | Call | CallAnswer | FiguresReport)
+_enc = msgspec.msgpack.Encoder()
+_batch_dec = msgspec.msgpack.Decoder(list[RemoteMessage])
+
+
+def encode_batch(msgs: list) -> bytes:
+    """The messages for one peer, encoded once."""
+    return _enc.encode(msgs)
+
+
+def decode_batch(data: bytes) -> list:
+    """A peer's batch; raises msgspec.DecodeError (ValidationError) when it does not fit."""
+    return _batch_dec.decode(data)
 
 
 class RemoteSide(Protocol):
@@ -33,9 +207,9 @@ class RemoteSide(Protocol):
     consumers: dict[int, Any]
 
     def is_up(self, node: str) -> bool: ...
-    def send(self, peer: str, payload: Any) -> bool: ...
+    def send(self, peer: str, payload: Any) -> bool: ...  # a RemoteMessage is sent encoded
     def cancelled(self, cid: int, home: str, vhost: str, qname: str) -> None: ...
-    def queue_delivery(self, origin: str, cid: int, item: list) -> None: ...
+    def queue_delivery(self, origin: str, cid: int, item: Delivery) -> None: ...
     def new_stats(self) -> list[int]: ...
     def new_id(self) -> int: ...
     def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None: ...
@@ -118,19 +292,19 @@ class RemoteQueue:
         self.cluster.broker.dirty_queues.add(self)
 
     def settle(self, seq: int) -> None:
-        self._op(seq, "a")
+        self._op(seq, ACK)
 
     def requeue(self, seq: int) -> None:
-        self._op(seq, "r")
+        self._op(seq, REQUEUE)
 
     def discard(self, seq: int) -> None:
-        self._op(seq, "d")
+        self._op(seq, DISCARD)
 
     def flush(self) -> None:
         if self._ops:
             ops, self._ops = self._ops, {}
             for (cid, op), seqs in ops.items():
-                self.cluster.send(self.home_node, ["S", self.vhost, self.name, cid, op, seqs])
+                self.cluster.send(self.home_node, Settle(self.vhost, self.name, cid, op, seqs))
 
     def add_consumer(self, c: Any) -> None:
         self.local_consumers[c.ref] = c
@@ -142,7 +316,7 @@ class RemoteQueue:
         self.cluster.consumers.pop(c.ref, None)
         self.cluster.cancelled(c.ref, self.home_node, self.vhost, self.name)
         self.flush()  # acks before the cancel
-        self.cluster.send(self.home_node, ["X", c.ref])
+        self.cluster.send(self.home_node, Cancel(c.ref))
         return True
 
     def consumers(self) -> list[Any]:
@@ -195,8 +369,8 @@ class RemoteQueue:
                 r = None
             reply(r)
         cl.expect_reply(cid, self.home_node, answered)
-        cl.send(self.home_node, ["C", cid, self.vhost, self.name, c.tag, c.no_ack, c.exclusive, c.priority,
-                                 c.prefetch, c.arguments])
+        cl.send(self.home_node, Consume(cid, self.vhost, self.name, c.tag, c.no_ack, c.exclusive, c.priority,
+                                        c.prefetch, c.arguments))
         return PENDING
 
 
@@ -250,4 +424,4 @@ class ProxyConsumer:
                 broker.delivered(queue, entry)
         m = entry.message
         self.cluster.queue_delivery(self.origin, self.cid,
-                                    [entry.seq, entry.delivery_count > 1, m.route_enc, m.props, m.body])
+                                    Delivery(entry.seq, entry.delivery_count > 1, m.route_enc, m.props, m.body))

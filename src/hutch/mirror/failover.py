@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from hutch.amqp import spec
+from hutch.cluster.remote import Consume
 
 log = logging.getLogger("hutch.cluster")
 
@@ -109,8 +110,8 @@ class Failover:
                     side.consumers.pop(c.ref, None)
                     side.cancel_consumer(c)
         side.expect_reply(c.ref, q.home_node, answered)
-        side.send(q.home_node, ["C", c.ref, q.vhost, q.name, c.tag, c.no_ack, c.exclusive, c.priority, c.prefetch,
-                                c.arguments])
+        side.send(q.home_node, Consume(c.ref, q.vhost, q.name, c.tag, c.no_ack, c.exclusive, c.priority, c.prefetch,
+                                       c.arguments))
 
     def peer_up(self, peer: str) -> None:
         """A queue's leader is back, unpromoted: its consumers here attach to it again."""
