@@ -1,7 +1,7 @@
 """Raft group hosting (hutch.server.raft_host) on a real RaftHostStorage: a group of one elects
 itself, committed entries reach the group's application in order, and an application that
-raises does not wedge the group: the entry counts as applied, the failure is counted, and only
-the first one in the group is logged with its traceback."""
+raises makes the host stop and ask the node to stop (its copy of the state has left the other
+members'), as does a failed fsync of the log."""
 
 from __future__ import annotations
 
@@ -41,9 +41,12 @@ class App:
 def hosted(tmp_path):
     storage = RaftHostStorage(tmp_path / "raft")
     leaders: list[tuple[int, bool]] = []
+    fatal: list[str] = []
     host = RaftHost(MY_ID, ME, storage, RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1, seed=1),
                     {MY_ID: ME}, 0, send=lambda *a: None, schedule=lambda: None,
-                    on_leader_known=lambda gid: None, on_leadership=lambda gid, leading: leaders.append((gid, leading)))
+                    on_leader_known=lambda gid: None, on_leadership=lambda gid, leading: leaders.append((gid, leading)),
+                    fatal=fatal.append)
+    host.fatal_reasons = fatal
     groups = QueueGroups(host, lambda name: MY_ID)
     app = App()
     groups.ensure_group(GID, (ME,), app, leader_hint=ME)
@@ -72,24 +75,36 @@ def test_committed_entries_reach_the_application_in_order(hosted):
     assert app.applied == [b"one", b"two", b"three"]
 
 
-def test_a_failing_entry_is_counted_and_the_group_goes_on(hosted, caplog):
+def test_a_failing_entry_stops_the_host_and_asks_the_node_to_stop(hosted, caplog):
     host, groups, app, _ = hosted
     with caplog.at_level(logging.ERROR, logger="hutch.cluster"):
-        for data in (b"ok1", b"bad1", b"bad2", b"ok2"):
+        for data in (b"ok1", b"bad1", b"ok2"):
             groups.propose(GID, data)
         host.drain()
-    assert app.applied == [b"ok1", b"ok2"]
-    assert host.apply_errors == {GID: 2}
-    failures = [r for r in caplog.records if "applying entry" in r.getMessage()]
-    assert len(failures) == 2
-    assert failures[0].exc_info is not None and isinstance(failures[0].exc_info[1], ValueError)
-    assert failures[1].exc_info is None and "2 entries failed in this group" in failures[1].getMessage()
+    assert app.applied == [b"ok1"]  # nothing after the entry that failed
+    assert host.failed
+    assert len(host.fatal_reasons) == 1 and "applying committed entry" in host.fatal_reasons[0]
+    failures = [r for r in caplog.records if "applying committed entry" in r.getMessage()]
+    assert len(failures) == 1 and isinstance(failures[0].exc_info[1], ValueError)
+    groups.propose(GID, b"ok3")
+    host.drain()  # a failed host does nothing more
+    assert app.applied == [b"ok1"]
+
+
+def test_a_failed_log_fsync_stops_the_host(hosted, monkeypatch):
+    host, groups, app, _ = hosted
+
+    def failing_sync():
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(host.storage, "sync", failing_sync)
+    groups.propose(GID, b"never")
+    host.drain()
+    assert host.failed and app.applied == []  # not applied on the strength of an unsynced write
+    assert "Raft log fsync failed" in host.fatal_reasons[0]
 
 
 def test_dropping_a_group_forgets_its_bookkeeping(hosted):
     host, groups, _app, _ = hosted
-    groups.propose(GID, b"bad")
-    host.drain()
     groups.drop_group(GID)
-    assert GID not in host.multi.groups and GID not in host.apps and GID not in host.apply_errors
+    assert GID not in host.multi.groups and GID not in host.apps
     assert groups.leader(GID) is None and groups.status(GID) is None

@@ -115,13 +115,16 @@ def load_secret(path: str | None) -> bytes:
 
 
 class ClusterRuntime:
-    def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str]], None]):
+    def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str]], None],
+                 fatal: Callable[[str], None] = lambda reason: None):
         """`on_partition(reachable members, members)` runs whenever a peer comes up or goes down
-        (the node's pause_minority / pause_if_all_down handling)."""
+        (the node's pause_minority / pause_if_all_down handling); `fatal(reason)` when this node's
+        Raft state cannot be trusted any more (a failed fsync, an entry that failed to apply)."""
         cfg = config
         self.cfg = cfg
         self.broker = broker
         self.on_partition = on_partition
+        self.fatal = fatal
         self.name = cfg.node_name
         self.id = node_id(self.name)
         self.loop = asyncio.get_running_loop()
@@ -171,7 +174,8 @@ class ClusterRuntime:
         self.raft = RaftHost(self.id, self.name, self.host, raft_cfg, self.names, CATALOGUE_GROUP,
                              send=self._send_raft, schedule=self._schedule,
                              on_leader_known=lambda gid: self.cluster.quorum.leader_known(gid),
-                             on_leadership=lambda gid, leading: self.cluster.quorum.leadership_changed(gid, leading))
+                             on_leadership=lambda gid, leading: self.cluster.quorum.leadership_changed(gid, leading),
+                             fatal=self.fatal)
         self.multi = self.raft.multi
         self.group = self.raft.add_main_group(storage, CallbackApp(self._apply_catalogue, self._restore_catalogue,
                                                                    lambda: self.cluster.catalogue.snapshot()))
@@ -280,7 +284,11 @@ class ClusterRuntime:
             requests.take(p.rid)
             p.callback(cat.Result(cat.ERROR, 320, "the node is shutting down"))
         await self.transport.close()
-        self.host.sync()
+        try:
+            if not self.raft.failed:
+                self.host.sync()
+        except OSError as e:  # a failing disk: what was not synced is not claimed durable
+            log.error("Raft log could not be synced at stop: %s", e)
         self.host.close()
 
     # ------------------------------------------------------------ members and addresses

@@ -10,9 +10,10 @@ It also tells its owner when a group other than the main (catalogue) group learn
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
 narrow view of the host that quorum queues (`hutch.broker.quorumq`) use.
 
-An entry whose application raises is a bug in that application. The group must not wedge on
-it, so the entry counts as applied; the first failure in a group is logged with its
-traceback, later ones with a line and the running count (`apply_errors`).
+An entry whose application raises is a bug in that application, and it leaves this node's
+copy of the group's state apart from the other members'. A failed fsync leaves the page cache
+untrustworthy. Either way the host stops doing anything and asks the node to stop (`fatal`),
+as a Ra server crashes: a replica that goes on silently diverged is worse than one that stops.
 
 This module does the I/O of Raft hosting only: it sends what the groups hand it, persists
 and applies. It makes no protocol decisions (that is `hutch.raft`) and knows nothing of what
@@ -31,6 +32,7 @@ from hutch.cluster.raftlog import RaftHostStorage
 from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
+from hutch.server import faults
 
 log = logging.getLogger("hutch.cluster")
 
@@ -80,7 +82,8 @@ class RaftHost:
 
     def __init__(self, my_id: int, my_name: str, storage: RaftHostStorage, cfg: RaftConfig, names: dict[int, str],
                  main_gid: Any, send: Callable[[str, Any, bytes], None], schedule: Callable[[], None],
-                 on_leader_known: Callable[[Any], None], on_leadership: Callable[[Any, bool], None]):
+                 on_leader_known: Callable[[Any], None], on_leadership: Callable[[Any, bool], None],
+                 fatal: Callable[[str], None] = lambda reason: None):
         self.id = my_id
         self.name = my_name
         self.storage = storage
@@ -88,7 +91,8 @@ class RaftHost:
         self.main_gid = main_gid
         self.multi = MultiRaft(my_id, cfg)
         self.apps: dict[Any, GroupApp] = {}
-        self.apply_errors: dict[Any, int] = {}  # group -> entries whose application raised
+        self.failed = False  # set when this node's Raft state cannot be trusted: nothing more is done
+        self._fatal = fatal  # the node stops (hutch.server.runtime.Node.fail_stop)
         self._send = send
         self._schedule = schedule
         self._on_leader_known = on_leader_known
@@ -102,13 +106,13 @@ class RaftHost:
         """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
         at start, before the transport exists, nothing is sent."""
         multi = self.multi
-        while True:
+        while not self.failed:
             mr = multi.ready()
             if mr is None:
                 self._leadership()
                 return
-            if mr.needs_fsync():
-                self.storage.sync()
+            if mr.needs_fsync() and not self._sync():
+                return  # nothing may be sent or applied on the strength of writes that may be lost
             if not initial:
                 for to, gid, m in mr.messages():
                     peer = self.names.get(to)
@@ -127,8 +131,9 @@ class RaftHost:
                     if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
                         try:
                             app.apply(e.data, e.index)
-                        except Exception:  # a bug must not wedge the group: it is logged and counted
+                        except Exception:
                             self._apply_failed(gid, e.index)
+                            return
                 if rd.snapshot_wanted and app.snapshot_due(g.applied - g.storage.first_index() + 1):
                     compact.append((gid, app))
             multi.advance(mr)
@@ -137,17 +142,28 @@ class RaftHost:
                 if g is not None:
                     g.compact(g.applied, app.snapshot())
                     multi.touched(gid)
-            if compact:
-                self.storage.sync()
+            if compact and not self._sync():
+                return
+
+    def _sync(self) -> bool:
+        """One fsync of every group's log; False (and the node stopping) when the disk failed."""
+        try:
+            faults.check_fsync()
+            self.storage.sync()
+            return True
+        except OSError as e:
+            self.failed = True
+            self._fatal(f"Raft log fsync failed: {e}")
+            return False
 
     def _apply_failed(self, gid: Any, index: int) -> None:
-        count = self.apply_errors.get(gid, 0) + 1
-        self.apply_errors[gid] = count
-        if count == 1:
-            log.exception("Raft group %s: applying entry %d failed", gid, index)
-        else:
-            log.error("Raft group %s: applying entry %d failed (%d entries failed in this group so far; the first "
-                      "was logged with its traceback)", gid, index, count)
+        """A committed entry this node could not apply: its copy of the group's state has left
+        the other members' (a replica that diverges silently is worse than one that stops).
+        The node stops; on restart it replays the log, and the other members carry on."""
+        log.exception("Raft group %s: applying committed entry %d failed", gid, index)
+        self.failed = True
+        self._fatal(f"Raft group {gid}: applying committed entry {index} failed, so this node's copy of its "
+                    f"state can no longer be trusted")
 
     def _leadership(self) -> None:
         """Tell the owner whose group (other than the main one) learnt a leader, and which this
@@ -251,7 +267,6 @@ class RaftHost:
         self.apps.pop(gid, None)
         self._leading.discard(gid)
         self._leaders.pop(gid, None)
-        self.apply_errors.pop(gid, None)
 
 
 class QueueGroups:

@@ -37,7 +37,7 @@ from hutch.control.node import node_info
 from hutch.control.prometheus import MetricsService
 from hutch.control.prometheus import default_host as prometheus_host
 from hutch.control.sessions import local_listing
-from hutch.server import logs, sdnotify
+from hutch.server import faults, logs, sdnotify
 from hutch.server.cluster_file import CLUSTER_FILE, write_cluster_file
 from hutch.server.clustering import ClusterRuntime
 from hutch.server.partitions import PAUSING_MODES, pause_reason, should_pause
@@ -45,6 +45,7 @@ from hutch.server.tasks import TaskSet
 
 log = logging.getLogger("hutch.node")
 
+EXIT_STORAGE_FAILED = 74  # the node stopped because its storage failed (EX_IOERR)
 CLOSE_OK_WAIT_S = 3.0  # a client that started closing gets this long to answer before its socket closes
 HEARTBEAT_MIN_INTERVAL_S = 0.25  # heartbeats go out every heartbeat/2 s, never more often than this
 BROKER_TICK_S = 0.1  # the broker's expiry and flow-control tick
@@ -193,6 +194,7 @@ class Node:
         self.clustering = None
         self._tasks = TaskSet("node", log)  # closing and reopening client listeners on pause and resume
         self._total_mem = psutil.virtual_memory().total
+        self.exit_code = 0  # set by fail_stop
 
     def _schedule_run(self) -> None:
         self.loop.call_soon(self.broker.run)
@@ -288,7 +290,7 @@ class Node:
         self.broker.request_sync = self._request_sync
         if self.http is not None:
             self.http.app[API].broker = self.broker
-        self.clustering = ClusterRuntime(self.config, self.broker, self.partition_changed)
+        self.clustering = ClusterRuntime(self.config, self.broker, self.partition_changed, self.fail_stop)
         await self.clustering.start()
         self._wire_node_info()
         self.broker.open_storage(self.config.data_dir)
@@ -382,7 +384,10 @@ class Node:
             await asyncio.sleep(SYNC_DRAIN_POLL_S)
         if self.clustering is not None:
             await self.clustering.stop()
-        self.broker.close_storage()
+        try:
+            self.broker.close_storage()
+        except OSError as e:  # a failing disk: what was not synced is not claimed durable
+            log.error("message store could not be closed cleanly: %s", e)
         log.info("Stopped hutch application on node %s", self.config.node_name)
 
     def _require_stopped(self, what: str) -> None:
@@ -428,8 +433,12 @@ class Node:
         if self._sync_running:
             return
         self._sync_running = True
-        fut = self.loop.run_in_executor(None, self.broker.journal.sync)
+        fut = self.loop.run_in_executor(None, self._journal_sync)
         fut.add_done_callback(self._sync_done)
+
+    def _journal_sync(self) -> int:
+        faults.check_fsync()
+        return self.broker.journal.sync()
 
     def _sync_done(self, fut) -> None:
         self._sync_running = False
@@ -437,7 +446,10 @@ class Node:
             return  # shutdown syncs and closes the store itself
         exc = fut.exception()
         if exc is not None:
-            log.critical("message store fsync failed: %s; the node cannot confirm persistent messages", exc)
+            # After a failed fsync the page cache cannot be trusted to hold what was written (the
+            # "fsyncgate" lesson); carrying on would mean never confirming again, or confirming
+            # what may be lost. Stop, so clients fail over and republish what was not confirmed.
+            self.fail_stop(f"message store fsync failed: {exc}")
             return
         self.broker.durable_done(fut.result())
         if self.broker.journal.unsynced:
@@ -468,6 +480,13 @@ class Node:
     @property
     def stop_requested(self) -> bool:
         return self._stopping is not None and self._stopping.is_set()
+
+    def fail_stop(self, reason: str) -> None:
+        """Storage this node cannot trust: log why, and stop with a non-zero exit status."""
+        if self.exit_code == 0:
+            log.critical("%s; stopping node %s", reason, self.config.node_name)
+        self.exit_code = EXIT_STORAGE_FAILED
+        self.request_stop()
 
     def request_stop(self) -> None:
         log.info("hutch is asked to stop...")
@@ -518,7 +537,10 @@ def run_node(config: Config) -> int:
     except ImportError:  # pragma: no cover
         loop_factory = None
 
+    exit_code = 0
+
     async def main() -> None:
+        nonlocal exit_code
         node = Node(config)
         loop = asyncio.get_running_loop()
         boot = asyncio.ensure_future(node.start())
@@ -542,6 +564,7 @@ def run_node(config: Config) -> int:
         # Type=notify units: the node is booted and listening
         sdnotify.ready(f"node {config.node_name} is running")
         await node.serve_forever()
+        exit_code = node.exit_code
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         try:
@@ -550,7 +573,7 @@ def run_node(config: Config) -> int:
             log.error("%s", e)
             log.error("node %s: boot failed: definitions could not be imported", config.node_name)
             return 1
-    return 0
+    return exit_code
 
 
 __all__ = ["Node", "run_node", "commands"]
