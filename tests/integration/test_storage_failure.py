@@ -16,6 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from hutch.store import format as fmt
 from tests.support.brokers import HutchNode, wait_until
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -71,3 +72,21 @@ def test_a_failed_raft_log_fsync_stops_the_node(node):
     wait_until(lambda: node.proc.poll() is not None, 30, "the node to stop")
     assert node.proc.returncode == 74
     assert "Raft log fsync failed" in node.log()
+
+
+def test_a_node_whose_raft_log_is_corrupt_refuses_to_start(node):
+    """A damaged record in the Raft log (not a torn tail) may have held the newest term and
+    vote: the node will not serve from what is left, and says so."""
+    node.stop()
+    segments = sorted(p for p in (node.data_dir / "raft").iterdir() if p.is_file() and p.stat().st_size > 64)
+    data = bytearray(segments[0].read_bytes())
+    found, damage = fmt.scan_segment(bytes(data), fmt.SEGMENT_HEADER_BYTES, 1 << 24, 0, 1 << 64)
+    assert not damage and len(found) >= 2
+    first = found[0]
+    data[first.offset + fmt.RECORD_HEADER_BYTES] ^= 0xFF  # the first record's payload, records after it intact
+    segments[0].write_bytes(bytes(data))
+    node.start(wait=False)
+    assert node.proc.wait(30) == 74
+    log = node.log()
+    assert "has corrupt data" in log and "will not serve its Raft groups" in log
+    assert "boot failed: its Raft log cannot be trusted" in log

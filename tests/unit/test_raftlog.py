@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tests.sim.harness import QUIET, Cluster
 
 from hutch.cluster import catalogue as cat
-from hutch.cluster.raftlog import RaftHostStorage, RaftLog, RaftLogError
+from hutch.cluster.raftlog import HardStateRecord, RaftHostStorage, RaftLog, RaftLogError
 from hutch.raft.group import LEADER, RaftGroup
 from hutch.raft.messages import ConfState, Entry, HardState, Snapshot, SnapshotMeta
 from hutch.raft.storage import MemoryStorage, bootstrap_memory_storage
@@ -402,3 +402,21 @@ def test_raft_groups_restarted_from_disk_keep_term_vote_and_log(tmp_path):
         assert (g.term, g.vote, g.commit) == (term, 1, commit)
         assert g.storage.entries(idx, idx + 1, 100)[0].data == b"cmd"
 
+
+
+def test_a_log_with_a_corrupt_record_is_refused_rather_than_replayed_around_it(tmp_path):
+    """A damaged newest hard state would otherwise bring back an older vote (a double vote)."""
+    with RaftHostStorage(tmp_path) as h:
+        s = h.bootstrap(5, (1, 2, 3))
+        s.set_hard_state(HardState(2, 1, 1))
+        s.set_hard_state(HardState(3, 2, 1))  # the newest term and vote
+        s.append([Entry(3, 2, 0, b"after")])
+        h.sync()
+    newest = msgspec.msgpack.encode(HardStateRecord(HardState(3, 2, 1)))
+    [seg] = [p for p in tmp_path.iterdir() if p.is_file() and newest in p.read_bytes()]
+    data = bytearray(seg.read_bytes())
+    at = data.rfind(newest)
+    data[at + len(newest) - 1] ^= 0xFF  # the vote's commit index: the CRC no longer matches
+    seg.write_bytes(bytes(data))
+    with pytest.raises(RaftLogError, match="corrupt data .* will not serve its Raft groups"):
+        RaftHostStorage(tmp_path)

@@ -19,7 +19,10 @@ record keyed by the group id:
 Nothing is durable until `RaftHostStorage.sync()` (one fsync for all groups), which the
 runtime calls in step 1 of the Ready contract, before sending the Ready's messages.
 
-Recovery (after a clean stop or a kill -9) replays the records in log order: an append
+Recovery (after a clean stop or a kill -9) refuses a log with corrupt data in it (the segment
+log's CRC found a damaged record that is not a torn tail): whatever was lost may have been a
+group's newest term and vote, and coming back with an older one could make this node vote
+twice in a term. Otherwise it replays the records in log order: an append
 drops the entries at and after its first index, a snapshot record drops the entries outside
 its window, the last hard state and snapshot records win. What comes back is exactly what
 was durable: every group's entries, hard state and snapshot, and never an entry that a later
@@ -281,6 +284,15 @@ class RaftHostStorage:
     # -- recovery ---------------------------------------------------------------------------------
 
     def _recover(self) -> None:
+        corrupt = self.log.recovery.corrupt
+        if corrupt:
+            # A damaged record may have been any group's newest term and vote: replaying around
+            # it would bring back an older vote, and this node could vote twice in one term.
+            where = ", ".join(f"segment {c.segment} at offset {c.offset} ({c.length} bytes)" for c in corrupt)
+            raise RaftLogError(f"Raft log {self.log.directory} has corrupt data ({where}): the terms, votes and "
+                               f"entries it holds cannot be trusted, so this node will not serve its Raft groups. "
+                               f"Restore the data directory from a good copy, or remove the node from its "
+                               f"cluster (forget_cluster_node) and add it back with an empty data directory")
         rebuilds: dict[int, _Rebuild] = {}
         for rec in self.log.replay():
             try:

@@ -31,6 +31,7 @@ from hutch.amqp import connection as amqp_conn
 from hutch.amqp import spec
 from hutch.broker.broker import Broker, Config
 from hutch.broker.session import Session
+from hutch.cluster.raftlog import RaftLogError
 from hutch.control import definitions, migrate
 from hutch.control.app import API, HttpListener
 from hutch.control.node import node_info
@@ -573,6 +574,10 @@ def run_node(config: Config) -> int:
             log.error("%s", e)
             log.error("node %s: boot failed: definitions could not be imported", config.node_name)
             return 1
+        except RaftLogError as e:
+            log.critical("%s", e)
+            log.critical("node %s: boot failed: its Raft log cannot be trusted", config.node_name)
+            return EXIT_STORAGE_FAILED
     return exit_code
 
 
