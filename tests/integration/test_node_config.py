@@ -11,6 +11,7 @@ import json
 import socket
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pika
@@ -131,3 +132,13 @@ def test_a_node_name_without_host_gets_the_short_host_name(tmp_path):
     with HutchNode(name="rabbit", data_dir=tmp_path / "data", mgmt_port=port) as node:
         assert get_json(f"http://127.0.0.1:{port}/api/overview")["node"] == f"rabbit@{short}"
         pika.BlockingConnection(pika.URLParameters(node.url)).close()
+
+
+def test_the_node_object_reports_the_configured_disk_limit_and_net_ticktime(tmp_path):
+    port = free_port()
+    conf = "disk_free_limit.absolute = 2GB\nnet_ticktime = 15\n"
+    with node_with(tmp_path, conf, "--mgmt-port", str(port)) as node:
+        wait_until(lambda: port_open("127.0.0.1", port), 20, "the API")
+        me = get_json(f"http://127.0.0.1:{port}/api/nodes/{urllib.parse.quote(node.name)}")
+        assert me["disk_free_limit"] == 2_000_000_000
+        assert me["net_ticktime"] == 15

@@ -180,7 +180,7 @@ def node_info(api: Api) -> dict[str, Any]:
         "mem_limit": mem_limit,
         "mem_alarm": "memory" in b.alarms,
         "disk_free": disk_free,
-        "disk_free_limit": 50_000_000,
+        "disk_free_limit": cfg.disk_free_limit_bytes,
         "disk_free_alarm": "disk" in b.alarms,
         "fd_used": fd_used,
         "fd_total": fd_total,
@@ -196,7 +196,7 @@ def node_info(api: Api) -> dict[str, Any]:
         "partitions": (b.cluster.status().get("partitions", {}).get(cfg.node_name, [])
                        if b.cluster is not None else []),
         "cluster_links": [],
-        "net_ticktime": 60,
+        "net_ticktime": int(cfg.net_ticktime_s) if float(cfg.net_ticktime_s).is_integer() else cfg.net_ticktime_s,
         "exchange_types": EXCHANGE_TYPES,
         "auth_mechanisms": [{"name": m, "description": AUTH_MECHANISMS.get(m, m),
                              "enabled": m in getattr(cfg, "auth_mechanisms", ["PLAIN", "AMQPLAIN"])}

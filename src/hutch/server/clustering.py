@@ -334,7 +334,7 @@ class ClusterRuntime:
                      "role": self.group.role_name},
             "partitions": self.partitions(),
             "last_seen": {p: _iso(self._wall(self.down_since[p])) for p in self.partitioned() if p in self.down_since},
-            "alarms": [],
+            "alarms": sorted(self.broker.alarms),  # this node's resource alarms in effect
         }
 
     def partitioned(self) -> list[str]:
