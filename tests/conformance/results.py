@@ -197,15 +197,28 @@ def write_expected(suite: str, nodeids: list[str], product: str) -> Path:
     EXPECTED.mkdir(parents=True, exist_ok=True)
     path = expected_path(suite)
     header = (f"# Tests of the {suite} suite that must pass against hutch ({len(nodeids)}).\n"
-              f"# Derived from results/hutch.json ({product}) by `python -m tests.conformance.run"
-              f" --broker hutch --update-expected`,\n"
-              f"# less the tests in flaky.txt. tests/conformance/test_suites.py fails when one of them does not pass.\n")
+              f"# Grown from results/hutch.json ({product}) by `python -m tests.conformance.run"
+              f" --broker hutch --update-expected`:\n"
+              f"# a test that passes joins; one leaves only when flaky.txt or pending.txt names it with a reason.\n"
+              f"# tests/conformance/test_suites.py fails when one of them does not pass.\n")
     path.write_text(header + "".join(f"{n}\n" for n in sorted(nodeids)))
     return path
 
 
 def derive_expected(result: SuiteResult, flaky_entries: list[ListEntry]) -> list[str]:
     return sorted(t for t in result.passed_ids() if matching(flaky_entries, result.suite, t) is None)
+
+
+def merge_expected(result: SuiteResult, old: list[str], flaky_entries: list[ListEntry],
+                   pending_entries: list[ListEntry]) -> tuple[list[str], list[str], list[str]]:
+    """(old list, new list, expected tests that did not pass in `result`). The new list is the
+    old one plus every test that passed (less flaky ones); an old test leaves it only when
+    flaky.txt or pending.txt names it, never because it failed."""
+    listed = [e for e in (*flaky_entries, *pending_entries)]
+    keep = {t for t in old if matching(listed, result.suite, t) is None}
+    new = sorted(keep | set(derive_expected(result, flaky_entries)))
+    failing = sorted(t for t in keep if result.tests.get(t) != "passed")
+    return sorted(old), new, failing
 
 
 def missing_expected(result: SuiteResult, expected: list[str]) -> list[tuple[str, str]]:

@@ -101,3 +101,13 @@ def test_every_list_entry_names_a_suite_and_matches_recorded_tests(name):
 def test_expected_lists_hold_no_flaky_test(suite):
     flaky = R.flaky()
     assert [t for t in R.read_expected(suite) if R.matching(flaky, suite, t)] == []
+
+
+def test_updating_the_expected_lists_never_drops_a_test_that_stopped_passing():
+    res = R.SuiteResult("amqp", "hutch", tests={"t.py::a": "passed", "t.py::b": "failed", "t.py::c": "passed",
+                                                "t.py::d": "failed", "t.py::e": "passed"})
+    flaky = [R.ListEntry("amqp", "t.py::e", "times out under load")]
+    pending = [R.ListEntry("amqp", "t.py::d", "feature being rebuilt")]
+    old, new, failing = R.merge_expected(res, ["t.py::a", "t.py::b", "t.py::d"], flaky, pending)
+    assert new == ["t.py::a", "t.py::b", "t.py::c"]  # b stays although it failed; c joins; d leaves by pending.txt
+    assert failing == ["t.py::b"]  # reported, and update_expected exits 1
