@@ -6,6 +6,11 @@ called by the runtime once per event-loop iteration when anything is pending —
 dirty queues, sends batched publisher confirms, and hands each session's frames to its
 transport in one write. So a read of many publishes becomes one write of many deliveries.
 
+Disk-first classic queues (hutch.queues.paging, docs/durability.md): past a queue's memory
+window the broker stores a new message's body on disk — a persistent message of a durable
+queue is in the journal already, any other goes to the node's scratch log — and the queue
+keeps only its location; the broker is the queue's `BodyStore` and reads bodies back for it.
+
 Resource alarms follow RabbitMQ: above the memory high watermark every connection that
 publishes is sent `connection.blocked` (when its client announced the capability) and is
 no longer read from until the alarm clears, when it gets `connection.unblocked`.
@@ -35,12 +40,19 @@ from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
 from hutch.broker.exchanges import QUEUE, Exchange
-from hutch.broker.journal import Journal
+from hutch.broker.journal import REF_DELIVERED, REF_EXPIRATION, REF_SIZE_MASK, Journal, ScratchLog, Unreadable
 from hutch.broker.msgstats import PUBLISH
 from hutch.broker.vhost import VHost
 from hutch.queues import effective
 from hutch.queues.classic import ClassicQueue
 from hutch.queues.message import Message
+from hutch.queues.paging import (
+    PAGED_OVERHEAD_BYTES,
+    SCRATCH,
+    WINDOW_BYTES_DEFAULT,
+    WINDOW_MESSAGES_DEFAULT,
+    PagingPolicy,
+)
 from hutch.queues.state import DROP_HEAD, REJECT_PUBLISH_DLX, Entry, QueueLimits
 
 log = logging.getLogger("hutch.broker")
@@ -91,6 +103,9 @@ class Config:
     queue_master_locator: str = "client-local"  # client-local | min-masters | random
     mirroring_sync_batch_size: int = 4096  # messages per sync batch unless ha-sync-batch-size says
     mirroring_sync_max_throughput: int = 0  # bytes/s a sync may send (0: no limit)
+    # disk-first classic queues: ready messages a queue keeps in memory before new ones are paged
+    classic_queue_memory_window_messages: int = WINDOW_MESSAGES_DEFAULT
+    classic_queue_memory_window_bytes: int = WINDOW_BYTES_DEFAULT
     cluster_partition_handling: str = "ignore"  # ignore | pause_minority | pause_if_all_down | autoheal
     load_definitions: str | None = None  # a definitions file (or directory) imported at every boot
     pause_if_all_down_nodes: list[str] = field(default_factory=list)  # pause when none of these is reachable
@@ -168,10 +183,12 @@ class Broker:
         self.policies: list[dict[str, Any]] = []
         self.operator_policies: list[dict[str, Any]] = []
         self.journal: Journal | None = None
+        self.scratch: ScratchLog | None = None  # bodies of paged messages the journal does not hold
         self.request_sync: Callable[[], None] = lambda: None  # set by the runtime
         self._direct_replies: dict[str, tuple[Any, str]] = {}
         self.flow_limited: set[ClassicQueue] = set()
         self._sync_waiters: deque[tuple[int, Callable, Any]] = deque()  # (log seq, fn, arg), in seq order
+        self._paged_routes: dict[tuple[str, str], bytes] = {}  # encoded routes of messages read back
         self.started_ms = self.now_ms()
         # The node's part in its cluster (a standalone node is a cluster of one): vhosts, users,
         # exchanges and queues come from the cluster's catalogue through it.
@@ -211,6 +228,8 @@ class Broker:
                 self._flow_check(q)
         if self.journal is not None and self.journal.unsynced:
             self.request_sync()
+        if self.scratch is not None:
+            self.scratch.flush()
         if self.cluster is not None:
             self.cluster.flush()
         outputs = self._outputs
@@ -229,6 +248,7 @@ class Broker:
     def open_storage(self, data_dir: str) -> None:
         """Recover journalled messages into the queues homed here (start-up, after the
         catalogue has been replayed and has made those queues)."""
+        self.scratch = ScratchLog(os.path.join(data_dir, "scratch"))
         self.journal = Journal(os.path.join(data_dir, "msgs"))
         queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values()
                   if q.local and q.journal_id}
@@ -245,37 +265,122 @@ class Broker:
         log.info("recovered %d queue(s) and %d persistent message(s)", len(queues), total)
 
     def _recover_messages(self, queues: dict) -> int:
-        """Put the journal's surviving messages back on their queues, in publish order."""
-        recovered = self.journal.recover(queues)
+        """Put the journal's surviving messages back on their queues, in publish order. A queue
+        that pages takes only its window's bodies into memory; the rest stay in the journal."""
+        recovered = self.journal.recover_refs(queues)
         total = 0
         routes: dict[tuple[str, str], bytes] = {}
-        for qid, msgs in recovered.items():
+        journal = self.journal
+        for qid, refs in recovered.items():
             q = queues[qid]
             now = self.now_ms()
-            for m in msgs:
-                key = (m.exchange, m.routing_key)
-                route = routes.get(key)
-                if route is None:
-                    route = routes[key] = codec.route_encoding(m.exchange, m.routing_key)
-                priority, expiration_ms = priority_and_expiration(m.props)
-                msg = Message(m.exchange, m.routing_key, route, m.props, m.body, True, priority, expiration_ms)
+            lost = 0
+            for log_seq, ref in refs.items():
+                size = ref & REF_SIZE_MASK
+                count = 1 if ref & REF_DELIVERED else 0
+                if q.pages_out(size):
+                    expiration_ms = None
+                    if ref & REF_EXPIRATION:
+                        msg = self._journal_message(q, log_seq, routes)
+                        if msg is None:
+                            lost += 1
+                            continue
+                        expiration_ms = msg.expiration_ms
+                    ttl = expiration_ms
+                    if q.message_ttl_ms is not None:
+                        ttl = q.message_ttl_ms if ttl is None else min(ttl, q.message_ttl_ms)
+                    q.publish_paged(log_seq, size, None if ttl is None else now + ttl, count)
+                    if ttl is not None:
+                        self.ttl_queues.add(q)
+                    continue
+                msg = self._journal_message(q, log_seq, routes)
+                if msg is None:
+                    lost += 1
+                    continue
                 entry, dropped = q.publish(msg, now)
                 for d in dropped:  # the queue's limits leave no room for it any more
                     self.settled(q, d)
                 if entry is None:
-                    self.journal.settled(qid, m.log_seq)
+                    journal.settled(qid, log_seq)
                     continue
                 if dropped and dropped[-1] is entry:
-                    self.journal.settled(qid, m.log_seq)
+                    journal.settled(qid, log_seq)
                     continue
-                entry.log_seq = m.log_seq
-                if m.delivered:
-                    entry.delivery_count = 1
+                entry.log_seq = log_seq
+                entry.delivery_count = count
                 if msg.expiration_ms is not None:
                     self.ttl_queues.add(q)
-            total += len(msgs)
-            log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)", q.name, q.vhost, len(msgs))
+            total += len(refs) - lost
+            log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)%s", q.name, q.vhost,
+                     len(refs) - lost, f" ({q.paged_count} of them paged)" if q.paged_count else "")
         return total
+
+    def _journal_message(self, q: ClassicQueue, log_seq: int, routes: dict | None = None) -> Message | None:
+        """A journalled message read back (CRC checked); None, logged and settled, when it cannot be."""
+        try:
+            exchange, routing_key, props, body = self.journal.read_enqueue(log_seq)
+        except Unreadable as e:
+            log.error("queue '%s' in vhost '%s': message at journal record %d cannot be read back (%s); "
+                      "it is dropped", q.name, q.vhost, log_seq, e)
+            self.journal.settled(q.journal_id, log_seq)
+            return None
+        return self._message(exchange, routing_key, props, body, True, routes)
+
+    def _message(self, exchange: str, routing_key: str, props: bytes, body: bytes, persistent: bool,
+                 routes: dict | None = None) -> Message:
+        key = (exchange, routing_key)
+        route = routes.get(key) if routes is not None else None
+        if route is None:
+            route = codec.route_encoding(exchange, routing_key)
+            if routes is not None and len(routes) < 4096:
+                routes[key] = route
+        priority, expiration_ms = priority_and_expiration(props)
+        return Message(exchange, routing_key, route, props, body, persistent, priority, expiration_ms)
+
+    # ---------------------------------------------------------------- the queues' body store (hutch.queues.paging)
+
+    def read_paged(self, q: ClassicQueue, seq: int, loc: int) -> Message | None:
+        """BodyStore.read_paged: a paged message back from the journal or the scratch log."""
+        if loc >= SCRATCH:
+            sseq = loc - SCRATCH
+            try:
+                exchange, routing_key, props, body, persistent = self.scratch.read(sseq)
+            except Unreadable as e:
+                log.error("queue '%s' in vhost '%s': paged message %d (scratch record %d) cannot be read back "
+                          "(%s); it is dropped", q.name, q.vhost, seq, sseq, e)
+                self.scratch.release(sseq)
+                return None
+            self.scratch.release(sseq)
+            return self._message(exchange, routing_key, props, body, persistent, self._paged_routes)
+        if self.journal is None:
+            return None
+        try:
+            exchange, routing_key, props, body = self.journal.read_enqueue(loc)
+        except Unreadable as e:
+            log.error("queue '%s' in vhost '%s': paged message %d (journal record %d) cannot be read back "
+                      "(%s); it is dropped", q.name, q.vhost, seq, loc, e)
+            self.journal.settled(q.journal_id, loc)
+            return None
+        return self._message(exchange, routing_key, props, body, True, self._paged_routes)
+
+    def drop_paged(self, q: ClassicQueue, locs: list[int]) -> None:
+        """BodyStore.drop_paged: paged messages leave unread (purge, deleted queue)."""
+        journalled = []
+        for loc in locs:
+            if loc >= SCRATCH:
+                if self.scratch is not None:
+                    self.scratch.release(loc - SCRATCH)
+            else:
+                journalled.append(loc)
+        if journalled and q.journal_id and self.journal is not None:
+            self.journal.purged(q.journal_id, journalled)
+
+    def paging_policy(self, eff: effective.Effective | None) -> PagingPolicy:
+        """A queue's paging numbers: the node's window, or none with `queue-mode: lazy`."""
+        if eff is not None and eff.queue_mode == "lazy":
+            return PagingPolicy.lazy()
+        cfg = self.config
+        return PagingPolicy(cfg.classic_queue_memory_window_messages, cfg.classic_queue_memory_window_bytes)
 
     def durable_done(self, seq: int) -> None:
         """An fsync covered the journal up to `seq`: confirm what waited for it."""
@@ -300,6 +405,9 @@ class Broker:
         if self.journal is not None:
             self.journal.sync()
             self.journal.close()
+        if self.scratch is not None:
+            self.scratch.close()
+            self.scratch = None
 
     # ---------------------------------------------------------------- sessions
 
@@ -493,6 +601,7 @@ class Broker:
                          dead_letter_exchange=s.dead_letter_exchange,
                          dead_letter_routing_key=s.dead_letter_routing_key, home_node=self.config.node_name,
                          host=self)
+        q.store = self
         q.last_used_ms = self.now_ms()
         vhost.queues[name] = q
         vhost.topology_changed()
@@ -535,6 +644,9 @@ class Broker:
         q.dead_letter_routing_key = eff.dead_letter_routing_key
         st = q.state
         st.limits = lim = QueueLimits(eff.max_length, eff.max_length_bytes, eff.overflow, st.limits.max_priority)
+        # disk-first: a length limit (or priorities) keeps the queue in memory in this slice, and a
+        # queue that gains one reads its paged messages back before the limit is applied
+        q.set_paging(self.paging_policy(eff))
         if eff.message_ttl_ms is not None or eff.expires_ms is not None:
             self.ttl_queues.add(q)
         if old is None:
@@ -592,6 +704,9 @@ class Broker:
         owner = q.exclusive_owner
         if owner is not None and q in owner.exclusive_queues:
             owner.exclusive_queues.remove(q)
+        tail = q.tail
+        if tail is not None and tail.count:
+            self.drop_paged(q, tail.take_all())
         if q.journal_id and self.journal is not None:
             st = q.state
             self.journal.purged(q.journal_id, [e.log_seq for e in list(st.ready()) + list(st.unacked.values())
@@ -655,10 +770,11 @@ class Broker:
         return taken
 
     def purge_queue(self, q: ClassicQueue) -> int:
-        removed = q.remove_ready()
+        paged = q.paged_count
+        removed = q.remove_ready()  # the paged ones leave through drop_paged
         if q.journal_id and self.journal is not None:
             self.journal.purged(q.journal_id, [e.log_seq for e in removed if e.log_seq])
-        return len(removed)
+        return len(removed) + paged
 
     def consumer_gone(self, q: ClassicQueue) -> None:
         if not q.local:
@@ -746,7 +862,10 @@ class Broker:
 
     def _put(self, q: ClassicQueue, msg: Message, now: int) -> tuple[Entry | None, list[Entry]]:
         """Enqueue on one queue, journalling persistent messages of durable queues; dead-letter
-        what drop-head overflow pushed out."""
+        what drop-head overflow pushed out. Past the queue's memory window the body goes to disk
+        (the journal, or the scratch log) and the queue keeps its location only."""
+        if q.tail is not None and q.pages_out(len(msg.body)) and self.scratch is not None:
+            return self._put_paged(q, msg, now), []
         entry, dropped = q.publish(msg, now)
         if entry is None:
             return None, dropped
@@ -762,6 +881,19 @@ class Broker:
             self.ttl_queues.add(q)
         self.dirty_queues.add(q)
         return entry, dropped
+
+    def _put_paged(self, q: ClassicQueue, msg: Message, now: int) -> _Paged:
+        if msg.persistent and q.journal_id and self.journal is not None:
+            loc = log_seq = self.journal.enqueue(q.journal_id, msg.exchange, msg.routing_key, msg.props, msg.body)
+        else:
+            loc = SCRATCH + self.scratch.write(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent)
+            log_seq = 0
+        expires = q.expiry_of(msg, now) if msg.expiration_ms is not None or q.message_ttl_ms is not None else None
+        q.publish_paged(loc, len(msg.body), expires)
+        if msg.expiration_ms is not None:
+            self.ttl_queues.add(q)
+        self.dirty_queues.add(q)
+        return _Paged(log_seq)
 
     # ---------------------------------------------------------------- direct reply-to
 
@@ -804,15 +936,17 @@ class Broker:
         alarm, so a consumer that never acknowledges can never stall a publisher for good."""
         st = q.state
         mirror = q.mirror
+        tail = q.tail
+        ready = st.ready_count + tail.count if tail is not None else st.ready_count
         if q.flow_waiters is None:
-            if (st.ready_count > self.FLOW_READY_HIGH and q.consumer_count and self._consumers_busy(q)) or (
+            if (ready > self.FLOW_READY_HIGH and q.consumer_count and self._consumers_busy(q)) or (
                     mirror is not None and mirror.backlogged()):
                 q.flow_waiters = set()
                 self.flow_limited.add(q)
             return
         if mirror is not None and not mirror.drained():
             return  # a mirror has not caught up: publishers wait (credit flow through the ring)
-        if st.ready_count <= self.FLOW_READY_LOW or not q.consumer_count or not self._consumers_busy(q):
+        if ready <= self.FLOW_READY_LOW or not q.consumer_count or not self._consumers_busy(q):
             self._flow_release(q)
 
     def _consumers_busy(self, q: ClassicQueue) -> bool:
@@ -872,7 +1006,7 @@ class Broker:
                 log.info("queue '%s' in vhost '%s' expired (x-expires %s ms)", q.name, q.vhost, q.expires_ms)
                 self.delete_queue(q)
                 continue
-            if q.state.head() is not None:
+            if q.state.head() is not None or q.paged_count:
                 self.dirty_queues.add(q)
         if self.dirty_queues:
             self.schedule()
@@ -951,6 +1085,9 @@ class Broker:
                     continue
                 st = q.state
                 total += st.ready_bytes + st.unacked_bytes + per * (st.ready_count + len(st.unacked))
+                tail = q.tail
+                if tail is not None:
+                    total += PAGED_OVERHEAD_BYTES * tail.count
         return total
 
     def memory_check(self, used_bytes: int, total_bytes: int) -> None:
@@ -1005,6 +1142,16 @@ class Broker:
             if s.transport_hooks is not None and not s.flow_queues:
                 s.transport_hooks.resume_reading()
         self._blocked_sessions.clear()
+
+
+class _Paged:
+    """What `_put` answers for a message that went straight to a queue's paged tail: no entry
+    object exists for it; `log_seq` is its journal record (0: not journalled)."""
+
+    __slots__ = ("log_seq",)
+
+    def __init__(self, log_seq: int):
+        self.log_seq = log_seq
 
 
 def _dead_letter_cycle(queue: str, deaths: list) -> bool:

@@ -20,6 +20,12 @@ live until the earlier segment is deleted. Guards always point back, so segments
 each other in a cycle. Recovery replays the log: every E without a matching A or P is a message
 still queued, `redelivered` if a V was seen.
 
+Disk-first queues (hutch.queues.paging) keep only the E record's seq of a paged persistent
+message and read the message back with `read_enqueue` (the segment log checks its CRC); at
+boot `recover_refs` returns each surviving message as its seq, size and flags, without its
+body, so a queue can page its backlog instead of holding it. Other paged messages go to the
+`ScratchLog`: a second segment log that is never fsynced and is wiped at every boot.
+
 One message that stays queued for long keeps its whole segment on disk, and with it the
 guards in later segments that point into it. A compactor thread owned by the journal rewrites
 mostly-settled sealed segments every `COMPACT_INTERVAL_S`, keeping only their live records
@@ -30,14 +36,16 @@ pointed at the dropped E records are released at the next `collect()`.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
-from hutch.store import SegmentLog
+from hutch.store import SegmentLog, StoreError
 
 log = logging.getLogger("hutch.journal")
 
@@ -58,6 +66,31 @@ class RecoveredMessage:
     delivered: bool
 
 
+class Unreadable(Exception):
+    """A stored message could not be read back: its record is corrupt, gone, or not a message."""
+
+
+# recover_refs packs what it keeps of a surviving message into one int: size | flags
+REF_SIZE_MASK = (1 << 40) - 1
+REF_DELIVERED = 1 << 40
+REF_EXPIRATION = 1 << 41  # its properties carry `expiration` (read it back to know when it expires)
+
+
+def _has_expiration(props: bytes) -> bool:
+    """The basic properties' flag word has bit 8 (expiration) set: byte 0, bit 0."""
+    return len(props) >= 2 and bool(props[0] & 0x01)
+
+
+def _message_of(payload: bytes, kind: str) -> tuple[str, str, bytes, bytes]:
+    try:
+        item = _dec.decode(payload)
+    except msgspec.DecodeError as e:
+        raise Unreadable(f"undecodable record: {e}") from None
+    if not isinstance(item, (list, tuple)) or len(item) < 6 or item[0] != kind:
+        raise Unreadable("not a message record")
+    return item[2], item[3], item[4], item[5]
+
+
 class Journal:
     def __init__(self, directory: str, segment_bytes_max: int = 64 * 1024 * 1024):
         self.log = SegmentLog(directory, segment_bytes_max=segment_bytes_max)
@@ -75,6 +108,15 @@ class Journal:
     def enqueue(self, queue_id: int, exchange: str, routing_key: str, props: bytes, body: bytes) -> int:
         self.appended += 1
         return self.log.append(_enc.encode(("E", queue_id, exchange, routing_key, props, body)), queue_id)
+
+    def read_enqueue(self, e_seq: int) -> tuple[str, str, bytes, bytes]:
+        """(exchange, routing key, properties, body) of the E record `e_seq`, read back from the
+        log with its CRC checked. Raises Unreadable."""
+        try:
+            rec = self.log.read(e_seq)
+        except (StoreError, OSError) as e:
+            raise Unreadable(str(e)) from None
+        return _message_of(rec.payload, "E")
 
     def delivered(self, queue_id: int, e_seq: int) -> None:
         self._delivered[e_seq] = self.log.append(_enc.encode(("V", queue_id, e_seq)), queue_id)
@@ -179,8 +221,20 @@ class Journal:
 
         Records of queues that no longer exist, and every record that only settles
         something, are released or kept as guards so the log can shrink."""
+        found = self._replay(live_queue_ids, lambda seq, item: RecoveredMessage(seq, item[2], item[3], item[4],
+                                                                                 item[5], False), _mark_delivered)
+        return {qid: list(msgs.values()) for qid, msgs in found.items()}
+
+    def recover_refs(self, live_queue_ids: Iterable[int]) -> dict[int, dict[int, int]]:
+        """As `recover`, but without the messages: per queue id, {E seq: size | flags} in
+        publish order (REF_DELIVERED, REF_EXPIRATION). About a hundred bytes a message while
+        it runs, so a node can come back with a backlog far larger than its memory; read the
+        messages with `read_enqueue`."""
+        return self._replay(live_queue_ids, _ref_of, _ref_delivered)
+
+    def _replay(self, live_queue_ids: Iterable[int], make, mark) -> dict:
         live = set(live_queue_ids)
-        pending: dict[int, dict[int, RecoveredMessage]] = {}
+        pending: dict[int, dict[int, Any]] = {}
         settles: list[tuple[int, int, list[int]]] = []  # (record seq, queue, E seqs)
         dead: list[int] = []
         for rec in self.log.replay():
@@ -193,14 +247,13 @@ class Journal:
             kind, qid = item[0], item[1]
             if kind == "E":
                 if qid in live:
-                    pending.setdefault(qid, {})[rec.seq] = RecoveredMessage(rec.seq, item[2], item[3], item[4],
-                                                                            item[5], False)
+                    pending.setdefault(qid, {})[rec.seq] = make(rec.seq, item)
                 else:
                     dead.append(rec.seq)
             elif kind == "V":
-                m = pending.get(qid, {}).get(item[2])
-                if m is not None:
-                    m.delivered = True
+                q = pending.get(qid)
+                if q is not None and item[2] in q:
+                    mark(q, item[2])
                     self._delivered[item[2]] = rec.seq
                 else:
                     settles.append((rec.seq, qid, [item[2]]))
@@ -230,7 +283,67 @@ class Journal:
         self.synced_seq = self.log.durable_seq
         if not self._compactor.is_alive():
             self._compactor.start()  # after the replay: nothing rewrites segments under it
-        return {qid: list(msgs.values()) for qid, msgs in pending.items() if msgs}
+        return {qid: msgs for qid, msgs in pending.items() if msgs}
 
 
-__all__ = ["Journal", "RecoveredMessage"]
+def _mark_delivered(q: dict, e_seq: int) -> None:
+    q[e_seq].delivered = True
+
+
+def _ref_of(_seq: int, item: list) -> int:
+    return len(item[5]) | (REF_EXPIRATION if _has_expiration(item[4]) else 0)
+
+
+def _ref_delivered(q: dict, e_seq: int) -> None:
+    q[e_seq] |= REF_DELIVERED
+
+
+class ScratchLog:
+    """Bodies of paged messages that are not in the journal (transient messages, non-durable
+    queues): a segment log under the data directory that is never fsynced and is emptied at
+    every boot, so such messages die with the node as they always did. A record is released
+    when its message is read back into memory or leaves its queue unread."""
+
+    def __init__(self, directory: str, segment_bytes_max: int = 64 * 1024 * 1024):
+        shutil.rmtree(directory, ignore_errors=True)
+        self.log = SegmentLog(directory, segment_bytes_max=segment_bytes_max)
+        self.appended = 0
+
+    def write(self, exchange: str, routing_key: str, props: bytes, body: bytes, persistent: bool) -> int:
+        self.appended += 1
+        return self.log.append(_enc.encode(("S", 0, exchange, routing_key, props, body, persistent)))
+
+    def read(self, seq: int) -> tuple[str, str, bytes, bytes, bool]:
+        """The message of record `seq`, CRC checked. Raises Unreadable."""
+        try:
+            rec = self.log.read(seq)
+        except (StoreError, OSError) as e:
+            raise Unreadable(str(e)) from None
+        exchange, routing_key, props, body = _message_of(rec.payload, "S")
+        try:
+            persistent = bool(_dec.decode(rec.payload)[6])
+        except (IndexError, msgspec.DecodeError):
+            persistent = False
+        return exchange, routing_key, props, body, persistent
+
+    def release(self, seq: int) -> None:
+        try:
+            self.log.release(seq)
+        except StoreError:
+            pass  # already gone (its segment was deleted): nothing to free
+
+    def flush(self) -> None:
+        """Hand buffered records to the OS (no fsync, ever)."""
+        if self.log.last_seq > self.log.written_seq:
+            self.log.flush()
+
+    def close(self) -> None:
+        directory = self.log.directory
+        try:
+            self.log.close()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+__all__ = ["Journal", "RecoveredMessage", "ScratchLog", "Unreadable", "REF_DELIVERED", "REF_EXPIRATION",
+           "REF_SIZE_MASK"]

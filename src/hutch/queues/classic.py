@@ -9,6 +9,12 @@ send the same operations to its copies.
 
 Consumers are the broker's objects; the queue needs only `can_take()` and
 `deliver(queue, entry)` from them (and `no_ack`, `priority`, `tag`). Nothing here does I/O.
+
+Disk-first (hutch.queues.paging): past its memory window a queue homed here keeps only a
+compact record of each newer ready message (`tail`); the queue reads the bodies back through
+its `BodyStore` (the broker does the I/O) in batches when its in-memory part runs low, before
+delivering, so consumers see the order, flags and counts they would see without paging. Its
+counts (`message_count`, `figures`, `stat`) include the paged messages.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any, Protocol
 from hutch.queues.dispatch import PriorityRings
 from hutch.queues.handle import CLASSIC, PENDING, Figures, Got
 from hutch.queues.message import Message
+from hutch.queues.paging import SCRATCH, BodyStore, PagedTail, PagingPolicy
 from hutch.queues.state import Entry, QueueLimits, QueueState, Refused
 
 
@@ -49,7 +56,8 @@ class ClassicQueue:
                  "_rings", "_groups", "consumer_count", "single_active", "ever_consumed", "message_ttl_ms",
                  "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
                  "deleted", "home_node", "_registered", "mstats", "dispatch_blocked",
-                 "flow_waiters", "journal_id", "last_dispatch_ms", "mirror", "policy_settings", "host")
+                 "flow_waiters", "journal_id", "last_dispatch_ms", "_mirror", "policy_settings", "host",
+                 "tail", "paging", "store")
 
     def __init__(self, name: str, vhost: str, *, durable: bool = False, auto_delete: bool = False,
                  exclusive_owner: Any = None, arguments: dict[str, Any] | None = None,
@@ -86,7 +94,12 @@ class ClassicQueue:
         self.last_dispatch_ms = -10**9  # when consumers last received (the owner's clock)
         self.journal_id = 0  # durable queues: the key of their records in the node's message journal
         # a mirrored queue's leader side (hutch.mirror.leader.Leader): told every operation
-        self.mirror: Any = None
+        self._mirror: Any = None
+        # disk-first (hutch.queues.paging): the policy while the queue may page, the paged
+        # messages (None: everything is in memory), and where their bodies are read from
+        self.paging: PagingPolicy | None = None
+        self.tail: PagedTail | None = None
+        self.store: BodyStore | None = None
         # the settings last resolved from arguments and policies (hutch.queues.effective.Effective)
         self.policy_settings: Any = None
 
@@ -99,7 +112,103 @@ class ClassicQueue:
 
     def figures(self) -> Figures:
         st = self.state
+        tail = self.tail
+        if tail is not None and tail.count:
+            return Figures(st.ready_count + tail.count, len(st.unacked), st.ready_bytes + tail.bytes,
+                           st.unacked_bytes, self.consumer_count)
         return Figures(st.ready_count, len(st.unacked), st.ready_bytes, st.unacked_bytes, self.consumer_count)
+
+    # ---------------------------------------------------------------- disk-first (hutch.queues.paging)
+
+    @property
+    def mirror(self) -> Any:
+        return self._mirror
+
+    @mirror.setter
+    def mirror(self, leader: Any) -> None:
+        """A mirrored queue's leader keeps everything in memory (its mirrors sync from it and
+        are told each operation): becoming one reads the paged messages back first."""
+        if leader is not None and self.tail is not None:
+            self.page_in_all()
+            self.tail = None
+        self._mirror = leader
+        if leader is None and self.paging is not None and self.tail is None and self.store is not None:
+            self.tail = PagedTail()
+
+    def set_paging(self, policy: PagingPolicy | None, store: BodyStore | None = None) -> None:
+        """May this queue page (a policy), or must it hold everything in memory (None)? Priority
+        queues, length-limited queues and mirrored queues' leaders do not page in this slice."""
+        if store is not None:
+            self.store = store
+        lim = self.state.limits
+        if policy is None or lim.max_priority or lim.max_length is not None or lim.max_length_bytes is not None:
+            if self.tail is not None:
+                self.page_in_all()
+                self.tail = None
+            self.paging = None
+            return
+        self.paging = policy
+        if self.tail is None and self._mirror is None and self.store is not None:
+            self.tail = PagedTail()
+
+    def pages_out(self, size: int) -> bool:
+        """Does a message enqueued now go to disk? (The caller stores its body, then calls
+        `publish_paged`.)"""
+        tail = self.tail
+        if tail is None:
+            return False
+        st = self.state
+        return self.paging.pages_out(st.ready_count, st.ready_bytes + size, tail.count)
+
+    def expiry_of(self, message: Message, now_ms: int) -> int | None:
+        ttl = message.expiration_ms
+        if self.message_ttl_ms is not None:
+            ttl = self.message_ttl_ms if ttl is None else min(ttl, self.message_ttl_ms)
+        return None if ttl is None else now_ms + ttl
+
+    def publish_paged(self, loc: int, size: int, expires_at_ms: int | None, delivery_count: int = 0) -> int:
+        """Enqueue a message whose body is already stored at `loc`: it joins the paged tail.
+        Returns its seq. (Paged queues have no length limit: nothing overflows.)"""
+        st = self.state
+        seq = st.next_seq
+        st.next_seq = seq + 1
+        self.tail.append(seq, loc, size, expires_at_ms, delivery_count)
+        return seq
+
+    def page_in(self) -> int:
+        """Read one batch of paged messages back into memory, in order. Returns how many came
+        back (a message that cannot be read back is dropped by the store and not counted)."""
+        tail = self.tail
+        if tail is None or not tail.count:
+            return 0
+        pol = self.paging
+        st = self.state
+        read = self.store.read_paged
+        n = 0
+        for seq, loc, _size, expires, count in tail.pop(pol.batch_messages, pol.batch_bytes):
+            msg = read(self, seq, loc)
+            if msg is None:
+                continue
+            e = Entry(seq, msg, expires)
+            e.delivery_count = count
+            if loc < SCRATCH:
+                e.log_seq = loc
+            st.restore(e)
+            n += 1
+        return n
+
+    def page_in_all(self) -> int:
+        tail = self.tail
+        n = 0
+        while tail is not None and tail.count:
+            n += self.page_in()
+        return n
+
+    def _read_ahead(self) -> None:
+        tail = self.tail
+        while tail.count and self.paging.wants_read_ahead(self.state.ready_count, tail.count):
+            if self.page_in():
+                return
 
     # ---------------------------------------------------------------- consumers
 
@@ -133,13 +242,13 @@ class ClassicQueue:
     # ---------------------------------------------------------------- client operations (hutch.queues.handle)
 
     def stat(self, reply: Any) -> tuple[int, int]:
-        return self.state.ready_count, self.consumer_count
+        return self.message_count, self.consumer_count
 
     def purge(self, reply: Any) -> int:
         return self.host.purge_queue(self)
 
     def get(self, no_ack: bool, reply: Any) -> Any:
-        mirror = self.mirror
+        mirror = self._mirror
         if mirror is not None and mirror.syncing:  # answered once the sync is done (seed 000)
             mirror.after_sync(lambda _r: reply(self._get_now(no_ack)))
             return PENDING
@@ -157,7 +266,7 @@ class ClassicQueue:
         else:
             host.delivered(self, entry)
         m = entry.message
-        return Got(entry, entry.delivery_count > 1, m.route_enc, m.props, m.body, self.state.ready_count)
+        return Got(entry, entry.delivery_count > 1, m.route_enc, m.props, m.body, self.message_count)
 
     def consume(self, c: Consumer, reply: Any) -> None:
         self.add_consumer(c)
@@ -167,6 +276,9 @@ class ClassicQueue:
 
     def publish(self, message: Message, now_ms: int) -> tuple[Entry | None, list[Entry]]:
         """Enqueue; returns (entry or None when refused by overflow, dropped heads)."""
+        tail = self.tail
+        if tail is not None and tail.count:
+            self.page_in_all()  # a caller that did not page (see pages_out): keep the order
         ttl = message.expiration_ms
         if self.message_ttl_ms is not None:
             ttl = self.message_ttl_ms if ttl is None else min(ttl, self.message_ttl_ms)
@@ -175,7 +287,7 @@ class ClassicQueue:
             entry, dropped = self.state.enqueue(message, expires)
         except Refused:
             return None, []
-        mirror = self.mirror
+        mirror = self._mirror
         if mirror is not None:
             mirror.enqueued(entry)
             for d in dropped:
@@ -199,38 +311,48 @@ class ClassicQueue:
         if self.dispatch_blocked or not self._groups:
             return 0
         st = self.state
-        mirror = self.mirror
+        mirror = self._mirror
+        tail = self.tail
+        if tail is not None and tail.count:
+            self._read_ahead()
         n = 0
-        while st.ready_count:
-            c = self.next_consumer()
-            if c is None:
-                break
-            if c.no_ack:
-                entry = st.take()
-                if mirror is not None:
-                    mirror.removed(entry.seq)
-            else:
-                entry = st.checkout()
-                if mirror is not None:
-                    mirror.checked_out(entry.seq)
-            c.deliver(self, entry)
-            n += 1
-        return n
+        while True:
+            while st.ready_count:
+                c = self.next_consumer()
+                if c is None:
+                    break
+                if c.no_ack:
+                    entry = st.take()
+                    if mirror is not None:
+                        mirror.removed(entry.seq)
+                else:
+                    entry = st.checkout()
+                    if mirror is not None:
+                        mirror.checked_out(entry.seq)
+                c.deliver(self, entry)
+                n += 1
+            else:  # memory ran dry with consumers still able to take: the next batch
+                if tail is not None and tail.count and self.page_in() >= 0:
+                    continue
+            return n
 
     def take_head(self, no_ack: bool) -> Entry | None:
+        tail = self.tail
+        if tail is not None and tail.count:
+            self._read_ahead()
         entry = self.state.take() if no_ack else self.state.checkout()
         if entry is not None:
-            if self.mirror is not None:
+            if self._mirror is not None:
                 if no_ack:
-                    self.mirror.removed(entry.seq)
+                    self._mirror.removed(entry.seq)
                 else:
-                    self.mirror.checked_out(entry.seq)
+                    self._mirror.checked_out(entry.seq)
         return entry
 
     def settle(self, seq: int) -> Entry:
         entry = self.state.settle(seq)
-        if self.mirror is not None:
-            self.mirror.removed(seq)
+        if self._mirror is not None:
+            self._mirror.removed(seq)
         return entry
 
     def requeue(self, seq: int) -> Entry:
@@ -238,33 +360,50 @@ class ClassicQueue:
 
     def discard(self, seq: int) -> Entry:
         entry = self.state.discard(seq)
-        if self.mirror is not None:
-            self.mirror.removed(seq)
+        if self._mirror is not None:
+            self._mirror.removed(seq)
         return entry
 
     def remove_ready(self) -> list[Entry]:
-        """Every ready message leaves; returns them."""
+        """Every ready message leaves; returns those that were in memory (the paged ones go
+        through the store's `drop_paged`)."""
+        tail = self.tail
+        if tail is not None and tail.count:
+            self.store.drop_paged(self, tail.take_all())
         removed = self.state.purge()
-        if self.mirror is not None:
+        if self._mirror is not None:
             for e in removed:
-                self.mirror.removed(e.seq)
+                self._mirror.removed(e.seq)
         return removed
 
     def expire(self, now_ms: int) -> list[Entry]:
         """Discard expired messages at the head (the owner's decision, made explicit)."""
         out = []
         st = self.state
+        tail = self.tail
         while True:
             h = st.expired_head(now_ms)
             if h is None:
-                return out
+                if st.ready_count or tail is None or not tail.count:
+                    return out
+                exp = tail.head_expires_at_ms()  # memory is empty: the head is the tail's
+                if exp is None or exp > now_ms:
+                    return out
+                self.page_in()
+                continue
             out.append(st.discard(h.seq))
-            if self.mirror is not None:
-                self.mirror.removed(h.seq)
+            if self._mirror is not None:
+                self._mirror.removed(h.seq)
 
     @property
     def message_count(self) -> int:
-        return self.state.ready_count
+        tail = self.tail
+        return self.state.ready_count + (tail.count if tail is not None else 0)
+
+    @property
+    def paged_count(self) -> int:
+        tail = self.tail
+        return tail.count if tail is not None else 0
 
     @property
     def unacked_count(self) -> int:

@@ -25,6 +25,8 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     log.file = hutch.log | false            log.file.level, log.file.rotation.size, log.file.formatter, ...
     prometheus.tcp.port = 15692 (0: none)   prometheus.tcp.ip = 127.0.0.1
     collect_statistics_interval = 5000 (ms between message rate samples)
+    classic_queue.memory_window_messages = 2048   classic_queue.memory_window_bytes = 64MiB
+        (disk-first classic queues: ready messages a queue keeps in memory before it pages)
     load_definitions = /etc/hutch/definitions.json (a file, or a directory of .json files, imported at
         every boot; management.load_definitions is the older name; definitions.import_backend =
         local_filesystem with definitions.local.path = FILE the newer form)
@@ -355,6 +357,12 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         cfg.mirroring_sync_batch_size = int(value)
         if cfg.mirroring_sync_batch_size < 1:
             raise ValueError("must be at least 1")
+    elif key == "classic_queue.memory_window_messages":
+        cfg.classic_queue_memory_window_messages = int(value)
+        if cfg.classic_queue_memory_window_messages < 0:
+            raise ValueError("must be 0 or more")
+    elif key == "classic_queue.memory_window_bytes":
+        cfg.classic_queue_memory_window_bytes = parse_bytes(value)
     elif key == "mirroring_sync_max_throughput":
         cfg.mirroring_sync_max_throughput = parse_bytes(value)
     elif key == "cluster_partition_handling":

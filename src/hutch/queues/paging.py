@@ -1,0 +1,214 @@
+"""Disk-first classic queues: which message bodies stay in memory, and the paged tail.
+
+A classic queue keeps a small *window* of its ready messages in memory (`QueueState`, whole
+`Entry` objects with their bodies) and, past it, only a compact record of each newer message:
+where its body lives on the node's disk, its size, its expiry time and its delivery count. As
+RabbitMQ's classic queues (CQv2) do, the bodies come back in publish order, a batch at a time,
+when the in-memory part falls below a low mark, ahead of delivery; a lazy queue
+(`x-queue-mode: lazy`, policy key `queue-mode`) has a window of zero and holds no more than
+the read-ahead batch.
+
+Order is kept by one rule: once a message has been paged, every later one is paged too until
+the tail is empty again, so the tail is always younger than everything in memory and its seqs
+are consecutive. Returned (requeued) messages go back to memory, ahead of everything.
+
+Where a body lives (a *location*, one unsigned 64-bit integer): a persistent message of a
+durable queue is already in the node's message journal, so its location is the journal record's
+seq; any other message was written to the node's scratch log, a second segment log that is never
+fsynced and is wiped at boot, and its location is that record's seq with `SCRATCH` set.
+
+This module decides and counts; it does no I/O. The queue asks a `BodyStore` (the broker, on
+its journal and scratch log) for the bodies. Not paged in this slice: priority queues, queues
+with a length limit, the leaders of mirrored queues (and mirrors' copies), quorum queues.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hutch.queues.message import Message
+
+SCRATCH = 1 << 63  # a location in the scratch log (else: a journal seq)
+
+WINDOW_MESSAGES_DEFAULT = 2048  # classic_queue.memory_window_messages
+WINDOW_BYTES_DEFAULT = 64 * 1024 * 1024  # classic_queue.memory_window_bytes
+READ_AHEAD_MESSAGES = 256  # bodies read back per batch, and the low mark that starts a batch
+READ_AHEAD_BYTES = 4 * 1024 * 1024  # ... and at most this many body bytes per batch
+PAGED_OVERHEAD_BYTES = 24  # what a paged message costs in memory (tail arrays and the log's index)
+
+_NO_EXPIRY = -1
+
+
+class PagingPolicy:
+    """The per-queue numbers: the window (0: lazy) and the read-ahead batch."""
+
+    __slots__ = ("window_messages", "window_bytes", "low_mark", "batch_messages", "batch_bytes")
+
+    def __init__(self, window_messages: int = WINDOW_MESSAGES_DEFAULT, window_bytes: int = WINDOW_BYTES_DEFAULT,
+                 batch_messages: int = READ_AHEAD_MESSAGES, batch_bytes: int = READ_AHEAD_BYTES):
+        if window_messages < 0 or window_bytes < 0 or batch_messages < 1 or batch_bytes < 1:
+            raise ValueError("paging windows are >= 0 and read-ahead batches >= 1")
+        self.window_messages = window_messages
+        self.window_bytes = window_bytes
+        self.batch_messages = batch_messages
+        self.batch_bytes = batch_bytes
+        self.low_mark = batch_messages
+
+    @classmethod
+    def lazy(cls, batch_messages: int = READ_AHEAD_MESSAGES, batch_bytes: int = READ_AHEAD_BYTES) -> PagingPolicy:
+        return cls(0, 0, batch_messages, batch_bytes)
+
+    def pages_out(self, ready_count: int, ready_bytes: int, paged_count: int) -> bool:
+        """Does the next enqueued message go to disk? Yes once the tail has started (order),
+        or when the in-memory ready messages fill the window (in count or in bytes)."""
+        return paged_count > 0 or ready_count >= self.window_messages or ready_bytes >= self.window_bytes
+
+    def wants_read_ahead(self, ready_count: int, paged_count: int) -> bool:
+        """Read a batch back now? When the in-memory part is below the low mark."""
+        return paged_count > 0 and ready_count < self.low_mark
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PagingPolicy) and all(getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+    def __repr__(self) -> str:
+        return f"PagingPolicy(window={self.window_messages} msgs/{self.window_bytes} B, batch={self.batch_messages})"
+
+
+class PagedTail:
+    """The paged messages of one queue, oldest first, in parallel arrays (no object per message).
+
+    Per message: location (8 bytes), body size (4), delivery count (1, capped at 255), and the
+    expiry time (8) only once some message of the queue has one. Seqs are consecutive from
+    `first_seq`. Popped items leave a hole at the front that is compacted away when it is half
+    of the arrays."""
+
+    __slots__ = ("count", "bytes", "first_seq", "_locs", "_sizes", "_counts", "_expiry", "_i")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.first_seq = 0
+        self._locs = array("Q")
+        self._sizes = array("I")
+        self._counts = bytearray()
+        self._expiry: array | None = None
+        self._i = 0  # index of the head in the arrays
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def next_seq(self) -> int:
+        return self.first_seq + self.count
+
+    def append(self, seq: int, loc: int, size: int, expires_at_ms: int | None = None,
+               delivery_count: int = 0) -> None:
+        if self.count == 0:
+            self._clear()
+            self.first_seq = seq
+        elif seq != self.first_seq + self.count:
+            raise ValueError(f"paged seq {seq} out of order: the tail expects {self.first_seq + self.count}")
+        self._locs.append(loc)
+        self._sizes.append(size)
+        self._counts.append(min(delivery_count, 255))
+        exp = self._expiry
+        if expires_at_ms is not None and exp is None:
+            exp = self._expiry = array("q", [_NO_EXPIRY]) * len(self._locs)
+            exp.pop()
+        if exp is not None:
+            exp.append(_NO_EXPIRY if expires_at_ms is None else expires_at_ms)
+        self.count += 1
+        self.bytes += size
+
+    def head_expires_at_ms(self) -> int | None:
+        if not self.count or self._expiry is None:
+            return None
+        e = self._expiry[self._i]
+        return None if e == _NO_EXPIRY else e
+
+    def pop(self, messages_max: int, bytes_max: int) -> list[tuple[int, int, int, int | None, int]]:
+        """Up to `messages_max` items from the head (and at least one, whatever `bytes_max`):
+        (seq, location, size, expires_at_ms, delivery_count) each."""
+        out = []
+        i = self._i
+        n = 0
+        taken_bytes = 0
+        locs, sizes, counts, exp = self._locs, self._sizes, self._counts, self._expiry
+        seq = self.first_seq
+        while n < self.count and n < messages_max:
+            size = sizes[i]
+            if n and taken_bytes + size > bytes_max:
+                break
+            e = _NO_EXPIRY if exp is None else exp[i]
+            out.append((seq, locs[i], size, None if e == _NO_EXPIRY else e, counts[i]))
+            taken_bytes += size
+            seq += 1
+            i += 1
+            n += 1
+        self._i = i
+        self.first_seq = seq
+        self.count -= n
+        self.bytes -= taken_bytes
+        if self.count == 0:
+            self._clear()
+        elif i > 4096 and i * 2 > len(locs):
+            self._compact()
+        return out
+
+    def take_all(self) -> list[int]:
+        """Empty the tail; returns the locations of what it held (a purge, a deleted queue)."""
+        locs = self._locs[self._i:].tolist()
+        self._clear()
+        self.count = 0
+        self.bytes = 0
+        return locs
+
+    def locations(self) -> list[int]:
+        return self._locs[self._i:].tolist()
+
+    def _clear(self) -> None:
+        self._locs = array("Q")
+        self._sizes = array("I")
+        self._counts = bytearray()
+        self._expiry = None
+        self._i = 0
+
+    def _compact(self) -> None:
+        i = self._i
+        self._locs = self._locs[i:]
+        self._sizes = self._sizes[i:]
+        self._counts = self._counts[i:]
+        if self._expiry is not None:
+            self._expiry = self._expiry[i:]
+        self._i = 0
+
+    def memory_bytes(self) -> int:
+        """What the arrays take now (their allocated size, hole included)."""
+        n = self._locs.buffer_info()[1] * 8 + self._sizes.buffer_info()[1] * 4 + len(self._counts)
+        if self._expiry is not None:
+            n += self._expiry.buffer_info()[1] * 8
+        return n
+
+
+class BodyStore(Protocol):
+    """What a queue with a paged tail needs of its node (`hutch.broker.broker.Broker`)."""
+
+    def read_paged(self, q: Any, seq: int, loc: int) -> Message | None:
+        """The message stored at `loc` (the queue's message `seq`), its scratch copy released.
+        None when it cannot be read back (a corrupt or missing record): the store has logged it
+        with the queue's name and the position and dropped it for good."""
+        ...
+
+    def drop_paged(self, q: Any, locs: list[int]) -> None:
+        """Paged messages leave without being read (purge, deleted queue): free their records."""
+        ...
+
+
+def is_scratch(loc: int) -> bool:
+    return loc >= SCRATCH
+
+
+__all__ = ["BodyStore", "PagedTail", "PagingPolicy", "SCRATCH", "is_scratch", "WINDOW_MESSAGES_DEFAULT",
+           "WINDOW_BYTES_DEFAULT", "READ_AHEAD_MESSAGES", "READ_AHEAD_BYTES", "PAGED_OVERHEAD_BYTES"]

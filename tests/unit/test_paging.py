@@ -1,0 +1,335 @@
+"""Disk-first classic queues (hutch.queues.paging): the window, the paged tail and the read-back.
+
+The queue here is a real `ClassicQueue` whose body store is a dict (what the broker does on
+its journal and scratch log); consumers are recorders. The rules checked: past the window new
+messages are paged and only their location stays; once the tail has started every later
+message is paged (order); bodies come back in order, a batch at a time, when the in-memory part
+falls below the low mark; counts include the paged messages; a lazy queue holds no more than a
+read-ahead batch; an unreadable body is dropped, never delivered; expiry, purge, requeue and the
+delivery count of a recovered message behave as without paging.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+
+from hutch.queues.classic import ClassicQueue
+from hutch.queues.message import Message
+from hutch.queues.paging import SCRATCH, PagedTail, PagingPolicy, is_scratch
+from hutch.queues.state import QueueLimits
+
+
+class DictStore:
+    """The BodyStore protocol on a dict: location -> message; `bad` locations fail to read."""
+
+    def __init__(self):
+        self.bodies: dict[int, Message] = {}
+        self.next = 1
+        self.reads: list[int] = []
+        self.dropped: list[int] = []
+        self.bad: set[int] = set()
+        self.lost: list[tuple[str, int, int]] = []
+
+    def put(self, msg: Message) -> int:
+        loc = SCRATCH + self.next
+        self.next += 1
+        self.bodies[loc] = msg
+        return loc
+
+    def read_paged(self, q, seq, loc):
+        self.reads.append(loc)
+        msg = self.bodies.pop(loc)
+        if loc in self.bad:
+            self.lost.append((q.name, seq, loc))
+            return None
+        return msg
+
+    def drop_paged(self, q, locs):
+        for loc in locs:
+            self.bodies.pop(loc)
+        self.dropped.extend(locs)
+
+
+class Recorder:
+    def __init__(self, no_ack=True, limit=None):
+        self.tag = "c"
+        self.no_ack = no_ack
+        self.priority = 0
+        self.exclusive = False
+        self.limit = limit
+        self.got = []
+
+    def can_take(self):
+        return self.limit is None or len(self.got) < self.limit
+
+    def deliver(self, queue, entry):
+        self.got.append((entry.seq, entry.message.body, entry.delivery_count))
+
+
+def msg(i: int, size: int = 10, expiration_ms=None) -> Message:
+    body = str(i).encode().ljust(size, b".")
+    return Message("", "q", b"\x00\x01q", b"\x00\x00", body, expiration_ms=expiration_ms)
+
+
+def publish(q: ClassicQueue, store: DictStore, m: Message, now_ms: int = 0) -> None:
+    """What the broker's _put does."""
+    if q.pages_out(len(m.body)):
+        q.publish_paged(store.put(m), len(m.body), q.expiry_of(m, now_ms))
+    else:
+        entry, _dropped = q.publish(m, now_ms)
+        assert entry is not None
+
+
+def paged_queue(policy: PagingPolicy, **kw) -> tuple[ClassicQueue, DictStore]:
+    store = DictStore()
+    q = ClassicQueue("q", "/", **kw)
+    q.set_paging(policy, store)
+    return q, store
+
+
+# ---------------------------------------------------------------- the policy
+
+
+def test_messages_past_the_window_in_count_are_paged():
+    p = PagingPolicy(window_messages=4, window_bytes=10**9)
+    assert not p.pages_out(3, 0, 0)
+    assert p.pages_out(4, 0, 0)
+
+
+def test_messages_past_the_window_in_bytes_are_paged():
+    p = PagingPolicy(window_messages=10**6, window_bytes=100)
+    assert not p.pages_out(1, 99, 0)
+    assert p.pages_out(1, 100, 0)
+
+
+def test_once_the_tail_has_started_every_later_message_is_paged_to_keep_order():
+    p = PagingPolicy(window_messages=4, window_bytes=10**9)
+    assert p.pages_out(0, 0, 1)
+
+
+def test_lazy_mode_pages_every_message():
+    p = PagingPolicy.lazy()
+    assert p.window_messages == 0 and p.pages_out(0, 0, 0)
+
+
+def test_read_ahead_starts_below_the_low_mark_only():
+    p = PagingPolicy(window_messages=100, window_bytes=10**9, batch_messages=8)
+    assert p.wants_read_ahead(7, 1)
+    assert not p.wants_read_ahead(8, 1)
+    assert not p.wants_read_ahead(0, 0)
+
+
+def test_bad_numbers_are_refused():
+    with pytest.raises(ValueError):
+        PagingPolicy(window_messages=-1)
+    with pytest.raises(ValueError):
+        PagingPolicy(batch_messages=0)
+
+
+# ---------------------------------------------------------------- the tail
+
+
+def test_tail_keeps_order_sizes_expiry_and_delivery_counts():
+    t = PagedTail()
+    t.append(5, 100, 10)
+    t.append(6, SCRATCH + 1, 20, expires_at_ms=77, delivery_count=1)
+    t.append(7, 102, 30)
+    assert (t.count, t.bytes, t.first_seq, t.next_seq) == (3, 60, 5, 8)
+    assert t.head_expires_at_ms() is None
+    assert t.pop(2, 10**9) == [(5, 100, 10, None, 0), (6, SCRATCH + 1, 20, 77, 1)]
+    assert (t.count, t.bytes, t.first_seq) == (1, 30, 7)
+    assert t.take_all() == [102]
+    assert (t.count, t.bytes) == (0, 0)
+    assert is_scratch(SCRATCH + 1) and not is_scratch(100)
+
+
+def test_tail_refuses_a_seq_out_of_order():
+    t = PagedTail()
+    t.append(1, 1, 1)
+    with pytest.raises(ValueError):
+        t.append(3, 2, 1)
+
+
+def test_tail_pop_is_bounded_by_bytes_but_always_takes_one():
+    t = PagedTail()
+    for i in range(5):
+        t.append(i + 1, i, 100)
+    assert len(t.pop(10, 250)) == 2
+    assert len(t.pop(10, 1)) == 1
+
+
+def test_tail_compacts_its_arrays_as_the_head_moves():
+    t = PagedTail()
+    for i in range(20000):
+        t.append(i + 1, i, 1)
+    for _ in range(150):
+        t.pop(100, 10**9)
+    assert t.count == 5000
+    assert t.memory_bytes() < 20000 * 13
+    assert [x[0] for x in t.pop(3, 10**9)] == [15001, 15002, 15003]
+
+
+def test_a_paged_message_costs_tens_of_bytes():
+    """What one paged message keeps in memory (tracemalloc): its place in the tail's arrays."""
+    n = 100_000
+    tracemalloc.start()
+    t = PagedTail()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(n):
+        t.append(i + 1, 10**9 + i, 1024)
+    per = (tracemalloc.get_traced_memory()[0] - before) / n
+    tracemalloc.stop()
+    print(f"paged message: {per:.1f} bytes in the queue's tail")
+    assert per < 24
+
+
+# ---------------------------------------------------------------- a classic queue that pages
+
+
+def test_backlog_past_the_window_is_paged_and_delivered_complete_and_in_order():
+    q, store = paged_queue(PagingPolicy(window_messages=10, window_bytes=10**9, batch_messages=4))
+    for i in range(100):
+        publish(q, store, msg(i))
+    assert q.state.ready_count == 10 and q.paged_count == 90
+    assert q.message_count == 100 and q.figures().ready == 100 and q.figures().ready_bytes == 1000
+    c = Recorder()
+    q.add_consumer(c)
+    q.dispatch()
+    assert [int(b.rstrip(b".")) for _s, b, _n in c.got] == list(range(100))
+    assert [s for s, _b, _n in c.got] == list(range(1, 101))
+    assert q.message_count == 0 and not store.bodies
+
+
+def test_bodies_come_back_a_batch_at_a_time_when_memory_runs_low():
+    q, store = paged_queue(PagingPolicy(window_messages=6, window_bytes=10**9, batch_messages=3))
+    for i in range(20):
+        publish(q, store, msg(i))
+    c = Recorder(no_ack=True, limit=4)
+    q.add_consumer(c)
+    q.dispatch()
+    assert len(c.got) == 4 and store.reads == [], "at or above the low mark: nothing read yet"
+    assert q.state.ready_count == 2
+    c.limit = 5
+    q.dispatch()
+    assert len(store.reads) == 3, "below the low mark: one batch read back, before the delivery"
+    assert q.state.ready_count == 4 and q.paged_count == 11
+
+
+def test_new_messages_stay_paged_behind_the_tail_until_it_is_empty():
+    q, store = paged_queue(PagingPolicy(window_messages=2, window_bytes=10**9, batch_messages=1))
+    for i in range(4):
+        publish(q, store, msg(i))
+    c = Recorder(no_ack=True, limit=1)
+    q.add_consumer(c)
+    q.dispatch()  # one in memory, two paged
+    assert (q.state.ready_count, q.paged_count) == (1, 2)
+    publish(q, store, msg(4))
+    assert q.paged_count == 3, "the window has room, but the tail comes first"
+    c.limit = None
+    q.dispatch()
+    assert [int(b.rstrip(b".")) for _s, b, _n in c.got] == [0, 1, 2, 3, 4]
+    publish(q, store, msg(5))
+    assert q.paged_count == 0 and q.state.ready_count == 1, "tail empty: back to memory"
+
+
+def test_lazy_queue_holds_no_more_than_a_read_ahead_batch():
+    q, store = paged_queue(PagingPolicy.lazy(batch_messages=5))
+    for i in range(50):
+        publish(q, store, msg(i))
+    assert q.state.ready_count == 0 and q.paged_count == 50
+    c = Recorder(no_ack=False, limit=1)
+    q.add_consumer(c)
+    q.dispatch()
+    assert q.state.ready_count <= 5 and len(c.got) == 1
+
+
+def test_requeued_message_goes_back_ahead_of_the_paged_ones_redelivered():
+    q, store = paged_queue(PagingPolicy(window_messages=1, window_bytes=10**9, batch_messages=2))
+    for i in range(5):
+        publish(q, store, msg(i))
+    e = q.take_head(no_ack=False)
+    assert e.seq == 1
+    q.requeue(e.seq)
+    c = Recorder()
+    q.add_consumer(c)
+    q.dispatch()
+    assert [(s, n) for s, _b, n in c.got] == [(1, 2), (2, 1), (3, 1), (4, 1), (5, 1)]
+
+
+def test_recovered_delivery_count_survives_paging():
+    q, store = paged_queue(PagingPolicy.lazy())
+    loc = store.put(msg(0))
+    q.publish_paged(loc, 10, None, delivery_count=1)
+    got = q.take_head(no_ack=True)
+    assert got.delivery_count == 2  # delivered before the restart: this delivery is a redelivery
+
+
+def test_unreadable_body_is_dropped_and_never_delivered():
+    q, store = paged_queue(PagingPolicy(window_messages=0, window_bytes=0, batch_messages=10))
+    for i in range(5):
+        publish(q, store, msg(i))
+    store.bad.add(SCRATCH + 3)  # the third message's record
+    c = Recorder()
+    q.add_consumer(c)
+    q.dispatch()
+    assert [int(b.rstrip(b".")) for _s, b, _n in c.got] == [0, 1, 3, 4]
+    assert store.lost == [("q", 3, SCRATCH + 3)]
+    assert q.message_count == 0
+
+
+def test_expired_paged_head_is_read_back_and_expires():
+    q, store = paged_queue(PagingPolicy.lazy(batch_messages=2), message_ttl_ms=100)
+    for i in range(3):
+        publish(q, store, msg(i), now_ms=0)
+    assert q.expire(50) == []
+    assert store.reads == [], "nothing read while the head has not expired"
+    out = q.expire(100)
+    assert [e.seq for e in out] == [1, 2, 3]
+    assert q.message_count == 0
+
+
+def test_purge_drops_paged_messages_unread():
+    q, store = paged_queue(PagingPolicy(window_messages=2, window_bytes=10**9))
+    for i in range(10):
+        publish(q, store, msg(i))
+    removed = q.remove_ready()
+    assert len(removed) == 2 and len(store.dropped) == 8 and store.reads == []
+    assert q.message_count == 0 and not store.bodies
+
+
+def test_get_reads_back_when_memory_is_empty():
+    q, store = paged_queue(PagingPolicy.lazy())
+    publish(q, store, msg(7))
+    e = q.take_head(no_ack=True)
+    assert e.message.body.startswith(b"7")
+
+
+def test_priority_and_length_limited_queues_keep_everything_in_memory():
+    store = DictStore()
+    q = ClassicQueue("p", "/", limits=QueueLimits(max_priority=5))
+    q.set_paging(PagingPolicy.lazy(), store)
+    assert q.tail is None and not q.pages_out(10)
+    q2 = ClassicQueue("l", "/", limits=QueueLimits(max_length=10))
+    q2.set_paging(PagingPolicy.lazy(), store)
+    assert q2.tail is None
+
+
+def test_a_queue_that_becomes_a_mirrored_leader_reads_its_tail_back_first():
+    q, store = paged_queue(PagingPolicy(window_messages=2, window_bytes=10**9))
+    for i in range(10):
+        publish(q, store, msg(i))
+    q.mirror = object()
+    assert q.tail is None and q.state.ready_count == 10 and not store.bodies
+    assert [e.seq for e in q.state.ready()] == list(range(1, 11))
+    q.mirror = None
+    assert q.tail is not None and q.tail.count == 0
+
+
+def test_losing_paging_reads_everything_back_in_order():
+    q, store = paged_queue(PagingPolicy(window_messages=3, window_bytes=10**9))
+    for i in range(10):
+        publish(q, store, msg(i))
+    q.set_paging(None)
+    assert q.tail is None and [e.seq for e in q.state.ready()] == list(range(1, 11))
