@@ -248,8 +248,8 @@ class Broker:
     def open_storage(self, data_dir: str) -> None:
         """Recover journalled messages into the queues homed here (start-up, after the
         catalogue has been replayed and has made those queues)."""
+        self.journal = Journal(os.path.join(data_dir, "msgs"))  # first: its lock keeps a second node out
         self.scratch = ScratchLog(os.path.join(data_dir, "scratch"))
-        self.journal = Journal(os.path.join(data_dir, "msgs"))
         queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values()
                   if q.local and q.journal_id}
         # Recovery makes many long-lived objects at once: the cyclic GC would rescan them again
