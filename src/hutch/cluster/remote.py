@@ -3,11 +3,10 @@ consumer attached from another node as the queue's home sees it (`ProxyConsumer`
 
 RabbitMQ's "Non-mirrored Queue Behavior in a Cluster": a queue lives on one node and every
 other node reaches it over the cluster. Operations travel to the home node over the peer
-protocol (`hutch.broker.cluster` carries them today) as the typed messages below;
+protocol (`hutch.cluster.remote_host` speaks it) as the typed messages below;
 acknowledgements made on this node are collected on the handle and sent home once per loop
-iteration. The home node feeds a
-remote consumer within a credit (`CONSUMER_CREDIT` deliveries ahead of the consumer node's
-receipts).
+iteration. The home node feeds a remote consumer within a credit (`CONSUMER_CREDIT`
+deliveries ahead of the consumer node's receipts).
 
 The peer messages. Each is a frozen msgspec struct sent as an array whose first element is
 its integer tag; a node sends a list of them, encoded once (`encode_batch`), inside the
@@ -16,8 +15,9 @@ transport's group "q" envelope `[REMOTE, bytes]` (`["ST", bytes]` for the once-a
 (`decode_batch`), so a payload that does not fit fails there with a `msgspec.ValidationError`
 or `DecodeError` naming what is wrong, never later in a handler.
 
-Both see the rest of the node through `RemoteSide` (the peers, the consumers attached here,
-the broker's loop). Must never: import anything from `hutch.broker` or above, or write to a
+A `RemoteQueue` sees the rest of the node through `RemoteSide` (the peers, the consumers
+attached here, the broker's loop); a `ProxyConsumer` through `ProxySide` (the node's
+`hutch.cluster.remote_host.RemoteHost`). Must never: import anything from `hutch.broker` or above, or write to a
 client's connection.
 """
 
@@ -209,11 +209,19 @@ class RemoteSide(Protocol):
     def is_up(self, node: str) -> bool: ...
     def send(self, peer: str, payload: Any) -> bool: ...  # a RemoteMessage is sent encoded
     def cancelled(self, cid: int, home: str, vhost: str, qname: str) -> None: ...
-    def queue_delivery(self, origin: str, cid: int, item: Delivery) -> None: ...
     def new_stats(self) -> list[int]: ...
     def new_id(self) -> int: ...
     def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None: ...
     def expect_reply(self, rid: int, peer: str, callback: Callable[[Any], None]) -> None: ...
+
+
+class ProxySide(Protocol):
+    """What a ProxyConsumer needs of the node (`hutch.cluster.remote_host.RemoteHost`)."""
+
+    port: Any  # settled, delivered
+
+    def is_up(self, node: str) -> bool: ...
+    def queue_delivery(self, origin: str, cid: int, item: Delivery) -> None: ...
 
 
 def home_down(q) -> AMQPError:
@@ -391,7 +399,7 @@ class ProxyConsumer:
     __slots__ = ("cid", "origin", "tag", "no_ack", "exclusive", "priority", "prefetch", "credit", "inflight",
                  "cluster", "arguments", "channel", "queue")
 
-    def __init__(self, cluster: RemoteSide, queue: Any, origin: str, cid: int, tag: str, no_ack: bool,
+    def __init__(self, cluster: ProxySide, queue: Any, origin: str, cid: int, tag: str, no_ack: bool,
                  exclusive: bool, priority: int, prefetch: int, arguments: dict):
         self.cluster = cluster
         self.queue = queue
@@ -414,14 +422,14 @@ class ProxyConsumer:
 
     def deliver(self, queue, entry) -> None:
         self.credit -= 1
-        broker = self.cluster.broker
+        port = self.cluster.port
         if self.no_ack:
             if entry.log_seq:
-                broker.settled(queue, entry)
+                port.settled(queue, entry)
         else:
             self.inflight[entry.seq] = entry
             if entry.log_seq:
-                broker.delivered(queue, entry)
+                port.delivered(queue, entry)
         m = entry.message
         self.cluster.queue_delivery(self.origin, self.cid,
                                     Delivery(entry.seq, entry.delivery_count > 1, m.route_enc, m.props, m.body))
