@@ -864,8 +864,13 @@ class Broker:
         """Enqueue on one queue, journalling persistent messages of durable queues; dead-letter
         what drop-head overflow pushed out. Past the queue's memory window the body goes to disk
         (the journal, or the scratch log) and the queue keeps its location only."""
-        if q.tail is not None and q.pages_out(len(msg.body)) and self.scratch is not None:
-            return self._put_paged(q, msg, now), []
+        tail = q.tail
+        if tail is not None:  # q.pages_out, inlined: it runs per publish
+            st = q.state
+            pol = q.paging
+            if (tail.count or st.ready_count >= pol.window_messages
+                    or st.ready_bytes + len(msg.body) >= pol.window_bytes) and self.scratch is not None:
+                return self._put_paged(q, msg, now), []
         entry, dropped = q.publish(msg, now)
         if entry is None:
             return None, dropped
