@@ -275,10 +275,9 @@ class ClassicQueue:
     # ---------------------------------------------------------------- messages
 
     def publish(self, message: Message, now_ms: int) -> tuple[Entry | None, list[Entry]]:
-        """Enqueue; returns (entry or None when refused by overflow, dropped heads)."""
-        tail = self.tail
-        if tail is not None and tail.count:
-            self.page_in_all()  # a caller that did not page (see pages_out): keep the order
+        """Enqueue in memory; returns (entry or None when refused by overflow, dropped heads).
+        A queue that pages takes a message here only when `pages_out` says no (the broker's
+        `_put` asks it), so the in-memory part never gets ahead of the paged tail."""
         ttl = message.expiration_ms
         if self.message_ttl_ms is not None:
             ttl = self.message_ttl_ms if ttl is None else min(ttl, self.message_ttl_ms)
