@@ -278,3 +278,23 @@ def test_figures_round_trip() -> None:
     a.port.queues["/"]["q"] = rq
     a.on_batch("b", b.figures())
     assert (rq.ready, rq.unacked_remote, rq.consumers_remote) == (3, 1, 0)
+
+
+def test_a_publish_to_a_queue_that_has_just_moved_is_sent_again_or_nacked_never_confirmed() -> None:
+    net = Net()
+    a = net.add("a", FakePort({"/": {}}))
+    b_port = FakePort({"/": {}})
+    b = net.add("b", b_port)
+    # on b the queue is led elsewhere now (its promotion moved it, or is not done here yet)
+    b_port.queues["/"]["q"] = RemoteQueue(Side(b), _rec("q", "c"))
+    b_port.queues["/"]["m"] = RemoteQueue(Side(b), _rec("m", "c"))
+    plain = RemoteQueue(Side(a), _rec("q", "b"))
+    mirrored = RemoteQueue(Side(a), cat.QueueRecord("/", "m", leader_node="b", member_nodes=("c",)))
+    a.forward([plain], Message("", "q", b"", b"", b"one"), Chan(), 1)
+    a.forward([mirrored], Message("", "m", b"", b"", b"two"), Chan(), 2)
+    a.flush()
+    assert net.pump() == ["Publishes", "PublishAnswers"]
+    assert b_port.enqueued == []
+    assert a.port.answered == [(1, False)]  # not confirmed: nothing holds it
+    assert list(a._orphans) == list(a._pub_items)  # waits for the new leader
+    assert len(a._orphans) == 1

@@ -245,7 +245,7 @@ class RemoteHost:
             queues = tuple(q for q in (vq.get(n) for n in names) if q is not None and not q.deleted
                            and q.local) if vq is not None else ()
             if len(queues) < len(names) and vq is not None and any(
-                    port.in_catalogue(vhost, n) and getattr(vq.get(n), "remote", False) for n in names):
+                    port.in_catalogue(vhost, n) and _led_elsewhere(vq.get(n)) for n in names):
                 # a queue that has just moved to another leader (or whose promotion here is not
                 # done yet): its publisher's node sends it again when it can, or nacks it
                 self._out_acks.setdefault(origin, []).append(PublishAnswer(token, RETRY))
@@ -580,3 +580,9 @@ class RemoteHost:
                 self.consumers.pop(c.ref, None)
                 port.drop_unacked_of(c)
                 port.cancel_local(c)
+
+
+def _led_elsewhere(q: Any) -> bool:
+    """A handle of a queue whose messages another node holds (a classic queue homed elsewhere,
+    or a quorum queue)."""
+    return q is not None and not q.local
