@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import random
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -112,10 +113,10 @@ class ClusterBroker:
         self.submit = submit
         self.call_soon = call_soon
         self.catalogue = cat.Catalogue()
-        # exclusive owner id -> this node's session: one per session that declared an exclusive
-        # queue here. Nothing removes them yet (a session's close does not reach this side), so
-        # it grows with the sessions that ever did: TODO bound it (a weak-valued map would do)
-        self.owners: dict[str, Any] = {}
+        # exclusive owner id -> this node's session, for sessions that declared an exclusive
+        # queue. Weak: an entry goes with its session, and a session gone counts as closed
+        # (hutch.broker.kinds deletes the queue of an owner it cannot find)
+        self.owners: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         # Sessions with publishes in flight to other nodes or Raft leaders: one entry per such
         # session (removed when its last publish is answered); a session with PUBLISH_WINDOW of
         # them is not read from
