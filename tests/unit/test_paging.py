@@ -75,7 +75,7 @@ def msg(i: int, size: int = 10, expiration_ms=None) -> Message:
 
 def publish(q: ClassicQueue, store: DictStore, m: Message, now_ms: int = 0) -> None:
     """What the broker's _put does."""
-    if q.pages_out(len(m.body)):
+    if q.pages_out():
         q.publish_paged(store.put(m), len(m.body), q.expiry_of(m, now_ms))
     else:
         entry, _dropped = q.publish(m, now_ms)
@@ -310,7 +310,7 @@ def test_priority_and_length_limited_queues_keep_everything_in_memory():
     store = DictStore()
     q = ClassicQueue("p", "/", limits=QueueLimits(max_priority=5))
     q.set_paging(PagingPolicy.lazy(), store)
-    assert q.tail is None and not q.pages_out(10)
+    assert q.tail is None and not q.pages_out()
     q2 = ClassicQueue("l", "/", limits=QueueLimits(max_length=10))
     q2.set_paging(PagingPolicy.lazy(), store)
     assert q2.tail is None

@@ -278,7 +278,7 @@ class Broker:
             for log_seq, ref in refs.items():
                 size = ref & REF_SIZE_MASK
                 count = 1 if ref & REF_DELIVERED else 0
-                if q.pages_out(size):
+                if q.pages_out():
                     expiration_ms = None
                     if ref & REF_EXPIRATION:
                         msg = self._journal_message(q, log_seq, routes)
@@ -829,9 +829,10 @@ class Broker:
                 continue
             if entry.log_seq:
                 journalled = entry.log_seq
-            if q.mirror is not None and seq:
+            mirror = q._mirror  # the slot behind ClassicQueue.mirror (a property): read per publish
+            if mirror is not None and seq:
                 waits += 1
-                q.mirror.after_stable(channel.accepted, seq)
+                mirror.after_stable(channel.accepted, seq)
             if q.flow_waiters is not None:
                 self._flow_wait(q, channel.session)
         if remote is not None:
@@ -867,9 +868,8 @@ class Broker:
         tail = q.tail
         if tail is not None:  # q.pages_out, inlined: it runs per publish
             st = q.state
-            pol = q.paging
-            if (tail.count or st.ready_count >= pol.window_messages
-                    or st.ready_bytes + len(msg.body) >= pol.window_bytes) and self.scratch is not None:
+            if (tail.count or st.ready_count >= q.page_window
+                    or st.ready_bytes >= q.page_window_bytes) and self.scratch is not None:
                 return self._put_paged(q, msg, now), []
         entry, dropped = q.publish(msg, now)
         if entry is None:

@@ -57,7 +57,7 @@ class ClassicQueue:
                  "expires_ms", "dead_letter_exchange", "dead_letter_routing_key", "last_used_ms",
                  "deleted", "home_node", "_registered", "mstats", "dispatch_blocked",
                  "flow_waiters", "journal_id", "last_dispatch_ms", "_mirror", "policy_settings", "host",
-                 "tail", "paging", "store")
+                 "tail", "paging", "store", "page_window", "page_window_bytes")
 
     def __init__(self, name: str, vhost: str, *, durable: bool = False, auto_delete: bool = False,
                  exclusive_owner: Any = None, arguments: dict[str, Any] | None = None,
@@ -100,6 +100,8 @@ class ClassicQueue:
         self.paging: PagingPolicy | None = None
         self.tail: PagedTail | None = None
         self.store: BodyStore | None = None
+        self.page_window = 0  # the policy's window, kept here for the publish path's one check
+        self.page_window_bytes = 0
         # the settings last resolved from arguments and policies (hutch.queues.effective.Effective)
         self.policy_settings: Any = None
 
@@ -148,17 +150,19 @@ class ClassicQueue:
             self.paging = None
             return
         self.paging = policy
+        self.page_window = policy.window_messages
+        self.page_window_bytes = policy.window_bytes
         if self.tail is None and self._mirror is None and self.store is not None:
             self.tail = PagedTail()
 
-    def pages_out(self, size: int) -> bool:
+    def pages_out(self) -> bool:
         """Does a message enqueued now go to disk? (The caller stores its body, then calls
-        `publish_paged`.)"""
+        `publish_paged`.) Broker._put has this check inlined."""
         tail = self.tail
         if tail is None:
             return False
         st = self.state
-        return self.paging.pages_out(st.ready_count, st.ready_bytes + size, tail.count)
+        return self.paging.pages_out(st.ready_count, st.ready_bytes, tail.count)
 
     def expiry_of(self, message: Message, now_ms: int) -> int | None:
         ttl = message.expiration_ms
