@@ -54,6 +54,7 @@ from hutch.queues.paging import (
     PagingPolicy,
 )
 from hutch.queues.state import DROP_HEAD, REJECT_PUBLISH_DLX, Entry, QueueLimits
+from hutch.store import StoreError
 
 log = logging.getLogger("hutch.broker")
 
@@ -184,6 +185,7 @@ class Broker:
         self.operator_policies: list[dict[str, Any]] = []
         self.journal: Journal | None = None
         self.scratch: ScratchLog | None = None  # bodies of paged messages the journal does not hold
+        self.scratch_failed = False
         self.request_sync: Callable[[], None] = lambda: None  # set by the runtime
         self._direct_replies: dict[str, tuple[Any, str]] = {}
         self.flow_limited: set[ClassicQueue] = set()
@@ -228,8 +230,11 @@ class Broker:
                 self._flow_check(q)
         if self.journal is not None and self.journal.unsynced:
             self.request_sync()
-        if self.scratch is not None:
-            self.scratch.flush()
+        if self.scratch is not None and not self.scratch_failed:
+            try:
+                self.scratch.flush()
+            except StoreError as e:
+                self._scratch_broken(e)
         if self.cluster is not None:
             self.cluster.flush()
         outputs = self._outputs
@@ -870,7 +875,9 @@ class Broker:
             st = q.state
             if (tail.count or st.ready_count >= q.page_window
                     or st.ready_bytes >= q.page_window_bytes) and self.scratch is not None:
-                return self._put_paged(q, msg, now), []
+                paged = self._put_paged(q, msg, now)
+                if paged is not None:
+                    return paged, []
         entry, dropped = q.publish(msg, now)
         if entry is None:
             return None, dropped
@@ -887,11 +894,18 @@ class Broker:
         self.dirty_queues.add(q)
         return entry, dropped
 
-    def _put_paged(self, q: ClassicQueue, msg: Message, now: int) -> _Paged:
+    def _put_paged(self, q: ClassicQueue, msg: Message, now: int) -> _Paged | None:
+        """Store the body and add the message to the queue's paged tail. None when the scratch
+        log cannot take it: the queue's tail has then been read back, and the caller keeps the
+        message in memory (the order holds: nothing paged is left ahead of it)."""
         if msg.persistent and q.journal_id and self.journal is not None:
             loc = log_seq = self.journal.enqueue(q.journal_id, msg.exchange, msg.routing_key, msg.props, msg.body)
         else:
-            loc = SCRATCH + self.scratch.write(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent)
+            sseq = self._scratch_write(msg)
+            if sseq is None:
+                q.page_in_all()
+                return None
+            loc = SCRATCH + sseq
             log_seq = 0
         expires = q.expiry_of(msg, now) if msg.expiration_ms is not None or q.message_ttl_ms is not None else None
         q.publish_paged(loc, len(msg.body), expires)
@@ -899,6 +913,25 @@ class Broker:
             self.ttl_queues.add(q)
         self.dirty_queues.add(q)
         return _Paged(log_seq)
+
+    def _scratch_write(self, msg: Message) -> int | None:
+        if self.scratch_failed:
+            return None
+        try:
+            return self.scratch.write(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent)
+        except StoreError as e:
+            self._scratch_broken(e)
+            return None
+
+    def _scratch_broken(self, e: BaseException) -> None:
+        """The scratch log failed (a write error, a full disk): no more bodies go there. Messages
+        that are not journalled stay in memory from now on, as they did before disk-first queues;
+        paged ones whose records were written are still read back, the others are dropped as
+        unreadable when their turn comes (they were transient)."""
+        if not self.scratch_failed:
+            self.scratch_failed = True
+            log.error("Scratch log %s failed (%s): messages that are not journalled stay in memory from now on",
+                      self.scratch.log.directory, e)
 
     # ---------------------------------------------------------------- direct reply-to
 

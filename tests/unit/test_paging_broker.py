@@ -1,0 +1,181 @@
+"""Disk-first queues on a broker with real storage: the journal and the scratch log as body store.
+
+A `Broker` with no cluster and no sockets, its message journal and scratch log in a temporary
+directory, and one classic queue with a memory window of 10 messages. Checked here: where a
+paged body goes (the journal for a persistent message of a durable queue, the scratch log
+otherwise) and that reading it back frees the scratch record; recovery that pages a persistent
+backlog again and keeps `redelivered`; purge and delete free paged records unread; a corrupt
+journal record is logged with the queue and the position, settled and never delivered; a
+scratch log that fails keeps new messages in memory, in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from hutch.broker.broker import Broker, Config
+from hutch.broker.journal import Journal, ScratchLog
+from hutch.queues.message import Message
+from hutch.queues.paging import SCRATCH
+from hutch.store import StoreFailed
+
+WINDOW = 10
+
+
+def make_broker(data_dir, journal_id: int = 7, durable: bool = True, args: dict | None = None):
+    b = Broker(Config(classic_queue_memory_window_messages=WINDOW))
+    v = b.add_vhost("/")
+    q = b.declare_queue(v, "q", durable=durable, exclusive=False, auto_delete=False, arguments=args or {},
+                        owner=None)
+    q.journal_id = journal_id if durable else 0
+    # open_storage without its gc.freeze (this is a test process)
+    b.journal = Journal(os.path.join(data_dir, "msgs"))
+    b.scratch = ScratchLog(os.path.join(data_dir, "scratch"))
+    return b, q
+
+
+def msg(i: int, persistent: bool = False) -> Message:
+    return Message("", "q", b"\x00\x01q", b"\x00\x00", f"{i:06d}".encode() * 20, persistent)
+
+
+def drain(b: Broker, q, ack: bool = True) -> list[tuple[int, int]]:
+    out = []
+    while True:
+        e = q.take_head(no_ack=False)
+        if e is None:
+            return out
+        b.delivered(q, e)
+        out.append((int(e.message.body[:6]), e.delivery_count))
+        if ack:
+            q.settle(e.seq)
+            b.settled(q, e)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b, q = make_broker(tmp_path)
+    yield b, q
+    b.close_storage()
+
+
+def test_transient_messages_past_the_window_go_to_the_scratch_log_and_come_back_in_order(broker):
+    b, q = broker
+    b.enqueue_local((q,), msg(0))
+    for i in range(1, 30):
+        b.enqueue_local((q,), msg(i))
+    assert q.state.ready_count == WINDOW and q.paged_count == 20
+    assert all(loc >= SCRATCH for loc in q.tail.locations())
+    assert b.scratch.log.live_records == 20
+    assert [n for n, _c in drain(b, q)] == list(range(30))
+    assert b.scratch.log.live_records == 0, "a record read back is released"
+
+
+def test_persistent_message_of_a_durable_queue_is_paged_to_its_journal_record(broker):
+    b, q = broker
+    for i in range(WINDOW + 5):
+        refused, log_seq = b.enqueue_local((q,), msg(i, persistent=True))
+        assert not refused and log_seq
+    assert q.paged_count == 5
+    assert all(loc < SCRATCH and b.journal.log.is_live(loc) for loc in q.tail.locations())
+    assert b.scratch.log.live_records == 0
+    assert [n for n, _c in drain(b, q)] == list(range(WINDOW + 5))
+
+
+def test_recovery_pages_a_persistent_backlog_again_and_keeps_redelivered(tmp_path):
+    b, q = make_broker(tmp_path)
+    for i in range(50):
+        b.enqueue_local((q,), msg(i, persistent=True))
+    e = q.take_head(no_ack=False)  # delivered, never acknowledged
+    b.delivered(q, e)
+    b.journal.sync()
+    b.close_storage()
+
+    b2, q2 = make_broker(tmp_path)
+    try:
+        assert b2._recover_messages({7: q2}) == 50
+        assert q2.state.ready_count == WINDOW and q2.paged_count == 40 and q2.message_count == 50
+        got = drain(b2, q2)
+        assert [n for n, _c in got] == list(range(50))
+        assert [c for _n, c in got] == [2] + [1] * 49
+    finally:
+        b2.close_storage()
+
+
+def test_purge_and_delete_free_paged_records_unread(broker):
+    b, q = broker
+    for i in range(30):
+        b.enqueue_local((q,), msg(i, persistent=i % 2 == 0))
+    live_before = b.journal.log.live_records
+    assert b.purge_queue(q) == 30
+    assert q.message_count == 0 and b.scratch.log.live_records == 0
+    assert b.journal.log.live_records < live_before
+    for i in range(30):
+        b.enqueue_local((q,), msg(i))
+    b.delete_queue(q, propose=False)
+    assert b.scratch.log.live_records == 0
+
+
+def test_corrupt_journal_record_is_logged_settled_and_never_delivered(tmp_path, caplog):
+    b, q = make_broker(tmp_path)
+    for i in range(WINDOW + 3):
+        b.enqueue_local((q,), msg(i, persistent=True))
+    bad = q.tail.locations()[1]  # the message numbered WINDOW + 1
+    b.journal.sync()
+    seg = sorted((tmp_path / "msgs").glob("*.hseg"))[-1]
+    data = bytearray(seg.read_bytes())
+    at = data.index(f"{WINDOW + 1:06d}".encode() * 20) + 10
+    data[at] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    with caplog.at_level(logging.ERROR, logger="hutch.broker"):
+        got = [n for n, _c in drain(b, q)]
+    assert got == [i for i in range(WINDOW + 3) if i != WINDOW + 1]
+    assert any(f"queue 'q' in vhost '/': paged message {WINDOW + 2} (journal record {bad}) cannot be read back" in r.message
+               for r in caplog.records)
+    b.journal.sync()
+    b.close_storage()
+    b2, q2 = make_broker(tmp_path)
+    try:
+        assert b2._recover_messages({7: q2}) == 0, "settled: it does not come back"
+    finally:
+        b2.close_storage()
+
+
+def test_a_failed_scratch_log_keeps_new_messages_in_memory_in_order(broker, monkeypatch, caplog):
+    b, q = broker
+    for i in range(WINDOW + 5):
+        b.enqueue_local((q,), msg(i))
+    assert q.paged_count == 5
+
+    def fail(*_a, **_k):
+        raise StoreFailed("disk full")
+    monkeypatch.setattr(b.scratch, "write", fail)
+    with caplog.at_level(logging.ERROR, logger="hutch.broker"):
+        for i in range(WINDOW + 5, WINDOW + 10):
+            refused, _ = b.enqueue_local((q,), msg(i))
+            assert not refused
+    assert q.paged_count == 0 and q.state.ready_count == WINDOW + 10
+    assert sum("Scratch log" in r.message and "failed" in r.message for r in caplog.records) == 1
+    assert [n for n, _c in drain(b, q)] == list(range(WINDOW + 10))
+
+
+def test_lazy_queue_argument_pages_from_the_first_message(tmp_path):
+    b, q = make_broker(tmp_path, durable=False, args={"x-queue-mode": "lazy"})
+    try:
+        b.enqueue_local((q,), msg(0))
+        assert q.state.ready_count == 0 and q.paged_count == 1
+        assert [n for n, _c in drain(b, q)] == [0]
+    finally:
+        b.close_storage()
+
+
+def test_priority_queue_stays_in_memory(tmp_path):
+    b, q = make_broker(tmp_path, durable=False, args={"x-max-priority": 5})
+    try:
+        for i in range(WINDOW + 5):
+            b.enqueue_local((q,), msg(i))
+        assert q.tail is None and q.state.ready_count == WINDOW + 5
+    finally:
+        b.close_storage()
