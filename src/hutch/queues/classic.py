@@ -334,8 +334,9 @@ class ClassicQueue:
                         mirror.checked_out(entry.seq)
                 c.deliver(self, entry)
                 n += 1
-            else:  # memory ran dry with consumers still able to take: the next batch
-                if tail is not None and tail.count and self.page_in() >= 0:
+            else:  # memory ran dry before the consumers did: read the next batch back, go on
+                if tail is not None and tail.count:
+                    self.page_in()
                     continue
             return n
 
