@@ -169,9 +169,9 @@ class PagedTail:
         return self._locs[self._i:].tolist()
 
     def _clear(self) -> None:
-        self._locs = array("Q")
-        self._sizes = array("I")
-        self._counts = bytearray()
+        del self._locs[:]  # in place: a lazy queue whose consumers keep up empties its tail per message
+        del self._sizes[:]
+        del self._counts[:]
         self._expiry = None
         self._i = 0
 
