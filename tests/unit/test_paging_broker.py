@@ -17,7 +17,7 @@ import os
 import pytest
 
 from hutch.broker.broker import Broker, Config
-from hutch.broker.journal import Journal, ScratchLog
+from hutch.broker.journal import REF_DELIVERED, REF_SIZE_MASK, Journal, ScratchLog
 from hutch.queues.message import Message
 from hutch.queues.paging import SCRATCH
 from hutch.store import StoreFailed
@@ -179,3 +179,36 @@ def test_priority_queue_stays_in_memory(tmp_path):
         assert q.tail is None and q.state.ready_count == WINDOW + 5
     finally:
         b.close_storage()
+
+
+def test_recover_refs_keeps_survivors_in_publish_order_without_their_bodies(tmp_path):
+    j = Journal(str(tmp_path / "msgs"))
+    seqs = [j.enqueue(1, "", "q", b"\x00\x00", bytes(100 + i)) for i in range(6)]
+    j.delivered(1, seqs[2])
+    j.settled(1, seqs[1])
+    j.purged(1, [seqs[4]])
+    j.enqueue(2, "", "gone", b"\x00\x00", b"x")  # a queue that no longer exists
+    j.sync()
+    j.close()
+    j2 = Journal(str(tmp_path / "msgs"))
+    try:
+        refs = j2.recover_refs([1])
+        assert list(refs) == [1]
+        table = refs[1]
+        assert len(table) == 4
+        assert [(s, r & REF_SIZE_MASK, bool(r & REF_DELIVERED)) for s, r in table.items()] == [
+            (seqs[0], 100, False), (seqs[2], 102, True), (seqs[3], 103, False), (seqs[5], 105, False)]
+        assert j2.read_enqueue(seqs[3])[3] == bytes(103)
+    finally:
+        j2.close()
+
+
+def test_ref_table_is_ordered_even_if_seqs_come_out_of_order():
+    from hutch.broker.journal import _RefTable
+    t = _RefTable()
+    t[5] = 50
+    t[9] = 90
+    t[7] = 70
+    assert 7 in t and t.pop(9) == 90 and 9 not in t and t.pop(9, "none") == "none"
+    t.set_flag(5, REF_DELIVERED)
+    assert list(t.items()) == [(5, 50 | REF_DELIVERED), (7, 70)] and len(t) == 2

@@ -38,8 +38,10 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+from array import array
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,16 +227,16 @@ class Journal:
                                                                                  item[5], False), _mark_delivered)
         return {qid: list(msgs.values()) for qid, msgs in found.items()}
 
-    def recover_refs(self, live_queue_ids: Iterable[int]) -> dict[int, dict[int, int]]:
-        """As `recover`, but without the messages: per queue id, {E seq: size | flags} in
-        publish order (REF_DELIVERED, REF_EXPIRATION). About a hundred bytes a message while
-        it runs, so a node can come back with a backlog far larger than its memory; read the
-        messages with `read_enqueue`."""
-        return self._replay(live_queue_ids, _ref_of, _ref_delivered)
+    def recover_refs(self, live_queue_ids: Iterable[int]) -> dict[int, _RefTable]:
+        """As `recover`, but without the messages: per queue id, a table of E seq -> size |
+        flags (REF_DELIVERED, REF_EXPIRATION) whose `items()` come in publish order. 16 bytes a
+        message while it runs, so a node can come back with a backlog far larger than its
+        memory; read the messages with `read_enqueue`."""
+        return self._replay(live_queue_ids, _ref_of, _ref_delivered, _RefTable)
 
-    def _replay(self, live_queue_ids: Iterable[int], make, mark) -> dict:
+    def _replay(self, live_queue_ids: Iterable[int], make, mark, table=dict) -> dict:
         live = set(live_queue_ids)
-        pending: dict[int, dict[int, Any]] = {}
+        pending: dict[int, Any] = {}
         settles: list[tuple[int, int, list[int]]] = []  # (record seq, queue, E seqs)
         dead: list[int] = []
         for rec in self.log.replay():
@@ -247,7 +249,10 @@ class Journal:
             kind, qid = item[0], item[1]
             if kind == "E":
                 if qid in live:
-                    pending.setdefault(qid, {})[rec.seq] = make(rec.seq, item)
+                    q = pending.get(qid)
+                    if q is None:
+                        q = pending[qid] = table()
+                    q[rec.seq] = make(rec.seq, item)
                 else:
                     dead.append(rec.seq)
             elif kind == "V":
@@ -294,8 +299,66 @@ def _ref_of(_seq: int, item: list) -> int:
     return len(item[5]) | (REF_EXPIRATION if _has_expiration(item[4]) else 0)
 
 
-def _ref_delivered(q: dict, e_seq: int) -> None:
-    q[e_seq] |= REF_DELIVERED
+def _ref_delivered(q: _RefTable, e_seq: int) -> None:
+    q.set_flag(e_seq, REF_DELIVERED)
+
+
+class _RefTable:
+    """One queue's surviving messages during `recover_refs`: E seqs (they come in increasing
+    order) and their packed refs in two arrays, 16 bytes a message instead of a dict entry's
+    hundred; lookups by binary search; a settled message's ref becomes GONE."""
+
+    GONE = (1 << 64) - 1
+
+    __slots__ = ("seqs", "refs", "live")
+
+    def __init__(self) -> None:
+        self.seqs = array("Q")
+        self.refs = array("Q")
+        self.live = 0
+
+    def __setitem__(self, seq: int, ref: int) -> None:
+        seqs = self.seqs
+        if not seqs or seq > seqs[-1]:
+            seqs.append(seq)
+            self.refs.append(ref)
+        else:  # the log replays in seq order; kept correct (and slow) should that ever change
+            i = bisect_left(seqs, seq)
+            seqs.insert(i, seq)
+            self.refs.insert(i, ref)
+        self.live += 1
+
+    def _index(self, seq: int) -> int:
+        i = bisect_left(self.seqs, seq)
+        if i < len(self.seqs) and self.seqs[i] == seq and self.refs[i] != self.GONE:
+            return i
+        return -1
+
+    def __contains__(self, seq: int) -> bool:
+        return self._index(seq) >= 0
+
+    def pop(self, seq: int, default: Any = None) -> Any:
+        i = self._index(seq)
+        if i < 0:
+            return default
+        ref = self.refs[i]
+        self.refs[i] = self.GONE
+        self.live -= 1
+        return ref
+
+    def set_flag(self, seq: int, flag: int) -> None:
+        i = self._index(seq)
+        if i >= 0:
+            self.refs[i] |= flag
+
+    def __len__(self) -> int:
+        return self.live
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        gone = self.GONE
+        for seq, ref in zip(self.seqs, self.refs, strict=True):
+            if ref != gone:
+                yield seq, ref
 
 
 class ScratchLog:
