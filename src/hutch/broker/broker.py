@@ -327,7 +327,7 @@ class Broker:
         except Unreadable as e:
             log.error("queue '%s' in vhost '%s': message at journal record %d cannot be read back (%s); "
                       "it is dropped", q.name, q.vhost, log_seq, e)
-            self.journal.settled(q.journal_id, log_seq)
+            self._journal_drop(q, log_seq)
             return None
         return self._message(exchange, routing_key, props, body, True, routes)
 
@@ -364,9 +364,19 @@ class Broker:
         except Unreadable as e:
             log.error("queue '%s' in vhost '%s': paged message %d (journal record %d) cannot be read back "
                       "(%s); it is dropped", q.name, q.vhost, seq, loc, e)
-            self.journal.settled(q.journal_id, loc)
+            self._journal_drop(q, loc)
             return None
         return self._message(exchange, routing_key, props, body, True, self._paged_routes)
+
+    def _journal_drop(self, q: ClassicQueue, log_seq: int) -> None:
+        """Settle a journalled message that cannot be read back, so that it does not come back
+        at the next boot (unless its record is gone already)."""
+        try:
+            if self.journal.log.is_live(log_seq):
+                self.journal.settled(q.journal_id, log_seq)
+        except StoreError as e:
+            log.warning("queue '%s' in vhost '%s': journal record %d could not be settled (%s)", q.name, q.vhost,
+                        log_seq, e)
 
     def drop_paged(self, q: ClassicQueue, locs: list[int]) -> None:
         """BodyStore.drop_paged: paged messages leave unread (purge, deleted queue)."""
