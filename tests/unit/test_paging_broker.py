@@ -212,3 +212,20 @@ def test_ref_table_is_ordered_even_if_seqs_come_out_of_order():
     assert 7 in t and t.pop(9) == 90 and 9 not in t and t.pop(9, "none") == "none"
     t.set_flag(5, REF_DELIVERED)
     assert list(t.items()) == [(5, 50 | REF_DELIVERED), (7, 70)] and len(t) == 2
+
+
+def test_a_queue_being_migrated_to_a_quorum_queue_keeps_late_arrivals_in_memory(broker):
+    """hutch.broker.kinds moves what arrives during the source queue's deletion from memory
+    (its ready entries): such a late arrival must not be paged, or it would be lost."""
+    b, q = broker
+
+    class Cluster:
+        migrations = {("/", "q"): object()}
+
+    b.cluster = Cluster()
+    try:
+        for i in range(WINDOW + 5):
+            b.enqueue_local((q,), msg(i))
+        assert q.paged_count == 0 and [int(e.message.body[:6]) for e in q.state.ready()] == list(range(WINDOW + 5))
+    finally:
+        b.cluster = None

@@ -907,7 +907,13 @@ class Broker:
     def _put_paged(self, q: ClassicQueue, msg: Message, now: int) -> _Paged | None:
         """Store the body and add the message to the queue's paged tail. None when the scratch
         log cannot take it: the queue's tail has then been read back, and the caller keeps the
-        message in memory (the order holds: nothing paged is left ahead of it)."""
+        message in memory (the order holds: nothing paged is left ahead of it). The same for a
+        queue being migrated to a quorum queue (hutch.control.migrate): what arrives while it is
+        deleted is moved from memory (hutch.broker.kinds), so it must not be paged."""
+        migrations = getattr(self.cluster, "migrations", None) if self.cluster is not None else None
+        if migrations and (q.vhost, q.name) in migrations:
+            q.page_in_all()
+            return None
         if msg.persistent and q.journal_id and self.journal is not None:
             loc = log_seq = self.journal.enqueue(q.journal_id, msg.exchange, msg.routing_key, msg.props, msg.body)
         else:
