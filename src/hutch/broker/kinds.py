@@ -142,6 +142,7 @@ class ClassicKind:
             del cl.proxies[key]
         target = cl.migrations.get((q.vhost, q.name))
         if target is not None:  # messages that arrived since the move: they go on, unconfirmed
+            q.page_in_all()  # (a migrating queue does not page; this keeps it so if that changes)
             for e in list(q.state.ready()):
                 cl.quorum.publish(target, e.message, None, 0)
         if q.mirror is not None and keep_bindings:  # led elsewhere now (deleted: delete_queue drops it)
