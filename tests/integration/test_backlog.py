@@ -48,7 +48,8 @@ def _rss(node: HutchNode) -> int:
 def node(tmp_path_factory):
     conf = tmp_path_factory.mktemp("backlog-conf") / "hutch.conf"
     conf.write_text(f"classic_queue.memory_window_messages = {WINDOW_MESSAGES}\n"
-                    "classic_queue.memory_window_bytes = 1MiB\n")
+                    "classic_queue.memory_window_bytes = 1MiB\n"
+                    "vm_memory_high_watermark_paging_ratio = 0\n")  # disk-first from the start
     with HutchNode() as probe:
         idle = _rss(probe)
     n = HutchNode(extra_args=["--config", str(conf), "--vm-memory-high-watermark-bytes", str(idle + HEADROOM_BYTES)])

@@ -25,8 +25,9 @@ from hutch.store import StoreFailed
 WINDOW = 10
 
 
-def make_broker(data_dir, journal_id: int = 7, durable: bool = True, args: dict | None = None):
-    b = Broker(Config(classic_queue_memory_window_messages=WINDOW))
+def make_broker(data_dir, journal_id: int = 7, durable: bool = True, args: dict | None = None,
+                paging_ratio: float = 0.0):
+    b = Broker(Config(classic_queue_memory_window_messages=WINDOW, vm_memory_high_watermark_paging_ratio=paging_ratio))
     v = b.add_vhost("/")
     q = b.declare_queue(v, "q", durable=durable, exclusive=False, auto_delete=False, arguments=args or {},
                         owner=None)
@@ -59,6 +60,31 @@ def broker(tmp_path):
     b, q = make_broker(tmp_path)
     yield b, q
     b.close_storage()
+
+
+def test_with_memory_to_spare_a_queue_past_its_window_keeps_new_messages_in_memory(tmp_path):
+    """vm_memory_high_watermark_paging_ratio (0.5 here, RabbitMQ's default): below it nothing is
+    paged; past it the queue pages what comes next, and keeps paging until its tail is empty."""
+    b, q = make_broker(tmp_path, paging_ratio=0.5)
+    try:
+        limit = 1000
+        b.config.vm_memory_high_watermark_bytes = limit
+        b.memory_check(400, 10_000)  # 40 % of the watermark
+        for i in range(30):
+            b.enqueue_local((q,), msg(i))
+        assert q.state.ready_count == 30 and q.paged_count == 0
+        b.memory_check(600, 10_000)  # 60 %: past the paging ratio
+        for i in range(30, 40):
+            b.enqueue_local((q,), msg(i))
+        assert q.paged_count == 10
+        b.memory_check(400, 10_000)  # below again: the paged tail keeps order, so it goes on
+        b.enqueue_local((q,), msg(40))
+        assert q.paged_count == 11
+        assert [n for n, _c in drain(b, q)] == list(range(41))
+        b.enqueue_local((q,), msg(41))
+        assert q.paged_count == 0  # the tail emptied: in memory again
+    finally:
+        b.close_storage()
 
 
 def test_transient_messages_past_the_window_go_to_the_scratch_log_and_come_back_in_order(broker):

@@ -107,6 +107,9 @@ class Config:
     # disk-first classic queues: ready messages a queue keeps in memory before new ones are paged
     classic_queue_memory_window_messages: int = WINDOW_MESSAGES_DEFAULT
     classic_queue_memory_window_bytes: int = WINDOW_BYTES_DEFAULT
+    # ... once the node's memory use passes this fraction of the high watermark (RabbitMQ's key
+    # and default); 0: always past the window. Lazy queues and recovery page regardless.
+    vm_memory_high_watermark_paging_ratio: float = 0.5
     cluster_partition_handling: str = "ignore"  # ignore | pause_minority | pause_if_all_down | autoheal
     load_definitions: str | None = None  # a definitions file (or directory) imported at every boot
     pause_if_all_down_nodes: list[str] = field(default_factory=list)  # pause when none of these is reachable
@@ -178,6 +181,9 @@ class Broker:
         self._outputs: list = []
         self._scheduled = False
         self.alarms: set[str] = set()
+        # memory use past vm_memory_high_watermark_paging_ratio (set by memory_check): queues past
+        # their memory window page to disk (a ratio of 0 pages from the start)
+        self.paging_pressure = config.vm_memory_high_watermark_paging_ratio <= 0
         self.blocking = False
         self._blocked_sessions: set = set()
         self.ttl_queues: set[ClassicQueue] = set()
@@ -881,10 +887,11 @@ class Broker:
         what drop-head overflow pushed out. Past the queue's memory window the body goes to disk
         (the journal, or the scratch log) and the queue keeps its location only."""
         tail = q.tail
-        if tail is not None:  # q.pages_out, inlined: it runs per publish
+        if tail is not None:  # q.pages_out, inlined (it runs per publish), under memory pressure only
             st = q.state
-            if (tail.count or st.ready_count >= q.page_window
-                    or st.ready_bytes >= q.page_window_bytes) and self.scratch is not None:
+            if (tail.count or ((self.paging_pressure or not q.page_window)
+                               and (st.ready_count >= q.page_window or st.ready_bytes >= q.page_window_bytes))) \
+                    and self.scratch is not None:
                 paged = self._put_paged(q, msg, now)
                 if paged is not None:
                     return paged, []
@@ -1146,6 +1153,9 @@ class Broker:
 
     def memory_check(self, used_bytes: int, total_bytes: int) -> None:
         limit = self.config.vm_memory_high_watermark_bytes or int(total_bytes * self.config.vm_memory_high_watermark)
+        # past the paging ratio, queues past their memory window page new messages to disk: a
+        # backlog stays below the alarm, and a node with memory to spare keeps them in memory
+        self.paging_pressure = used_bytes >= limit * self.config.vm_memory_high_watermark_paging_ratio
         if used_bytes > limit and "memory" not in self.alarms:
             log.warning("vm_memory_high_watermark set. Memory used:%d allowed:%d", used_bytes, limit)
             self._set_alarm("memory")

@@ -286,6 +286,10 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         cfg.vm_memory_high_watermark = float(value)
     elif key == "disk_free_limit.absolute":
         cfg.disk_free_limit_bytes = parse_bytes(value)
+    elif key == "vm_memory_high_watermark_paging_ratio":
+        cfg.vm_memory_high_watermark_paging_ratio = float(value)
+        if cfg.vm_memory_high_watermark_paging_ratio < 0:
+            raise ValueError("vm_memory_high_watermark_paging_ratio must be 0 or more")
     elif key == "vm_memory_high_watermark.absolute":
         cfg.vm_memory_high_watermark_bytes = parse_bytes(value)
     elif key in ("default_user", "default_pass", "default_vhost", "cluster_name", "node_name", "data_dir"):
