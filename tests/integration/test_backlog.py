@@ -145,6 +145,9 @@ def test_lazy_queue_pages_every_message_and_delivers_them_in_order(node, conn):
         ch.basic_publish("", queue, _body(i, 1024))
     drain(conn, lambda: _count(ch, queue) == 50, 10, "50 messages in the lazy queue")
     assert _scratch_bytes(node) - before >= 50 * 1024, "a lazy queue keeps no body in memory"
+    shown = Http(node.mgmt_port).get(f"/api/queues/%2F/{queue}")
+    assert (shown["messages_paged_out"], shown["messages_ram"], shown["messages_ready"]) == (50, 0, 50)
+    assert shown["message_bytes_paged_out"] == shown["message_bytes_ready"] and shown["message_bytes_ram"] == 0
     got = _drain_all(conn, queue, 50)
     assert [n for n, _r in got] == list(range(50))
 

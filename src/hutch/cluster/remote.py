@@ -282,7 +282,7 @@ class RemoteQueue:
 
     def figures(self) -> Figures:
         """As its home node last reported them (bytes are not reported)."""
-        return Figures(self.ready, self.unacked_remote, 0, 0, self.consumers_remote)
+        return Figures(self.ready, self.unacked_remote, 0, 0, self.consumers_remote, paged=None)
 
     def active_consumer(self) -> None:
         return None

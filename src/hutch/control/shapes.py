@@ -115,6 +115,17 @@ def policy_fields(broker: Broker, vhost: str, name: str, kind: str, queue: Any =
     return out
 
 
+def _memory_fields(f) -> dict[str, int]:
+    """RabbitMQ's split of a queue's messages between memory and disk (disk-first queues page
+    ready messages out, hutch.queues.paging); nothing for a queue led on another node, whose
+    leader does not report it."""
+    if f.paged is None:
+        return {}
+    return {"messages_paged_out": f.paged, "message_bytes_paged_out": f.paged_bytes,
+            "messages_ram": f.messages - f.paged, "messages_ready_ram": f.ready - f.paged,
+            "messages_unacknowledged_ram": f.unacked, "message_bytes_ram": f.message_bytes - f.paged_bytes}
+
+
 def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, Any]:
     f = q.figures()  # the one read model of every queue type (hutch.queues.handle.Figures)
     ready, unacked = f.ready, f.unacked
@@ -138,6 +149,7 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         "message_bytes_ready": f.ready_bytes,
         "message_bytes_unacknowledged": f.unacked_bytes,
         "consumers": f.consumers,
+        **_memory_fields(f),
         "consumer_capacity": 1.0 if consumers else 0.0,
         "consumer_utilisation": 1.0 if consumers else 0.0,
         "exclusive_consumer_tag": next((c.tag for c in consumers if c.exclusive), None),

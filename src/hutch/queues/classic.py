@@ -117,7 +117,7 @@ class ClassicQueue:
         tail = self.tail
         if tail is not None and tail.count:
             return Figures(st.ready_count + tail.count, len(st.unacked), st.ready_bytes + tail.bytes,
-                           st.unacked_bytes, self.consumer_count)
+                           st.unacked_bytes, self.consumer_count, tail.count, tail.bytes)
         return Figures(st.ready_count, len(st.unacked), st.ready_bytes, st.unacked_bytes, self.consumer_count)
 
     # ---------------------------------------------------------------- disk-first (hutch.queues.paging)

@@ -48,15 +48,21 @@ class Figures:
     """A queue's counts as listings show them. For a queue led on another node they are what
     its leader last reported (every second)."""
 
-    __slots__ = ("ready", "unacked", "ready_bytes", "unacked_bytes", "consumers")
+    __slots__ = ("ready", "unacked", "ready_bytes", "unacked_bytes", "consumers", "paged", "paged_bytes")
 
-    def __init__(self, ready: int, unacked: int, ready_bytes: int, unacked_bytes: int, consumers: int):
+    def __init__(self, ready: int, unacked: int, ready_bytes: int, unacked_bytes: int, consumers: int,
+                 paged: int | None = 0, paged_bytes: int = 0):
         assert ready >= 0 and unacked >= 0 and consumers >= 0, (ready, unacked, consumers)
+        assert paged is None or 0 <= paged <= ready, (paged, ready)
         self.ready = ready
         self.unacked = unacked
         self.ready_bytes = ready_bytes
         self.unacked_bytes = unacked_bytes
         self.consumers = consumers
+        # ready messages whose bodies are on disk, not in memory (hutch.queues.paging); None
+        # when not known here (a queue led on another node)
+        self.paged = paged
+        self.paged_bytes = paged_bytes
 
     @property
     def messages(self) -> int:
