@@ -51,8 +51,8 @@ TOKENS_KEPT = 65536  # publish ids remembered for deduplication after a promotio
 # -- the operations (msgpack arrays with an integer tag first) --------------------------------
 
 
-class Enqueued(msgspec.Struct, tag=1, array_like=True, frozen=True, gc=False):
-    """A message joined the queue (built once per message on a mirrored queue's publish path)."""
+class _Message(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The fields of a message that every copy keeps (the first fields of Enqueued and SyncItem)."""
 
     seq: int
     exchange: str
@@ -63,6 +63,11 @@ class Enqueued(msgspec.Struct, tag=1, array_like=True, frozen=True, gc=False):
     priority: int
     expiration_ms: int | None
     expires_at_ms: int | None
+
+
+class Enqueued(_Message, tag=1):
+    """A message joined the queue (built once per message on a mirrored queue's publish path)."""
+
     origin: str  # the publishing node's id for this publish ("" for none), to deduplicate
     token: int
 
@@ -80,18 +85,9 @@ class Removed(msgspec.Struct, tag=3, array_like=True, frozen=True, gc=False):
     seqs: list[int]
 
 
-class SyncItem(msgspec.Struct, array_like=True, frozen=True, gc=False):
+class SyncItem(_Message):
     """One message of a sync batch, with its delivery count at the leader."""
 
-    seq: int
-    exchange: str
-    routing_key: str
-    props: bytes
-    body: bytes
-    persistent: bool
-    priority: int
-    expiration_ms: int | None
-    expires_at_ms: int | None
     delivery_count: int
 
 
@@ -157,7 +153,7 @@ class MirrorEntry:
     __slots__ = ("seq", "exchange", "routing_key", "props", "body", "persistent", "priority", "expiration_ms",
                  "expires_at_ms", "delivery_count")
 
-    def __init__(self, op: Enqueued | SyncItem, delivery_count: int = 0):
+    def __init__(self, op: _Message, delivery_count: int = 0):
         self.seq = op.seq
         self.exchange = op.exchange
         self.routing_key = op.routing_key

@@ -409,8 +409,8 @@ class QuorumHost:
                 self._send(q, item[1])
 
     def tick(self, now_s: float) -> None:
-        """Resend what is unanswered; fail calls past their deadline; as a leader, let time
-        pass in the queues that have something to expire (message TTL at the head, x-expires)."""
+        """Resend what is unanswered (the runtime fails calls past their deadline, once for the
+        node's whole request table); as a leader, let time pass in the queues that have something to expire (message TTL at the head, x-expires)."""
         if now_s >= self._next_clock_s:
             self._next_clock_s = now_s + CLOCK_S
             for q in list(self.queues.values()):
@@ -424,7 +424,6 @@ class QuorumHost:
             elif now_s < p.deadline_s and now_s >= item[2]:
                 item[2] = now_s + RETRY_S
                 self._send_call(item)
-        requests.expire(now_s)  # a client waiting past metadata_timeout_ms gets its error
         for item in self._pubs.values():
             if now_s >= item[5]:
                 item[5] = now_s + RETRY_S

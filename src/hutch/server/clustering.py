@@ -70,6 +70,7 @@ FORGET_RETRY_EVERY_TICKS = 10  # the removal of a forgotten member is proposed a
 NEVER_S = -1e9  # a loop time before anything happened
 PROPOSAL_SLACK_S = 1.0  # waiting on proposals: beyond metadata_timeout_ms, by which each one fails
 RETRY_S = 1.0  # a forwarded proposal not applied by then is sent again
+RETRY_EVERY_TICKS = 10  # ... checked for once a second (a scan of the node's request table)
 CATALOGUE_REQUEST = "catalogue"  # the request-table tag of this node's catalogue changes in flight
 STATS_EVERY_TICKS = 10  # queue figures to every peer each second
 PLACE_EVERY_TICKS = 5  # the catalogue leader checks mirror placement twice a second
@@ -447,12 +448,11 @@ class ClusterRuntime:
         if not self._stale_promotion(env):
             self.raft.propose(CATALOGUE_GROUP, env)
 
-    def _expire_pending(self, now: float) -> None:
-        """Catalogue changes past metadata_timeout_ms fail (541); the others are proposed again
-        every RETRY_S (a leader may have changed, or dropped the proposal)."""
-        requests = self.cluster.peers.requests
-        requests.expire(now)
-        for p in requests.tagged(CATALOGUE_REQUEST):
+    def _retry_catalogue(self, now: float) -> None:
+        """Catalogue changes not yet applied are proposed again every RETRY_S (a leader may
+        have changed, or dropped the proposal); past metadata_timeout_ms they fail (541) when
+        the tick expires the request table."""
+        for p in self.cluster.peers.requests.tagged(CATALOGUE_REQUEST):
             if now >= p.state[1]:
                 p.state[1] = now + RETRY_S
                 self._propose(p.state[0])
@@ -532,10 +532,13 @@ class ClusterRuntime:
         self._ticks += 1
         self.multi.tick()
         now = self.loop.time()
-        self._expire_pending(now)
+        if self._ticks % RETRY_EVERY_TICKS == 0:
+            self._retry_catalogue(now)
         if self.forgets:
             self._check_forgets(now)
         self.cluster.quorum.tick(self.cluster.broker.now_ms() / 1000)
+        # the node's one request table: a client waiting past metadata_timeout_ms gets its error
+        self.cluster.peers.requests.expire(self.cluster.broker.now_ms() / 1000)
         self.cluster.tick(self.cluster.broker.now_ms() / 1000)
         if self.group.role == LEADER:
             self._leader_chores(now)

@@ -289,7 +289,7 @@ def _apply(cfg: Config, key: str, value: str) -> None:
     elif key == "vm_memory_high_watermark_paging_ratio":
         cfg.vm_memory_high_watermark_paging_ratio = float(value)
         if cfg.vm_memory_high_watermark_paging_ratio < 0:
-            raise ValueError("vm_memory_high_watermark_paging_ratio must be 0 or more")
+            raise ValueError("must be 0 or more")
     elif key == "vm_memory_high_watermark.absolute":
         cfg.vm_memory_high_watermark_bytes = parse_bytes(value)
     elif key in ("default_user", "default_pass", "default_vhost", "cluster_name", "node_name", "data_dir"):
