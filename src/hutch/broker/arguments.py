@@ -96,6 +96,7 @@ def queue_settings(args: dict[str, Any], name: str, vhost: str) -> QueueSettings
     if overflow not in OVERFLOW_MODES:
         raise _invalid("x-overflow", name, vhost, "invalid_overflow")
     s.limits = QueueLimits(max_length, max_bytes, overflow, max_priority or 0)
+    _int_arg(args, "x-consumer-timeout", name, vhost, 0)  # read by the channel (effective settings)
     mode = _str_arg(args, "x-queue-mode", name, vhost)
     if mode is not None and mode not in QUEUE_MODES:
         raise _invalid("x-queue-mode", name, vhost, f'"unsupported queue mode \'{mode}\'"')

@@ -102,6 +102,11 @@ class Config:
     net_ticktime_s: float = 60.0
     metadata_timeout_ms: int = 15000  # a catalogue change that cannot commit in this long fails
     queue_master_locator: str = "client-local"  # client-local | min-masters | random
+    # a quorum queue's delivery limit when neither x-delivery-limit nor a policy sets one (RabbitMQ
+    # 4.0's default; None: unlimited, as in 3.13)
+    quorum_queue_default_delivery_limit: int | None = 20
+    # how long a channel may hold a delivery unacknowledged (RabbitMQ's consumer_timeout; None: no limit)
+    consumer_timeout_ms: int | None = 1_800_000
     mirroring_sync_batch_size: int = 4096  # messages per sync batch unless ha-sync-batch-size says
     mirroring_sync_max_throughput: int = 0  # bytes/s a sync may send (0: no limit)
     # disk-first classic queues: ready messages a queue keeps in memory before new ones are paged
@@ -639,7 +644,8 @@ class Broker:
         pol = effective.match(self.policies, vhost, name, "queue", queue_type)
         op = effective.match(self.operator_policies, vhost, name, "queue", queue_type)
         return effective.resolve(queue_type, arguments, pol["definition"] if pol else None,
-                                 op["definition"] if op else None, name=name, vhost=vhost)
+                                 op["definition"] if op else None, name=name, vhost=vhost,
+                                 default_delivery_limit=self.config.quorum_queue_default_delivery_limit)
 
     def _policy_alternate(self, x: Exchange, vhost: str) -> str | None:
         pol = effective.match(self.policies, vhost, x.name, "exchange")

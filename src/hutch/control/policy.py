@@ -56,6 +56,13 @@ def _non_negative_int(what: str) -> Any:
     return check
 
 
+def _integer(what: str) -> Any:
+    def check(v: Any) -> None:
+        if not _is_int(v):
+            raise PolicyError(f"{_show(v)} is not a valid {what}")
+    return check
+
+
 def _positive_int(what: str) -> Any:
     def check(v: Any) -> None:
         if not _is_int(v) or v < 1:
@@ -122,7 +129,8 @@ _CHECKS: dict[str, Any] = {
     "overflow": _one_of(OVERFLOW_VALUES, "overflow"),
     "dead-letter-exchange": _string("dead letter exchange name"),
     "dead-letter-routing-key": _string("dead letter routing key"),
-    "delivery-limit": _non_negative_int("delivery limit"),
+    "delivery-limit": _integer("delivery limit"),  # RabbitMQ 4.0: negative means no limit
+    "consumer-timeout": _non_negative_int("consumer timeout"),
     "queue-mode": _one_of(QUEUE_MODES, "queue-mode"),
     "alternate-exchange": _string("alternate exchange name"),
 }

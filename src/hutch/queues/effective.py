@@ -12,7 +12,13 @@ classic and quorum queue processes):
 - then that definition meets the arguments: `message-ttl`, `expires`, `max-length`,
   `max-length-bytes` and `delivery-limit` take the smaller (stricter) of argument and policy;
   `overflow`, `dead-letter-exchange`, `dead-letter-routing-key` and `queue-mode` take the
-  argument when there is one, the policy's value otherwise.
+  argument when there is one, the policy's value otherwise;
+- a quorum queue's delivery limit that neither sets is the node's default (RabbitMQ 4.0: 20;
+  `quorum_queue.default_delivery_limit`); a negative limit means none, and where argument and
+  policy disagree in sign the larger wins (`rabbit_quorum_queue`'s `resolve_delivery_limit`), so
+  -1 on one side never lifts a limit the other side sets;
+- `consumer-timeout` (RabbitMQ 3.12, classic and quorum queues) takes the smaller of argument
+  and policy; with neither, the node's `consumer_timeout` applies (the channel decides that).
 
 Not every queue type acts on every key: a classic queue has no delivery limit, a quorum queue
 has no queue mode, master locator or mirroring, and takes `reject-publish-dlx` as `drop-head`.
@@ -43,7 +49,8 @@ REJECT_PUBLISH_DLX = "reject-publish-dlx"
 
 # keys where the stricter (smaller) value wins, between policy and operator policy and then
 # between that and the queue's argument
-NUMERIC_KEYS = ("message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit")
+NUMERIC_KEYS = ("message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit", "consumer-timeout")
+DEFAULT_DELIVERY_LIMIT = 20  # a quorum queue's delivery limit when nothing sets one (RabbitMQ 4.0)
 # keys where the queue's argument wins over the policy
 ARGUMENT_WINS_KEYS = ("overflow", "dead-letter-exchange", "dead-letter-routing-key", "queue-mode")
 # the only keys an operator policy may set (rabbit_policies registers these as operator policy
@@ -57,10 +64,10 @@ EXCHANGE_KEYS = ("alternate-exchange",)
 SUPPORTED_KEYS: dict[str, frozenset[str]] = {
     CLASSIC: frozenset(("message-ttl", "expires", "max-length", "max-length-bytes", "overflow",
                         "dead-letter-exchange", "dead-letter-routing-key", "queue-mode", "queue-master-locator",
-                        "queue-leader-locator", *HA_KEYS)),
+                        "queue-leader-locator", "consumer-timeout", *HA_KEYS)),
     QUORUM: frozenset(("message-ttl", "expires", "max-length", "max-length-bytes", "overflow",
                        "dead-letter-exchange", "dead-letter-routing-key", "delivery-limit",
-                       "queue-leader-locator")),
+                       "queue-leader-locator", "consumer-timeout")),
 }
 
 _ARG = {k: "x-" + k for k in (*NUMERIC_KEYS, *ARGUMENT_WINS_KEYS)}
@@ -79,6 +86,7 @@ class Effective:
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
     delivery_limit: int | None = None
+    consumer_timeout_ms: int | None = None  # None: the node's consumer_timeout
     queue_mode: str = "default"
     # the effective policy definition (policy merged with operator policy), as the API shows it
     definition: dict[str, Any] = field(default_factory=dict)
@@ -102,7 +110,7 @@ def merge_definitions(policy: Mapping[str, Any] | None, operator: Mapping[str, A
     out = dict(policy or {})
     for key, op_value in (operator or {}).items():
         if key in out and key in NUMERIC_KEYS and _int(out[key]) is not None and _int(op_value) is not None:
-            out[key] = min(out[key], op_value)
+            out[key] = _delivery_limit(out[key], op_value) if key == "delivery-limit" else min(out[key], op_value)
         elif key not in out:
             out[key] = op_value
     return out
@@ -117,16 +125,24 @@ def _stricter(arg: Any, pol: Any) -> int | None:
     return min(a, p)
 
 
+def _delivery_limit(a: int, b: int) -> int:
+    """Two delivery limits that both apply: the stricter one, where a negative one (no limit)
+    loses to any limit the other sets."""
+    return max(a, b) if a < 0 or b < 0 else min(a, b)
+
+
 def _argument_first(arg: Any, pol: Any) -> Any:
     arg = _text(arg)
     return arg if arg is not None else pol
 
 
 def resolve(queue_type: str, arguments: Mapping[str, Any] | None, policy: Mapping[str, Any] | None = None,
-            operator: Mapping[str, Any] | None = None, *, name: str = "", vhost: str = "/") -> Effective:
+            operator: Mapping[str, Any] | None = None, *, name: str = "", vhost: str = "/",
+            default_delivery_limit: int | None = DEFAULT_DELIVERY_LIMIT) -> Effective:
     """The effective settings of a queue of `queue_type` ('classic' or 'quorum') declared with
     `arguments` (its `x-` arguments, already validated), matched by a policy with definition
-    `policy` and an operator policy with definition `operator` (either may be None)."""
+    `policy` and an operator policy with definition `operator` (either may be None).
+    `default_delivery_limit` is a quorum queue's limit when neither sets one (None: no limit)."""
     args = arguments or {}
     definition = merge_definitions(policy, operator)
     supported = SUPPORTED_KEYS.get(queue_type, SUPPORTED_KEYS[CLASSIC])
@@ -135,6 +151,12 @@ def resolve(queue_type: str, arguments: Mapping[str, Any] | None, policy: Mappin
 
     def numeric(key: str) -> int | None:
         return _stricter(args.get(_ARG[key]), usable.get(key))
+
+    def delivery_limit() -> int | None:
+        a, p = _int(args.get("x-delivery-limit")), _int(usable.get("delivery-limit"))
+        limit = default_delivery_limit if a is None and p is None else (
+            p if a is None else a if p is None else _delivery_limit(a, p))
+        return None if limit is None or limit < 0 else limit
 
     def chosen(key: str) -> Any:
         return _argument_first(args.get(_ARG[key]), usable.get(key))
@@ -161,7 +183,8 @@ def resolve(queue_type: str, arguments: Mapping[str, Any] | None, policy: Mappin
         overflow=overflow,
         dead_letter_exchange=dlx if isinstance(dlx, str) else None,
         dead_letter_routing_key=dlrk if isinstance(dlrk, str) else None,
-        delivery_limit=numeric("delivery-limit") if queue_type == QUORUM else None,
+        delivery_limit=delivery_limit() if queue_type == QUORUM else None,
+        consumer_timeout_ms=numeric("consumer-timeout"),
         queue_mode=mode if mode in ("default", "lazy") else "default",
         definition=definition,
         unsupported=unsupported,
@@ -208,4 +231,4 @@ def match(policies: Iterable[Mapping[str, Any]], vhost: str, name: str, kind: st
 
 
 __all__ = ["Effective", "resolve", "merge_definitions", "match", "exchange_alternate", "NUMERIC_KEYS",
-           "ARGUMENT_WINS_KEYS", "OPERATOR_POLICY_KEYS", "SUPPORTED_KEYS"]
+           "ARGUMENT_WINS_KEYS", "OPERATOR_POLICY_KEYS", "SUPPORTED_KEYS", "DEFAULT_DELIVERY_LIMIT"]

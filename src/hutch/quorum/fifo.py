@@ -24,8 +24,10 @@ twice, with `redelivered` set and its delivery count raised (seed 003, "Scenario
 Messages live in a `hutch.queues.state.QueueState` — the one queue model — so ordering, the
 place of returned messages, head-only expiry and drop-head overflow are the same as every
 other hutch queue. What quorum queues do differently (measured against RabbitMQ 3.10.8):
-FIFO only (no x-max-priority); every return raises the delivery count, also a consumer or
-node going away; `x-delivery-limit` N dead-letters a message on its N+1th return (reason
+no x-max-priority, but RabbitMQ 4.0's two message priorities instead (`TwoLevelQueue`: a
+`priority` property above 4 is high, anything else normal; high is delivered two to one
+against normal while both have messages ready); every return raises the delivery count, also
+a consumer or node going away; `x-delivery-limit` N dead-letters a message on its N+1th return (reason
 `delivery_limit`); reject-publish is a soft limit (a publish is refused once the queue is
 *over* the limit, and refusals stop when it is back under 80% of it); prefetch 0 means 2000.
 
@@ -63,7 +65,13 @@ DELIVERIES_PER_APPLY_MAX = 2048  # deliveries one command may cause; then Dispat
 UNLIMITED_PREFETCH = 2000  # what prefetch 0 means for a quorum queue consumer (as RabbitMQ)
 SOFT_LIMIT_RATIO = 0.8  # reject-publish stops refusing at this fraction of the limits
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: the high priority level and the dequeue counter (1 still loads)
+SNAPSHOT_VERSIONS_LOADED = (1, 2)
+
+# RabbitMQ 4.0's quorum queue priorities (rabbit_fifo_q): two levels, high taken PRIORITY_WEIGHT
+# times for each normal one while both have messages ready.
+PRIORITY_HIGH_ABOVE = 4  # a `priority` property above this is high; absent, 0..4: normal
+PRIORITY_WEIGHT = 2
 
 # Consumer record states.
 UP = 0  # receives messages
@@ -174,7 +182,7 @@ class Enqueue(msgspec.Struct, tag=1, array_like=True, frozen=True, gc=False):
     props: bytes  # the raw AMQP content header properties
     body: bytes
     persistent: bool = True
-    priority: int = 0  # kept with the message; quorum queues deliver FIFO regardless
+    priority: int = 0  # the `priority` property: above 4 the message is high priority
     expiration_ms: int | None = None  # the per-message `expiration` property
     now_ms: int = 0
     publisher: str | None = None  # who wants a confirm (e.g. "node/conn/channel"); None: nobody
@@ -429,9 +437,56 @@ def _route_enc(exchange: str, routing_key: str) -> bytes:
 
 def _limits(config: QuorumConfig) -> QueueLimits:
     # drop-head is the QueueState's own rule; reject-publish is decided here (a soft limit).
+    # Two priority levels, whatever the queue's arguments (TwoLevelQueue).
     if config.overflow == DROP_HEAD:
-        return QueueLimits(config.max_length, config.max_length_bytes, DROP_HEAD)
-    return QueueLimits()
+        return QueueLimits(config.max_length, config.max_length_bytes, DROP_HEAD, max_priority=1)
+    return QueueLimits(max_priority=1)
+
+
+class TwoLevelQueue(QueueState):
+    """A quorum queue's messages: RabbitMQ 4.0's two priorities (rabbit_fifo_q).
+
+    A message whose `priority` property is above 4 is high, any other normal (no x-max-priority
+    is needed or accepted). Each level keeps the one queue model's order (returned messages back
+    at their place ahead of its FIFO). Which level gives the next message: a dequeue counter goes
+    0, 1, 2, 0, ... with every message taken; at 2 it is normal's turn, unless high's head is the
+    older message (a high message published before the normal one is always delivered first).
+    So while both levels have messages ready, high gets two deliveries to normal's one and
+    normal is never starved. The counter is part of the state (snapshots carry it): every member
+    takes the same message next."""
+
+    __slots__ = ("dequeue_counter",)
+
+    def __init__(self, limits: QueueLimits):
+        assert limits.max_priority == 1, "a quorum queue has exactly two priority levels"
+        super().__init__(limits)
+        self.dequeue_counter = 0
+
+    def head(self) -> Entry | None:
+        level = self._next_level()
+        return level.head() if level is not None else None
+
+    def _next_level(self):
+        normal, high = self._levels
+        if not len(high):
+            return normal if len(normal) else None
+        if not len(normal):
+            return high
+        if self.dequeue_counter == PRIORITY_WEIGHT and normal.head().seq < high.head().seq:
+            return normal
+        return high
+
+    def _level_of(self, message: Message):
+        return self._levels[1 if message.priority > PRIORITY_HIGH_ABOVE else 0]
+
+    def _pop_head(self) -> Entry:
+        level = self._next_level()
+        if level is None:  # pragma: no cover - guarded by ready_count
+            raise IndexError("empty queue")
+        entry = level.pop()
+        self.dequeue_counter = 0 if self.dequeue_counter == PRIORITY_WEIGHT else self.dequeue_counter + 1
+        self._ready_removed(entry)
+        return entry
 
 
 class QuorumQueueState:
@@ -439,7 +494,7 @@ class QuorumQueueState:
 
     def __init__(self, config: QuorumConfig | None = None):
         self.config = config or QuorumConfig()
-        self.queue = QueueState(_limits(self.config))
+        self.queue = TwoLevelQueue(_limits(self.config))
         self.consumers: dict[str, _Consumer] = {}  # registration order (the single-active queue)
         self._rings = PriorityRings()  # competing consumers that are UP, by id (hutch.queues.dispatch)
         self.active_id: str | None = None  # single active consumer
@@ -677,7 +732,7 @@ class QuorumQueueState:
             if c.status in (UP, SUSPECTED_DOWN):
                 effects.append(ConsumerCancelled(c.consumer_id, "deleted"))
         effects.append(Deleted(self.queue.ready_count))
-        self.queue = QueueState(_limits(self.config))
+        self.queue = TwoLevelQueue(_limits(self.config))
         self.consumers.clear()
         self._rings.clear()
         self.active_id = None
@@ -887,12 +942,12 @@ class QuorumQueueState:
     def snapshot(self) -> bytes:
         """The whole state as canonical bytes: equal states give equal bytes."""
         q = self.queue
-        level = _level(q)
+        normal, high = q._levels
         held = sorted(q.unacked.values(), key=lambda e: e.seq)
         snap = _Snapshot(
             SNAPSHOT_VERSION, self.config, q.next_seq,
-            [_snap_entry(e) for e in sorted(level.returned, key=lambda e: e.seq)],
-            [_snap_entry(e) for e in level.fifo],
+            [_snap_entry(e) for e in sorted(normal.returned, key=lambda e: e.seq)],
+            [_snap_entry(e) for e in normal.fifo],
             [_snap_entry(e) for e in held],
             [_SnapConsumer(c.consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, c.status,
                            [(i, s) for i, s in c.checked_out.items()]) for c in self.consumers.values()],
@@ -900,27 +955,30 @@ class QuorumQueueState:
             self.active_id, self.next_msg_id,
             [_snap_entry(e) for e in self.dlx_pending.values()],
             [(p, r.last, list(r.rejected), sorted(r.ahead.items())) for p, r in self.publishers.items()],
-            self.rejecting, self.clock_ms, self.last_used_ms, self.expired_notified, self.deleted)
+            self.rejecting, self.clock_ms, self.last_used_ms, self.expired_notified, self.deleted,
+            [_snap_entry(e) for e in sorted(high.returned, key=lambda e: e.seq)],
+            [_snap_entry(e) for e in high.fifo], q.dequeue_counter)
         return _encoder.encode(snap)
 
     @classmethod
     def restore(cls, data: bytes) -> QuorumQueueState:
         """A state from `snapshot()` bytes (Raft installs snapshots with it)."""
         snap = _snapshot_decoder.decode(data)
-        if snap.version != SNAPSHOT_VERSION:
-            raise ValueError(f"quorum queue snapshot version {snap.version}, expected {SNAPSHOT_VERSION}")
+        if snap.version not in SNAPSHOT_VERSIONS_LOADED:
+            raise ValueError(f"quorum queue snapshot version {snap.version}, expected one of "
+                             f"{', '.join(map(str, SNAPSHOT_VERSIONS_LOADED))}")
         self = cls(snap.config)
         q = self.queue
         q.next_seq = snap.next_seq
-        level = _level(q)
-        level.returned = [_entry(s) for s in snap.returned]  # sorted by seq: already a heap
-        level.fifo = deque(_entry(s) for s in snap.fifo)
-        for e in level.returned:
-            q.ready_count += 1
-            q.ready_bytes += len(e.message.body)
-        for e in level.fifo:
-            q.ready_count += 1
-            q.ready_bytes += len(e.message.body)
+        q.dequeue_counter = snap.dequeue_counter
+        # version 1 had one level: its messages stay normal, in their order
+        for level, returned, fifo in zip(q._levels, (snap.returned, snap.high_returned),
+                                         (snap.fifo, snap.high_fifo), strict=True):
+            level.returned = [_entry(s) for s in returned]  # sorted by seq: already a heap
+            level.fifo = deque(_entry(s) for s in fifo)
+            for e in (*level.returned, *level.fifo):
+                q.ready_count += 1
+                q.ready_bytes += len(e.message.body)
         for s in snap.held:
             e = _entry(s)
             q.unacked[e.seq] = e
@@ -964,14 +1022,6 @@ def _checked_out_seqs(c: _Consumer, msg_ids: list[int]) -> list[int]:
 def _dead_message(e: Entry) -> DeadMessage:
     m = e.message
     return DeadMessage(e.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent, e.delivery_count)
-
-
-def _level(q: QueueState):
-    """The one priority level of a FIFO QueueState (quorum queues have no x-max-priority).
-    Snapshots read and rebuild it directly: returned messages and the FIFO are kept apart."""
-    level = q._single
-    assert level is not None, "a quorum queue's QueueState has exactly one priority level"
-    return level
 
 
 # ---- snapshot format (msgpack arrays; append fields only, bump SNAPSHOT_VERSION otherwise)
@@ -1018,6 +1068,10 @@ class _Snapshot(msgspec.Struct, array_like=True, frozen=True, gc=False):
     last_used_ms: int | None
     expired_notified: bool
     deleted: bool
+    # version 2
+    high_returned: list[_SnapEntry] = []
+    high_fifo: list[_SnapEntry] = []
+    dequeue_counter: int = 0
 
 
 _snapshot_decoder = msgspec.msgpack.Decoder(_Snapshot)

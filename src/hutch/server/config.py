@@ -27,6 +27,8 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     collect_statistics_interval = 5000 (ms between message rate samples)
     classic_queue.memory_window_messages = 2048   classic_queue.memory_window_bytes = 64MiB
         (disk-first classic queues: ready messages a queue keeps in memory before it pages)
+    consumer_timeout = 1800000 (ms a delivery may stay unacknowledged; false: no limit)
+    quorum_queue.default_delivery_limit = 20 (unlimited or -1: no default limit, as before RabbitMQ 4.0)
     load_definitions = /etc/hutch/definitions.json (a file, or a directory of .json files, imported at
         every boot; management.load_definitions is the older name; definitions.import_backend =
         local_filesystem with definitions.local.path = FILE the newer form)
@@ -390,6 +392,21 @@ def _apply(cfg: Config, key: str, value: str) -> None:
     elif key == "definitions.import_backend":
         if value not in ("local_filesystem", "rabbit_definitions_import_local_filesystem"):
             raise ValueError("only local_filesystem is supported (definitions.local.path = FILE)")
+    elif key == "consumer_timeout":
+        # RabbitMQ disables it with advanced.config's `undefined`; here `false` says the same
+        if value.lower() in ("false", "undefined"):
+            cfg.consumer_timeout_ms = None
+        else:
+            cfg.consumer_timeout_ms = int(value)
+            if cfg.consumer_timeout_ms < 1:
+                raise ValueError("expected milliseconds (at least 1), or false for no timeout")
+    elif key == "quorum_queue.default_delivery_limit":
+        if value.lower() == "unlimited" or value.strip() == "-1":
+            cfg.quorum_queue_default_delivery_limit = None
+        else:
+            cfg.quorum_queue_default_delivery_limit = int(value)
+            if cfg.quorum_queue_default_delivery_limit < 0:
+                raise ValueError("expected a non-negative integer, or unlimited (-1)")
     elif key == "metadata_store.timeout":
         cfg.metadata_timeout_ms = int(value)
     elif key == "log" or key.startswith("log."):
