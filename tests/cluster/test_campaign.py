@@ -124,3 +124,9 @@ def test_a_short_campaign_loses_no_confirmed_message(tmp_path):
     assert check["unexpected"] == 0, detail
     assert result.drained, result.verdict
     assert result.reference is not None and result.reference["lost"] == 0 and result.reference["unexpected"] == 0
+    # every unflagged repeat and every reorder is one a publisher's second publish explains
+    assert result.reference["duplicates_unexplained"] == 0, result.verdict
+    assert result.reference["reordered_unexplained"] == 0, result.verdict
+    assert result.ok, result.verdict
+    # read from each queue's leader, after the drain
+    assert list(result.queue_depths_after.values()) == [0] * cfg.queues, result.queue_views_after

@@ -18,6 +18,10 @@ SCENARIOS: dict[str, SynthSpec] = {
     "duplicates_with_and_without_flag": SynthSpec(
         run_id="dups", defects=Defects(dup_flagged=5, dup_unflagged=4), consumers_per_queue=3, seed=2, **BASE
     ),
+    "republished_messages_explain_their_repeats_and_reorders": SynthSpec(
+        run_id="again", defects=Defects(republished=12, dup_unflagged=2, reordered=3), consumers_per_queue=2, seed=8,
+        **BASE
+    ),
     "reorders_and_unexpected": SynthSpec(
         run_id="order", defects=Defects(reordered=8, unexpected=3), publishers_per_queue=3, seed=3, **BASE
     ),
@@ -39,7 +43,7 @@ SCENARIOS: dict[str, SynthSpec] = {
         queues=3,
         faults=(Fault("kill-node1", 0.8, 1.5), Fault("partition", 2.6, 1.0)),
         defects=Defects(lost=4, dup_flagged=3, dup_unflagged=2, reordered=5, unexpected=2, nacked=2, unconfirmed=4,
-                        returned=1),
+                        returned=1, republished=3),
         seed=6,
         **BASE,
     ),

@@ -104,6 +104,23 @@ def test_a_repeat_counts_as_duplicate_and_without_redelivered_only_when_the_flag
     assert (s["delivered"], s["deliveries"], s["duplicates"], s["duplicates_without_redelivered"]) == (2, 4, 2, 1)
 
 
+def test_a_second_publish_explains_one_unflagged_repeat_and_the_reorder_it_causes():
+    h = History()
+    a, b, c = (message_id(0, i) for i in range(3))
+    for m, t in ((a, 0), (b, 1), (c, 2), (b, 3)):  # b's confirm was lost: its publisher sent it again
+        h.add("p", "publish", msg_id=m, ts_ms=t)
+    for m, t in ((a, 4), (b, 5), (c, 6), (b, 7), (b, 8), (a, 9)):
+        h.add("c", "deliver", msg_id=m, ts_ms=t, redelivered=False)
+    f = h.check()
+    s = summary_of(f)
+    # b: three unflagged deliveries for two publishes, one unexplained; a: two for one publish
+    assert (s["duplicates"], s["duplicates_without_redelivered"], s["duplicates_unexplained"]) == (3, 3, 2)
+    # c -> b is explained by b's second publish; b -> a is not
+    assert (s["reordered"], s["reordered_unexplained"]) == (2, 1)
+    assert {(r["prev_seq"], r["seq"], r["republished"]) for r in f.reorders} == {(2, 1, True), (1, 0, False)}
+    assert {r["msg_id"]: r["unexplained"] for r in f.duplicates} == {a: 1, b: 1}
+
+
 def test_reorders_are_descents_of_one_publishers_seq_in_one_consumers_stream():
     h = History()
     for seq in range(6):

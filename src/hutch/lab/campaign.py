@@ -598,18 +598,15 @@ def queue_leader(nodes: list[NodeSpec], queue: str, rng: random.Random) -> str |
 
 
 def queue_depths(nodes: list[NodeSpec], queues: list[str]) -> dict[str, int | None]:
-    """messages (ready + unacknowledged) per queue: the largest any answering node reports (a
-    follower may lag its leader for a moment); None when no node answers."""
+    """messages (ready + unacknowledged) per queue, as the queue's leader reports it: a follower
+    may lag its leader, and a stale replica's larger count must not stand for the queue. None
+    when the leader is unknown or does not answer."""
     out: dict[str, int | None] = {}
+    views = queue_views(nodes, queues)
     for q in queues:
-        seen = []
-        for node in nodes:
-            try:
-                seen.append(int(http_get_json(f"{node.http_url}/api/queues/%2F/{urllib.parse.quote(q, safe='')}")
-                                .get("messages", 0)))
-            except (OSError, ValueError, urllib.error.HTTPError):
-                continue
-        out[q] = max(seen) if seen else None
+        leaders = {v.get("leader") for v in views[q].values() if v.get("leader")}
+        leader_view = views[q].get(leaders.pop()) if len(leaders) == 1 else None
+        out[q] = int(leader_view["messages"] or 0) if leader_view and "messages" in leader_view else None
     return out
 
 
@@ -876,6 +873,14 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
     if reference is not None and (reference["lost"] != check["lost"] or reference["unexpected"] != check["unexpected"]):
         problems.append(f"the reference checker disagrees: lost {reference['lost']}, "
                         f"unexpected {reference['unexpected']}")
+    # a quorum queue flags every redelivery and keeps one publisher's messages in order; only a
+    # publisher's own second publish may bring a message again unflagged, or behind later ones
+    if reference is not None and reference["duplicates_unexplained"]:
+        problems.append(f"{reference['duplicates_unexplained']} delivery(ies) repeated without the redelivered flag "
+                        "and not published again")
+    if reference is not None and reference["reordered_unexplained"]:
+        problems.append(f"{reference['reordered_unexplained']} message(s) delivered out of their publisher's order "
+                        "and not published again")
     result = CampaignResult(
         seed=cfg.seed, run_id=run_id, ok=not problems, verdict="; ".join(problems) or "ok",
         config={**asdict(cfg), "faults": list(cfg.faults)}, lab_dir=str(lab.dir),
@@ -896,7 +901,7 @@ def _reference_check(history_dir: Path, run_id: str) -> tuple[dict, list[dict]]:
     findings = check_history(history_dir)
     queues = findings.summary["runs"].get(run_id, {}).get("queues", {})
     keys = ("published", "confirmed", "nacked", "unconfirmed", "delivered", "deliveries", "lost", "duplicates",
-            "duplicates_without_redelivered", "unexpected", "reordered")
+            "duplicates_without_redelivered", "duplicates_unexplained", "unexpected", "reordered", "reordered_unexplained")
     total = {k: sum(int(q.get(k) or 0) for q in queues.values()) for k in keys}
     total["max_gap_ms"] = max((q.get("max_gap_ms") or 0 for q in queues.values()), default=0)
     gaps = [{"queue": g.queue, "kind": g.kind, "start_ns": g.start_ns, "gap_ms": round(g.gap_ms),
@@ -952,8 +957,9 @@ def summary_lines(r: CampaignResult) -> list[str]:
     if r.reference is not None:
         ref = r.reference
         lines.append(f"  reference checker: lost {ref['lost']}, unexpected {ref['unexpected']}, duplicates "
-                     f"{ref['duplicates']} ({ref['duplicates_without_redelivered']} unflagged), reordered "
-                     f"{ref['reordered']}, longest stall {ref['max_gap_ms']} ms, {len(r.gaps)} stall(s) > 1 s")
+                     f"{ref['duplicates']} ({ref['duplicates_without_redelivered']} unflagged, "
+                     f"{ref['duplicates_unexplained']} not explained by a second publish), reordered "
+                     f"{ref['reordered']} ({ref['reordered_unexplained']} not explained), longest stall {ref['max_gap_ms']} ms, {len(r.gaps)} stall(s) > 1 s")
     for g in r.gaps[:8]:
         lines.append(f"    stall: {g['kind']} on {g['queue']} for {g['gap_ms']} ms, cause {g['cause']}, "
                      f"recovered {g['recovered']}")

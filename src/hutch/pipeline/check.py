@@ -185,6 +185,7 @@ class SparkCheck:
             .groupBy("run_id", "queue", "msg_id")
             .agg(
                 F.min(F.when(op == "publish", ts)).alias("pub_ts"),
+                F.count(F.when(op == "publish", 1)).alias("n_publish"),
                 F.min(F.when(op == "confirm", ts)).alias("confirm_ts"),
                 flag("nack").alias("nack"),
                 flag("return").alias("returned"),
@@ -215,6 +216,10 @@ class SparkCheck:
                 F.when(nd > 1, F.col("n_unflagged") - F.when(F.col("first_unflagged_ts") == F.col("first_ts"), 1)
                        .otherwise(0)).otherwise(0),
             )
+            # each publish may give one unflagged delivery: a republished message (its confirm lost) is
+            # rightly delivered again without the flag; any more than that is a broker's duplicate
+            .withColumn("unexplained", F.when(nd > 1, F.greatest(
+                F.col("n_unflagged") - F.greatest(F.col("n_publish"), F.lit(1)), F.lit(0))).otherwise(0))
             .withColumn("confirm_lat", F.col("confirm_ts") - F.col("pub_ts"))
             .withColumn("e2e_lat", F.col("first_ts") - F.col("pub_ts"))
             .withColumn("window", _window_expr(windows))
@@ -240,6 +245,7 @@ class SparkCheck:
                 n(F.col("unread")).alias("unread"),
                 F.sum(F.greatest(nd - 1, F.lit(0))).alias("duplicates"),
                 F.sum("repeats_without_redelivered").alias("duplicates_without_redelivered"),
+                F.sum("unexplained").alias("duplicates_unexplained"),
                 n(F.col("unexpected")).alias("unexpected"),
                 n(F.col("nacked") & (nd > 0)).alias("nacked_delivered"),
                 n(F.col("returned") & (nd > 0)).alias("returned_delivered"),
@@ -261,7 +267,7 @@ class SparkCheck:
         ).persist(StorageLevel.MEMORY_AND_DISK)
         self._frames["duplicates"] = msgs.where(nd > 1).select(
             "run_id", "queue", "msg_id", F.col("n_deliver").alias("deliveries"), "repeats_without_redelivered",
-            F.col("first_ts").alias("first_ts_ns"),
+            "unexplained", F.col("first_ts").alias("first_ts_ns"),
         ).persist(StorageLevel.MEMORY_AND_DISK)
         self._frames["unexpected"] = msgs.where("unexpected").select(
             "run_id", "queue", "msg_id", F.col("n_deliver").alias("deliveries"), F.col("first_ts").alias("first_ts_ns"),
@@ -303,16 +309,22 @@ class SparkCheck:
             F.shiftright("msg_id", 32).alias("publisher"), F.col("msg_id").bitwiseAND(SEQ_MAX).alias("seq"),
         )
         stream = Window.partitionBy("run_id", "queue", "client_id", "publisher").orderBy("client_seq")
+        # a message that comes back behind later ones because it was published again is explained
+        republished = msgs.where(F.col("n_publish") > 1).select("run_id", "queue", "msg_id", F.lit(True).alias("rp"))
         reorders = (
             deliveries.withColumn("prev_seq", F.lag("seq").over(stream))
             .withColumn("prev_msg_id", F.lag("msg_id").over(stream))
             .where(F.col("seq") < F.col("prev_seq"))
-            .select("run_id", "queue", "client_id", "publisher", "client_seq", "msg_id", "seq", "prev_msg_id", "prev_seq")
+            .join(republished, ["run_id", "queue", "msg_id"], "left")
+            .select("run_id", "queue", "client_id", "publisher", "client_seq", "msg_id", "seq", "prev_msg_id", "prev_seq",
+                    F.coalesce(F.col("rp"), F.lit(False)).alias("republished"))
             .persist(StorageLevel.MEMORY_AND_DISK)
         )
         self._persisted.append(reorders)
         self._frames["reorders"] = reorders
-        reordered = {(r.run_id, r.queue): r["count"] for r in reorders.groupBy("run_id", "queue").count().collect()}
+        reordered = {(r.run_id, r.queue): (r["count"], r["unexplained"]) for r in reorders.groupBy("run_id", "queue").agg(
+            F.count(F.lit(1)).alias("count"), F.sum(F.when(F.col("republished"), 0).otherwise(1)).alias("unexplained"),
+        ).collect()}
         self._lap("reorders")
 
         # the summary, per run and queue
@@ -327,7 +339,7 @@ class SparkCheck:
             s["e2e_latency_ms"] = _latency(r.e2e_pct, r.e2e_max, r.e2e_count)
         for (run, queue), s in per_queue.items():
             s["drained"] = int((run, queue) in drained)
-            s["reordered"] = int(reordered.get((run, queue), 0))
+            s["reordered"], s["reordered_unexplained"] = (int(x) for x in reordered.get((run, queue), (0, 0)))
             s["lost_by_window"] = lost_by_window.get((run, queue), {})
             s.setdefault("confirm_latency_ms", _latency(None, None, 0))
             s.setdefault("e2e_latency_ms", _latency(None, None, 0))
@@ -440,8 +452,10 @@ def history_bytes(history_dir: Path) -> int:
 
 def format_summary(summary: dict) -> str:
     cols = ("published", "confirmed", "delivered", "lost", "unread", "drained", "duplicates", "duplicates_without_redelivered",
-            "unexpected", "reordered", "unconfirmed", "nacked", "gaps", "max_gap_ms")
-    short = {"duplicates_without_redelivered": "dup_no_flag"}
+            "duplicates_unexplained", "unexpected", "reordered", "reordered_unexplained", "unconfirmed", "nacked", "gaps",
+            "max_gap_ms")
+    short = {"duplicates_without_redelivered": "dup_no_flag", "duplicates_unexplained": "dup_unexpl",
+             "reordered_unexplained": "reord_unexpl"}
     header = ["run", "queue"] + [short.get(c, c) for c in cols]
     rows = [header]
     for run, r in sorted(summary["runs"].items()):

@@ -44,6 +44,7 @@ THROUGHPUT_OPS = ("publish", "confirm", "nack", "deliver", "ack")
 @dataclass
 class _Msg:
     pub_ts: int | None = None
+    publishes: int = 0
     confirm_ts: int | None = None
     nacked: bool = False
     returned: bool = False
@@ -81,6 +82,7 @@ def check_table(table: pa.Table, gap_ms: float = 1000.0) -> Findings:
         m = msgs[(run, queue, msg_id)]
         if op == "publish":
             m.pub_ts = ts if m.pub_ts is None else min(m.pub_ts, ts)
+            m.publishes += 1
         elif op == "confirm":
             m.confirm_ts = ts if m.confirm_ts is None else min(m.confirm_ts, ts)
         elif op == "nack":
@@ -136,11 +138,13 @@ def check_table(table: pa.Table, gap_ms: float = 1000.0) -> Findings:
             ordered = sorted(m.deliveries, key=lambda d: (d[0], d[1], d[2], d[3]))
             repeats = ordered[1:]
             without = sum(1 for d in repeats if not d[1])
+            unexplained = max(0, sum(1 for d in m.deliveries if not d[1]) - max(m.publishes, 1))
             s["duplicates"] += len(repeats)
             s["duplicates_without_redelivered"] += without
+            s["duplicates_unexplained"] += unexplained
             f.duplicates.append(
                 {"run_id": run, "queue": queue, "msg_id": msg_id, "deliveries": nd,
-                 "repeats_without_redelivered": without, "first_ts_ns": ordered[0][0]}
+                 "repeats_without_redelivered": without, "unexplained": unexplained, "first_ts_ns": ordered[0][0]}
             )
         if nd > 0 and not published:
             s["unexpected"] += 1
@@ -158,10 +162,12 @@ def check_table(table: pa.Table, gap_ms: float = 1000.0) -> Findings:
         stream.sort()
         for (_, prev_seq, prev_id), (cseq, seq, msg_id) in zip(stream, stream[1:], strict=False):
             if seq < prev_seq:
+                republished = msgs[(run, queue, msg_id)].publishes > 1
                 per_queue[(run, queue)]["reordered"] += 1
+                per_queue[(run, queue)]["reordered_unexplained"] += not republished
                 f.reorders.append({"run_id": run, "queue": queue, "client_id": client, "publisher": publisher,
                                    "client_seq": cseq, "msg_id": msg_id, "seq": seq, "prev_msg_id": prev_id,
-                                   "prev_seq": prev_seq})
+                                   "prev_seq": prev_seq, "republished": republished})
 
     for (run, queue), s in per_queue.items():
         publishes = sorted(times.get((run, queue, "publish"), []))

@@ -18,9 +18,12 @@ from pathlib import Path
 
 from hutch.pipeline.model import NS_PER_MS, NS_PER_S, Findings
 
-BAD_IF_POSITIVE = ("lost", "duplicates_without_redelivered", "unexpected", "reordered")
+# a republished message may come again without the flag, or behind later ones: only what a second
+# publish does not explain is marked
+BAD_IF_POSITIVE = ("lost", "duplicates_unexplained", "unexpected", "reordered_unexplained")
 TABLE_FIELDS = ("published", "confirmed", "delivered", "lost", "unread", "drained", "duplicates", "duplicates_without_redelivered",
-                "unexpected", "reordered", "unconfirmed", "nacked", "returned", "gaps", "max_gap_ms")
+                "duplicates_unexplained", "unexpected", "reordered", "reordered_unexplained", "unconfirmed", "nacked",
+                "returned", "gaps", "max_gap_ms")
 OP_STYLE = {"publish": ("#1f77b4", "published/s"), "confirm": ("#2ca02c", "confirmed/s"),
             "deliver": ("#ff7f0e", "delivered/s"), "nack": ("#d62728", "nacked/s")}
 FAULT_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -203,9 +206,9 @@ def render_html(findings: Findings, title: str, gap_ms: float) -> str:
                           _table(["window", "lost"], [[k, v] for k, v in sorted(q["lost_by_window"].items())])]
             for name, rows_, cols in (
                 ("Lost messages", findings.lost, ["msg_id", "publisher", "seq", "window"]),
-                ("Duplicated messages", findings.duplicates, ["msg_id", "deliveries", "repeats_without_redelivered"]),
+                ("Duplicated messages", findings.duplicates, ["msg_id", "deliveries", "repeats_without_redelivered", "unexplained"]),
                 ("Unexpected deliveries", findings.unexpected, ["msg_id", "deliveries"]),
-                ("Reorders", findings.reorders, ["client_id", "publisher", "prev_seq", "seq"]),
+                ("Reorders", findings.reorders, ["client_id", "publisher", "prev_seq", "seq", "republished"]),
             ):
                 mine = [x for x in rows_ if x["run_id"] == run and x["queue"] == queue][:EXAMPLE_ROWS_MAX]
                 if mine:

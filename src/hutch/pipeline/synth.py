@@ -7,7 +7,10 @@ message once in queue order and acking it, fault windows during which deliveries
 confirms stall — and then breaks it in exactly the ways the checker must see: confirmed
 messages that are never delivered (lost), repeats with and without the redelivered flag,
 adjacent swaps in a consumer's stream (reorders), deliveries of ids nobody published
-(unexpected), nacks, publishes never confirmed, and mandatory returns. `generate` writes
+(unexpected), nacks, publishes never confirmed, and mandatory returns. It also writes what a
+correct broker may do and a checker must not blame it for: a message whose confirm was lost,
+published again by its publisher and so delivered twice without the flag, the second time
+behind later messages. `generate` writes
 the history through the format of `hutch.pipeline.history` and returns `Truth`: what a
 correct checker must report for each queue.
 
@@ -72,6 +75,7 @@ class Defects:
     nacked: int = 0  # the first half of them is also never delivered
     unconfirmed: int = 0  # the first half of them is also never delivered
     returned: int = 0  # returned (and then confirmed, as a broker does), never delivered
+    republished: int = 0  # confirm lost, published again at the end: delivered twice, unflagged (no defect)
     lost_in_faults: bool = True  # lost messages are picked among those published in a fault window
 
     def total(self) -> int:
@@ -83,6 +87,7 @@ class Defects:
             + self.nacked
             + self.unconfirmed
             + self.returned
+            + self.republished
         )
 
 
@@ -123,8 +128,10 @@ class QueueTruth:
     drained: int = 1
     duplicates: int = 0
     duplicates_without_redelivered: int = 0
+    duplicates_unexplained: int = 0
     unexpected: int = 0
     reordered: int = 0
+    reordered_unexplained: int = 0
     nacked: int = 0
     nacked_delivered: int = 0
     unconfirmed: int = 0
@@ -253,6 +260,27 @@ def _pick(rng: np.random.Generator, taken: np.ndarray, k: int, among: np.ndarray
     return np.sort(chosen)
 
 
+def _descents_of_second_copies(republished, re_consumer, seq, pub_no, consumer, delivered, deliver_ts,
+                               dup_u) -> int:
+    """How many second copies of republished messages arrive right behind a later message of their
+    publisher in their consumer's stream (the copies come last, in the order given)."""
+    last_seq: dict[tuple[int, int], tuple[int, int]] = {}  # (consumer, publisher) -> (ts, seq) of the newest
+    for ts_, c, p, s_ in zip(np.concatenate([deliver_ts[delivered], deliver_ts[dup_u] + 1]),
+                             np.concatenate([consumer[delivered], consumer[dup_u]]),
+                             np.concatenate([pub_no[delivered], pub_no[dup_u]]),
+                             np.concatenate([seq[delivered], seq[dup_u]]), strict=True):
+        key = (int(c), int(p))
+        if key not in last_seq or ts_ > last_seq[key][0]:
+            last_seq[key] = (int(ts_), int(s_))
+    descents = 0
+    for i, c in zip(republished, re_consumer, strict=True):
+        key = (int(c), int(pub_no[i]))
+        if key in last_seq and last_seq[key][1] > seq[i]:
+            descents += 1
+        last_seq[key] = (0, int(seq[i]))
+    return descents
+
+
 def _window_of(ts: int, spec: SynthSpec) -> str:
     best = None
     for f in spec.faults:
@@ -358,6 +386,7 @@ def generate(spec: SynthSpec, directory: str | os.PathLike, rows_per_file: int =
         nacked = pick(d.nacked)
         unconfirmed = pick(d.unconfirmed)
         returned = pick(d.returned)
+        republished = pick(d.republished)
 
         delivered = np.ones(n, dtype=bool)
         delivered[lost] = False
@@ -367,6 +396,11 @@ def generate(spec: SynthSpec, directory: str | os.PathLike, rows_per_file: int =
         confirmed = np.ones(n, dtype=bool)
         confirmed[nacked] = False
         confirmed[unconfirmed] = False
+        confirmed[republished] = False  # the first publish's confirm was lost; the second one's comes
+        # the second publishes and their deliveries come after everything else, one after another
+        re_deliver_ts = int(deliver_ts.max()) + NS_PER_MS + np.arange(len(republished), dtype=np.int64) * CONSUMER_SPACING_NS
+        re_pub_ts = re_deliver_ts - NS_PER_MS // 2
+        re_consumer = rng.integers(0, C, size=len(republished))
 
         # publishers
         nodes = [f"hutch@node{k}" for k in range(3)]
@@ -384,6 +418,9 @@ def generate(spec: SynthSpec, directory: str | os.PathLike, rows_per_file: int =
             sel[returned] = True
             sel &= mine
             rows.add("return", qname, msg_id[sel], confirm_ts[sel] - 1)
+            r = pub_no[republished] == q * P + p
+            rows.add("publish", qname, msg_id[republished[r]], re_pub_ts[r])
+            rows.add("confirm", qname, msg_id[republished[r]], re_pub_ts[r] + 1)
             emit(f"pub-{q}-{p}", nodes[p % len(nodes)], rows)
 
         # unexpected ids: a publisher number nobody uses, ascending seq in time
@@ -406,14 +443,16 @@ def generate(spec: SynthSpec, directory: str | os.PathLike, rows_per_file: int =
             rows.add("deliver", qname, msg_id[f], again_ts, redelivered=np.ones(len(f), bool))
             e = unexpected_consumer == c
             rows.add("deliver", qname, unexpected_ids[e], unexpected_ts[e], redelivered=np.zeros(int(e.sum()), bool))
+            r = re_consumer == c
+            rows.add("deliver", qname, msg_id[republished[r]], re_deliver_ts[r], redelivered=np.zeros(int(r.sum()), bool))
             if spec.acks:
                 rows.add("ack", qname, msg_id[mine], deliver_ts[mine] + ACK_AFTER_DELIVER_NS)
             emit(f"con-{q}-{c}", nodes[c % len(nodes)], rows)
 
         qt.published = n
-        qt.confirmed = int(confirmed.sum())
+        qt.confirmed = int(confirmed.sum()) + len(republished)
         qt.delivered = int(delivered.sum()) + d.unexpected
-        qt.deliveries = qt.delivered + len(dup_f) + len(dup_u)
+        qt.deliveries = qt.delivered + len(dup_f) + len(dup_u) + len(republished)
         if spec.drained:
             qt.lost = len(lost)
             qt.lost_ids = {int(x) for x in msg_id[lost]}
@@ -422,10 +461,13 @@ def generate(spec: SynthSpec, directory: str | os.PathLike, rows_per_file: int =
                 qt.lost_by_window[w] = qt.lost_by_window.get(w, 0) + 1
         else:
             qt.unread, qt.drained = len(lost), 0
-        qt.duplicates = len(dup_f) + len(dup_u)
-        qt.duplicates_without_redelivered = len(dup_u)
+        qt.duplicates = len(dup_f) + len(dup_u) + len(republished)
+        qt.duplicates_without_redelivered = len(dup_u) + len(republished)
+        qt.duplicates_unexplained = len(dup_u)
         qt.unexpected = d.unexpected
-        qt.reordered = len(first_of_pair)
+        qt.reordered_unexplained = len(first_of_pair)
+        qt.reordered = len(first_of_pair) + _descents_of_second_copies(
+            republished, re_consumer, seq, pub_no, consumer, delivered, deliver_ts, dup_u)
         qt.nacked = len(nacked)
         qt.nacked_delivered = len(nacked) - len(nacked) // 2
         qt.unconfirmed = len(unconfirmed)
