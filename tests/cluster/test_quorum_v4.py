@@ -12,6 +12,7 @@ import pika.exceptions
 import pytest
 
 from tests.support.brokers import wait_until
+from tests.support.http import Http
 from tests.support.hutch_cluster import HutchCluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -83,3 +84,75 @@ def test_high_priority_messages_are_delivered_two_to_one_without_x_max_priority(
         assert got == ["h0", "h1", "n0", "h2", "h3", "n1", "h4", "h5", "n2", "n3"]
     finally:
         conn.close()
+
+
+def hold_until_closed(conn: pika.BlockingConnection, queue: str, timeout_s: float = 15.0) -> tuple[list, object]:
+    """Consume from `queue` without acknowledging; return (delivery counts seen, the channel's
+    close reason) once the broker closes the channel."""
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    reasons: list = []
+    ch._impl.add_on_close_callback(lambda _c, reason: reasons.append(reason))
+    seen: list = []
+    ch.basic_consume(queue, lambda _c, _m, props, _b: seen.append((props.headers or {}).get("x-delivery-count")))
+    deadline = time.monotonic() + timeout_s
+    while not reasons and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    assert reasons, f"the channel was not closed within {timeout_s} s"
+    return seen, reasons[0]
+
+
+def test_a_channel_holding_a_delivery_past_x_consumer_timeout_is_closed_and_its_messages_come_back(cluster):
+    conn, other = connect(cluster, 0), connect(cluster, 2)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("v4.slow", durable=True, arguments={**QUORUM, "x-consumer-timeout": 1500})
+        publish(ch, "v4.slow", [("a", None), ("b", None)])
+        started = time.monotonic()
+        seen, reason = hold_until_closed(other, "v4.slow")
+        held_s = time.monotonic() - started
+        assert seen == [0, 0]
+        assert reason.reply_code == 406
+        assert reason.reply_text == (
+            "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. Timeout value used: 1500 ms. "
+            "This timeout value can be configured, see consumers doc guide to learn more")
+        assert 1.5 <= held_s < 6.0  # checked once a second
+        assert other.is_open  # only the channel is closed
+        again = []
+        for _ in range(2):
+            method, props, body = ch.basic_get("v4.slow", auto_ack=True)
+            again.append((body, method.redelivered, props.headers["x-delivery-count"]))
+        assert again == [(b"a", True, 1), (b"b", True, 1)]
+    finally:
+        conn.close()
+        other.close()
+
+
+def test_the_consumer_timeout_policy_applies_to_classic_queues_and_prompt_acks_are_never_timed_out(cluster):
+    status, _ = Http(cluster.nodes[1].mgmt_port)("PUT", "/api/policies/%2F/v4ct", {
+        "pattern": "^v4\\.ct\\.", "apply-to": "queues", "definition": {"consumer-timeout": 1000}})
+    assert status in (201, 204)
+    conn = connect(cluster, 1)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("v4.ct.classic")
+        ch.queue_declare("v4.ct.prompt")
+        publish(ch, "v4.ct.classic", [("x", None)])
+        # a consumer that acknowledges at once keeps its channel for longer than the timeout
+        prompt = conn.channel()
+        acked = []
+        prompt.basic_consume("v4.ct.prompt", lambda c, m, _p, _b: (c.basic_ack(m.delivery_tag), acked.append(1)))
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            ch.basic_publish("", "v4.ct.prompt", b"p")
+            conn.process_data_events(0.05)
+        assert prompt.is_open and len(acked) > 10
+        seen, reason = hold_until_closed(conn, "v4.ct.classic")
+        assert seen == [None] and reason.reply_code == 406 and "Timeout value used: 1000 ms" in reason.reply_text
+        wait_until(lambda: ch.queue_declare("v4.ct.classic", passive=True).method.message_count == 1, 10,
+                   "the message back in its queue")
+    finally:
+        conn.close()
+        Http(cluster.nodes[1].mgmt_port)("DELETE", "/api/policies/%2F/v4ct")

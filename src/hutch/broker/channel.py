@@ -12,6 +12,13 @@ one still waiting (a message that must reach disk, or a replica, waits). A refus
 gets `basic.nack`. In transactional mode, publishes and acknowledgements are held until
 `tx.commit` and dropped by `tx.rollback`; one transaction holds at most `TX_HELD_MAX` of them
 (RabbitMQ sets no limit: there a client can hold the whole node's memory in one transaction).
+
+Consumer timeout (RabbitMQ's `consumer_timeout`, 3.8.15+): a channel that holds a delivery
+unacknowledged longer than the timeout of that delivery's queue is closed with 406 and its
+deliveries requeued (`hutch.broker.session.check_consumer_timeouts`). Deliveries are not
+timestamped: the node's coarse timer (once a second) notes the highest delivery tag handed out
+since its last visit and the time (`delivery_marks`), so a delivery's time is known to within
+one visit, never earlier than it was. Nothing is added to the delivery path.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from hutch.queues.state import Entry
 
 TX_HELD_MAX = 1_000_000  # publishes, acks and rejects one transaction may hold before tx.commit
 TX_HELD_BYTES_MAX = 512 * 2**20  # ... and the bodies of its held publishes, in bytes
+DELIVERY_MARKS_MAX = 64  # (tag, time) marks a channel keeps for the consumer timeout; then the last moves
 
 
 class ChannelOutput(Protocol):
@@ -118,6 +126,8 @@ class Channel:
         self.consumers: dict[str, ChannelConsumer] = {}
         self.unacked: OrderedDict[int, tuple[ClassicQueue, Entry, ChannelConsumer | None]] = OrderedDict()
         self.delivery_tag = 0
+        # consumer timeout: (highest delivery tag, time by which it had been delivered), oldest first
+        self.delivery_marks: deque[tuple[int, int]] = deque()
         self.last_queue = ""  # the queue most recently declared on this channel (spec: "" means it)
         self.prefetch = 0  # for consumers created from now on
         self.global_prefetch = 0
@@ -252,6 +262,26 @@ class Channel:
                 queue.requeue(entry.seq)
                 dirty.add(queue)
         self.session.broker.schedule()
+
+    def oldest_unacked(self, now_ms: int) -> tuple[int, Any, ChannelConsumer | None, int] | None:
+        """The consumer timer's visit: (delivery tag, queue, consumer, delivered by) of the oldest
+        unacknowledged delivery, or None when there is none. "Delivered by" is the time of the
+        first visit that saw its tag handed out: at most one visit late, never early."""
+        unacked = self.unacked
+        marks = self.delivery_marks
+        if not unacked:
+            marks.clear()
+            return None
+        if not marks or marks[-1][0] < self.delivery_tag:
+            if len(marks) < DELIVERY_MARKS_MAX:
+                marks.append((self.delivery_tag, now_ms))
+            else:  # the last mark takes the new tags too: their time is later, not earlier
+                marks[-1] = (self.delivery_tag, now_ms)
+        tag = next(iter(unacked))
+        while marks[0][0] < tag:  # marks before the oldest unacked delivery are done with
+            marks.popleft()
+        queue, _entry, consumer = unacked[tag]
+        return tag, queue, consumer, marks[0][1]
 
     # ---------------------------------------------------------------- confirms
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hutch.connection")
 
 _NO_PROPS = b"\x00\x00"
+CONSUMER_TIMEOUT_CHECK_S = 1.0  # how often the runtime calls check_consumer_timeouts
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 DIRECT_REPLY_PREFIX = "amq.rabbitmq.reply-to."
 
@@ -324,6 +325,28 @@ class Session:
         if not self.output_pending:
             self.output_pending = True
             self.broker.output_due(self)
+
+    def check_consumer_timeouts(self, now_ms: int, timeout_of) -> None:
+        """Close each channel whose oldest unacknowledged delivery is older than its queue's
+        consumer timeout (`timeout_of(queue)`, None: no timeout); see check_consumer_timeouts."""
+        for ch in list(self.channels.values()):
+            if not ch.unacked and not ch.delivery_marks:
+                continue
+            oldest = ch.oldest_unacked(now_ms)
+            if oldest is None:
+                continue
+            tag, q, consumer, since_ms = oldest
+            timeout = timeout_of(q)
+            if timeout is None or now_ms - since_ms < timeout:
+                continue
+            log.warning("Consumer %s on channel %s and queue '%s' in vhost '%s' has timed out waiting for a "
+                        "consumer acknowledgement of a delivery with delivery tag = %s. Timeout used: %s ms. "
+                        "This timeout value can be configured, see consumers doc guide to learn more",
+                        consumer.tag if consumer is not None else "basic.get", ch.number, q.name, q.vhost, tag,
+                        timeout)
+            self.fail(ch.number, precondition_failed(
+                f"delivery acknowledgement on channel {ch.number} timed out. Timeout value used: {timeout} ms. "
+                "This timeout value can be configured, see consumers doc guide to learn more"))
 
     # ---------------------------------------------------------------- connection level
 
@@ -802,6 +825,30 @@ class Session:
 
     def access_request(self, ch: Channel, m) -> None:
         self.send_method(ch.number, commands.Access.RequestOk())
+
+
+def check_consumer_timeouts(broker: Broker) -> None:
+    """RabbitMQ's consumer (delivery acknowledgement) timeout, on the node's coarse timer (every
+    CONSUMER_TIMEOUT_CHECK_S; RabbitMQ's channels look once a minute): each channel's oldest
+    unacknowledged delivery is held against its queue's timeout — `x-consumer-timeout` or the
+    policy key `consumer-timeout` (the smaller), else the node's `consumer_timeout` — and a
+    channel past it is closed with 406 PRECONDITION_FAILED; its deliveries go back to their
+    queues, redelivered. A delivery is caught between its timeout and about two checks later.
+    Each queue's timeout is resolved once a pass."""
+    now = broker.now_ms()
+    default = broker.config.consumer_timeout_ms
+    timeouts: dict[int, int | None] = {}
+
+    def timeout_of(q) -> int | None:
+        t = timeouts.get(id(q), 0)
+        if t == 0:
+            eff = broker.queue_settings(q.vhost, q.name, q.queue_type, q.arguments)
+            t = timeouts[id(q)] = eff.consumer_timeout_ms if eff.consumer_timeout_ms is not None else default
+        return t
+
+    for session in list(broker.sessions):
+        if not session.closed:
+            session.check_consumer_timeouts(now, timeout_of)
 
 
 def _method_name(err: AMQPError) -> str:

@@ -30,7 +30,7 @@ from hutch import __version__
 from hutch.amqp import connection as amqp_conn
 from hutch.amqp import spec
 from hutch.broker.broker import Broker, Config
-from hutch.broker.session import Session
+from hutch.broker.session import CONSUMER_TIMEOUT_CHECK_S, Session, check_consumer_timeouts
 from hutch.cluster.raftlog import RaftLogError
 from hutch.control import definitions, migrate
 from hutch.control.app import API, HttpListener
@@ -268,6 +268,7 @@ class Node:
         self._baseline_rss = self._proc.memory_info().rss
         self._tick_task = self.loop.call_later(BROKER_TICK_S, self._tick)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
+        self._consumer_timeout_task = self.loop.call_later(CONSUMER_TIMEOUT_CHECK_S, self._consumer_timeout_check)
         self._disk_check()
         log.info("Server startup complete; node %s is ready to accept connections", self.config.node_name)
 
@@ -285,8 +286,7 @@ class Node:
         if not self.config.cluster_nodes:
             # a standalone node is a cluster of one (joining nodes start that way too)
             self.config.cluster_nodes = [f"{self.config.node_name}:{self.config.peer_port}"]
-        self.broker = Broker(self.config, schedule=self._schedule_run,
-                             clock_ms=lambda: int(self.loop.time() * 1000))
+        self.broker = Broker(self.config, schedule=self._schedule_run, clock_ms=self.clock.now_ms)
         self._sync_running = False
         self.broker.request_sync = self._request_sync
         if self.http is not None:
@@ -473,6 +473,11 @@ class Node:
     def _memory_check(self) -> None:
         self.broker.memory_check(self._baseline_rss + self.broker.accounted_bytes(), self._total_mem)
         self._mem_task = self.loop.call_later(self.config.memory_check_interval_ms / 1000, self._memory_check)
+
+    def _consumer_timeout_check(self) -> None:
+        self._consumer_timeout_task = self.loop.call_later(CONSUMER_TIMEOUT_CHECK_S, self._consumer_timeout_check)
+        if self.app_running:
+            check_consumer_timeouts(self.broker)
 
     async def serve_forever(self) -> None:
         await self._stopping.wait()
