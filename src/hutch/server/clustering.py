@@ -137,7 +137,10 @@ class ClusterRuntime:
         self.names[self.id] = self.name
         self._process_scheduled = False
         self._ticks = 0
-        self.started = self.loop.time()
+        # one clock for every deadline in the request table and every time the chores compare:
+        # the node's (hutch.server.clock), which the broker and the quorum host read too
+        self.now_s = lambda: broker.now_ms() / 1000
+        self.started = self.now_s()
         self.down_since: dict[str, float] = {}
         self._deleting: dict[tuple[str, str], float] = {}
         self._placing: dict[tuple[str, str], float] = {}
@@ -232,7 +235,7 @@ class ClusterRuntime:
         deadline = self.loop.time() + self.cfg.metadata_timeout_ms / 1000
         while INIT_PARAM not in self.cluster.catalogue.global_parameters and self.loop.time() < deadline:
             if self.group.role == LEADER:
-                self._leader_chores(self.loop.time())
+                self._leader_chores(self.now_s())
             self._drain()
             await asyncio.sleep(BOOT_POLL_S)
         if restarted:
@@ -334,7 +337,7 @@ class ClusterRuntime:
             "raft": {"term": self.group.term, "commit_index": self.group.commit, "applied": self.group.applied,
                      "role": self.group.role_name},
             "partitions": self.partitions(),
-            "last_seen": {p: _iso(self._wall(self.down_since[p])) for p in self.partitioned() if p in self.down_since},
+            "last_seen": {p: _iso(self.down_since[p]) for p in self.partitioned() if p in self.down_since},
             "alarms": sorted(self.broker.alarms),  # this node's resource alarms in effect
         }
 
@@ -357,9 +360,6 @@ class ClusterRuntime:
                 if theirs:
                     out[peer] = sorted(theirs)
         return out
-
-    def _wall(self, loop_time: float) -> float:
-        return time.time() - (self.loop.time() - loop_time)
 
     # ------------------------------------------------------------ the Raft loop
 
@@ -408,7 +408,7 @@ class ClusterRuntime:
         peers = self.cluster.peers
         req = peers.new_id()
         env = _enc.encode([self.name, req, cat.encode_command(cmd)])
-        now = self.loop.time()
+        now = self.now_s()
         # in the node's one request table; the state is [envelope, when to propose it again]
         peers.requests.open(req, lambda res: callback(res if res is not None else self._timed_out()), None,
                             now + self.cfg.metadata_timeout_ms / 1000, CATALOGUE_REQUEST, [env, now + RETRY_S])
@@ -518,7 +518,7 @@ class ClusterRuntime:
         self.on_partition(up, members)
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
-        self.down_since[peer] = self.loop.time()
+        self.down_since[peer] = self.now_s()
         self.raft.peer_down(node_id(peer), {node_id(m) for m in self._running()})
         self.cluster.peer_down(peer)
         self._partition_check()
@@ -531,15 +531,15 @@ class ClusterRuntime:
         self._tick_handle = self.loop.call_later(TICK_S, self._tick)
         self._ticks += 1
         self.multi.tick()
-        now = self.loop.time()
+        now = self.now_s()
         if self._ticks % RETRY_EVERY_TICKS == 0:
             self._retry_catalogue(now)
         if self.forgets:
             self._check_forgets(now)
-        self.cluster.quorum.tick(self.cluster.broker.now_ms() / 1000)
+        self.cluster.quorum.tick(now)
         # the node's one request table: a client waiting past metadata_timeout_ms gets its error
-        self.cluster.peers.requests.expire(self.cluster.broker.now_ms() / 1000)
-        self.cluster.tick(self.cluster.broker.now_ms() / 1000)
+        self.cluster.peers.requests.expire(now)
+        self.cluster.tick(now)
         if self.group.role == LEADER:
             self._leader_chores(now)
             if self._ticks % PLACE_EVERY_TICKS == 0:
@@ -645,7 +645,7 @@ class ClusterRuntime:
                          "forgotten)", step.record.name, step.record.vhost, step.promoted, name)
             self.submit(step.command, _ignore)
         self.submit(chores.forget_parameter(name), _ignore)
-        self.forgets.append([name, callback, self.loop.time() + self.cfg.metadata_timeout_ms / 1000])
+        self.forgets.append([name, callback, self.now_s() + self.cfg.metadata_timeout_ms / 1000])
         self._remove_member(name)
 
     def _remove_member(self, name: str) -> None:

@@ -39,6 +39,7 @@ from hutch.control.prometheus import MetricsService
 from hutch.control.prometheus import default_host as prometheus_host
 from hutch.control.sessions import local_listing
 from hutch.server import faults, logs, sdnotify
+from hutch.server.clock import NodeClock
 from hutch.server.cluster_file import CLUSTER_FILE, write_cluster_file
 from hutch.server.clustering import ClusterRuntime
 from hutch.server.partitions import PAUSING_MODES, pause_reason, should_pause
@@ -190,6 +191,7 @@ class Node:
         self.http: HttpListener | None = None  # the management HTTP API
         self.metrics: MetricsService | None = None  # message-rate sampler and Prometheus listener
         self._proc = psutil.Process()
+        self.clock = NodeClock()  # the time this node's broker, catalogue and queues share
         self._app_running = False
         self.paused = False  # pause_minority / pause_if_all_down: clients closed until the condition clears
         self.clustering = None
