@@ -8,7 +8,7 @@
     hutch-diagnostics check_running | check_alarms | check_local_alarms | check_virtual_hosts
     hutch-diagnostics check_port_listener PORT | check_protocol_listener PROTO
     hutch-diagnostics check_port_connectivity
-    hutch-diagnostics check_if_node_is_quorum_critical
+    hutch-diagnostics check_if_node_is_quorum_critical | check_if_node_is_mirror_sync_critical
     hutch-diagnostics list_policies_with_classic_queue_mirroring [-p VHOST]
     hutch-diagnostics check_if_cluster_has_classic_queue_mirroring_policy
 
@@ -183,16 +183,27 @@ def check_virtual_hosts(s: Session) -> None:
     s.printer.document({"result": "ok", "node": node}, f"Node {node} reported all vhosts as running")
 
 
-@command(cli, "check_if_node_is_quorum_critical")
-def check_if_node_is_quorum_critical(s: Session) -> None:
-    """Fail (exit 69) when stopping this node would leave a quorum queue without a majority."""
+def _critical_check(s: Session, check: str, what: str) -> None:
     node = s.node
-    s.info(f"Checking if node {node} is critical for quorum of any quorum queues ...")
-    passed, doc = _health(s, "node-is-quorum-critical")
+    s.info(f"Checking if node {node} is critical for {what} ...")
+    passed, doc = _health(s, check)
     if not passed:
         names = ", ".join(qu.get("readable_name", qu.get("name", "")) for qu in doc.get("queues", []))
         raise CliError(f"{doc.get('reason')}" + (f": {names}" if names else ""), EX_UNAVAILABLE)
     s.printer.document({"result": "ok", "node": node}, f"Node {node} reported no queues for which it is critical")
+
+
+# hutch-queues offers these two checks too (rabbitmq-queues has them as well): the same commands
+@command(cli, "check_if_node_is_quorum_critical")
+def check_if_node_is_quorum_critical(s: Session) -> None:
+    """Fail (exit 69) when stopping this node would leave a quorum queue without a majority."""
+    _critical_check(s, "node-is-quorum-critical", "quorum of any quorum queues")
+
+
+@command(cli, "check_if_node_is_mirror_sync_critical")
+def check_if_node_is_mirror_sync_critical(s: Session) -> None:
+    """Fail (exit 69) when this node has the only synchronised replica of a mirrored classic queue."""
+    _critical_check(s, "node-is-mirror-sync-critical", "data safety of mirrored queues")
 
 
 LISTENER_PURPOSES = {"amqp": "AMQP 0-9-1", "amqp/ssl": "AMQP 0-9-1 over TLS", "http": "HTTP API",

@@ -12,14 +12,15 @@
     hutch-queues check_if_node_is_quorum_critical
         fails when stopping this node would leave a quorum queue without a majority
 
-Both read the queues' replica fields (`slave_nodes`, `synchronised_slave_nodes`, `members`,
-`online`) from the node's HTTP API; a queue without them is not replicated.
+The two checks are hutch-diagnostics' commands of the same names (one implementation: the
+node's health check endpoints), as rabbitmq-queues and rabbitmq-diagnostics share them.
 """
 
 from __future__ import annotations
 
 import click
 
+from hutch.cli import diagnostics
 from hutch.cli.common import Session, command, global_options, run_cli
 from hutch.cli.http import EX_UNAVAILABLE, CliError, q
 
@@ -30,53 +31,9 @@ def cli(**_options) -> None:
     """Replica health of a hutch node's queues (rabbitmq-queues' checks)."""
 
 
-def mirror_sync_critical(queues: list[dict], node: str) -> list[dict]:
-    """Mirrored classic queues led by `node` that have no other synchronised replica."""
-    out = []
-    for qu in queues:
-        if qu.get("type", "classic") != "classic" or not qu.get("slave_nodes"):
-            continue
-        if qu.get("node") != node:
-            continue
-        if not [n for n in qu.get("synchronised_slave_nodes") or [] if n != node]:
-            out.append(qu)
-    return out
-
-
-def quorum_critical(queues: list[dict], node: str) -> list[dict]:
-    """Quorum queues with a replica on `node` that would lose their majority without it."""
-    out = []
-    for qu in queues:
-        if qu.get("type") != "quorum":
-            continue
-        members = qu.get("members") or []
-        online = [n for n in qu.get("online") or [] if n != node]
-        if node in members and len(online) < len(members) // 2 + 1:
-            out.append(qu)
-    return out
-
-
-def _check(s: Session, what: str, pick) -> None:
-    node = s.node
-    s.info(f"Checking if node {node} is critical for {what} ...")
-    critical = pick(s.client.get("/api/queues"), node)
-    if critical:
-        names = ", ".join(f"'{qu['name']}' in vhost '{qu['vhost']}'" for qu in critical)
-        raise CliError(f"There are queues for which node {node} is critical ({what}): {names}", EX_UNAVAILABLE)
-    s.printer.document({"result": "ok", "node": node}, f"Node {node} reported no queues for which it is critical")
-
-
-@command(cli, "check_if_node_is_mirror_sync_critical")
-def check_if_node_is_mirror_sync_critical(s: Session) -> None:
-    """Fail when this node has the only synchronised replica of a mirrored classic queue."""
-    _check(s, "the data safety of mirrored classic queues", mirror_sync_critical)
-
-
-@command(cli, "check_if_node_is_quorum_critical")
-def check_if_node_is_quorum_critical(s: Session) -> None:
-    """Fail when stopping this node would leave a quorum queue without a majority."""
-    _check(s, "the availability of quorum queues", quorum_critical)
-
+# The node checks, one implementation with hutch-diagnostics' (the node's health check endpoints)
+cli.add_command(diagnostics.check_if_node_is_mirror_sync_critical)
+cli.add_command(diagnostics.check_if_node_is_quorum_critical)
 
 STATUS_COLUMNS = (("Node Name", "node"), ("Raft State", "raft_state"), ("Membership", "membership"),
                   ("Last Log Index", "last_log_index"), ("Last Written", "last_written"),
