@@ -7,12 +7,23 @@ Every operation is a command proposed to the queue's leader through the host
 (`hutch.quorum.host`); acknowledgements are batched per consumer and proposed once per loop
 iteration (`flush`), at most `IDS_PER_COMMAND_MAX` message ids per command.
 
+Credit ahead. A consumer with a prefetch registers in the state machine with `CREDIT_AHEAD`
+more than its prefetch, and the deliveries beyond what its channel can take now wait here,
+in order (`_held`). An ack frees the client's credit at once: the next message goes out from
+here in the same loop iteration, while the settle travels through the Raft log and the
+leader sends more. Without it a consumer gets at most prefetch messages per commit round
+trip (acks go through the log as publishes do), so a small prefetch starved it. What is held
+is checked out to the consumer in the state machine; when the consumer is cancelled it is
+returned, counted as a delivery (`x-delivery-count` one more, `redelivered` set), which
+AMQP allows for any message the client may have seen.
+
 Must never: touch a channel or a connection (deliveries go out through the host's port), do
 I/O, or import anything from `hutch.broker` or above.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -33,6 +44,9 @@ from hutch.queues.handle import (
 from hutch.quorum import fifo
 
 IDS_PER_COMMAND_MAX = min(1000, fifo.MSG_IDS_PER_COMMAND_MAX)  # msg ids per settle/return/discard
+# Deliveries a consumer with a prefetch may have on its way beyond it, held on its node until
+# its channel can take them (see the module's paragraph); each holds a message body in memory.
+CREDIT_AHEAD = 256
 
 QUORUM = register(QueueType("quorum", (SINGLE_ACTIVE_CONSUMER, REPLICATED)))
 
@@ -40,6 +54,8 @@ QUORUM = register(QueueType("quorum", (SINGLE_ACTIVE_CONSUMER, REPLICATED)))
 class PortOps(Protocol):
     def dirty(self, q: Any) -> None: ...
     def new_stats(self) -> Any: ...
+    def deliver(self, consumer: Any, q: Any, msg_id: int, delivery_count: int, redelivered: bool,
+                route: bytes, props: bytes, body: bytes) -> None: ...
 
 
 class HostOps(Protocol):
@@ -84,6 +100,9 @@ class QuorumQueue:
         self.local_consumers: dict[str, Any] = {}
         self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
         self._ops: dict[tuple[str, str], list[int]] = {}
+        # consumer id -> deliveries its channel could not take yet, oldest first; at most
+        # CREDIT_AHEAD each (the state machine's credit for it is its prefetch plus that)
+        self._held: dict[str, deque[tuple]] = {}
         self.machine: Any = None  # the QuorumQueueState when this node is a member
         self.reported = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
         self.mstats = host.port.new_stats()  # what this node's channels did with the queue
@@ -149,6 +168,8 @@ class QuorumQueue:
         self._op(msg_id, "d")
 
     def flush(self) -> None:
+        if self._held:
+            self._release_held()
         if self._ops:
             ops, self._ops = self._ops, {}
             make = {"a": fifo.Settle, "r": fifo.Return, "d": fifo.Discard}
@@ -160,6 +181,40 @@ class QuorumQueue:
         self.flush()
         return 0
 
+    # -- deliveries to consumers on this node
+    def deliver(self, c: Any, msg_id: int, delivery_count: int, redelivered: bool, route: bytes, props: bytes,
+                body: bytes) -> None:
+        """A delivery the leader sent: to the consumer's channel now, or held until it can take it."""
+        if c.no_ack:
+            self.host.port.deliver(c, self, msg_id, delivery_count, redelivered, route, props, body)
+            return
+        held = self._held.get(c.ref)
+        if held is None and c.can_take():
+            self._owner[msg_id] = c.ref
+            self.host.port.deliver(c, self, msg_id, delivery_count, redelivered, route, props, body)
+            return
+        if held is None:
+            held = self._held[c.ref] = deque()
+        held.append((msg_id, delivery_count, redelivered, route, props, body))
+
+    def _release_held(self) -> None:
+        """Hand held deliveries to the consumers whose channels can take them now (after acks)."""
+        deliver = self.host.port.deliver
+        for cid, held in list(self._held.items()):
+            c = self.local_consumers.get(cid)
+            if c is None:
+                del self._held[cid]
+                continue
+            while held and c.can_take():
+                msg_id, delivery_count, redelivered, route, props, body = held.popleft()
+                self._owner[msg_id] = cid
+                deliver(c, self, msg_id, delivery_count, redelivered, route, props, body)
+            if not held:
+                del self._held[cid]
+
+    def held_count(self) -> int:
+        return sum(len(h) for h in self._held.values())
+
     # -- consumers on this node
     def add_consumer(self, c: Any) -> None:
         self.local_consumers[c.ref] = c
@@ -169,9 +224,14 @@ class QuorumQueue:
         if self.local_consumers.pop(c.ref, None) is None:
             return False
         self.host.consumers.pop(c.ref, None)
+        held = self._held.pop(c.ref, None)
+        requeue = c.channel.closed
         self.flush()
-        self.host.propose(self, fifo.Cancel(c.ref, requeue=c.channel.closed,
-                                            now_ms=self.host.now_ms()))
+        if held and not requeue:  # never reached the client: back to the queue (Cancel keeps the rest)
+            ids = [h[0] for h in held]
+            for i in range(0, len(ids), IDS_PER_COMMAND_MAX):
+                self.host.propose(self, fifo.Return(c.ref, ids[i:i + IDS_PER_COMMAND_MAX]))
+        self.host.propose(self, fifo.Cancel(c.ref, requeue=requeue, now_ms=self.host.now_ms()))
         return True
 
     def consumers(self) -> list[Any]:
@@ -230,7 +290,8 @@ class QuorumQueue:
             raise not_implemented_global_qos(self)  # as RabbitMQ 3.10: a connection error
         c.ref = consumer_id = self.host.owner_id()
         self.add_consumer(c)
-        return self._propose(fifo.Checkout(consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, self.host.now_ms()),
+        credit = c.prefetch + CREDIT_AHEAD if c.prefetch and not c.no_ack else c.prefetch
+        return self._propose(fifo.Checkout(consumer_id, c.tag, credit, c.priority, c.no_ack, self.host.now_ms()),
                              reply, lambda _r: None, undo=lambda: self.remove_consumer(c))
 
 

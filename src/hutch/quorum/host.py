@@ -57,6 +57,11 @@ ONCE_ONLY = (fifo.Get, fifo.Purge)  # not idempotent: never resent once sent
 CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to expire
 SNAPSHOT_LOG_FACTOR = 4  # compact a queue's log when it is this many times longer than the queue
 SNAPSHOT_MESSAGES_MIN = 2048
+# A snapshot is one record of the node's Raft log (16 MiB at most): a queue holding more than
+# this many bytes of messages keeps its whole log until it is shorter again (chunked snapshots
+# are not done). Per message a snapshot adds its properties and some 64 bytes of its own.
+SNAPSHOT_MESSAGE_BYTES_MAX = 12 << 20
+SNAPSHOT_BYTES_PER_MESSAGE = 64
 
 
 # A channel's publisher state on this node (its id and per-queue sequence counters) is kept
@@ -178,7 +183,10 @@ class _QuorumApp:
         """A snapshot holds the whole queue: take one only when the log kept since the last is
         several times longer than the queue, so its cost stays a small part per entry."""
         st = self.q.machine
-        return st is None or entries_kept >= SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN)
+        if st is None:
+            return True
+        return (entries_kept >= SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN)
+                and st.message_bytes + SNAPSHOT_BYTES_PER_MESSAGE * st.messages <= SNAPSHOT_MESSAGE_BYTES_MAX)
 
 
 class QuorumHost:
@@ -597,10 +605,7 @@ class QuorumHost:
                 q.host.propose(q, fifo.Return(consumer_id, [msg_id]))
             return
         props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
-        if not c.no_ack:
-            q._owner[msg_id] = consumer_id
-        self.port.deliver(c, q, msg_id, delivery_count, redelivered, codec.route_encoding(exchange, routing_key),
-                          props, body)
+        q.deliver(c, msg_id, delivery_count, redelivered, codec.route_encoding(exchange, routing_key), props, body)
 
     # -- nodes
     def peer_down(self, peer: str) -> None:

@@ -36,6 +36,8 @@ from hutch.server import faults
 
 log = logging.getLogger("hutch.cluster")
 
+SNAPSHOT_RECORD_SLACK_BYTES = 64 << 10  # a snapshot record's meta (term, index, members) around its data
+
 
 class GroupApp(Protocol):
     """What a Raft group hosted by this node applies its committed entries to."""
@@ -99,6 +101,12 @@ class RaftHost:
         self._on_leadership = on_leadership
         self._leading: set[Any] = set()
         self._leaders: dict[Any, int | None] = {}
+        # a snapshot must fit one record of the log, with room for the record's own fields
+        self._snapshot_bytes_max = storage.log.record_bytes_max - SNAPSHOT_RECORD_SLACK_BYTES
+        # groups whose snapshot was too large -> the log length at which to try again
+        self._snapshot_refused: dict[Any, int] = {}
+        # group -> (term, vote) of its last hard state known durable (missing: never synced here)
+        self._durable_vote: dict[Any, tuple[int, Any]] = {}
 
     # ------------------------------------------------------------ the Ready loop
 
@@ -106,18 +114,33 @@ class RaftHost:
         """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
         at start, before the transport exists, nothing is sent."""
         multi = self.multi
+        durable = self._durable_vote
         while not self.failed:
             mr = multi.ready()
             if mr is None:
                 self._leadership()
                 return
-            if mr.needs_fsync() and not self._sync():
+            # What must be on disk before anything leaves or is applied: new entries, a received
+            # snapshot, a new term or vote. A commit index alone need not be (it is learnt again
+            # from the leader after a restart), so a Ready that only commits is applied at once.
+            voted = [(gid, (rd.hard_state.term, rd.hard_state.vote)) for gid, rd in mr.groups
+                     if rd.hard_state is not None and (rd.hard_state.term, rd.hard_state.vote) != durable.get(gid)]
+            sync = bool(voted) or any(rd.entries or rd.snapshot is not None for _, rd in mr.groups)
+            sent_early = None
+            if sync and not initial:
+                sent_early = self._send_leaders_early(mr, {gid for gid, _ in voted})
+            if sync and not self._sync():
                 return  # nothing may be sent or applied on the strength of writes that may be lost
+            for gid, tv in voted:
+                durable[gid] = tv
             if not initial:
-                for to, gid, m in mr.messages():
-                    peer = self.names.get(to)
-                    if peer is not None:
-                        self._send(peer, gid, rm.encode(m))
+                for gid, rd in mr.groups:
+                    if sent_early is not None and gid in sent_early:
+                        continue
+                    for m in rd.messages:
+                        peer = self.names.get(m.to)
+                        if peer is not None:
+                            self._send(peer, gid, rm.encode(m))
             compact = []
             for gid, rd in mr.groups:
                 app = self.apps.get(gid)
@@ -134,16 +157,45 @@ class RaftHost:
                         except Exception:
                             self._apply_failed(gid, e.index)
                             return
-                if rd.snapshot_wanted and app.snapshot_due(g.applied - g.storage.first_index() + 1):
-                    compact.append((gid, app))
+                if rd.snapshot_wanted:
+                    kept = g.applied - g.storage.first_index() + 1
+                    if kept >= self._snapshot_refused.get(gid, 0) and app.snapshot_due(kept):
+                        compact.append((gid, app))
             multi.advance(mr)
+            compacted = False
             for gid, app in compact:
                 g = multi.groups.get(gid)
                 if g is not None:
-                    g.compact(g.applied, app.snapshot())
+                    data = app.snapshot()
+                    if len(data) > self._snapshot_bytes_max:
+                        self._snapshot_too_large(gid, len(data), g.applied - g.storage.first_index() + 1)
+                        continue
+                    self._snapshot_refused.pop(gid, None)
+                    g.compact(g.applied, data)
                     multi.touched(gid)
-            if compact and not self._sync():
+                    compacted = True
+            if compacted and not self._sync():
                 return
+
+    def _send_leaders_early(self, mr: Any, voted: set[Any]) -> set[Any]:
+        """Send the messages of the groups this node leads before the fsync, as Raft allows a
+        leader (thesis §10.2.1): its appends go to the followers while its own disk writes the
+        same entries, and it counts itself towards a commit only once they are durable
+        (`RaftGroup.advance`). Only when its term and vote are already durable (`voted`: groups
+        whose Ready changes them), which they are once it has been elected. Returns the groups
+        whose messages went."""
+        sent = set()
+        groups = self.multi.groups
+        for gid, rd in mr.groups:
+            g = groups.get(gid)
+            if g is None or g.role != LEADER or gid in voted or not rd.messages:
+                continue
+            for m in rd.messages:
+                peer = self.names.get(m.to)
+                if peer is not None:
+                    self._send(peer, gid, rm.encode(m))
+            sent.add(gid)
+        return sent
 
     def _sync(self) -> bool:
         """One fsync of every group's log; False (and the node stopping) when the disk failed."""
@@ -155,6 +207,17 @@ class RaftHost:
             self.failed = True
             self._fatal(f"Raft log fsync failed: {e}")
             return False
+
+    def _snapshot_too_large(self, gid: Any, size: int, kept: int) -> None:
+        """A snapshot that cannot be one record of the log: the group keeps its whole log, and
+        tries again once it is twice as long (its application should not have asked for it;
+        see `GroupApp.snapshot_due`)."""
+        first = gid not in self._snapshot_refused
+        self._snapshot_refused[gid] = 2 * kept
+        if first:
+            log.warning("Raft group %s: a snapshot of %d bytes is over the Raft log's record limit of %d bytes; "
+                        "its log is not compacted while its state is that large", gid, size,
+                        self._snapshot_bytes_max)
 
     def _apply_failed(self, gid: Any, index: int) -> None:
         """A committed entry this node could not apply: its copy of the group's state has left
@@ -265,6 +328,8 @@ class RaftHost:
         if gid in self.multi.groups:
             self.multi.remove_group(gid)
         self.apps.pop(gid, None)
+        self._snapshot_refused.pop(gid, None)
+        self._durable_vote.pop(gid, None)
         self._leading.discard(gid)
         self._leaders.pop(gid, None)
 
