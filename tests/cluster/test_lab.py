@@ -22,6 +22,7 @@ import pytest
 
 from hutch.cluster.wire import HandshakeFailed, PeerCodec
 from hutch.lab.cluster import (
+    ClockSkew,
     MGMT_PORT_OFFSET,
     Lab,
     LabError,
@@ -143,6 +144,30 @@ def test_up_refuses_a_port_that_is_taken(tmp_path):
         with pytest.raises(LabError, match=rf"port {base + MGMT_PORT_OFFSET + 1} \(HTTP port of hutch-2@localhost\)"):
             Lab.up(2, tmp_path / "lab", base_port=base, wait="none")
     assert not (tmp_path / "lab" / "lab.json").exists()
+
+
+def test_a_node_gets_another_hosts_clock_from_its_next_start(tmp_path):
+    lab = Lab.up(2, tmp_path / "lab", base_port=free_base_port(2), wait="http", tied_to_caller=True,
+                 clocks={"hutch-2": ClockSkew(wall_offset_ms=1500, boot_offset_s=86400)})
+    try:
+        def environ(i: int) -> dict[str, str]:
+            raw = Path(f"/proc/{lab.pid_of(i)}/environ").read_bytes().split(b"\0")
+            return dict(kv.decode().split("=", 1) for kv in raw if b"=" in kv)
+
+        assert {k: v for k, v in environ(2).items() if k.startswith("HUTCH_FAULT_")} == {
+            "HUTCH_FAULT_WALL_OFFSET_MS": "1500.0", "HUTCH_FAULT_BOOT_OFFSET_S": "86400.0"}
+        assert not any(k.startswith("HUTCH_FAULT_") for k in environ(1))
+        lab.kill(2)
+        lab.start(2)  # a restart keeps the skew
+        assert environ(2)["HUTCH_FAULT_WALL_OFFSET_MS"] == "1500.0"
+    finally:
+        lab.down(wipe=True)
+
+
+def test_up_names_a_clock_it_cannot_read():
+    r = subprocess.run([sys.executable, "-m", "hutch", "lab", "up", "2", "--clock", "hutch-2=soon"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "'hutch-2=soon' is not NODE=WALL_MS or NODE=WALL_MS,BOOT_S" in r.stderr
 
 
 def test_node_names_are_accepted_short_full_or_by_index(lab):

@@ -24,6 +24,7 @@ from hutch.lab.cluster import (
     PARTITION_MODES,
     STOP_TIMEOUT_S_DEFAULT,
     UP_TIMEOUT_S_DEFAULT,
+    ClockSkew,
     Lab,
     LabError,
 )
@@ -58,6 +59,20 @@ def cli() -> None:
     """
 
 
+def _clock_skews(_ctx, _param, values: tuple[str, ...]) -> dict[str, ClockSkew]:
+    out = {}
+    for v in values:
+        node, sep, rest = v.partition("=")
+        parts = rest.split(",")
+        try:
+            if not sep or not node or len(parts) > 2:
+                raise ValueError
+            out[node] = ClockSkew(float(parts[0]), float(parts[1]) if len(parts) == 2 else 0.0)
+        except ValueError:
+            raise click.BadParameter(f"{v!r} is not NODE=WALL_MS or NODE=WALL_MS,BOOT_S") from None
+    return out
+
+
 @cli.command(short_help="Start an N-node lab and wait until it is healthy.")
 @click.argument("count", type=click.IntRange(1, 16))
 @click.option("--base-port", type=int, default=BASE_PORT_DEFAULT, show_default=True,
@@ -74,11 +89,15 @@ def cli() -> None:
               help="Return when the cluster is healthy, when every node's HTTP API answers, or at once.")
 @click.option("--timeout", "timeout_s", type=float, default=UP_TIMEOUT_S_DEFAULT, show_default=True,
               help="Seconds to wait for it.")
+@click.option("--clock", "clocks", multiple=True, metavar="NODE=WALL_MS[,BOOT_S]", callback=_clock_skews,
+              help="Give NODE another host's clock: its wall clock WALL_MS ahead (negative: behind) and, "
+                   "optionally, a boot BOOT_S seconds earlier. Repeatable.")
 @lab_errors
-def up(count, base_port, lab_dir, net_ticktime, metadata_timeout, secret, log_level, wait, timeout_s):
+def up(count, base_port, lab_dir, net_ticktime, metadata_timeout, secret, log_level, wait, timeout_s, clocks):
     """Start a COUNT-node cluster in the background and wait until it is healthy."""
     lab = Lab.up(count, lab_dir, base_port=base_port, net_ticktime_s=net_ticktime, secret=secret,
-                 metadata_timeout_ms=metadata_timeout, log_level=log_level.lower(), wait=wait, timeout_s=timeout_s)
+                 metadata_timeout_ms=metadata_timeout, log_level=log_level.lower(), wait=wait, timeout_s=timeout_s,
+                 clocks=clocks)
     how = {"healthy": f"healthy, catalogue leader {lab.leader()}", "http": "every HTTP API answers",
            "none": "started, not waited for"}[wait]
     click.echo(f"Lab of {count} node(s) is up in {lab.dir} ({how}).")

@@ -160,6 +160,20 @@ def links_across(links: Iterable[tuple[str, str]], isolated: Iterable[str]) -> l
     return [(x, y) for x, y in links if (x in side) != (y in side)]
 
 
+@dataclass(frozen=True)
+class ClockSkew:
+    """Another host's clock for one lab node (hutch.server.clock's fault switches): a wall clock
+    `wall_offset_ms` ahead (negative: behind) and a boot `boot_offset_s` earlier. A node's time
+    is read from the wall clock once, at start, so the skew holds from the node's next start."""
+
+    wall_offset_ms: float = 0.0
+    boot_offset_s: float = 0.0
+
+    def env(self) -> dict[str, str]:
+        return {"HUTCH_FAULT_WALL_OFFSET_MS": repr(float(self.wall_offset_ms)),
+                "HUTCH_FAULT_BOOT_OFFSET_S": repr(float(self.boot_offset_s))}
+
+
 def resolve_node(nodes: list[NodeSpec], ref: str | int) -> NodeSpec:
     """The node named by `ref`: ``hutch-2``, ``hutch-2@localhost`` or the 1-based index ``2``."""
     text = str(ref).strip()
@@ -467,8 +481,10 @@ class Controller:
         Path(node.spec.data_dir).mkdir(parents=True, exist_ok=True)
         with open(node.spec.console_log, "ab") as out:
             tied = self.config.get("tied_to_caller", False)
+            skew = self.config.get("clocks", {}).get(node.spec.name)
             node.proc = await asyncio.create_subprocess_exec(
                 *node.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **skew} if skew else None,
                 start_new_session=True, preexec_fn=(lambda: _die_with_parent(signal.SIGKILL)) if tied else None)
         node.starts += 1
         self._tg.create_task(self._watch(node, node.proc))
@@ -771,11 +787,12 @@ class Lab:
            net_ticktime_s: float = NET_TICKTIME_S_DEFAULT, secret: str | None = None,
            metadata_timeout_ms: int = METADATA_TIMEOUT_MS_DEFAULT, log_level: str = "info",
            wait: str = "healthy", timeout_s: float = UP_TIMEOUT_S_DEFAULT, tied_to_caller: bool = False,
-           node_args: list[str] | None = None) -> Lab:
+           node_args: list[str] | None = None, clocks: dict[str | int, ClockSkew] | None = None) -> Lab:
         """Start a lab of `count` nodes and wait until it is `healthy` (every node sees every member
         running and a leader), until every node's HTTP API answers (`http`), or not at all (`none`).
         On failure everything started is stopped again and LabError says which node is not up and
         where its log is. `node_args` are added to every node's `hutch server` command line.
+        `clocks` gives nodes (by name or number) another host's clock: see `ClockSkew`.
 
         The lab outlives the calling process unless `tied_to_caller` (for tests): then the
         controller is stopped when the caller dies, however it dies, and the nodes with it."""
@@ -789,6 +806,7 @@ class Lab:
             pid = lab.info().get("controller", {}).get("pid", "?") if (lab.dir / LAB_JSON).exists() else "?"
             raise LabError(f"a lab is already running in {lab.dir} (controller pid {pid}); "
                            f"stop it with `hutch lab down --dir {lab_dir}`")
+        skews = {resolve_node(specs, ref).name: skew.env() for ref, skew in (clocks or {}).items()}
         problem = size_mismatch(lab.dir, specs)
         if problem:
             raise LabError(problem)
@@ -809,7 +827,7 @@ class Lab:
         config = {"nodes": [s.__dict__ for s in specs], "base_port": base_port, "net_ticktime_s": net_ticktime_s,
                   "metadata_timeout_ms": metadata_timeout_ms, "log_level": log_level,
                   "token": secrets.token_urlsafe(24), "started_ms": time.time_ns() // 1_000_000,
-                  "tied_to_caller": tied_to_caller, "node_args": list(node_args or [])}
+                  "tied_to_caller": tied_to_caller, "node_args": list(node_args or []), "clocks": skews}
         with open(lab.dir / CONTROLLER_LOG, "ab") as out:
             lab._controller_proc = subprocess.Popen(
                 [sys.executable, "-m", "hutch.lab.cluster", "--dir", str(lab.dir), "--config", json.dumps(config)],
