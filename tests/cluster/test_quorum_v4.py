@@ -5,7 +5,10 @@ delivery limit of 20, message priorities (two levels, two high to one normal), t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from collections import Counter
 
 import pika
 import pika.exceptions
@@ -156,3 +159,51 @@ def test_the_consumer_timeout_policy_applies_to_classic_queues_and_prompt_acks_a
     finally:
         conn.close()
         Http(cluster.nodes[1].mgmt_port)("DELETE", "/api/policies/%2F/v4ct")
+
+
+def hutch_queues(cluster: HutchCluster, i: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hutch.cli.queues", "--url",
+                           f"http://127.0.0.1:{cluster.nodes[i].mgmt_port}", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def leaders(cluster: HutchCluster, prefix: str = "") -> dict[str, str]:
+    return {qu["name"]: qu["leader"] for qu in cluster.api(0, "/api/queues")
+            if qu.get("type") == "quorum" and qu["name"].startswith(prefix)}
+
+
+def test_rebalance_spreads_quorum_leaders_and_balanced_places_on_the_fewest(cluster):
+    conn = connect(cluster, 0)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(3):  # client-local: all led by node 1
+            ch.queue_declare(f"v4.rb.{i}", durable=True, arguments=QUORUM)
+        wait_until(lambda: set(leaders(cluster, "v4.rb.").values()) == {cluster.names[0]}, 15, "node 1 leads all")
+        r = hutch_queues(cluster, 1, "rebalance", "quorum", "--queue-pattern", "^v4\\.rb\\.")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == "Re-balancing leaders of quorum queues..."
+        assert sum("moved:" in line for line in lines) == 2
+        assert "Node name" in r.stdout and "Number of quorum queue leaders" in r.stdout
+        for name in cluster.names:
+            assert any(line.split()[:2] == [name, "1"] for line in lines), r.stdout
+        wait_until(lambda: sorted(Counter(leaders(cluster, "v4.rb.").values()).values()) == [1, 1, 1], 15,
+                   "one leader per node")
+        # a second run finds nothing to move
+        again = hutch_queues(cluster, 2, "rebalance", "all", "--queue-pattern", "^v4\\.rb\\.")
+        assert again.returncode == 0 and "moved" not in again.stdout
+        # the moved queues still work: publish and consume through the new leaders
+        publish(ch, "v4.rb.1", [("after", None)])
+        method, _props, body = ch.basic_get("v4.rb.1", auto_ack=True)
+        assert body == b"after"
+        # balanced: the new queue's leader is a node leading the fewest quorum queues now
+        counts = Counter(leaders(cluster).values())
+        fewest = min(counts.get(n, 0) for n in cluster.names)
+        ch.queue_declare("v4.balanced", durable=True, arguments={**QUORUM, "x-queue-leader-locator": "balanced"})
+        placed = leaders(cluster, "v4.balanced")["v4.balanced"]
+        assert counts.get(placed, 0) == fewest, (placed, counts)
+        bad = hutch_queues(cluster, 0, "rebalance", "classic")
+        assert bad.returncode == 64 and "only quorum queues" in bad.stderr
+    finally:
+        conn.close()

@@ -69,6 +69,7 @@ from hutch.mirror.host import MirrorHost
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
 from hutch.quorum.host import QuorumHost
+from hutch.raft.group import NotLeader, RaftError
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker
@@ -365,12 +366,36 @@ class ClusterBroker:
             answer([200, self.quorum.local_status(args[0])])
         elif kind == "qmember":  # on a quorum queue's leader: [gid, "add"|"remove", node]
             answer(self.quorum.membership_op(args[0], args[1], args[2]))
+        elif kind == "qleader":  # on a quorum queue's leader: [gid, node]: hand it leadership
+            answer(self.transfer_quorum_leader(args[0], args[1]))
         elif kind == "gmid":  # a mirror asks which GM member to join: [vhost, queue]
             answer(self.mirroring.leader_member(args[0], args[1]))
         elif kind == "sync":  # sync_queue / cancel_sync_queue on the leader: [vhost, queue, action]
             answer(self.mirroring.sync_action(args[0], args[1], args[2]))
         else:
             answer([spec.NOT_IMPLEMENTED, f"unknown call {kind}"])
+
+    def quorum_leader(self, rec: cat.QueueRecord) -> str | None:
+        """The leader this node knows for a quorum queue's group (None: not known here)."""
+        groups = self.quorum.raft
+        return groups.leader(rec.journal_id) if groups is not None else None
+
+    def transfer_quorum_leader(self, gid: int, node: str) -> list:
+        """On a quorum queue's leader: Raft leadership transfer of its group to `node` (thesis
+        §3.10, hutch.raft.group.RaftGroup.transfer_leadership): the leader brings `node`'s log up
+        to date, then tells it to stand at once. [200] when started, else [code, why]."""
+        groups = self.quorum.raft
+        g = groups.host.multi.groups.get(gid) if groups is not None else None
+        if g is None:
+            return [spec.NOT_FOUND, "no such queue group here"]
+        try:
+            g.transfer_leadership(groups.node_id(node))
+        except NotLeader:
+            return [spec.PRECONDITION_FAILED, "not the leader"]
+        except RaftError as e:
+            return [spec.PRECONDITION_FAILED, str(e)]
+        groups.host.multi.touched(gid)
+        return [200]
 
     # ------------------------------------------------------------ the peer protocol
 

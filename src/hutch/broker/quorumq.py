@@ -33,6 +33,7 @@ class ClusterSide(Protocol):
     def output(self, session: Any) -> None: ...
     def submit(self, cmd: cat.Command, callback: Any) -> None: ...
     def running_nodes(self) -> list[str]: ...
+    def quorum_leader(self, rec: cat.QueueRecord) -> str | None: ...
     def _cancel_local(self, c: Any) -> None: ...
 
 DEFAULT_GROUP_SIZE = placement.DEFAULT_GROUP_SIZE
@@ -87,7 +88,8 @@ class BrokerQuorumPort:
 
 def place_members(cl: ClusterSide, args: dict, name: str, vhost: str) -> tuple[str, tuple[str, ...]]:
     """The leader and members of a new quorum queue declared on this node (hutch.quorum.placement)."""
-    return placement.place_members(cl.catalogue, cl.running_nodes(), cl.node, args, name, vhost)
+    return placement.place_members(cl.catalogue, cl.running_nodes(), cl.node, args, name, vhost,
+                                   leader_of=cl.quorum_leader)
 
 
 class QuorumKind:

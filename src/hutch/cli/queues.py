@@ -5,6 +5,8 @@
     hutch-queues delete_member QUEUE NODE [-p VHOST]
     hutch-queues grow NODE all|even [--vhost-pattern P] [--queue-pattern P]
     hutch-queues shrink NODE [--errors-only]
+    hutch-queues rebalance quorum|all [--vhost-pattern P] [--queue-pattern P]
+        moves quorum queue leaders so the running nodes lead about as many each
 
     hutch-queues check_if_node_is_mirror_sync_critical
         fails (exit 69) when this node holds the only synchronised replica of a mirrored
@@ -22,7 +24,7 @@ import click
 
 from hutch.cli import diagnostics
 from hutch.cli.common import Session, command, global_options, run_cli
-from hutch.cli.http import EX_UNAVAILABLE, CliError, q
+from hutch.cli.http import EX_UNAVAILABLE, EX_USAGE, CliError, q
 
 
 @click.group(name="hutch-queues", context_settings={"help_option_names": ["-h", "--help"]})
@@ -114,6 +116,26 @@ def shrink(s: Session, node_name: str, errors_only: bool) -> None:
     """Remove NODE's replica from every quorum queue it is a member of (never the last one)."""
     s.info(f"Shrinking all quorum queues on {node_name}...")
     _membership_table(s, s.client.post("/api/hutch/quorum/shrink", {"node": node_name}), errors_only)
+
+
+@command(cli, "rebalance")
+@click.argument("queue_type", metavar="TYPE", type=click.Choice(["quorum", "all", "classic"]))
+@click.option("--vhost-pattern", default=".*", show_default=True)
+@click.option("--queue-pattern", default=".*", show_default=True)
+def rebalance(s: Session, queue_type: str, vhost_pattern: str, queue_pattern: str) -> None:
+    """Move quorum queue leaders so that the running nodes lead about as many queues each
+    (`all` is the same here: classic queues have no leaders to move)."""
+    if queue_type == "classic":
+        raise CliError("classic queues are not rebalanced: only quorum queues have leaders to move "
+                       "(use 'quorum' or 'all')", EX_USAGE)
+    s.info("Re-balancing leaders of quorum queues...")
+    out = s.client.post("/api/hutch/quorum/rebalance", {"vhost_pattern": vhost_pattern,
+                                                        "queue_pattern": queue_pattern})
+    for m in out["moves"]:
+        done = "moved" if m["result"] == "ok" else f"not moved ({m.get('reason')})"
+        s.info(f"Leader of quorum queue '{m['name']}' in vhost '{m['vhost']}' {done}: {m['from']} -> {m['to']}")
+    s.printer.rows(["Node name", "Number of quorum queue leaders"],
+                   [{"Node name": r["node"], "Number of quorum queue leaders": r["count"]} for r in out["leaders"]])
 
 
 def main() -> None:

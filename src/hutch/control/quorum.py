@@ -5,6 +5,12 @@
     DELETE /api/hutch/quorum/{vhost}/{name}/members/{node}  delete_member
     POST   /api/hutch/quorum/grow     {"node": N, "strategy": "all"|"even", "vhost_pattern", "queue_pattern"}
     POST   /api/hutch/quorum/shrink   {"node": N}
+    POST   /api/hutch/quorum/rebalance  {"vhost_pattern", "queue_pattern"}: spread leaders evenly
+
+Rebalancing (rabbitmq-queues rebalance quorum) plans the moves with
+`hutch.quorum.placement.rebalance_plan` from the leaders this node knows, has each queue's
+leader hand leadership to the chosen member (Raft leadership transfer), waits until the new
+leaders are known, and answers the moves and the leaders per running node afterwards.
 
 Adding a member records it in the catalogue first (the new member then hosts an empty copy of
 the queue's Raft group) and then has the queue's leader add it as a learner, promoted to a
@@ -15,6 +21,7 @@ until it is done or `metadata_timeout_ms` passes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from typing import Any
 
@@ -25,7 +32,9 @@ from hutch.control import changes, ops
 from hutch.control.errors import ApiError, bad_request, not_found
 from hutch.control.http import api_of, read_json, requires
 from hutch.control.node import node_name_arg
+from hutch.quorum import placement
 
+log = logging.getLogger("hutch.quorum")
 routes = web.RouteTableDef()
 RETRY_S = 0.25
 
@@ -117,9 +126,9 @@ async def _leader_changes_group(broker, q, op: str, node: str, deadline: float) 
     raise ApiError(503, "timeout", f"could not {op} member {node} of queue '{q.name}' in vhost '{q.vhost}': {why}")
 
 
-async def _call(broker, peer: str, args: list) -> Any:
+async def _call(broker, peer: str, args: list, kind: str = "qmember") -> Any:
     fut = asyncio.get_running_loop().create_future()
-    broker.cluster.call(peer, "qmember", args, lambda r: fut.done() or fut.set_result(r))
+    broker.cluster.call(peer, kind, args, lambda r: fut.done() or fut.set_result(r))
     return await fut
 
 
@@ -174,6 +183,56 @@ async def shrink(request: web.Request) -> web.Response:
     broker = api_of(request).broker
     rows = [await _outcome(broker, q, "remove", node) for q in _matching(broker, body) if node in q.members]
     return web.json_response(rows)
+
+
+TRANSFER_TIMEOUT_S = 5.0  # a leadership transfer not seen done by then is reported as not done
+
+
+@routes.post("/api/hutch/quorum/rebalance")
+@requires("administrator")
+async def rebalance(request: web.Request) -> web.Response:
+    body = await read_json(request) or {}
+    broker = api_of(request).broker
+    cl = broker.cluster
+    running = sorted(cl.running_nodes())
+    queues = {(q.vhost, q.name): q for q in _matching(broker, body)}
+    online = set(running)
+    moves, _counts = placement.rebalance_plan(
+        ((q.vhost, q.name, q.home_node, tuple(m for m in q.members if m in online)) for q in queues.values()),
+        running)
+    rows = await asyncio.gather(*(_move_leader(broker, queues[(v, n)], frm, to) for v, n, frm, to in moves))
+    counts = dict.fromkeys(running, 0)
+    for q in queues.values():
+        if q.home_node in counts:
+            counts[q.home_node] += 1
+    return web.json_response({"moves": list(rows),
+                              "leaders": [{"node": n, "count": c} for n, c in counts.items()]})
+
+
+async def _move_leader(broker, q, frm: str, to: str) -> dict:
+    """Ask the queue's leader to hand leadership to `to`, then wait until `to` is seen leading."""
+    row = {"vhost": q.vhost, "name": q.name, "from": frm, "to": to}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TRANSFER_TIMEOUT_S
+    try:
+        if frm == broker.cluster.node:
+            answer = broker.cluster.transfer_quorum_leader(q.gid, to)
+        else:
+            answer = await asyncio.wait_for(_call(broker, frm, [q.gid, to], "qleader"), TRANSFER_TIMEOUT_S)
+    except (TimeoutError, OSError):
+        answer = None
+    if answer is None or answer[0] != 200:
+        row.update(result="error", reason=answer[1] if answer else f"{frm} did not answer")
+        return row
+    log.info("Rebalancing quorum queue '%s' in vhost '%s': transferring leadership from %s to %s", q.name,
+             q.vhost, frm, to)
+    while q.home_node != to and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if q.home_node == to:
+        row["result"] = "ok"
+    else:
+        row.update(result="error", reason=f"{to} did not take over within {TRANSFER_TIMEOUT_S:g} s")
+    return row
 
 
 async def _outcome(broker, q, op: str, node: str) -> dict:
