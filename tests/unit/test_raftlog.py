@@ -420,3 +420,23 @@ def test_a_log_with_a_corrupt_record_is_refused_rather_than_replayed_around_it(t
     seg.write_bytes(bytes(data))
     with pytest.raises(RaftLogError, match="corrupt data .* will not serve its Raft groups"):
         RaftHostStorage(tmp_path)
+
+
+def test_damage_to_a_synced_vote_at_the_end_of_the_log_is_refused_not_cut_as_a_torn_write(tmp_path):
+    """A torn write can only hit bytes that were never synced. The newest term and vote, synced
+    and then damaged at the log's very end, must not be cut away like a torn tail: an older vote
+    would come back."""
+    with RaftHostStorage(tmp_path) as h:
+        s = h.bootstrap(5, (1, 2, 3))
+        s.set_hard_state(HardState(2, 1, 1))
+        h.sync()
+        s.set_hard_state(HardState(3, 2, 1))  # the newest term and vote, the log's last record
+        h.sync()
+    newest = msgspec.msgpack.encode(HardStateRecord(HardState(3, 2, 1)))
+    [seg] = [p for p in tmp_path.iterdir() if p.is_file() and newest in p.read_bytes()]
+    data = bytearray(seg.read_bytes())
+    assert data.endswith(newest)
+    data[-1] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    with pytest.raises(RaftLogError, match="corrupt data .* will not serve its Raft groups"):
+        RaftHostStorage(tmp_path)

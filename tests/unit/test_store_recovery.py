@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -45,6 +46,17 @@ def _record_spans(directory: Path) -> dict[int, tuple[str, int, bytes]]:
     return spans
 
 
+def _synced_upto(directory: Path, name: str, offset: int) -> None:
+    """Set the log's record of how much of segment `name` was synced, as a crash would leave it
+    when the bytes past `offset` had not been synced yet."""
+    head = b"HSYN" + int(name.split(".")[0]).to_bytes(8, "little") + offset.to_bytes(8, "little")
+    (directory / "SYNCED").write_bytes(head + zlib.crc32(head).to_bytes(4, "little"))
+
+
+def _last_segment(directory: Path) -> str:
+    return sorted(n for n in os.listdir(directory) if n.endswith(".hseg"))[-1]
+
+
 def _write(directory: Path, payloads: list[bytes], segment_bytes_max: int = 1024) -> dict[int, bytes]:
     with SegmentLog(directory, segment_bytes_max=segment_bytes_max) as log:
         return {log.append(p, key=len(p)): p for p in payloads}
@@ -56,6 +68,7 @@ def test_torn_tail_is_truncated_and_logged(tmp_path, caplog):
     spans = _record_spans(tmp_path)
     last_offset = spans[10][1]
     os.truncate(tmp_path / name, last_offset + 60)  # record 10 was being written
+    _synced_upto(tmp_path, name, last_offset)  # and records 1-9 synced
     with caplog.at_level(logging.WARNING, logger="hutch.store"):
         log = SegmentLog(tmp_path)
     with log:
@@ -70,12 +83,73 @@ def test_torn_tail_is_truncated_and_logged(tmp_path, caplog):
         assert [r.payload for r in log.replay()][-1] == b"after"
 
 
+def test_damage_at_the_end_of_synced_data_is_corruption_not_a_torn_write(tmp_path, caplog):
+    written = _write(tmp_path, [bytes([i]) * 100 for i in range(10)], segment_bytes_max=1 << 20)  # closed: synced
+    name = _last_segment(tmp_path)
+    size = os.path.getsize(tmp_path / name)
+    last_offset = _record_spans(tmp_path)[10][1]
+    data = bytearray((tmp_path / name).read_bytes())
+    data[-1] ^= 0xFF  # bit rot in the last record, which was on disk
+    (tmp_path / name).write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="hutch.store"), SegmentLog(tmp_path) as log:
+        assert log.recovery.torn_tail is None
+        assert log.recovery.corrupt == [CorruptRegion(name, last_offset, size - last_offset)]
+        assert f"corrupt data in segment {name} from offset {last_offset} to its end" in caplog.text
+        assert os.path.getsize(tmp_path / name) == size  # left in place, not cut
+        assert {r.seq: r.payload for r in log.replay()} == {s: written[s] for s in range(1, 10)}
+        # seq 10 is given again: only records after it could name it, and they went with it
+        assert log.append(b"after") == 10
+    with SegmentLog(tmp_path) as log:
+        assert [r.payload for r in log.replay()][-1] == b"after"
+
+
+def test_a_last_segment_shorter_than_what_was_synced_of_it_is_reported(tmp_path, caplog):
+    _write(tmp_path, [bytes([i]) * 100 for i in range(10)], segment_bytes_max=1 << 20)
+    name = _last_segment(tmp_path)
+    size = os.path.getsize(tmp_path / name)
+    os.truncate(tmp_path / name, size - 50)
+    with caplog.at_level(logging.ERROR, logger="hutch.store"), SegmentLog(tmp_path) as log:
+        assert CorruptRegion(name, size - 50, 50) in log.recovery.corrupt
+        assert f"{size} bytes of it were synced: 50 bytes that were on disk are gone" in caplog.text
+
+
+def test_a_missing_last_segment_that_was_synced_is_reported(tmp_path, caplog):
+    _write(tmp_path, [bytes([i]) * 100 for i in range(30)], segment_bytes_max=1024)
+    name = _last_segment(tmp_path)
+    size = os.path.getsize(tmp_path / name)
+    os.unlink(tmp_path / name)
+    with caplog.at_level(logging.ERROR, logger="hutch.store"), SegmentLog(tmp_path, segment_bytes_max=1024) as log:
+        assert CorruptRegion(name, 0, size) in log.recovery.corrupt
+        assert f"segment {name}, of which {size} bytes were synced, is missing" in caplog.text
+
+
+def test_the_synced_mark_follows_a_new_segment_at_once_and_the_rest_at_most_once_a_second(tmp_path):
+    def mark() -> tuple[int, int]:
+        raw = (tmp_path / "SYNCED").read_bytes()
+        return int.from_bytes(raw[4:12], "little"), int.from_bytes(raw[12:20], "little")
+
+    with SegmentLog(tmp_path, segment_bytes_max=1024) as log:
+        first = mark()
+        assert first == (1, fmt.SEGMENT_HEADER_BYTES)  # written at open: everything recovered is synced
+        log.append(b"x" * 100)
+        log.sync()
+        assert mark() == first  # within the second: not rewritten
+        while len(log.segment_names()) < 2:
+            log.append(b"y" * 100)
+        log.sync()
+        base, size = mark()
+        assert base == int(_last_segment(tmp_path).split(".")[0]) and size <= os.path.getsize(tmp_path / _last_segment(tmp_path))
+        log.append(b"z" * 100)
+    assert mark() == (base, os.path.getsize(tmp_path / _last_segment(tmp_path)))  # a clean close marks it all
+
+
 def test_zeroed_tail_left_by_the_filesystem_is_truncated(tmp_path):
     written = _write(tmp_path, [b"z" * 50] * 5)
-    name = sorted(os.listdir(tmp_path))[-2]  # the last segment (LOCK sorts last)
+    name = _last_segment(tmp_path)
     size = os.path.getsize(tmp_path / name)
     with open(tmp_path / name, "ab") as f:
         f.write(bytes(4096))
+    _synced_upto(tmp_path, name, size)
     with SegmentLog(tmp_path, segment_bytes_max=1024) as log:
         assert log.recovery.torn_tail == CorruptRegion(name, size, 4096)
         assert {r.seq: r.payload for r in log.replay()} == written

@@ -39,8 +39,10 @@ import fcntl
 import logging
 import os
 import re
+import struct
 import threading
 import time
+import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -63,6 +65,10 @@ SEGMENT_BYTES_MAX_MIN = 256
 SEGMENT_SUFFIX = ".hseg"
 COMPACT_SUFFIX = ".compact"
 LOCK_FILE = "LOCK"
+SYNCED_FILE = "SYNCED"  # the synced extent of the active segment, rewritten at most once a second
+SYNCED_INTERVAL_S = 1.0
+_SYNCED = struct.Struct("<4sQQI")  # magic, segment base seq, bytes known synced, crc32 of the first two
+_SYNCED_MAGIC = b"HSYN"
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.hseg$")
 
 # Per-record state in a segment's index.
@@ -220,6 +226,9 @@ class SegmentLog:
         self._failed: BaseException | None = None
         self._closed = False
         self.fsync_count = 0                 # syncs that reached the disk (a metric)
+        self._synced_fd = -1                 # SYNCED_FILE: how much of the active segment is on disk
+        self._synced_mark = (0, 0)
+        self._synced_at = 0.0
         try:
             self.recovery = self._recover()
         except BaseException:
@@ -228,9 +237,33 @@ class SegmentLog:
 
     # -- recovery -----------------------------------------------------------------
 
+    def _read_synced(self) -> tuple[int, int] | None:
+        """(segment base seq, bytes of it known synced) as last recorded, or None."""
+        try:
+            raw = (self.directory / SYNCED_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(raw) != _SYNCED.size:
+            return None
+        magic, base, size, crc = _SYNCED.unpack(raw)
+        if magic != _SYNCED_MAGIC or crc != zlib.crc32(raw[:_SYNCED.size - 4]):
+            log.warning("Segment log %s: %s is damaged; a damaged end of the last segment will be taken for "
+                        "a write torn by a crash", self.directory, SYNCED_FILE)
+            return None
+        return base, size
+
+    def _write_synced(self, base: int, size: int) -> None:
+        """Record that `size` bytes of segment `base` are on disk (called after their fsync)."""
+        head = _SYNCED_MAGIC + base.to_bytes(8, "little") + size.to_bytes(8, "little")
+        os.pwrite(self._synced_fd, head + zlib.crc32(head).to_bytes(4, "little"), 0)
+        _fdatasync(self._synced_fd)
+        self._synced_at = time.monotonic()
+        self._synced_mark = (base, size)
+
     def _recover(self) -> RecoveryReport:
         started = time.monotonic()
         report = RecoveryReport()
+        self._synced_before = self._read_synced()
         entries: list[tuple[int, str]] = []
         for name in sorted(os.listdir(self.directory)):
             m = _SEGMENT_NAME.match(name)
@@ -241,7 +274,7 @@ class SegmentLog:
                 report.removed_files.append(name)
                 log.warning("Segment log %s: removed %s, the output of a compaction that did not finish",
                             self.directory, name)
-            elif name != LOCK_FILE:
+            elif name not in (LOCK_FILE, SYNCED_FILE):
                 log.warning("Segment log %s: ignoring unknown file %s", self.directory, name)
         entries.sort()
 
@@ -250,8 +283,17 @@ class SegmentLog:
             seq_limit = fmt.SEQ_MAX + 1 if last else entries[i + 1][0]
             self._recover_segment(base_seq, name, seq_limit, last, report)
 
+        mark = self._synced_before
+        if mark is not None and (not entries or mark[0] > entries[-1][0]):
+            # the segment the mark speaks of is gone, and with it data that was on disk
+            region = CorruptRegion(segment_name(mark[0]), 0, mark[1])
+            report.corrupt.append(region)
+            log.error("Segment log %s: segment %s, of which %d bytes were synced, is missing", self.directory,
+                      region.segment, mark[1])
         if not self._segments:
             os.close(self._create_segment(1))
+        self._synced_fd = os.open(self.directory / SYNCED_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._write_synced(self._segments[-1].base_seq, self._segments[-1].size_bytes)  # all of it is now
         os.fsync(self._dir_fd)
         self._dir_dirty = False
         active = self._segments[-1]
@@ -282,7 +324,15 @@ class SegmentLog:
         records, damage = fmt.scan_segment(data, start, self.record_bytes_max, base_seq, seq_limit)
 
         valid_end = len(data)
-        if last and damage and damage[-1].offset + damage[-1].length == len(data):
+        mark = self._synced_before
+        synced = mark[1] if mark is not None and mark[0] == base_seq else 0
+        if last and synced > len(data):
+            # shorter than what was on disk: not a torn write, a loss
+            report.corrupt.append(CorruptRegion(name, len(data), synced - len(data)))
+            log.error("Segment log %s: segment %s ends at offset %d, but %d bytes of it were synced: %d bytes "
+                      "that were on disk are gone", self.directory, name, len(data), synced, synced - len(data))
+        if last and damage and damage[-1].offset + damage[-1].length == len(data) and damage[-1].offset >= synced:
+            # damage at the end, past what was known synced: a write that a crash tore
             torn = damage.pop()
             valid_end = torn.offset
             report.torn_tail = CorruptRegion(name, torn.offset, torn.length)
@@ -405,6 +455,7 @@ class SegmentLog:
                 sealed, self._sealed_unsynced = self._sealed_unsynced, []
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
                 active_fd = self._active_fd
+                active = (self._active.base_seq, self._active.size_bytes)  # all written: the buffer is empty
                 if upto == self._durable_seq and not sealed and not dir_dirty:
                     return upto
             try:
@@ -414,6 +465,8 @@ class SegmentLog:
                 if dir_dirty:
                     os.fsync(self._dir_fd)
                 self.fsync_count += 1
+                if active[0] != self._synced_mark[0] or time.monotonic() - self._synced_at >= SYNCED_INTERVAL_S:
+                    self._write_synced(*active)
             except OSError as e:
                 with self._lock:
                     self._fail(e, "fsync")
@@ -729,6 +782,8 @@ class SegmentLog:
         with self._compact_lock, self._sync_lock, self._lock:
             if self._closed:
                 return
+            if self._failed is None and self._synced_mark != (self._active.base_seq, self._active.size_bytes):
+                self._write_synced(self._active.base_seq, self._active.size_bytes)  # all of it: just synced
             self._closed = True
             self._close_fds()
 
@@ -743,6 +798,9 @@ class SegmentLog:
         if self._active_fd >= 0:
             os.close(self._active_fd)
             self._active_fd = -1
+        if getattr(self, "_synced_fd", -1) >= 0:
+            os.close(self._synced_fd)
+            self._synced_fd = -1
         if getattr(self, "_dir_fd", -1) >= 0:
             os.close(self._dir_fd)
             self._dir_fd = -1
