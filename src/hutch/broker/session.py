@@ -840,11 +840,10 @@ def check_consumer_timeouts(broker: Broker) -> None:
     timeouts: dict[int, int | None] = {}
 
     def timeout_of(q) -> int | None:
-        t = timeouts.get(id(q), 0)
-        if t == 0:
+        if id(q) not in timeouts:
             eff = broker.queue_settings(q.vhost, q.name, q.queue_type, q.arguments)
-            t = timeouts[id(q)] = eff.consumer_timeout_ms if eff.consumer_timeout_ms is not None else default
-        return t
+            timeouts[id(q)] = eff.consumer_timeout_ms if eff.consumer_timeout_ms is not None else default
+        return timeouts[id(q)]
 
     for session in list(broker.sessions):
         if not session.closed:
