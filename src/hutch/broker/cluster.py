@@ -80,7 +80,9 @@ PUBLISH_WINDOW = 4096  # messages a session may have in flight to other nodes be
 PUBLISH_WINDOW_LOW = 1024
 INIT_PARAM = "hutch_initialised"
 # the messages of group "q" (lists tagged by a string), and how long each is
-_LIST_MESSAGES = {REMOTE: 2, "ST": 2, "QP": 3, "QE": 2, "G": 4, "NI": 2, "CC": 2}
+# each queue-traffic message: its kind, then fields of these types (anything else is malformed)
+_LIST_MESSAGES = {REMOTE: (bytes,), "ST": (bytes,), "QP": (int, bytes), "QE": (bytes,), "G": (str, str, bytes),
+                  "NI": (dict,), "CC": (dict,)}
 
 
 class _Stale:
@@ -400,8 +402,10 @@ class ClusterBroker:
     # ------------------------------------------------------------ the peer protocol
 
     def on_message(self, peer: str, payload: Any) -> None:
-        if (type(payload) is not list or not payload or type(payload[0]) is not str
-                or _LIST_MESSAGES.get(payload[0]) != len(payload)):
+        fields = _LIST_MESSAGES.get(payload[0]) if type(payload) is list and payload and type(payload[0]) is str \
+            else None
+        if fields is None or len(payload) != len(fields) + 1 or any(
+                type(v) is not t for v, t in zip(payload[1:], fields, strict=True)):
             log.error("malformed message from %s in group q: %.200r; ignored", peer, payload)
             return
         kind = payload[0]
@@ -414,11 +418,9 @@ class ClusterBroker:
         elif kind == "G":
             self.mirroring.on_gm(peer, payload[1], payload[2], payload[3])
         elif kind == "NI":
-            if isinstance(payload[1], dict):
-                self.peer_info[peer] = payload[1]
+            self.peer_info[peer] = payload[1]
         elif kind == "CC":
-            if isinstance(payload[1], dict):
-                self.peer_counts[peer] = payload[1]
+            self.peer_counts[peer] = payload[1]
         self.broker.schedule()
 
     def flush(self) -> None:

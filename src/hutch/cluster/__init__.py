@@ -7,6 +7,7 @@ from hutch.cluster.wire import (
     FrameTooLarge,
     HandshakeFailed,
     HandshakeRefused,
+    MalformedMessage,
     PeerCodec,
     PeerProtocolError,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "HandshakeFailed",
     "HandshakeRefused",
     "PeerCodec",
+    "MalformedMessage",
     "PeerProtocolError",
     "PeerTransport",
 ]

@@ -42,6 +42,7 @@ from hutch.cluster.wire import (
     HandshakeFailed,
     HandshakeRefused,
     Heartbeat,
+    MalformedMessage,
     Message,
     PeerCodec,
     PeerProtocolError,
@@ -451,7 +452,20 @@ class PeerTransport:
             if link.closed.is_set():
                 return
             if isinstance(event, Message):
-                self._callback(self._on_message, link.peer, event.group, event.payload)
+                if self._on_message is None:
+                    continue
+                try:
+                    self._on_message(link.peer, event.group, event.payload)
+                except MalformedMessage as e:
+                    log.warning("node %s: %s; closing the link", link.peer, e)
+                    self._link_down(link, f"protocol error: {e}")
+                    return
+                except Exception as e:
+                    # a message this node cannot handle: whatever sent it, the link is not to be trusted
+                    log.error("node %s sent a message on group %r that could not be handled (%s: %s); closing the "
+                              "link", link.peer, event.group, type(e).__name__, e, exc_info=True)
+                    self._link_down(link, f"protocol error: a message on group {event.group!r} could not be handled")
+                    return
             elif isinstance(event, Heartbeat):
                 link.detector.heartbeat(now)
 

@@ -140,6 +140,11 @@ class FrameTooLarge(PeerProtocolError):
     pass
 
 
+class MalformedMessage(PeerProtocolError):
+    """A data frame's payload that does not have the shape its group and kind require; raised by
+    the node's handlers, it closes the link like any protocol error."""
+
+
 class HandshakeFailed(PeerProtocolError):
     """A proof did not verify, versions differ, or the peer is not the node we meant to reach."""
 

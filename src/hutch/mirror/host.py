@@ -45,6 +45,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
+
 from hutch.amqp import codec, spec
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
@@ -236,7 +238,11 @@ class MirrorHost:
     # ---------------------------------------------------------------- GM traffic
 
     def on_gm(self, peer: str, to: str, frm: str, data: bytes) -> None:
-        msg = gm.decode(data)
+        try:
+            msg = gm.decode(data)
+        except (msgspec.DecodeError, ValueError, TypeError) as e:
+            log.error("undecodable GM message from %s (to %s from %s): %s; ignored", peer, to, frm, e)
+            return
         owner = self.members.get(to)
         if owner is None:
             reply = gm.answer_for_absent(to, msg)

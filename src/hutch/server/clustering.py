@@ -50,6 +50,7 @@ from hutch.broker.cluster import INIT_PARAM, NODE_PARAM, ClusterBroker
 from hutch.cluster import catalogue as cat
 from hutch.cluster.raftlog import RaftHostStorage
 from hutch.cluster.transport import PeerTransport
+from hutch.cluster.wire import MalformedMessage
 from hutch.raft.group import LEADER, RaftConfig
 from hutch.server.cluster_file import read_cluster_file
 from hutch.server.partitions import partitioned_from
@@ -79,6 +80,22 @@ DEFAULT_PEER_PORT = 25672
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
+# a cluster call ("rpc"): its kind, then arguments of these types
+_RPC_ARGS = {"propose": tuple[bytes], "join": tuple[str, str], "forget": tuple[str], "leaving": tuple[()],
+             "members": tuple[dict[str, str]]}
+
+
+class MalformedProposal(ValueError):
+    """A catalogue proposal whose envelope or command cannot be decoded."""
+
+
+def _envelope(data: bytes) -> tuple[str, int, cat.Command]:
+    """A catalogue proposal's (origin node, request id, command)."""
+    try:
+        origin, req, cmd_bytes = msgspec.msgpack.decode(data, type=tuple[str, int, bytes])
+        return origin, req, cat.decode_command(cmd_bytes)
+    except (msgspec.DecodeError, ValueError, TypeError) as e:
+        raise MalformedProposal(str(e)) from None
 
 
 def node_id(name: str) -> int:
@@ -302,9 +319,10 @@ class ClusterRuntime:
 
     def _learn(self, name: str, address: str) -> None:
         """A member's advertised address (from the catalogue)."""
-        if not isinstance(address, str) or ":" not in address:
+        host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or "@" not in name:
+            log.warning("ignoring the address %.100r given for node %.100r", address, name)
             return
-        host, _, port = address.rpartition(":")
         self.names[node_id(name)] = name
         if self.addresses.get(name) != (host, int(port)):
             self.addresses[name] = (host, int(port))
@@ -388,11 +406,10 @@ class ClusterRuntime:
             self._learn(n, addr)
 
     def _apply_catalogue(self, data: bytes) -> None:
-        origin, req, cmd_bytes = _dec.decode(data)
         try:
-            cmd = cat.decode_command(cmd_bytes)
-        except msgspec.DecodeError:
-            log.error("cannot decode a catalogue command from %s; skipped", origin)
+            origin, req, cmd = _envelope(data)
+        except MalformedProposal as e:  # every member skips it alike
+            log.error("a catalogue entry cannot be decoded (%s); skipped", e)
             return
         res = self.cluster.apply_command(cmd)
         if isinstance(cmd, (cat.SetGlobalParameter,)) and cmd.name.startswith(NODE_PARAM):
@@ -421,13 +438,9 @@ class ClusterRuntime:
         return cat.Result(cat.ERROR, 541, f"timed out after {self.cfg.metadata_timeout_ms} ms waiting for "
                                           f"the cluster metadata store: {why}")
 
-    def _stale_promotion(self, env: bytes) -> bool:
+    def _stale_promotion(self, cmd: cat.Command) -> bool:
         """Whether this (catalogue leader) node refuses a proposed promotion
         (hutch.broker.chores.refuse_promotion): its old leader is still running."""
-        try:
-            cmd = cat.decode_command(_dec.decode(env)[2])
-        except (msgspec.DecodeError, IndexError, TypeError):
-            return False
         if chores.refuse_promotion(cmd, self.name, self.transport.is_up):
             log.info("refusing to promote the mirror of queue '%s' in vhost '%s' on %s: its leader %s is running",
                      cmd.name, cmd.vhost, cmd.leader_node, cmd.expect_leader)
@@ -442,10 +455,15 @@ class ClusterRuntime:
         if leader is not None:
             self.transport.send(leader, "rpc", ["propose", env])
 
-    def _propose_here(self, env: bytes) -> None:
-        """On the catalogue's leader: into the log, unless it is a stale promotion (a proposal
-        that does not fit now is retried by its proposer)."""
-        if not self._stale_promotion(env):
+    def _propose_here(self, env: bytes, peer: str | None = None) -> None:
+        """On the catalogue's leader: into the log, unless it is malformed (from `peer`) or a
+        stale promotion (a proposal that does not fit now is retried by its proposer)."""
+        try:
+            _origin, _req, cmd = _envelope(env)
+        except MalformedProposal as e:
+            log.error("refusing a catalogue proposal from %s that cannot be decoded: %s", peer or "this node", e)
+            return
+        if not self._stale_promotion(cmd):
             self.raft.propose(CATALOGUE_GROUP, env)
 
     def _retry_catalogue(self, now: float) -> None:
@@ -470,11 +488,18 @@ class ClusterRuntime:
         elif group == "rpc":
             self._on_rpc(peer, payload)
 
-    def _on_rpc(self, peer: str, payload: list) -> None:
+    def _on_rpc(self, peer: str, payload: Any) -> None:
+        args = _RPC_ARGS.get(payload[0]) if type(payload) is list and payload and type(payload[0]) is str else None
+        try:
+            if args is None:
+                raise msgspec.ValidationError("not a known call")
+            msgspec.convert(payload[1:], args)
+        except msgspec.ValidationError as e:
+            raise MalformedMessage(f"a malformed cluster call from {peer} ({e}): {payload!r:.200}") from None
         kind = payload[0]
         if kind == "propose":
             if self.group.role == LEADER:
-                self._propose_here(payload[1])
+                self._propose_here(payload[1], peer)
             elif (leader := self.leader_name()) is not None and leader != peer:
                 self.transport.send(leader, "rpc", payload)
         elif kind == "join":
