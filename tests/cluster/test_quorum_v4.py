@@ -122,6 +122,8 @@ def test_a_channel_holding_a_delivery_past_x_consumer_timeout_is_closed_and_its_
             "This timeout value can be configured, see consumers doc guide to learn more")
         assert 1.5 <= held_s < 6.0  # checked once a second
         assert other.is_open  # only the channel is closed
+        wait_until(lambda: ch.queue_declare("v4.slow", passive=True).method.message_count == 2, 10,
+                   "both messages back in the queue")
         again = []
         for _ in range(2):
             method, props, body = ch.basic_get("v4.slow", auto_ack=True)
