@@ -439,7 +439,7 @@ class RemoteHost:
             result = [200, q.message_count, q.consumer_count]
         elif kind == "purge":
             result = [200, port.purge_queue(q)]
-        elif kind == "take" and q.mirror is not None and q.mirror.syncing:
+        elif kind == "take" and q.mirror is not None and q.mirror.sync_holds_clients:
             # a synchronising queue answers nothing else until it is done (seed 000)
             q.mirror.after_sync(lambda _r: self._on_call(origin, rid, kind, args))
             return

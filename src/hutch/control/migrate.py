@@ -43,6 +43,7 @@ from hutch.control import changes, ops
 from hutch.control.errors import ApiError, bad_request, not_found
 from hutch.control.http import api_of, read_json, requires
 from hutch.control.policy import match
+from hutch.queues.effective import HA_KEYS
 from hutch.queues.message import Message
 from hutch.quorum import fifo
 
@@ -51,8 +52,7 @@ routes = web.RouteTableDef()
 HOLDING_SUFFIX = ".quorum-migration"
 KEPT_ARGUMENTS = ("x-max-length", "x-max-length-bytes", "x-overflow", "x-message-ttl", "x-expires",
                   "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-single-active-consumer")
-CLASSIC_ONLY_POLICY_KEYS = ("ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-shutdown",
-                            "ha-promote-on-failure", "queue-master-locator")
+CLASSIC_ONLY_POLICY_KEYS = (*HA_KEYS, "queue-master-locator")
 WINDOW = 500  # messages moved and not yet confirmed
 
 

@@ -178,7 +178,7 @@ def get_request(body: dict[str, Any]) -> tuple[int, str, str, int | None]:
 async def get_messages_anywhere(broker: Broker, q, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The management get on a queue here, or on its home node when that is another."""
     if q.local:
-        if q.mirror is not None and q.mirror.syncing:  # answered once the sync is done, as basic.get
+        if q.mirror is not None and q.mirror.sync_holds_clients:  # answered once the sync is done, as basic.get
             done = asyncio.get_running_loop().create_future()
             q.mirror.after_sync(lambda _r: done.done() or done.set_result(None))
             await done

@@ -94,6 +94,11 @@ def _ha_sync_mode(v: Any) -> None:
         raise PolicyError(f'ha-sync-mode must be "manual" or "automatic", got {_show(v)}')
 
 
+def _ha_sync_background(v: Any) -> None:
+    if not isinstance(v, bool):
+        raise PolicyError(f"ha-sync-background must be true or false, got {_show(v)}")
+
+
 def _promote(key: str) -> Any:
     def check(v: Any) -> None:
         if v not in PROMOTE_VALUES:
@@ -118,6 +123,7 @@ _CHECKS: dict[str, Any] = {
     "ha-params": lambda v: None,
     "ha-sync-mode": _ha_sync_mode,
     "ha-sync-batch-size": _ha_sync_batch_size,
+    "ha-sync-background": _ha_sync_background,
     "ha-promote-on-shutdown": _promote("ha-promote-on-shutdown"),
     "ha-promote-on-failure": _promote("ha-promote-on-failure"),
     "queue-master-locator": _queue_master_locator,
@@ -141,7 +147,7 @@ def _check_ha(definition: dict[str, Any]) -> None:
     mode = definition.get("ha-mode")
     if mode is None:
         if any(k in definition for k in ("ha-params", "ha-sync-mode", "ha-promote-on-shutdown",
-                                         "ha-promote-on-failure", "ha-sync-batch-size")):
+                                         "ha-promote-on-failure", "ha-sync-batch-size", "ha-sync-background")):
             raise PolicyError("ha-mode must be specified to specify ha-params, ha-sync-mode or "
                               "ha-promote-on-shutdown")
         return

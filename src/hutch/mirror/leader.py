@@ -116,6 +116,11 @@ class Leader:
     def syncing(self) -> bool:
         return self.sync is not None
 
+    @property
+    def sync_holds_clients(self) -> bool:
+        """A sync runs that deliveries and basic.get wait for (not one in the background)."""
+        return self.sync is not None and self.sync.blocking
+
     def after_sync(self, fn: Callable[[Any], None]) -> None:
         if self.sync is None:
             self.host.cluster.call_soon(fn, None)

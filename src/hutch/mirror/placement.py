@@ -41,6 +41,7 @@ class MirrorParams:
     sync_batch_size: int | None = None  # None: the node's mirroring_sync_batch_size
     promote_on_shutdown: str = WHEN_SYNCED
     promote_on_failure: str = ALWAYS
+    sync_background: bool | None = None  # hutch's ha-sync-background; None: the node's mirroring_sync_background
 
 
 def params_of(definition: Mapping[str, Any] | None) -> MirrorParams | None:
@@ -52,7 +53,8 @@ def params_of(definition: Mapping[str, Any] | None) -> MirrorParams | None:
         sync_mode=definition.get("ha-sync-mode", MANUAL),
         sync_batch_size=definition.get("ha-sync-batch-size"),
         promote_on_shutdown=definition.get("ha-promote-on-shutdown", WHEN_SYNCED),
-        promote_on_failure=definition.get("ha-promote-on-failure", ALWAYS))
+        promote_on_failure=definition.get("ha-promote-on-failure", ALWAYS),
+        sync_background=definition.get("ha-sync-background"))
 
 
 def mirrors_for(params: MirrorParams | None, leader: str, mirrors: Iterable[str], members: Iterable[str],

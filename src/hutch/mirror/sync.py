@@ -1,8 +1,15 @@
 """Synchronising a mirror that joined late (seed 000, "Master/mirror synchronisation"): the
 leader sends the queue's messages older than what the mirror has in batches of
 `ha-sync-batch-size`, at most `SYNC_INFLIGHT` batches in the ring at once, paced by
-`mirroring_sync_max_throughput`; the queue delivers nothing until it is done. Must never:
-import anything from `hutch.broker` or above.
+`mirroring_sync_max_throughput`; the queue delivers nothing until it is done.
+
+Or, hutch's own (`ha-sync-background`, `mirroring_sync_background`), the queue goes on
+delivering and answering basic.get while it runs. That is safe because each batch travels the
+ring in order with the queue's own operations: a batch is built when it is sent, from the
+entries as they are then (a delivery already counted in), leaving out what was removed; an
+operation on a message the mirror does not hold yet is one it will get in a later batch, or
+one that removed it, so the mirror may ignore it. Must never: import anything from
+`hutch.broker` or above.
 """
 
 from __future__ import annotations
@@ -45,11 +52,17 @@ class SyncJob:
         self.done_seq = 0
         self.finished = False
         self.removed: set[int] = set()
+        background = p.sync_background
+        self.blocking = not (leader.host.broker.config.mirroring_sync_background if background is None
+                             else background)
 
     def start(self) -> None:
         q = self.leader.q
-        self.leader.q.dispatch_blocked = True
+        if self.blocking:
+            q.dispatch_blocked = True
         log.info("%s: Synchronising: %d messages to synchronise", qname(q), len(self.entries))
+        if not self.blocking:
+            log.info("%s: Synchronising: in the background, the queue goes on serving", qname(q))
         log.info("%s: Synchronising: batch size: %d", qname(q), self.batch)
         self.pump(self.started)
 

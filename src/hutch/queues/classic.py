@@ -253,7 +253,7 @@ class ClassicQueue:
 
     def get(self, no_ack: bool, reply: Any) -> Any:
         mirror = self._mirror
-        if mirror is not None and mirror.syncing:  # answered once the sync is done (seed 000)
+        if mirror is not None and mirror.sync_holds_clients:  # answered once the sync is done (seed 000)
             mirror.after_sync(lambda _r: reply(self._get_now(no_ack)))
             return PENDING
         return self._get_now(no_ack)

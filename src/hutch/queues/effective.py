@@ -57,7 +57,7 @@ ARGUMENT_WINS_KEYS = ("overflow", "dead-letter-exchange", "dead-letter-routing-k
 # validators; max-in-memory-length/-bytes too, which hutch does not implement)
 OPERATOR_POLICY_KEYS = ("expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit")
 HA_KEYS = ("ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-shutdown",
-           "ha-promote-on-failure")
+           "ha-promote-on-failure", "ha-sync-background")  # the last one is hutch's own
 EXCHANGE_KEYS = ("alternate-exchange",)
 
 # the queue keys each queue type acts on

@@ -17,6 +17,7 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     auth_mechanisms.1 = PLAIN               auth_mechanisms.2 = EXTERNAL
     ssl_cert_login_from = common_name
     mirroring_sync_batch_size = 4096        mirroring_sync_max_throughput = 0 (bytes/s, 0 = no limit)
+    mirroring_sync_background = false       (hutch's own: a sync that does not stop deliveries)
     cluster_partition_handling = ignore | pause_minority | pause_if_all_down | autoheal
     cluster_partition_handling.pause_if_all_down.nodes.1 = hutch@a
     cluster_partition_handling.pause_if_all_down.recover = ignore | autoheal
@@ -371,6 +372,8 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         cfg.classic_queue_memory_window_bytes = parse_bytes(value)
     elif key == "mirroring_sync_max_throughput":
         cfg.mirroring_sync_max_throughput = parse_bytes(value)
+    elif key == "mirroring_sync_background":
+        cfg.mirroring_sync_background = _bool(value)
     elif key == "cluster_partition_handling":
         if value not in PARTITION_HANDLING:
             raise ValueError(f"expected one of {', '.join(PARTITION_HANDLING)}")
