@@ -73,6 +73,13 @@ def test_a_bad_value_names_key_and_line(tmp_path):
     assert ":2:" in msg and "bad value for 'heartbeat'" in msg
 
 
+def test_mirroring_sync_background_is_a_boolean(tmp_path):
+    assert load(tmp_path, "mirroring_sync_background = true\n").mirroring_sync_background is True
+    assert load(tmp_path, "mirroring_sync_background = false\n").mirroring_sync_background is False
+    assert Config().mirroring_sync_background is False  # RabbitMQ's blocking sync by default
+    assert "bad value for 'mirroring_sync_background'" in error_of(tmp_path, "mirroring_sync_background = soon\n")
+
+
 # ---------------------------------------------------------------- log.*
 
 
