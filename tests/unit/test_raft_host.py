@@ -5,6 +5,7 @@ members'), as does a failed fsync of the log."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -108,3 +109,47 @@ def test_dropping_a_group_forgets_its_bookkeeping(hosted):
     groups.drop_group(GID)
     assert GID not in host.multi.groups and GID not in host.apps
     assert groups.leader(GID) is None and groups.status(GID) is None
+
+
+def test_an_entry_costs_one_fsync_its_commit_none(hosted):
+    host, groups, app, _ = hosted
+    before = host.storage.log.fsync_count
+    groups.propose(GID, b"once")
+    host.drain()
+    assert app.applied == [b"once"]
+    assert host.storage.log.fsync_count - before == 1  # the entry's; the commit index alone waits
+
+
+def test_on_a_running_loop_the_leaders_fsync_leaves_the_loop_and_the_ready_finishes_after_it(hosted):
+    host, groups, app, _ = hosted
+
+    async def scenario() -> list[bytes]:
+        groups.propose(GID, b"one")
+        groups.propose(GID, b"two")
+        host.drain()
+        assert app.applied == []  # the fsync is in the fsync thread: nothing applied on an unsynced write
+        host.drain()  # one fsync in flight at a time: this waits for it
+        for _ in range(1000):
+            if len(app.applied) == 2:
+                break
+            await asyncio.sleep(0.001)
+        return list(app.applied)
+
+    assert asyncio.run(scenario()) == [b"one", b"two"]
+
+
+def test_a_snapshot_too_large_for_one_log_record_is_refused_with_a_warning(hosted, caplog):
+    host, groups, app, _ = hosted
+    host._snapshot_bytes_max = 10
+    app.snapshot_due = lambda kept: True
+    app.snapshot = lambda: b"x" * 11
+    host.multi.groups[GID].cfg = RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1, seed=1,
+                                            snapshot_after_entries=1)
+    with caplog.at_level(logging.WARNING, logger="hutch.cluster"):
+        for i in range(4):
+            groups.propose(GID, b"e%d" % i)
+            host.drain()
+    assert not host.failed and app.applied == [b"e0", b"e1", b"e2", b"e3"]
+    assert host.storage.group(GID).first_index() == 1  # the log is kept whole
+    warnings = [r for r in caplog.records if "over the Raft log's record limit" in r.getMessage()]
+    assert len(warnings) == 1

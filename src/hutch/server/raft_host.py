@@ -4,7 +4,11 @@
 (`Ready`, then `Advance`): every Ready is made durable on the node's `RaftHostStorage` (one
 fsync for all groups) before its messages leave, then each group's committed entries are
 handed to that group's application (`GroupApp`), then the groups advance, and a group whose
-log grew long enough is compacted behind a snapshot of its application.
+log grew long enough is compacted behind a snapshot of its application. Three liberties that
+Raft allows, for speed: a leader's messages leave before its own fsync (it counts itself
+towards a commit only once its entries are durable); a Ready that only moves the commit index
+needs no fsync; and when this node leads every group that writes, the fsync runs in a thread
+while the event loop goes on, the Ready being finished when it is done (one in flight).
 
 It also tells its owner when a group other than the main (catalogue) group learns a leader
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
@@ -22,8 +26,10 @@ the entries mean (that is each `GroupApp`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import msgspec
@@ -33,6 +39,7 @@ from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
 from hutch.server import faults
+from hutch.store import StoreClosed, StoreError
 
 log = logging.getLogger("hutch.cluster")
 
@@ -107,15 +114,26 @@ class RaftHost:
         self._snapshot_refused: dict[Any, int] = {}
         # group -> (term, vote) of its last hard state known durable (missing: never synced here)
         self._durable_vote: dict[Any, tuple[int, Any]] = {}
+        # the Ready whose fsync runs in the fsync thread: (MultiReady, votes it makes durable,
+        # groups whose messages already went); at most one at a time
+        self._in_flight: tuple | None = None
+        self._fsync_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raft-fsync")
 
     # ------------------------------------------------------------ the Ready loop
 
     def drain(self, initial: bool = False) -> None:
         """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
-        at start, before the transport exists, nothing is sent."""
+        at start, before the transport exists, nothing is sent.
+
+        When this node leads every group that writes in the Ready, and on a running event loop,
+        the fsync runs in the host's fsync thread while the loop goes on (reading, routing,
+        appending the next proposals to the log); the Ready is finished when it is done
+        (`_fsynced`), and the next one covers everything appended meanwhile: one fsync in flight
+        at a time, group commit for all groups. Otherwise (a follower's writes, tests, the
+        node's start) the fsync is made here."""
         multi = self.multi
         durable = self._durable_vote
-        while not self.failed:
+        while not self.failed and self._in_flight is None:
             mr = multi.ready()
             if mr is None:
                 self._leadership()
@@ -126,56 +144,110 @@ class RaftHost:
             voted = [(gid, (rd.hard_state.term, rd.hard_state.vote)) for gid, rd in mr.groups
                      if rd.hard_state is not None and (rd.hard_state.term, rd.hard_state.vote) != durable.get(gid)]
             sync = bool(voted) or any(rd.entries or rd.snapshot is not None for _, rd in mr.groups)
-            sent_early = None
-            if sync and not initial:
-                sent_early = self._send_leaders_early(mr, {gid for gid, _ in voted})
-            if sync and not self._sync():
-                return  # nothing may be sent or applied on the strength of writes that may be lost
-            for gid, tv in voted:
-                durable[gid] = tv
+            sent_early: set[Any] = set()
+            if not sync:
+                if not self._finish(mr, voted, sent_early, initial):
+                    return
+                continue
             if not initial:
-                for gid, rd in mr.groups:
-                    if sent_early is not None and gid in sent_early:
-                        continue
-                    for m in rd.messages:
-                        peer = self.names.get(m.to)
-                        if peer is not None:
-                            self._send(peer, gid, rm.encode(m))
-            compact = []
-            for gid, rd in mr.groups:
-                app = self.apps.get(gid)
-                g = multi.groups.get(gid)
-                if app is None or g is None:
-                    continue
-                if rd.snapshot is not None and rd.snapshot.data:
-                    app.restore(rd.snapshot.data)
-                applied = g.applied
-                for e in rd.committed_entries:
-                    if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
-                        try:
-                            app.apply(e.data, e.index)
-                        except Exception:
-                            self._apply_failed(gid, e.index)
-                            return
-                if rd.snapshot_wanted:
-                    kept = g.applied - g.storage.first_index() + 1
-                    if kept >= self._snapshot_refused.get(gid, 0) and app.snapshot_due(kept):
-                        compact.append((gid, app))
-            multi.advance(mr)
-            compacted = False
-            for gid, app in compact:
-                g = multi.groups.get(gid)
-                if g is not None:
-                    data = app.snapshot()
-                    if len(data) > self._snapshot_bytes_max:
-                        self._snapshot_too_large(gid, len(data), g.applied - g.storage.first_index() + 1)
-                        continue
-                    self._snapshot_refused.pop(gid, None)
-                    g.compact(g.applied, data)
-                    multi.touched(gid)
-                    compacted = True
-            if compacted and not self._sync():
+                sent_early = self._send_leaders_early(mr, {gid for gid, _ in voted})
+            loop = _running_loop() if not initial and self._led_here(mr) else None
+            if loop is None:
+                if not self._sync() or not self._finish(mr, voted, sent_early, initial):
+                    return  # nothing may be sent or applied on the strength of writes that may be lost
+                continue
+            try:
+                faults.check_fsync()
+            except OSError as e:
+                self._disk_failed(e)
                 return
+            self._in_flight = (mr, voted, sent_early)
+            fut = loop.run_in_executor(self._fsync_thread, self.storage.log.sync)
+            fut.add_done_callback(self._fsynced)
+            return
+
+    def _led_here(self, mr: Any) -> bool:
+        """Whether every group of this Ready that writes to the log is led by this node. Only
+        then does the fsync leave the loop: a follower applies what its leader has committed
+        before it reads anything that came in after the commit (a client on a follower's node
+        reads the queue's counts from its own copy right after a confirm: they include it)."""
+        groups = self.multi.groups
+        for gid, rd in mr.groups:
+            if rd.entries or rd.snapshot is not None or rd.hard_state is not None:
+                g = groups.get(gid)
+                if g is not None and g.role != LEADER:
+                    return False
+        return True
+
+    def _fsynced(self, fut: Any) -> None:
+        """The fsync thread is done (on the loop): finish the Ready it made durable, then go on
+        with the next."""
+        mr, voted, sent_early = self._in_flight
+        self._in_flight = None
+        if self.failed:
+            return
+        try:
+            durable_seq = fut.result()
+        except StoreClosed:
+            return  # the node is stopping: its log was closed under the fsync
+        except (OSError, StoreError) as e:
+            self._disk_failed(e)
+            return
+        self.storage.settle(durable_seq)
+        if self._finish(mr, voted, sent_early, False):
+            self.drain()
+
+    def _finish(self, mr: Any, voted: list, sent_early: set[Any], initial: bool) -> bool:
+        """The rest of a Ready whose writes are durable: send, apply, advance, compact. False
+        when the host stopped (an entry could not be applied, the disk failed)."""
+        multi = self.multi
+        durable = self._durable_vote
+        for gid, tv in voted:
+            durable[gid] = tv
+        if not initial:
+            for gid, rd in mr.groups:
+                if gid in sent_early:
+                    continue
+                for m in rd.messages:
+                    peer = self.names.get(m.to)
+                    if peer is not None:
+                        self._send(peer, gid, rm.encode(m))
+        compact = []
+        for gid, rd in mr.groups:
+            app = self.apps.get(gid)
+            g = multi.groups.get(gid)
+            if app is None or g is None:
+                continue
+            if rd.snapshot is not None and rd.snapshot.data:
+                app.restore(rd.snapshot.data)
+            applied = g.applied
+            for e in rd.committed_entries:
+                if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
+                    try:
+                        app.apply(e.data, e.index)
+                    except Exception:
+                        self._apply_failed(gid, e.index)
+                        return False
+            if rd.snapshot_wanted:
+                kept = g.applied - g.storage.first_index() + 1
+                if kept >= self._snapshot_refused.get(gid, 0) and app.snapshot_due(kept):
+                    compact.append((gid, app))
+        multi.advance(mr)
+        compacted = False
+        for gid, app in compact:
+            g = multi.groups.get(gid)
+            if g is not None:
+                data = app.snapshot()
+                if len(data) > self._snapshot_bytes_max:
+                    self._snapshot_too_large(gid, len(data), g.applied - g.storage.first_index() + 1)
+                    continue
+                self._snapshot_refused.pop(gid, None)
+                g.compact(g.applied, data)
+                multi.touched(gid)
+                compacted = True
+        # a compaction's snapshot record is synced here: it is rare, and what it releases must
+        # not go before the record replacing it is durable
+        return not compacted or self._sync()
 
     def _send_leaders_early(self, mr: Any, voted: set[Any]) -> set[Any]:
         """Send the messages of the groups this node leads before the fsync, as Raft allows a
@@ -198,15 +270,20 @@ class RaftHost:
         return sent
 
     def _sync(self) -> bool:
-        """One fsync of every group's log; False (and the node stopping) when the disk failed."""
+        """One fsync of every group's log, here; False (and the node stopping) when the disk failed."""
         try:
             faults.check_fsync()
             self.storage.sync()
             return True
-        except OSError as e:
-            self.failed = True
-            self._fatal(f"Raft log fsync failed: {e}")
+        except StoreClosed:
+            return False  # the node is stopping
+        except (OSError, StoreError) as e:
+            self._disk_failed(e)
             return False
+
+    def _disk_failed(self, e: BaseException) -> None:
+        self.failed = True
+        self._fatal(f"Raft log fsync failed: {e}")
 
     def _snapshot_too_large(self, gid: Any, size: int, kept: int) -> None:
         """A snapshot that cannot be one record of the log: the group keeps its whole log, and
@@ -332,6 +409,13 @@ class RaftHost:
         self._durable_vote.pop(gid, None)
         self._leading.discard(gid)
         self._leaders.pop(gid, None)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class QueueGroups:
