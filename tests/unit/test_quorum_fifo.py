@@ -422,6 +422,28 @@ def test_an_expired_message_is_not_delivered_to_a_new_consumer():
     assert bodies(eff) == [b"new"] and of(eff, DeadLetter)[0].messages[0].body == b"old"
 
 
+def test_times_kept_from_boot_clocks_are_moved_when_epoch_time_arrives_so_nothing_runs_out():
+    """An upgrade: the state was built by nodes counting from their host's boot (older hutch);
+    the first command from a node counting from the epoch moves every time by the same amount."""
+    s = queue(message_ttl_ms=60_000, expires_ms=120_000)
+    s.apply(enq("a", now_ms=5_000))  # expires at 65 s of that clock
+    s.apply(enq("b", now_ms=35_000))  # 95 s
+    epoch = 1_800_000_000_000
+    assert s.apply(Tick(epoch)) == [] and s.messages_ready == 2  # 35 s in: nothing expired, queue in use
+    assert s.apply(Tick(epoch + 29_999)) == []
+    (dl,) = of(s.apply(Tick(epoch + 30_000)), DeadLetter)  # "a" had 30 s left
+    assert [m.body for m in dl.messages] == [b"a"] and s.messages_ready == 1
+    # unused since its first command at 5 s (publishes do not count): 120 s from then
+    assert QueueExpired() not in s.apply(Tick(epoch + 89_999))
+    assert QueueExpired() in s.apply(Tick(epoch + 90_000))
+
+
+def test_a_clock_already_counting_from_the_epoch_is_never_moved():
+    s = queue(message_ttl_ms=1000)
+    s.apply(enq("a", now_ms=1_800_000_000_000))
+    assert of(s.apply(Tick(1_800_000_001_000)), DeadLetter)
+
+
 def test_get_does_not_return_an_expired_message():
     s = queue(message_ttl_ms=50)
     s.apply(enq("old", now_ms=0))

@@ -55,6 +55,8 @@ EXPIRED = "expired"
 MAXLEN = "maxlen"
 REJECTED = "rejected"
 DELIVERY_LIMIT = "delivery_limit"
+# 2001-09-09 in ms since the epoch: a clock below it counted from a host's boot (older hutch)
+EPOCH_MS_MIN = 1_000_000_000_000
 
 # Limits (every collection the state holds is bounded, or bounded by the messages it holds).
 CONSUMERS_MAX = 10_000  # consumer records, counting basic.get holders; more are cancelled/refused
@@ -515,6 +517,8 @@ class QuorumQueueState:
         effects: list[Effect] = []
         now_ms = getattr(cmd, "now_ms", 0)
         if now_ms > self.clock_ms:
+            if 0 < self.clock_ms < EPOCH_MS_MIN <= now_ms:
+                self._rebase_times(now_ms - self.clock_ms)
             self.clock_ms = now_ms
         if self.last_used_ms is None:
             self.last_used_ms = self.clock_ms
@@ -522,6 +526,17 @@ class QuorumQueueState:
         if not self.deleted:
             self._evaluate_limit()
         return effects
+
+    def _rebase_times(self, delta_ms: int) -> None:
+        """State kept by nodes that counted time from their host's boot meets a node that counts
+        from the epoch (hutch.server.clock): move every time it holds by the same amount, so TTLs
+        and x-expires keep what was left of them instead of all running out at once."""
+        for e in (*self.queue.ready(), *self.queue.unacked.values(), *self.dlx_pending.values()):
+            if e.expires_at_ms is not None:
+                e.expires_at_ms += delta_ms
+        if self.last_used_ms is not None:
+            self.last_used_ms += delta_ms
+        self.clock_ms += delta_ms
 
     def apply_bytes(self, data: bytes) -> list[Effect]:
         """Apply a committed log entry's data (the leader's empty no-op entry applies nothing)."""
