@@ -7,15 +7,17 @@ Every operation is a command proposed to the queue's leader through the host
 (`hutch.quorum.host`); acknowledgements are batched per consumer and proposed once per loop
 iteration (`flush`), at most `IDS_PER_COMMAND_MAX` message ids per command.
 
-Credit ahead. A consumer with a prefetch registers in the state machine with `CREDIT_AHEAD`
-more than its prefetch, and the deliveries beyond what its channel can take now wait here,
-in order (`_held`). An ack frees the client's credit at once: the next message goes out from
+Credit ahead. A consumer with a prefetch registers in the state machine with a credit larger
+than its prefetch (`credit_ahead`), and the deliveries beyond what its channel can take now
+wait here, in order (`_held`). An ack frees the client's credit at once: the next message goes out from
 here in the same loop iteration, while the settle travels through the Raft log and the
 leader sends more. Without it a consumer gets at most prefetch messages per commit round
 trip (acks go through the log as publishes do), so a small prefetch starved it. What is held
 is checked out to the consumer in the state machine; when the consumer is cancelled it is
 returned, counted as a delivery (`x-delivery-count` one more, `redelivered` set), which
-AMQP allows for any message the client may have seen.
+AMQP allows for any message the client may have seen. While held, a message is not given to
+another consumer of the queue: the ahead is a multiple of the prefetch (8, within 64..1,024) so
+that a consumer asking for few messages at a time holds few.
 
 Must never: touch a channel or a connection (deliveries go out through the host's port), do
 I/O, or import anything from `hutch.broker` or above.
@@ -45,8 +47,17 @@ from hutch.quorum import fifo
 
 IDS_PER_COMMAND_MAX = min(1000, fifo.MSG_IDS_PER_COMMAND_MAX)  # msg ids per settle/return/discard
 # Deliveries a consumer with a prefetch may have on its way beyond it, held on its node until
-# its channel can take them (see the module's paragraph); each holds a message body in memory.
-CREDIT_AHEAD = 256
+# its channel can take them (see the module's paragraph): CREDIT_AHEAD_PER_PREFETCH times its
+# prefetch, within [CREDIT_AHEAD_MIN, CREDIT_AHEAD_MAX]. Each holds a message body in memory,
+# and is not given to another consumer of the queue while it waits there.
+CREDIT_AHEAD_PER_PREFETCH = 8
+CREDIT_AHEAD_MIN = 64
+CREDIT_AHEAD_MAX = 1024
+
+
+def credit_ahead(prefetch: int) -> int:
+    """How many deliveries a consumer with this prefetch may have held on its node."""
+    return min(CREDIT_AHEAD_MAX, max(CREDIT_AHEAD_MIN, CREDIT_AHEAD_PER_PREFETCH * prefetch))
 
 QUORUM = register(QueueType("quorum", (SINGLE_ACTIVE_CONSUMER, REPLICATED)))
 
@@ -101,7 +112,7 @@ class QuorumQueue:
         self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
         self._ops: dict[tuple[str, str], list[int]] = {}
         # consumer id -> deliveries its channel could not take yet, oldest first; at most
-        # CREDIT_AHEAD each (the state machine's credit for it is its prefetch plus that)
+        # credit_ahead(prefetch) each (the state machine's credit for it is its prefetch plus that)
         self._held: dict[str, deque[tuple]] = {}
         self.machine: Any = None  # the QuorumQueueState when this node is a member
         self.reported = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
@@ -290,7 +301,7 @@ class QuorumQueue:
             raise not_implemented_global_qos(self)  # as RabbitMQ 3.10: a connection error
         c.ref = consumer_id = self.host.owner_id()
         self.add_consumer(c)
-        credit = c.prefetch + CREDIT_AHEAD if c.prefetch and not c.no_ack else c.prefetch
+        credit = c.prefetch + credit_ahead(c.prefetch) if c.prefetch and not c.no_ack else c.prefetch
         return self._propose(fifo.Checkout(consumer_id, c.tag, credit, c.priority, c.no_ack, self.host.now_ms()),
                              reply, lambda _r: None, undo=lambda: self.remove_consumer(c))
 
