@@ -471,8 +471,10 @@ def test_000_nodes_policy_change_moves_the_leader_once_a_listed_mirror_is_synchr
     assert ctl(cluster, 0, "clear_policy", "ha-move").returncode == 0
 
 
-def test_000_a_restarting_mirror_rejoins_empty_and_unsynchronised():
-    with HutchCluster(n=3) as cluster:
+def test_000_a_restarting_mirror_rejoins_empty_and_unsynchronised(tmp_path):
+    conf = tmp_path / "hutch.conf"  # RabbitMQ's behaviour: hutch's mirrors remember by default
+    conf.write_text("mirroring_recover_from_disk = false\n")
+    with HutchCluster(n=3, extra_args=["--config", str(conf)]) as cluster:
         c = mirrored_everywhere(cluster, "ha.restart", definition='{"ha-mode":"all"}')
         publish_confirmed(c, "ha.restart", [b"%d" % i for i in range(30)])
         cluster.kill(2)

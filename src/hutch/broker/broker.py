@@ -110,6 +110,7 @@ class Config:
     mirroring_sync_batch_size: int = 4096  # messages per sync batch unless ha-sync-batch-size says
     mirroring_sync_max_throughput: int = 0  # bytes/s a sync may send (0: no limit)
     mirroring_sync_background: bool = False  # hutch's own: syncs keep the queue serving (ha-sync-background)
+    mirroring_recover_from_disk: bool = True  # hutch's own: a mirror of a durable queue keeps its copy on disk
     # disk-first classic queues: ready messages a queue keeps in memory before new ones are paged
     classic_queue_memory_window_messages: int = WINDOW_MESSAGES_DEFAULT
     classic_queue_memory_window_bytes: int = WINDOW_BYTES_DEFAULT

@@ -20,6 +20,19 @@ live until the earlier segment is deleted. Guards always point back, so segments
 each other in a cycle. Recovery replays the log: every E without a matching A or P is a message
 still queued, `redelivered` if a V was seen.
 
+A mirror of a durable mirrored queue (hutch.mirror.mirror) keeps the persistent messages of its
+copy in the same log, in a namespace of its own: records of kinds that no queue writes, keyed
+by a copy id (random, one per copy) rather than by a queue's journal id:
+
+    MH header    [copy id, vhost, queue, queue's journal id, leader's epoch]
+    ME enqueue   [copy id, exchange, routing key, properties, body, leader seq, priority,
+                  expiration ms, expires at ms]
+    MP removed   [copy id, [record seqs]]   messages (or the header) that left the copy
+
+MP records guard the ME records they name as A/P guard E records. Recovery collects every copy
+whose header survives (`mirror_copies`, by vhost and queue); the mirror claims its own with
+`take_mirror_copy`, and copies nobody claims are dropped with `drop_mirror_copy`.
+
 Disk-first queues (hutch.queues.paging) keep only the E record's seq of a paged persistent
 message and read the message back with `read_enqueue` (the segment log checks its CRC); at
 boot `recover_refs` returns each surviving message as its seq, size and flags, without its
@@ -68,6 +81,20 @@ class RecoveredMessage:
     delivered: bool
 
 
+@dataclass
+class MirrorCopy:
+    """A mirror's copy as recovered: its header and its surviving messages (ME records, decoded,
+    by record seq in log order)."""
+
+    copy_id: int
+    header_seq: int
+    vhost: str
+    name: str
+    queue_journal_id: int
+    epoch: int
+    items: dict[int, list]
+
+
 class Unreadable(Exception):
     """A stored message could not be read back: its record is corrupt, gone, or not a message."""
 
@@ -102,6 +129,7 @@ class Journal:
         self.appended = 0
         self.synced_seq = self.log.durable_seq
         self._deleted_at_collect = self.log.segments_deleted
+        self.mirror_copies: dict[tuple[str, str], MirrorCopy] = {}  # recovered, not claimed yet
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, name="journal-compactor", daemon=True)
 
@@ -142,6 +170,42 @@ class Journal:
             v = self._delivered.pop(s, None)
             if v is not None:
                 self._guard(v, [s])
+
+    # ---------------------------------------------------------------- mirror copies
+
+    def mirror_header(self, copy_id: int, vhost: str, name: str, queue_journal_id: int, epoch: int) -> int:
+        return self.log.append(_enc.encode(("MH", copy_id, vhost, name, queue_journal_id, epoch)), copy_id)
+
+    def mirror_enqueue(self, copy_id: int, exchange: str, routing_key: str, props: bytes, body: bytes, seq: int,
+                       priority: int, expiration_ms: int | None, expires_at_ms: int | None) -> int:
+        self.appended += 1
+        return self.log.append(_enc.encode(("ME", copy_id, exchange, routing_key, props, body, seq, priority,
+                                            expiration_ms, expires_at_ms)), copy_id)
+
+    def mirror_removed(self, copy_id: int, record_seqs: list[int]) -> None:
+        """These ME records (or a header) left the copy: one MP record guards them all."""
+        if not record_seqs:
+            return
+        p = self.log.append(_enc.encode(("MP", copy_id, record_seqs)), copy_id)
+        for s in record_seqs:
+            self.log.release(s)
+        self._guard(p, list(record_seqs))
+
+    def take_mirror_copy(self, vhost: str, name: str) -> MirrorCopy | None:
+        return self.mirror_copies.pop((vhost, name), None)
+
+    def shelve_mirror_copy(self, copy_id: int, header_seq: int, vhost: str, name: str, queue_journal_id: int,
+                           epoch: int, items: dict[int, list]) -> None:
+        """A running mirror's copy goes back among the recovered ones (its node stopped mirroring
+        the queue; a mirror made again may take it). It replaces an older one of the queue."""
+        old = self.mirror_copies.pop((vhost, name), None)
+        if old is not None:
+            self.drop_mirror_copy(old)
+        self.mirror_copies[(vhost, name)] = MirrorCopy(copy_id, header_seq, vhost, name, queue_journal_id, epoch, items)
+
+    def drop_mirror_copy(self, copy: MirrorCopy) -> None:
+        self.mirror_removed(copy.copy_id, [*copy.items, copy.header_seq])
+        copy.items = {}
 
     def _guard(self, g: int, deps: list[int]) -> None:
         """Release the guard record g now if its released E records share its segment (or are
@@ -239,6 +303,7 @@ class Journal:
         pending: dict[int, Any] = {}
         settles: list[tuple[int, int, list[int]]] = []  # (record seq, queue, E seqs)
         dead: list[int] = []
+        copies: dict[int, MirrorCopy] = {}
         for rec in self.log.replay():
             try:
                 item = _dec.decode(rec.payload)
@@ -279,6 +344,40 @@ class Journal:
                     if v is not None:
                         settles.append((v, qid, [s]))
                 settles.append((rec.seq, qid, list(item[2])))
+            elif kind == "ME":
+                c = copies.get(qid)
+                if c is None:
+                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, {})
+                c.items[rec.seq] = item
+            elif kind == "MH":
+                c = copies.get(qid)
+                if c is None:
+                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, {})
+                if c.header_seq:  # a newer header replaces the older (which the mirror released)
+                    dead.append(c.header_seq)
+                c.header_seq, c.vhost, c.name, c.queue_journal_id, c.epoch = rec.seq, item[2], item[3], item[4], item[5]
+            elif kind == "MP":
+                c = copies.get(qid)
+                for s in item[2]:
+                    if c is not None:
+                        if c.items.pop(s, None) is not None:
+                            dead.append(s)
+                        elif s == c.header_seq:
+                            c.header_seq = 0
+                            dead.append(s)
+                settles.append((rec.seq, qid, list(item[2])))
+        self.mirror_copies = {}
+        for c in copies.values():
+            if not c.header_seq:  # its header was removed: the copy was dropped
+                dead.extend(c.items)
+                continue
+            old = self.mirror_copies.get((c.vhost, c.name))
+            if old is not None:  # two copies of one queue: the later one counts
+                if old.header_seq > c.header_seq:
+                    old, c = c, old
+                dead.extend(old.items)
+                dead.append(old.header_seq)
+            self.mirror_copies[(c.vhost, c.name)] = c
         for s in dead:
             if self.log.is_live(s):
                 self.log.release(s)
@@ -408,5 +507,5 @@ class ScratchLog:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-__all__ = ["Journal", "RecoveredMessage", "ScratchLog", "Unreadable", "REF_DELIVERED", "REF_EXPIRATION",
+__all__ = ["Journal", "MirrorCopy", "RecoveredMessage", "ScratchLog", "Unreadable", "REF_DELIVERED", "REF_EXPIRATION",
            "REF_SIZE_MASK"]

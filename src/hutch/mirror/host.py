@@ -50,7 +50,7 @@ import msgspec
 from hutch.amqp import codec, spec
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
-from hutch.mirror.leader import Leader, MirrorInfo
+from hutch.mirror.leader import Leader, MirrorInfo, new_epochs
 from hutch.mirror.mirror import Mirror
 from hutch.mirror.names import node_of
 from hutch.mirror.placement import MirrorParams
@@ -62,6 +62,9 @@ if TYPE_CHECKING:
     from hutch.queues.classic import ClassicQueue
 
 log = logging.getLogger("hutch.mirroring")
+
+FORGET, SHELVE, KEEP = "forget", "shelve", "keep"  # what drop_mirror does with the mirror's copy on disk
+UNCLAIMED_COPY_S = 60.0  # a mirror's copy recovered from disk that no mirror here claims by then is dropped
 
 
 class MirrorCluster(Protocol):
@@ -94,6 +97,7 @@ class MirrorHost:
         self.token: tuple[str, int] = ("", 0)  # the publish being enqueued (set by the cluster)
         self._ids = 0
         self._touched = False
+        self._unclaimed: dict[tuple[str, str], float] = {}  # copies on disk nobody took, since when
         self.now: Callable[[], float] = lambda: self.broker.now_ms() / 1000
 
     def new_member_id(self) -> str:
@@ -114,14 +118,15 @@ class MirrorHost:
         m = self.mirrors.get(key)
         if mirrored_here:
             if m is None:
-                m = self.mirrors[key] = Mirror(self, rec.vhost, rec.name, rec.leader_node)
+                m = self.mirrors[key] = Mirror(self, rec.vhost, rec.name, rec.leader_node, rec.durable,
+                                               rec.journal_id if rec.durable else 0)
                 m.start(self.now())
             elif m.leader_node != rec.leader_node:
                 m.leader_node = rec.leader_node  # promotion elsewhere: same ring, new leader
                 m.promoting = False
                 m.leader_dead = False
         elif m is not None and not (rec.leader_node == self.node and m.wants_lead):
-            self.drop_mirror(m)
+            self.drop_mirror(m, copy=SHELVE)  # it may come back here: a mirror made then takes the copy
         if rec.leader_node == self.node and q.local:
             self.ensure_leader(q, bool(rec.member_nodes))
 
@@ -134,8 +139,8 @@ class MirrorHost:
         elif not mirrored and ld is not None:
             self.drop_leader(ld)
 
-    def _attach(self, q: ClassicQueue, member: gm.GMMember) -> Leader:
-        ld = Leader(self, q, member)
+    def _attach(self, q: ClassicQueue, member: gm.GMMember, epochs: list | None = None) -> Leader:
+        ld = Leader(self, q, member, epochs)
         q.mirror = ld
         self.leaders[(q.vhost, q.name)] = ld
         self.members[member.id] = ld
@@ -151,9 +156,16 @@ class MirrorHost:
         if ld.q.mirror is ld:
             ld.q.mirror = None
 
-    def drop_mirror(self, m: Mirror) -> None:
+    def drop_mirror(self, m: Mirror, copy: str) -> None:
+        """Leave the ring. Its copy on disk: FORGET (the queue is gone), SHELVE (this node no
+        longer mirrors it: the copy waits for a mirror made here again, UNCLAIMED_COPY_S at
+        most), KEEP (a controlled shutdown: the node recovers it at boot)."""
         if self.mirrors.get((m.vhost, m.name)) is m:
             del self.mirrors[(m.vhost, m.name)]
+        if copy == FORGET:
+            m.forget_copy()
+        elif copy == SHELVE:
+            m.shelve_copy()
         member = m.member
         if member is not None:
             member.leave()
@@ -166,7 +178,7 @@ class MirrorHost:
             self.drop_leader(ld, deleted=True)
         m = self.mirrors.get((vhost, name))
         if m is not None:
-            self.drop_mirror(m)
+            self.drop_mirror(m, copy=FORGET)
 
     # ---------------------------------------------------------------- becoming leader
 
@@ -197,6 +209,8 @@ class MirrorHost:
         q.ever_consumed = bool(cur is not None and getattr(cur, "local_consumers", None))
         st = q.state
         routes: dict[tuple[str, str], bytes] = {}
+        if m.replica.recovered_epoch:  # its copy from disk was never reconciled: only what came since counts
+            m.replica.forget_unreconciled()
         for e in m.replica.in_order():
             rk = (e.exchange, e.routing_key)
             route = routes.get(rk)
@@ -212,9 +226,10 @@ class MirrorHost:
             if e.expires_at_ms is not None:
                 b.ttl_queues.add(q)
         st.next_seq = max(st.next_seq, m.replica.max_seq + 1)
+        m.forget_copy()  # the queue's own journal has the messages now
         view = m.replica.view
         del self.mirrors[key]
-        ld = self._attach(q, m.member)
+        ld = self._attach(q, m.member, new_epochs(m.replica.epochs, st.next_seq))
         ld.recent_tokens = m.replica.tokens
         my_since = 0
         viewed = view.mirrors if view is not None else ()
@@ -280,6 +295,22 @@ class MirrorHost:
     def tick(self, now: float) -> None:
         for ld in list(self.leaders.values()):
             ld.tick(now)
+        journal = self.broker.journal
+        if journal is not None and (journal.mirror_copies or self._unclaimed):
+            unclaimed = self._unclaimed
+            for key in list(unclaimed):
+                if key not in journal.mirror_copies:
+                    del unclaimed[key]
+            for key in journal.mirror_copies:
+                if key not in unclaimed:
+                    unclaimed[key] = now
+                elif now - unclaimed[key] >= UNCLAIMED_COPY_S and key not in self.mirrors:
+                    del unclaimed[key]
+                    copy = journal.take_mirror_copy(*key)
+                    log.info("Mirrored queue '%s' in vhost '%s': this node no longer mirrors it; discarding the "
+                             "mirror's copy of %d messages on disk", key[1], key[0], len(copy.items))
+                    journal.drop_mirror_copy(copy)
+                    break  # the dict changed; the next tick goes on
         for m in list(self.mirrors.values()):
             if m.member is None:
                 m.start(now)
@@ -310,11 +341,14 @@ class MirrorHost:
 
     # ---------------------------------------------------------------- calls from other nodes
 
-    def leader_member(self, vhost: str, name: str) -> list:
+    def leader_member(self, vhost: str, name: str, member: str = "", epoch: int = 0, ranges: Any = ()) -> list:
+        """The leader's GM member for a mirror to join, the leader's epochs, and whether it takes
+        the copy the mirror recovered from disk (`member` it will join as, its `epoch`, `ranges`)."""
         ld = self.leaders.get((vhost, name))
         if ld is None or ld.gm.status != gm.MEMBER:
             return [spec.NOT_FOUND, f"queue '{name}' in vhost '{vhost}' is not led by a mirrored queue here"]
-        return [200, ld.gm.id]
+        accepted = bool(member) and ld.recovery_report(str(member), int(epoch), list(ranges))
+        return [200, ld.gm.id, ld.epochs, accepted]
 
     def sync_action(self, vhost: str, name: str, action: str) -> list:
         ld = self.leaders.get((vhost, name))
@@ -340,7 +374,7 @@ class MirrorHost:
         for ld in list(self.leaders.values()):
             self.drop_leader(ld)
         for m in list(self.mirrors.values()):
-            self.drop_mirror(m)
+            self.drop_mirror(m, copy=KEEP)
 
     def after_all_stable(self, fn: Callable[[Any], None], arg: Any) -> None:
         """fn(arg) once every queue led here has passed everything so far to its mirrors."""

@@ -12,13 +12,26 @@ leader's host (`hutch.mirror.host.MirrorHost`) owns it. Must never: import anyth
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hutch.mirror import gm
 from hutch.mirror.names import node_of, qname
 from hutch.mirror.placement import AUTOMATIC, MirrorParams
-from hutch.mirror.replica import Backlog, CheckedOut, Deleted, Enqueued, MirrorView, Removed, View, encode_ops
+from hutch.mirror.replica import (
+    Backlog,
+    CheckedOut,
+    Deleted,
+    Enqueued,
+    MirrorView,
+    Recovered,
+    Removed,
+    View,
+    encode_ops,
+    in_ranges,
+    to_ranges,
+)
 from hutch.mirror.sync import SyncJob
 from hutch.queues.state import Entry
 
@@ -33,21 +46,37 @@ SYNC_INFLIGHT = 64  # sync batches in the ring at once
 SYNC_PROGRESS_S = 1.0
 
 
+EPOCHS_KEPT = 8  # a leader's epochs a mirror's copy from disk may belong to
+RECOVERY_REPORTS_MAX = 64  # mirrors' reports of their copies kept until they join
+
+
+def new_epochs(epochs: list | None = None, first_seq: int = 0) -> list:
+    """The epochs of a leader that starts numbering afresh (None), or that was promoted and goes
+    on from `first_seq`: a mirror's copy of an earlier epoch is good below its successor's first
+    seq only (beyond it the lost leader may have given seqs to messages nobody else saw)."""
+    epoch = [int.from_bytes(os.urandom(8), "big") >> 1 or 1, first_seq]
+    return [*(epochs or [])[-(EPOCHS_KEPT - 1):], epoch]
+
+
 class MirrorInfo:
-    __slots__ = ("member", "node", "since", "order")
+    __slots__ = ("member", "node", "since", "order", "has", "recovered")
 
     def __init__(self, member: str, node: str, since: int, order: int):
         self.member = member
         self.node = node
         self.since = since  # the mirror holds every message from this sequence number on
         self.order = order  # join order: lower is longer-running
+        self.has: set[int] | None = None  # and, below `since`, these (a copy it recovered from disk)
+        self.recovered = 0  # how many messages its copy from disk gave it
 
 
 class Leader:
     """The leader side of one mirrored queue, attached to its ClassicQueue as `q.mirror`."""
 
-    def __init__(self, host: Any, q: ClassicQueue, member: gm.GMMember):
+    def __init__(self, host: Any, q: ClassicQueue, member: gm.GMMember, epochs: list | None = None):
         self.host = host
+        self.epochs = [list(e) for e in epochs] if epochs else new_epochs()  # [epoch, first seq], oldest first
+        self.recovery_reports: dict[str, tuple[list[int], int | None]] = {}  # member -> (ranges, good below)
         self.q = q
         self.gm = member
         self.ops: list = []  # hutch.mirror.replica operations not yet broadcast
@@ -148,8 +177,11 @@ class Leader:
             if m == self.gm.id or m in self.mirrors:
                 continue
             self._order += 1
-            self.mirrors[m] = MirrorInfo(m, node_of(m), q.state.next_seq, self._order)
+            info = self.mirrors[m] = MirrorInfo(m, node_of(m), q.state.next_seq, self._order)
             log.info("%s: Adding mirror on node %s: %s", qname(q), node_of(m), m)
+            report = self.recovery_reports.pop(m, None)
+            if report is not None:
+                self._reconcile(info, *report)
         dead = [m for m in ev.deaths if m in self.mirrors]
         if dead:
             for m in dead:
@@ -160,6 +192,46 @@ class Leader:
             self.start_sync()
         if self.sync is not None:
             self.sync.members_changed()
+
+    # ---------------------------------------------------------------- mirrors that remember
+
+    def recovery_report(self, member: str, epoch: int, ranges: list[int]) -> bool:
+        """A mirror about to join as `member` recovered a copy of `epoch` holding `ranges`: take
+        it (True) if the epoch is one of ours; the copy is reconciled when the mirror joins."""
+        for i, (e, _first) in enumerate(self.epochs):
+            if e == epoch:
+                good_below = self.epochs[i + 1][1] if i + 1 < len(self.epochs) else None
+                reports = self.recovery_reports
+                reports[member] = (ranges, good_below)
+                while len(reports) > RECOVERY_REPORTS_MAX:
+                    del reports[next(iter(reports))]
+                return True
+        return False
+
+    def _reconcile(self, info: MirrorInfo, ranges: list[int], good_below: int | None) -> None:
+        """The mirror `info` joined with a copy from disk: what it holds that the queue still has
+        counts; the rest it drops (a Recovered operation, in order with everything else)."""
+        st = self.q.state
+        live = {e.seq for e in st.ready()}
+        live.update(st.unacked)
+        keep: set[int] = set()
+        drop: list[int] = []
+        for seq in in_ranges(ranges):
+            if seq in live and (good_below is None or seq < good_below):
+                keep.add(seq)
+            else:
+                drop.append(seq)
+        self.ops.append(Recovered(info.member, tuple(to_ranges(drop))))
+        info.has = keep
+        info.recovered = len(keep)
+        if all(seq in keep for seq in live if seq < info.since):
+            info.since = 0  # it lacks nothing: synchronised as soon as it has the Recovered operation
+            info.has = None
+        log.info("%s: Mirror on node %s recovered %d messages from disk (%d of them gone from the queue)",
+                 qname(self.q), info.node, len(keep), len(drop))
+
+    def lacks(self, m: MirrorInfo, seq: int) -> bool:
+        return seq < m.since and (m.has is None or seq not in m.has)
 
     # ---------------------------------------------------------------- synchronisation state
 

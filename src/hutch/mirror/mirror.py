@@ -1,17 +1,30 @@
 """A mirror of a mirrored queue on this node (`Mirror`): a GM member that joined the leader's
 ring, a `Replica` built from the leader's operations, and the promotion decision when the
 leader dies (seed 000, "Promotion"). Must never: import anything from `hutch.broker` or above.
+
+Mirrors that remember (hutch's own, `mirroring_recover_from_disk`, on by default): a mirror of
+a durable queue writes the persistent messages of its copy to its node's message journal, under
+a copy id of its own with a header naming the queue (its journal id, new on every declare) and
+the leader's epoch (a random id of the leader's sequence numbers, new when a leader starts a
+queue afresh or from its own journal, and on every promotion, which keeps the numbers). After
+its node restarts the mirror takes its copy back and, when it asks the leader's node which
+member to join, reports the copy: its epoch and its seqs as ranges. A leader that knows the
+epoch (its own, or one of the few before it) accepts; once the mirror has joined it tells it
+which of those seqs to drop (`Recovered`) and synchronises only what the copy lacks. A copy of
+another queue or of an unknown epoch is discarded and the mirror starts empty, as RabbitMQ's
+always does. Transient messages and non-durable queues are never written.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
 from hutch.mirror.placement import ALWAYS, WHEN_SYNCED
-from hutch.mirror.replica import Replica, decode_ops
+from hutch.mirror.replica import MirrorEntry, Replica, SyncItem, decode_ops
 
 log = logging.getLogger("hutch.mirroring")
 
@@ -26,12 +39,21 @@ PROMOTE_RETRY_S = 1.0
 class Mirror:
     """A mirror of a queue led by another node: its GM member and its replica."""
 
-    def __init__(self, host: Any, vhost: str, name: str, leader_node: str):
+    def __init__(self, host: Any, vhost: str, name: str, leader_node: str, durable: bool = False,
+                 queue_journal_id: int = 0):
         self.host = host
         self.vhost = vhost
         self.name = name
         self.leader_node = leader_node
-        self.replica = Replica()
+        config = host.broker.config
+        self.persists = durable and bool(queue_journal_id) and config.mirroring_recover_from_disk
+        self.queue_journal_id = queue_journal_id
+        self.copy_id = 0  # the copy's id in the journal (0: nothing on disk)
+        self.header_seq = 0
+        self.epoch = 0  # the leader epoch the copy on disk belongs to
+        self.claimed = False  # looked for a copy recovered from disk
+        self.joining_as = ""
+        self.replica = Replica(self.persists)
         self.member: gm.GMMember | None = None
         self.leader_member: str | None = None
         self.leader_dead = False
@@ -49,10 +71,20 @@ class Mirror:
         """Ask the leader node for its member, then join the ring after it."""
         if self.asking or self.member is not None or now < self.retry_at:
             return
+        if not self.claimed and not self._claim():
+            return
         if not self.host.cluster.is_up(self.leader_node):
             return
         self.asking = True
-        self.host.cluster.call(self.leader_node, "gmid", [self.vhost, self.name], self._got_leader)
+        self.joining_as = self.host.new_member_id()
+        args = [self.vhost, self.name]
+        if self.copy_id and self.replica.entries:
+            self.replica.recovered_epoch = self.epoch
+            ranges = self.replica.held_ranges()
+            self.replica.unreconciled = set(self.replica.entries)
+            self.persist()
+            args += [self.joining_as, self.epoch, ranges]
+        self.host.cluster.call(self.leader_node, "gmid", args, self._got_leader)
 
     def _got_leader(self, result) -> None:
         self.asking = False
@@ -63,16 +95,121 @@ class Mirror:
             return
         self.leader_member = result[1]
         self.leader_dead = False
-        self.replica = Replica()  # a (re)starting mirror starts empty
-        self.member = gm.GMMember.joiner(self.host.new_member_id(), via=result[1])
+        epochs = list(result[2]) if len(result) > 2 else []
+        if not (len(result) > 3 and result[3]):
+            self._start_copy(epochs)  # a (re)starting mirror starts empty, unless its copy was accepted
+        self.replica.epochs = epochs
+        self.replica.member = self.joining_as
+        self.member = gm.GMMember.joiner(self.joining_as, via=result[1])
         self.host.members[self.member.id] = self
         self.host.touched()
+
+    # ---------------------------------------------------------------- the copy on disk
+
+    def _claim(self) -> bool:
+        """Take this queue's copy recovered from disk, if any (False: storage is not open yet)."""
+        journal = self.host.broker.journal
+        if journal is None:
+            return not self.persists  # the catalogue comes back before storage opens: wait for it
+        self.claimed = True
+        copy = journal.take_mirror_copy(self.vhost, self.name)
+        if copy is None:
+            return True
+        if not self.persists or copy.queue_journal_id != self.queue_journal_id:
+            if copy.items:
+                log.info("Mirrored queue '%s' in vhost '%s': discarding the mirror's copy of %d messages on disk (%s)",
+                         self.name, self.vhost, len(copy.items),
+                         "mirroring_recover_from_disk is off" if not self.persists else "the queue was declared anew")
+            journal.drop_mirror_copy(copy)
+            return True
+        r = self.replica
+        for log_seq, item in copy.items.items():
+            # [kind, copy id, exchange, routing key, props, body, seq, priority, expiration, expires at]
+            e = MirrorEntry(SyncItem(item[6], item[2], item[3], item[4], item[5], True, item[7], item[8], item[9], 1),
+                            1)  # delivered or not while it was away: promoted, it comes back redelivered
+            e.log_seq = log_seq
+            r.restore(e)
+        self.copy_id, self.header_seq, self.epoch = copy.copy_id, copy.header_seq, copy.epoch
+        log.info("Mirrored queue '%s' in vhost '%s': recovered %d messages of the mirror's copy from disk",
+                 self.name, self.vhost, len(r.entries))
+        return True
+
+    def _start_copy(self, epochs: list) -> None:
+        """Start empty: forget any copy on disk and, if this mirror persists, begin a new one."""
+        dropped = len(self.replica.entries)
+        self.forget_copy()
+        if dropped and self.persists:
+            log.info("Mirrored queue '%s' in vhost '%s': the leader does not know the epoch of the mirror's copy; "
+                     "discarding its %d messages", self.name, self.vhost, dropped)
+        self.replica = Replica(self.persists)
+        journal = self.host.broker.journal
+        if self.persists and journal is not None and epochs:
+            self.copy_id = int.from_bytes(os.urandom(8), "big") >> 1 or 1
+            self.epoch = epochs[-1][0]
+            self.header_seq = journal.mirror_header(self.copy_id, self.vhost, self.name, self.queue_journal_id,
+                                                    self.epoch)
+        else:
+            self.replica.durable = False
+
+    def forget_copy(self) -> None:
+        """Drop the copy on disk (the queue is gone from here, or a promotion made it the queue's)."""
+        journal = self.host.broker.journal
+        if self.copy_id and journal is not None:
+            r = self.replica
+            seqs = [e.log_seq for e in r.entries.values() if e.log_seq] + r.to_release + [self.header_seq]
+            journal.mirror_removed(self.copy_id, seqs)
+            for e in r.entries.values():
+                e.log_seq = 0
+        self.replica.to_release = []
+        self.replica.to_write = []
+        self.replica.durable = False
+        self.copy_id = self.header_seq = 0
+
+    def shelve_copy(self) -> None:
+        """This node stops mirroring the queue: hand the copy back to the journal as one recovered,
+        for a mirror made here again to take (the node's tick drops it if none does)."""
+        journal = self.host.broker.journal
+        if not self.copy_id or journal is None:
+            return
+        self.persist()
+        items = {e.log_seq: ["ME", self.copy_id, e.exchange, e.routing_key, e.props, e.body, e.seq, e.priority,
+                             e.expiration_ms, e.expires_at_ms]
+                 for e in sorted(self.replica.entries.values(), key=lambda e: e.log_seq) if e.log_seq}
+        journal.shelve_mirror_copy(self.copy_id, self.header_seq, self.vhost, self.name, self.queue_journal_id,
+                                   self.epoch, items)
+        self.copy_id = self.header_seq = 0
+
+    def persist(self) -> None:
+        """Write what joined the copy and what left it since the last call (one batch a broadcast;
+        the node's group commit syncs it)."""
+        r = self.replica
+        if not self.copy_id:
+            return
+        journal = self.host.broker.journal
+        if r.to_write:
+            entries = r.entries
+            for e in r.to_write:
+                if entries.get(e.seq) is e:
+                    e.log_seq = journal.mirror_enqueue(self.copy_id, e.exchange, e.routing_key, e.props, e.body,
+                                                       e.seq, e.priority, e.expiration_ms, e.expires_at_ms)
+            r.to_write = []
+        if r.to_release:
+            journal.mirror_removed(self.copy_id, r.to_release)
+            r.to_release = []
+        if r.epochs and self.epoch != r.epochs[-1][0] and not r.recovered_epoch:
+            # a copy of an older epoch the leader has reconciled: it belongs to the current one now
+            old, self.epoch = self.header_seq, r.epochs[-1][0]
+            self.header_seq = journal.mirror_header(self.copy_id, self.vhost, self.name, self.queue_journal_id,
+                                                    self.epoch)
+            journal.mirror_removed(self.copy_id, [old])
 
     def on_event(self, ev) -> None:
         t = type(ev)
         if t is gm.Deliver:
             if ev.sender != self.member.id:
                 self.replica.apply(decode_ops(ev.payload))
+                if self.copy_id:
+                    self.persist()
                 view = self.replica.view
                 if view is not None and view.leader != self.leader_member and ev.sender == view.leader:
                     self.leader_member = view.leader

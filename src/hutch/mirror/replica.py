@@ -29,6 +29,15 @@ as an array whose first element is its integer tag, and a mirror decodes the lis
   ha-promote-on-failure / -on-shutdown and the leader's own member: what a mirror picks a
   successor from.
 - `Deleted`: the queue is deleted; its leader leaves the ring and nobody takes over.
+- `Recovered`: the answer to a mirror that came back with a copy from disk (see below): the
+  seqs of its copy, as ranges, that left the queue while it was away (or that an older leader
+  gave to other messages); that mirror drops them, the others ignore the operation.
+
+A mirror of a durable queue keeps the persistent messages of its copy on its node's journal
+(`Replica(durable=True)`): `apply` notes what joined and what left the copy (`to_write`,
+`to_release`) and the mirror writes them after each broadcast. After a restart its copy comes
+back from disk; the mirror reports it to the leader as ranges of seqs (`held_ranges`), the
+leader answers with a `Recovered` operation and then synchronises only what the copy lacks.
 
 A mirror that joined late simply lacks the head: operations on seqs it does not hold are
 ignored. Whether a message is checked out or ready does not matter to a mirror (a promoted
@@ -134,7 +143,15 @@ class Deleted(msgspec.Struct, tag=8, array_like=True, frozen=True, gc=False):
     """The queue is deleted: its leader's leaving is no failure."""
 
 
-Op = Enqueued | CheckedOut | Removed | SyncBatch | SyncDone | NewLeaderHead | View | Deleted
+class Recovered(msgspec.Struct, tag=9, array_like=True, frozen=True, gc=False):
+    """The mirror `member` came back with a copy from disk: it drops the seqs in `drop`
+    (flat pairs: first, last, first, last, ...), which the queue no longer holds as they were."""
+
+    member: str
+    drop: tuple[int, ...]
+
+
+Op = Enqueued | CheckedOut | Removed | SyncBatch | SyncDone | NewLeaderHead | View | Deleted | Recovered
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(list[Op])
@@ -149,9 +166,32 @@ def decode_ops(data: bytes) -> list[Op]:
     return _dec.decode(data)
 
 
+RANGES_MAX = 4096  # ranges a mirror reports of its recovered copy (it drops the oldest beyond)
+
+
+def to_ranges(seqs: list[int]) -> list[int]:
+    """Sorted seqs as flat pairs (first, last, first, last, ...)."""
+    out: list[int] = []
+    for s in seqs:
+        if out and out[-1] == s - 1:
+            out[-1] = s
+        else:
+            out.append(s)
+            out.append(s)
+    return out
+
+
+def in_ranges(ranges: list[int] | tuple[int, ...]) -> list[int]:
+    """The seqs of flat pairs."""
+    out: list[int] = []
+    for i in range(0, len(ranges) - 1, 2):
+        out.extend(range(ranges[i], ranges[i + 1] + 1))
+    return out
+
+
 class MirrorEntry:
     __slots__ = ("seq", "exchange", "routing_key", "props", "body", "persistent", "priority", "expiration_ms",
-                 "expires_at_ms", "delivery_count")
+                 "expires_at_ms", "delivery_count", "log_seq")
 
     def __init__(self, op: _Message, delivery_count: int = 0):
         self.seq = op.seq
@@ -164,12 +204,20 @@ class MirrorEntry:
         self.expiration_ms = op.expiration_ms
         self.expires_at_ms = op.expires_at_ms
         self.delivery_count = delivery_count
+        self.log_seq = 0  # its ME record in the node's journal (0: none)
 
 
 class Replica:
     """A mirror's copy of its queue, built from the leader's operations."""
 
-    def __init__(self) -> None:
+    def __init__(self, durable: bool = False) -> None:
+        self.durable = durable  # persistent messages go to the node's journal
+        self.to_write: list[MirrorEntry] = []  # persistent entries added since the last write
+        self.to_release: list[int] = []  # ME records of entries that left
+        self.member = ""  # this mirror's GM member (for Recovered)
+        self.recovered_epoch = 0  # the leader epoch of a copy recovered from disk, until reconciled
+        self.epochs: list = []  # the leader's epochs [epoch, first seq] as it told at join
+        self.unreconciled: set[int] = set()  # seqs recovered from disk the leader has not judged yet
         self.entries: dict[int, MirrorEntry] = {}
         self.max_seq = 0
         self.tokens: dict[tuple[str, int], None] = {}  # recent publishes, oldest first
@@ -193,26 +241,42 @@ class Replica:
                         e.delivery_count += 1
             elif t is Removed:
                 for seq in op.seqs:
-                    self.entries.pop(seq, None)
+                    self._drop(seq)
             elif t is SyncBatch:
                 for item in op.items:
-                    if item.seq not in self.entries:
+                    if item.seq not in self.entries or item.seq in self.unreconciled:
                         self._add(MirrorEntry(item, item.delivery_count))
             elif t is SyncDone:
                 pass  # the leader's marker: once it is stable, every mirror has the sync's messages
             elif t is NewLeaderHead:  # a new leader: what it lacks goes
                 keep = set(op.keep)
                 for seq in [s for s in self.entries if s < op.floor and s not in keep]:
-                    del self.entries[seq]
+                    self._drop(seq)
             elif t is View:
                 self.view = op
             elif t is Deleted:
                 self.deleted = True
+            elif t is Recovered:
+                if op.member == self.member:
+                    for seq in in_ranges(op.drop):
+                        self._drop(seq)
+                    self.recovered_epoch = 0
+                    self.unreconciled = set()
+
+    def _drop(self, seq: int) -> None:
+        e = self.entries.pop(seq, None)
+        if e is not None and e.log_seq:
+            self.to_release.append(e.log_seq)
 
     def _add(self, e: MirrorEntry) -> None:
         if e.seq in self.entries:
-            return
+            if e.seq not in self.unreconciled:
+                return
+            self.unreconciled.discard(e.seq)  # the leader's message beats one recovered from disk
+            self._drop(e.seq)
         self.entries[e.seq] = e
+        if self.durable and e.persistent:
+            self.to_write.append(e)
         if e.seq > self.max_seq:
             self.max_seq = e.seq
 
@@ -221,6 +285,33 @@ class Replica:
         t[(origin, token)] = None
         if len(t) > TOKENS_KEPT:
             del t[next(iter(t))]
+
+    def restore(self, e: MirrorEntry) -> None:
+        """An entry recovered from disk (already written)."""
+        self.entries[e.seq] = e
+        self.unreconciled.add(e.seq)
+        if e.seq > self.max_seq:
+            self.max_seq = e.seq
+
+    def forget_unreconciled(self) -> None:
+        """Promoted before the leader judged the copy from disk: keep only what came since."""
+        for seq in self.unreconciled:
+            self._drop(seq)
+        self.unreconciled = set()
+        self.recovered_epoch = 0
+
+    def held_ranges(self) -> list[int]:
+        """What to tell the leader of the copy: its persisted seqs as ranges, at most RANGES_MAX,
+        the newest; entries not covered (transient ones, the oldest beyond the bound) are dropped."""
+        for seq in [s for s, e in self.entries.items() if not e.log_seq]:
+            self._drop(seq)
+        seqs = sorted(self.entries)
+        ranges = to_ranges(seqs)
+        if len(ranges) > 2 * RANGES_MAX:
+            ranges = ranges[-2 * RANGES_MAX:]
+            for seq in [s for s in seqs if s < ranges[0]]:
+                self._drop(seq)
+        return ranges
 
     def in_order(self) -> list[MirrorEntry]:
         """Every entry by sequence number: what a promoted mirror's queue starts from."""

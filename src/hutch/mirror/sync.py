@@ -40,7 +40,12 @@ class SyncJob:
         st = q.state
         self.entries = sorted(list(st.ready()) + list(st.unacked.values()), key=lambda e: e.seq)
         self.floor_at_start = st.next_seq
-        self.targets = {m.member for m in leader.unsynced()}
+        targets = leader.unsynced()
+        self.targets = {m.member for m in targets}
+        self.recovered = [m for m in targets if m.has is not None]
+        if self.recovered:  # mirrors that came back with a copy from disk: send only what one lacks
+            lacks = leader.lacks
+            self.entries = [e for e in self.entries if any(lacks(m, e.seq) for m in targets)]
         p = leader.params()
         self.batch = p.sync_batch_size or leader.host.broker.config.mirroring_sync_batch_size or SYNC_BATCH_SIZE
         self.max_bytes_s = leader.host.broker.config.mirroring_sync_max_throughput
@@ -60,7 +65,11 @@ class SyncJob:
         q = self.leader.q
         if self.blocking:
             q.dispatch_blocked = True
-        log.info("%s: Synchronising: %d messages to synchronise", qname(q), len(self.entries))
+        if self.recovered:
+            log.info("%s: Synchronising: %d messages to synchronise (%s)", qname(q), len(self.entries),
+                     ", ".join(f"the mirror on {m.node} recovered {m.recovered} from disk" for m in self.recovered))
+        else:
+            log.info("%s: Synchronising: %d messages to synchronise", qname(q), len(self.entries))
         if not self.blocking:
             log.info("%s: Synchronising: in the background, the queue goes on serving", qname(q))
         log.info("%s: Synchronising: batch size: %d", qname(q), self.batch)
@@ -108,6 +117,7 @@ class SyncJob:
             for m in self.leader.mirrors.values():
                 if m.member in self.targets:
                     m.since = 0  # it has what existed at the start, and everything since it joined
+                    m.has = None
             self.finish(cancelled=False)
             return
         self.pump(self.leader.host.now())

@@ -18,6 +18,7 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     ssl_cert_login_from = common_name
     mirroring_sync_batch_size = 4096        mirroring_sync_max_throughput = 0 (bytes/s, 0 = no limit)
     mirroring_sync_background = false       (hutch's own: a sync that does not stop deliveries)
+    mirroring_recover_from_disk = true      (hutch's own: a restarted mirror keeps its copy, syncs the delta)
     cluster_partition_handling = ignore | pause_minority | pause_if_all_down | autoheal
     cluster_partition_handling.pause_if_all_down.nodes.1 = hutch@a
     cluster_partition_handling.pause_if_all_down.recover = ignore | autoheal
@@ -374,6 +375,8 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         cfg.mirroring_sync_max_throughput = parse_bytes(value)
     elif key == "mirroring_sync_background":
         cfg.mirroring_sync_background = _bool(value)
+    elif key == "mirroring_recover_from_disk":
+        cfg.mirroring_recover_from_disk = _bool(value)
     elif key == "cluster_partition_handling":
         if value not in PARTITION_HANDLING:
             raise ValueError(f"expected one of {', '.join(PARTITION_HANDLING)}")

@@ -1,0 +1,150 @@
+"""Mirrors that remember: a mirror's copy in the node's journal comes back after a restart with
+only its live messages, apart from the queues' own records; a replica recovered from disk
+reports its seqs as bounded ranges, drops what the leader says, and lets the leader's messages
+replace recovered ones it has not judged yet."""
+
+from __future__ import annotations
+
+import random
+
+from hutch.broker.journal import Journal
+from hutch.mirror.leader import new_epochs
+from hutch.mirror.replica import (
+    RANGES_MAX,
+    Enqueued,
+    MirrorEntry,
+    Recovered,
+    Removed,
+    Replica,
+    SyncBatch,
+    SyncItem,
+    decode_ops,
+    encode_ops,
+    in_ranges,
+    to_ranges,
+)
+
+
+def _journal(tmp_path, segment_bytes_max=4096):
+    return Journal(str(tmp_path / "msgs"), segment_bytes_max=segment_bytes_max)
+
+
+def _me(j: Journal, copy_id: int, seq: int) -> int:
+    return j.mirror_enqueue(copy_id, "", "q", b"\x00\x00", b"m%d" % seq, seq, 0, None, None)
+
+
+def test_a_mirror_copy_comes_back_with_its_live_messages_only(tmp_path):
+    rng = random.Random(3)
+    j = _journal(tmp_path)
+    j.mirror_header(11, "/", "q", 77, 5)
+    queue_msgs = [j.enqueue(77, "", "q", b"\x00\x00", b"queue's own") for _ in range(3)]
+    live: dict[int, int] = {}  # record seq -> leader seq
+    for seq in range(1, 800):
+        live[_me(j, 11, seq)] = seq
+        if rng.random() < 0.6:
+            gone = rng.sample(sorted(live), k=min(len(live), rng.randint(1, 3)))
+            j.mirror_removed(11, gone)
+            for g in gone:
+                del live[g]
+        if seq % 50 == 0:
+            j.sync()
+            j.collect()
+    j.sync()
+    j.close()
+    j2 = _journal(tmp_path)
+    recovered = j2.recover([77])
+    assert [m.log_seq for m in recovered[77]] == queue_msgs  # the queue's own records are apart
+    copy = j2.take_mirror_copy("/", "q")
+    assert (copy.copy_id, copy.queue_journal_id, copy.epoch) == (11, 77, 5)
+    assert {s: item[6] for s, item in copy.items.items()} == live
+    assert j2.take_mirror_copy("/", "q") is None
+    j2.drop_mirror_copy(copy)
+    j2.sync()
+    j2.close()
+    j3 = _journal(tmp_path)
+    j3.recover([77])
+    assert j3.mirror_copies == {}  # a dropped copy stays dropped
+    j3.close()
+
+
+def test_a_newer_header_replaces_the_older_and_a_second_copy_of_a_queue_wins(tmp_path):
+    j = _journal(tmp_path)
+    old = j.mirror_header(1, "/", "q", 9, 100)
+    _me(j, 1, 1)
+    j.mirror_header(1, "/", "q", 9, 200)  # reconciled into a new epoch
+    j.mirror_removed(1, [old])
+    j.mirror_header(2, "/", "q", 9, 300)  # a later copy of the same queue
+    _me(j, 2, 5)
+    j.sync()
+    j.close()
+    j2 = _journal(tmp_path)
+    j2.recover([])
+    copy = j2.mirror_copies[("/", "q")]
+    assert (copy.copy_id, copy.epoch, [i[6] for i in copy.items.values()]) == (2, 300, [5])
+    j2.close()
+
+
+def _enq(seq: int, persistent: bool = True) -> Enqueued:
+    return Enqueued(seq, "", "q", b"\x00\x00", b"%d" % seq, persistent, 0, None, None, "", 0)
+
+
+def test_a_durable_replica_notes_what_to_write_and_release_and_a_plain_one_does_not():
+    r = Replica(durable=True)
+    r.apply([_enq(1), _enq(2, persistent=False), _enq(3)])
+    assert [e.seq for e in r.to_write] == [1, 3]
+    for e in r.to_write:
+        e.log_seq = 100 + e.seq
+    r.to_write = []
+    r.apply([Removed([1, 2])])
+    assert r.to_release == [101]
+    plain = Replica()
+    plain.apply([_enq(1), Removed([1])])
+    assert plain.to_write == [] and plain.to_release == []
+
+
+def _restored(seqs) -> Replica:
+    r = Replica(durable=True)
+    for s in seqs:
+        e = MirrorEntry(SyncItem(s, "", "q", b"\x00\x00", b"old %d" % s, True, 0, None, None, 1), 1)
+        e.log_seq = 1000 + s
+        r.restore(e)
+    return r
+
+
+def test_ranges_are_compact_and_bounded_to_the_newest():
+    assert to_ranges([1, 2, 3, 7, 9, 10]) == [1, 3, 7, 7, 9, 10]
+    assert in_ranges([1, 3, 7, 7, 9, 10]) == [1, 2, 3, 7, 9, 10]
+    r = _restored(range(2, 2 * (RANGES_MAX + 10) + 1, 2))  # every other seq: one range each
+    ranges = r.held_ranges()
+    assert len(ranges) == 2 * RANGES_MAX
+    assert in_ranges(ranges) == sorted(r.entries)  # the older ones were dropped from the copy
+    assert len(r.to_release) == 10
+
+
+def test_recovered_drops_what_the_leader_says_for_that_mirror_only():
+    r = _restored(range(1, 11))
+    r.member = "m1"
+    r.apply(decode_ops(encode_ops([Recovered("m2", (1, 10))])))
+    assert len(r) == 10
+    r.apply(decode_ops(encode_ops([Recovered("m1", (1, 3, 8, 8))])))
+    assert sorted(r.entries) == [4, 5, 6, 7, 9, 10]
+    assert sorted(r.to_release) == [1001, 1002, 1003, 1008]
+    assert r.unreconciled == set()
+    r.apply([SyncBatch((SyncItem(4, "", "q", b"\x00\x00", b"new", True, 0, None, None, 0),))])
+    assert r.entries[4].body == b"old 4"  # reconciled: the copy's message is the leader's
+
+
+def test_the_leaders_message_replaces_an_unreconciled_one_and_promotion_forgets_the_rest():
+    r = _restored([1, 2, 3])
+    r.apply([SyncBatch((SyncItem(2, "", "q", b"\x00\x00", b"new", True, 0, None, None, 0),)), _enq(3)])
+    assert r.entries[2].body == b"new" and r.entries[3].body == b"3"
+    r.forget_unreconciled()
+    assert sorted(r.entries) == [2, 3]
+
+
+def test_a_promoted_leader_keeps_the_epochs_before_it_bounded():
+    e = new_epochs()
+    for i in range(20):
+        e = new_epochs(e, 100 * i)
+    assert len(e) == 8 and e[-1][1] == 1900
+    assert len({x[0] for x in e}) == 8
