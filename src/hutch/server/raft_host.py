@@ -149,9 +149,10 @@ class RaftHost:
                 if not self._finish(mr, voted, sent_early, initial):
                     return
                 continue
+            voted_gids = {gid for gid, _ in voted}
             if not initial:
-                sent_early = self._send_leaders_early(mr, {gid for gid, _ in voted})
-            loop = _running_loop() if not initial and self._led_here(mr) else None
+                sent_early = self._send_leaders_early(mr, voted_gids)
+            loop = _running_loop() if not initial and self._led_here(mr, voted_gids) else None
             if loop is None:
                 if not self._sync() or not self._finish(mr, voted, sent_early, initial):
                     return  # nothing may be sent or applied on the strength of writes that may be lost
@@ -166,14 +167,14 @@ class RaftHost:
             fut.add_done_callback(self._fsynced)
             return
 
-    def _led_here(self, mr: Any) -> bool:
+    def _led_here(self, mr: Any, voted: set[Any]) -> bool:
         """Whether every group of this Ready that writes to the log is led by this node. Only
         then does the fsync leave the loop: a follower applies what its leader has committed
         before it reads anything that came in after the commit (a client on a follower's node
         reads the queue's counts from its own copy right after a confirm: they include it)."""
         groups = self.multi.groups
         for gid, rd in mr.groups:
-            if rd.entries or rd.snapshot is not None or rd.hard_state is not None:
+            if rd.entries or rd.snapshot is not None or gid in voted:
                 g = groups.get(gid)
                 if g is not None and g.role != LEADER:
                     return False
