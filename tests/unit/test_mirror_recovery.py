@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+from hutch.broker.broker import Config
 from hutch.broker.journal import Journal
 from hutch.mirror.leader import new_epochs
 from hutch.mirror.replica import (
@@ -23,6 +26,7 @@ from hutch.mirror.replica import (
     in_ranges,
     to_ranges,
 )
+from hutch.server.config import ConfigError, apply_file
 
 
 def _journal(tmp_path, segment_bytes_max=4096):
@@ -148,3 +152,13 @@ def test_a_promoted_leader_keeps_the_epochs_before_it_bounded():
         e = new_epochs(e, 100 * i)
     assert len(e) == 8 and e[-1][1] == 1900
     assert len({x[0] for x in e}) == 8
+
+
+def test_mirroring_recover_from_disk_is_a_boolean_on_by_default(tmp_path):
+    path = tmp_path / "hutch.conf"
+    path.write_text("mirroring_recover_from_disk = false\n")
+    assert apply_file(Config(), path).mirroring_recover_from_disk is False
+    assert Config().mirroring_recover_from_disk is True
+    path.write_text("mirroring_recover_from_disk = soon\n")
+    with pytest.raises(ConfigError, match="bad value for 'mirroring_recover_from_disk'"):
+        apply_file(Config(), path)
