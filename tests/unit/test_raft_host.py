@@ -5,7 +5,6 @@ members'), as does a failed fsync of the log."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -118,24 +117,6 @@ def test_an_entry_costs_one_fsync_its_commit_none(hosted):
     host.drain()
     assert app.applied == [b"once"]
     assert host.storage.log.fsync_count - before == 1  # the entry's; the commit index alone waits
-
-
-def test_on_a_running_loop_the_leaders_fsync_leaves_the_loop_and_the_ready_finishes_after_it(hosted):
-    host, groups, app, _ = hosted
-
-    async def scenario() -> list[bytes]:
-        groups.propose(GID, b"one")
-        groups.propose(GID, b"two")
-        host.drain()
-        assert app.applied == []  # the fsync is in the fsync thread: nothing applied on an unsynced write
-        host.drain()  # one fsync in flight at a time: this waits for it
-        for _ in range(1000):
-            if len(app.applied) == 2:
-                break
-            await asyncio.sleep(0.001)
-        return list(app.applied)
-
-    assert asyncio.run(scenario()) == [b"one", b"two"]
 
 
 def test_a_snapshot_too_large_for_one_log_record_is_refused_with_a_warning(hosted, caplog):

@@ -114,6 +114,9 @@ class QuorumQueue:
         # consumer id -> deliveries its channel could not take yet, oldest first; at most
         # credit_ahead(prefetch) each (the state machine's credit for it is its prefetch plus that)
         self._held: dict[str, deque[tuple]] = {}
+        # consumer id -> the highest msg_id delivered to it: the state machine numbers deliveries
+        # in order (a message that comes back gets a new number), so a lower one is a repeat
+        self._last_msg_id: dict[str, int] = {}
         self.machine: Any = None  # the QuorumQueueState when this node is a member
         self.reported = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
         self.mstats = host.port.new_stats()  # what this node's channels did with the queue
@@ -196,6 +199,9 @@ class QuorumQueue:
     def deliver(self, c: Any, msg_id: int, delivery_count: int, redelivered: bool, route: bytes, props: bytes,
                 body: bytes) -> None:
         """A delivery the leader sent: to the consumer's channel now, or held until it can take it."""
+        if msg_id <= self._last_msg_id.get(c.ref, 0):
+            return  # sent again by a leader that had not yet learnt it was replaced: given already
+        self._last_msg_id[c.ref] = msg_id
         if c.no_ack:
             self.host.port.deliver(c, self, msg_id, delivery_count, redelivered, route, props, body)
             return
@@ -235,6 +241,7 @@ class QuorumQueue:
         if self.local_consumers.pop(c.ref, None) is None:
             return False
         self.host.consumers.pop(c.ref, None)
+        self._last_msg_id.pop(c.ref, None)
         held = self._held.pop(c.ref, None)
         requeue = c.channel.closed
         self.flush()

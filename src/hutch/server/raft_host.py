@@ -4,11 +4,10 @@
 (`Ready`, then `Advance`): every Ready is made durable on the node's `RaftHostStorage` (one
 fsync for all groups) before its messages leave, then each group's committed entries are
 handed to that group's application (`GroupApp`), then the groups advance, and a group whose
-log grew long enough is compacted behind a snapshot of its application. Three liberties that
+log grew long enough is compacted behind a snapshot of its application. Two liberties that
 Raft allows, for speed: a leader's messages leave before its own fsync (it counts itself
-towards a commit only once its entries are durable); a Ready that only moves the commit index
-needs no fsync; and when this node leads every group that writes, the fsync runs in a thread
-while the event loop goes on, the Ready being finished when it is done (one in flight).
+towards a commit only once its entries are durable), and a Ready that only moves the commit
+index needs no fsync.
 
 It also tells its owner when a group other than the main (catalogue) group learns a leader
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
@@ -26,10 +25,8 @@ the entries mean (that is each `GroupApp`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import msgspec
@@ -114,26 +111,15 @@ class RaftHost:
         self._snapshot_refused: dict[Any, int] = {}
         # group -> (term, vote) of its last hard state known durable (missing: never synced here)
         self._durable_vote: dict[Any, tuple[int, Any]] = {}
-        # the Ready whose fsync runs in the fsync thread: (MultiReady, votes it makes durable,
-        # groups whose messages already went); at most one at a time
-        self._in_flight: tuple | None = None
-        self._fsync_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raft-fsync")
 
     # ------------------------------------------------------------ the Ready loop
 
     def drain(self, initial: bool = False) -> None:
         """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
-        at start, before the transport exists, nothing is sent.
-
-        When this node leads every group that writes in the Ready, and on a running event loop,
-        the fsync runs in the host's fsync thread while the loop goes on (reading, routing,
-        appending the next proposals to the log); the Ready is finished when it is done
-        (`_fsynced`), and the next one covers everything appended meanwhile: one fsync in flight
-        at a time, group commit for all groups. Otherwise (a follower's writes, tests, the
-        node's start) the fsync is made here."""
+        at start, before the transport exists, nothing is sent."""
         multi = self.multi
         durable = self._durable_vote
-        while not self.failed and self._in_flight is None:
+        while not self.failed:
             mr = multi.ready()
             if mr is None:
                 self._leadership()
@@ -143,60 +129,14 @@ class RaftHost:
             # from the leader after a restart), so a Ready that only commits is applied at once.
             voted = [(gid, (rd.hard_state.term, rd.hard_state.vote)) for gid, rd in mr.groups
                      if rd.hard_state is not None and (rd.hard_state.term, rd.hard_state.vote) != durable.get(gid)]
-            sync = bool(voted) or any(rd.entries or rd.snapshot is not None for _, rd in mr.groups)
             sent_early: set[Any] = set()
-            if not sync:
-                if not self._finish(mr, voted, sent_early, initial):
-                    return
-                continue
-            voted_gids = {gid for gid, _ in voted}
-            if not initial:
-                sent_early = self._send_leaders_early(mr, voted_gids)
-            loop = _running_loop() if not initial and self._led_here(mr, voted_gids) else None
-            if loop is None:
-                if not self._sync() or not self._finish(mr, voted, sent_early, initial):
+            if voted or any(rd.entries or rd.snapshot is not None for _, rd in mr.groups):
+                if not initial:
+                    sent_early = self._send_leaders_early(mr, {gid for gid, _ in voted})
+                if not self._sync():
                     return  # nothing may be sent or applied on the strength of writes that may be lost
-                continue
-            try:
-                faults.check_fsync()
-            except OSError as e:
-                self._disk_failed(e)
+            if not self._finish(mr, voted, sent_early, initial):
                 return
-            self._in_flight = (mr, voted, sent_early)
-            fut = loop.run_in_executor(self._fsync_thread, self.storage.log.sync)
-            fut.add_done_callback(self._fsynced)
-            return
-
-    def _led_here(self, mr: Any, voted: set[Any]) -> bool:
-        """Whether every group of this Ready that writes to the log is led by this node. Only
-        then does the fsync leave the loop: a follower applies what its leader has committed
-        before it reads anything that came in after the commit (a client on a follower's node
-        reads the queue's counts from its own copy right after a confirm: they include it)."""
-        groups = self.multi.groups
-        for gid, rd in mr.groups:
-            if rd.entries or rd.snapshot is not None or gid in voted:
-                g = groups.get(gid)
-                if g is not None and g.role != LEADER:
-                    return False
-        return True
-
-    def _fsynced(self, fut: Any) -> None:
-        """The fsync thread is done (on the loop): finish the Ready it made durable, then go on
-        with the next."""
-        mr, voted, sent_early = self._in_flight
-        self._in_flight = None
-        if self.failed:
-            return
-        try:
-            durable_seq = fut.result()
-        except StoreClosed:
-            return  # the node is stopping: its log was closed under the fsync
-        except (OSError, StoreError) as e:
-            self._disk_failed(e)
-            return
-        self.storage.settle(durable_seq)
-        if self._finish(mr, voted, sent_early, False):
-            self.drain()
 
     def _finish(self, mr: Any, voted: list, sent_early: set[Any], initial: bool) -> bool:
         """The rest of a Ready whose writes are durable: send, apply, advance, compact. False
@@ -410,13 +350,6 @@ class RaftHost:
         self._durable_vote.pop(gid, None)
         self._leading.discard(gid)
         self._leaders.pop(gid, None)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 class QueueGroups:
