@@ -234,6 +234,9 @@ class ClusterBroker:
         c.channel.consumers[c.tag] = lc
         q.add_consumer(lc)
 
+    def redirect_publishes(self, vhost: str, name: str, old_home: str) -> None:
+        self.remote.redirect_publishes(vhost, name, old_home)
+
     def retry_orphans(self) -> None:
         self.remote.retry_orphans()
 

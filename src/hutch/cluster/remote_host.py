@@ -178,14 +178,31 @@ class RemoteHost:
             self._out_pubs.setdefault(home, []).append(item)
         return len(by_home), refused
 
+    def redirect_publishes(self, vhost: str, name: str, old_home: str) -> None:
+        """A mirrored queue's leader moved away from `old_home`: the publishes to it that
+        `old_home` has not answered (sent, or still waiting to go) become orphans now, to go to
+        the new leader ahead of any later publish; waiting for `old_home` to be declared down
+        would let later publishes of the same channel overtake them."""
+        now = self.port.now_s()
+        moved = set()
+        for token, (home, *_rest) in self._pub_tokens.items():
+            item = self._pub_items.get(token)
+            if home == old_home and item is not None and item.vhost == vhost and name in item.queues:
+                self._orphans.setdefault(token, now + ORPHAN_TIMEOUT_S)
+                moved.add(token)
+        unsent = self._out_pubs.get(old_home)
+        if moved and unsent:
+            unsent[:] = [p for p in unsent if p.token not in moved]
+
     def retry_orphans(self) -> None:
         """Publishes whose mirrored queue lost its leader: send them to the new one (it drops
-        those it already has), or nack them once waiting is pointless."""
+        those it already has), or nack them once waiting is pointless. In token order, which is
+        the order they were published in."""
         if not self._orphans:
             return
         port = self.port
         now = port.now_s()
-        for token, deadline in list(self._orphans.items()):
+        for token, deadline in sorted(self._orphans.items()):
             item = self._pub_items.get(token)
             entry = self._pub_tokens.get(token)
             if item is None or entry is None:

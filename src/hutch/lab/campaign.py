@@ -1,4 +1,5 @@
-"""A randomized fault campaign against quorum queues, in the style of RabbitMQ's Jepsen test.
+"""A randomized fault campaign against quorum queues, in the style of RabbitMQ's Jepsen test,
+and against classic queues mirrored the way that promises the same (`--queue-type mirrored`).
 
 RabbitMQ tests its quorum queues with Jepsen (rabbitmq/jepsen): clients publish numbered
 messages with publisher confirms and consume them by basic.consume, basic.get or both, while
@@ -48,16 +49,19 @@ not ``ok``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
 import os
 import random
+import re
 import shutil
 import struct
 import time
 import urllib.error
 import urllib.parse
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +84,12 @@ CONSUMER_MODES = ("push", "poll", "mixed")
 DELAYS_MS = (50, 200, 500, 1500)
 BODY = struct.Struct(">QQ")  # msg_id, first publish time (ns)
 QUEUE_ARGS = {"x-queue-type": "quorum"}
+QUEUE_TYPES = ("quorum", "mirrored")
+# the mirroring that promises what a quorum queue does: every node, synchronised automatically, and
+# only a synchronised mirror promoted; a node cut off from the majority pauses (seed 000, 002)
+MIRROR_POLICY = {"ha-mode": "all", "ha-sync-mode": "automatic", "ha-promote-on-failure": "when-synced",
+                 "ha-promote-on-shutdown": "when-synced"}
+MIRRORED_NODE_ARGS = ("--cluster-partition-handling", "pause_minority")
 
 QUEUES_MAX = 16
 CLIENTS_MAX = 64
@@ -128,8 +138,13 @@ class CampaignConfig:
     drain_timeout_s: float = 180.0
     net_ticktime_s: float = 4.0
     group_size: int | None = None  # x-quorum-initial-group-size; None: every node (Jepsen's "all")
+    queue_type: str = "quorum"  # or "mirrored": classic queues under MIRROR_POLICY
 
     def __post_init__(self) -> None:
+        if self.queue_type not in QUEUE_TYPES:
+            raise CampaignError(f"queue type is one of {', '.join(QUEUE_TYPES)}")
+        if self.queue_type == "mirrored" and self.group_size is not None:
+            raise CampaignError("a group size is for quorum queues; a mirrored queue has a mirror on every node")
         if self.nodes not in (3, 5):
             raise CampaignError("a campaign runs on 3 or 5 nodes")
         if not 1 <= self.queues <= QUEUES_MAX:
@@ -585,11 +600,17 @@ class _Consumer(_Client):
 # The nemesis
 
 
+def leader_of(view: dict) -> str | None:
+    """The leader in a GET /api/queues/%2F/QUEUE answer: a quorum queue's Raft leader, a classic
+    (mirrored) queue's node."""
+    return view.get("leader") or (view.get("node") if view.get("type", "classic") == "classic" else None)
+
+
 def queue_leader(nodes: list[NodeSpec], queue: str, rng: random.Random) -> str | None:
     """The queue's leader as the first node that answers says (GET /api/queues/%2F/QUEUE)."""
     for node in rng.sample(nodes, len(nodes)):
         try:
-            leader = http_get_json(f"{node.http_url}/api/queues/%2F/{urllib.parse.quote(queue, safe='')}").get("leader")
+            leader = leader_of(http_get_json(f"{node.http_url}/api/queues/%2F/{urllib.parse.quote(queue, safe='')}"))
         except (OSError, ValueError, urllib.error.HTTPError):
             continue
         if leader:
@@ -612,14 +633,15 @@ def queue_depths(nodes: list[NodeSpec], queues: list[str]) -> dict[str, int | No
 
 def queue_views(nodes: list[NodeSpec], queues: list[str]) -> dict[str, dict]:
     """Per queue and node: what GET /api/queues/%2F/QUEUE says (ready, unacked, leader, online)."""
-    keys = ("messages", "messages_ready", "messages_unacknowledged", "consumers", "leader", "members", "online")
+    keys = ("messages", "messages_ready", "messages_unacknowledged", "consumers", "leader", "members", "online",
+            "slave_nodes", "synchronised_slave_nodes")
     out: dict[str, dict] = {}
     for q in queues:
         out[q] = {}
         for node in nodes:
             try:
                 view = http_get_json(f"{node.http_url}/api/queues/%2F/{urllib.parse.quote(q, safe='')}")
-                out[q][node.name] = {k: view.get(k) for k in keys}
+                out[q][node.name] = {**{k: view.get(k) for k in keys}, "leader": leader_of(view)}
             except (OSError, ValueError, urllib.error.HTTPError) as e:
                 out[q][node.name] = {"error": str(e)[:120]}
     return out
@@ -771,9 +793,10 @@ class CampaignResult:
         return asdict(self)
 
 
-async def _declare(nodes: list[NodeSpec], queues: list[str], group_size: int,
+async def _declare(nodes: list[NodeSpec], queues: list[str], group_size: int, queue_type: str = "quorum",
                    deadline_s: float = 60.0) -> None:
-    """Declare the quorum queues through any node that will (the catalogue needs a leader)."""
+    """Declare the queues through any node that will (the catalogue needs a leader): quorum
+    queues, or classic queues that a policy (MIRROR_POLICY) mirrors on every node."""
     from pamqp.commands import Basic  # noqa: F401 - aiormq needs pamqp; fail early and clearly
 
     end = time.monotonic() + deadline_s
@@ -784,8 +807,10 @@ async def _declare(nodes: list[NodeSpec], queues: list[str], group_size: int,
             try:
                 conn = await _connect(node, "campaign-setup")
                 ch = await asyncio.wait_for(conn.channel(), RPC_TIMEOUT_S)
+                if queue_type == "mirrored":
+                    await asyncio.to_thread(_put_mirror_policy, node, queues)
                 for q in queues:
-                    args = {**QUEUE_ARGS, "x-quorum-initial-group-size": group_size}
+                    args = {**QUEUE_ARGS, "x-quorum-initial-group-size": group_size} if queue_type == "quorum" else {}
                     await asyncio.wait_for(ch.queue_declare(q, durable=True, arguments=args), RPC_TIMEOUT_S * 2)
                 return
             except Exception as e:  # noqa: BLE001 - try the next node
@@ -793,7 +818,17 @@ async def _declare(nodes: list[NodeSpec], queues: list[str], group_size: int,
             finally:
                 await _close(conn)
         await asyncio.sleep(0.5)
-    raise CampaignError(f"could not declare the quorum queues {queues}: {last!r}")
+    raise CampaignError(f"could not declare the {queue_type} queues {queues}: {last!r}")
+
+
+def _put_mirror_policy(node: NodeSpec, queues: list[str]) -> None:
+    pattern = "^(" + "|".join(re.escape(q) for q in queues) + ")$"
+    body = json.dumps({"pattern": pattern, "definition": MIRROR_POLICY, "apply-to": "queues"}).encode()
+    token = base64.b64encode(b"guest:guest").decode()
+    req = urllib.request.Request(f"{node.http_url}/api/policies/%2F/campaign-mirroring", data=body, method="PUT",
+                                 headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=RPC_TIMEOUT_S) as resp:
+        resp.read()
 
 
 async def _drain(shared: _Shared, nodes: list[NodeSpec], deadline_mono: float) -> bool:
@@ -818,7 +853,7 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
     queues = [f"jepsen.{run_id}.q{i}" for i in range(cfg.queues)]
     out_dir.mkdir(parents=True, exist_ok=True)
     history_dir = out_dir / "history" if record else None
-    await _declare(nodes, queues, cfg.group_size or cfg.nodes)
+    await _declare(nodes, queues, cfg.group_size or cfg.nodes, cfg.queue_type)
     shared = _Shared(cfg, nodes, run_id, history_dir, queues)
     publishers = [_Publisher(shared, i, queues[i % cfg.queues]) for i in range(cfg.publishers)]
     consumers = [_Consumer(shared, i, queues[i % cfg.queues]) for i in range(cfg.consumers)]
@@ -873,8 +908,9 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
     if reference is not None and (reference["lost"] != check["lost"] or reference["unexpected"] != check["unexpected"]):
         problems.append(f"the reference checker disagrees: lost {reference['lost']}, "
                         f"unexpected {reference['unexpected']}")
-    # a quorum queue flags every redelivery and keeps one publisher's messages in order; only a
-    # publisher's own second publish may bring a message again unflagged, or behind later ones
+    # a quorum queue, and a mirrored one promoting only synchronised mirrors, flag every redelivery
+    # and keep one publisher's messages in order; only a publisher's own second publish may bring a
+    # message again unflagged, or behind later ones
     if reference is not None and reference["duplicates_unexplained"]:
         problems.append(f"{reference['duplicates_unexplained']} delivery(ies) repeated without the redelivered flag "
                         "and not published again")
@@ -929,7 +965,8 @@ def run_campaign(cfg: CampaignConfig, out_dir: str | os.PathLike, lab_dir: str |
         lab.down(wipe=True)
     if ours:
         lab = Lab.up(cfg.nodes, lab_path, base_port=base_port, net_ticktime_s=cfg.net_ticktime_s,
-                     metadata_timeout_ms=4000, tied_to_caller=tied_to_caller)
+                     metadata_timeout_ms=4000, tied_to_caller=tied_to_caller,
+                     node_args=list(MIRRORED_NODE_ARGS) if cfg.queue_type == "mirrored" else None)
     try:
         return run_loop(run_campaign_async(lab, cfg, out, record))
     finally:
@@ -997,6 +1034,9 @@ def _pair(text: str) -> tuple[float, float]:
 @click.option("--consumers", type=click.IntRange(1, CLIENTS_MAX), default=3, show_default=True)
 @click.option("--consumer-mode", type=click.Choice(CONSUMER_MODES), default="mixed", show_default=True,
               help="push: basic.consume; poll: basic.get; mixed: one of the two at each connection.")
+@click.option("--queue-type", type=click.Choice(QUEUE_TYPES), default="quorum", show_default=True,
+              help="quorum, or mirrored: classic queues mirrored on every node, synchronised automatically, "
+                   "promoted only when synchronised, on nodes with pause_minority.")
 @click.option("--group-size", type=click.IntRange(1, 5), default=None,
               help="Members per queue (x-quorum-initial-group-size) [default: every node].")
 @click.option("--rate", type=float, default=40.0, show_default=True, help="Messages per second per publisher.")
@@ -1014,9 +1054,9 @@ def _pair(text: str) -> tuple[float, float]:
               help="Base port of the labs the campaign starts.")
 @click.option("--no-record", is_flag=True, help="Do not record a history.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every fault as it is applied.")
-def campaign_cli(seeds, nodes, duration_s, queues, publishers, consumers, consumer_mode, group_size, rate, faults,
-                 healthy, hold, confirm_timeout, drain_timeout, out_dir, lab_dir, base_port, no_record, verbose):
-    """Jepsen-style fault campaign on quorum queues: publishers with confirms and consumers
+def campaign_cli(seeds, nodes, duration_s, queues, publishers, consumers, consumer_mode, queue_type, group_size, rate,
+                 faults, healthy, hold, confirm_timeout, drain_timeout, out_dir, lab_dir, base_port, no_record, verbose):
+    """Jepsen-style fault campaign on quorum (or mirrored) queues: publishers with confirms and consumers
     (push, poll or both) on random nodes while a seeded nemesis partitions, kills, suspends and
     slows nodes; then heal, drain and check that no confirmed message was lost (lost = 0) and
     nothing unexpected was delivered. Exit status 1 when any seed fails."""
@@ -1030,7 +1070,7 @@ def campaign_cli(seeds, nodes, duration_s, queues, publishers, consumers, consum
         try:
             cfg = CampaignConfig(seed=seed, nodes=int(nodes), duration_s=duration_s, queues=queues,
                                  publishers=publishers, consumers=consumers, consumer_mode=consumer_mode,
-                                 group_size=group_size, rate_per_publisher=rate, faults=kinds, healthy_s=_pair(healthy),
+                                 group_size=group_size, queue_type=queue_type, rate_per_publisher=rate, faults=kinds, healthy_s=_pair(healthy),
                                  fault_hold_s=_pair(hold), confirm_timeout_s=confirm_timeout,
                                  drain_timeout_s=drain_timeout)
             result = run_campaign(cfg, Path(out_dir) / f"seed-{seed}", lab_dir=lab_dir, base_port=base_port,

@@ -50,6 +50,7 @@ class FailoverSide(Protocol):
     def forget_unacked(self, channel: Any, q: Any) -> None: ...
     def cancel_consumer(self, c: Any) -> None: ...
     def adopt_consumer(self, c: Any, q: Any) -> None: ...
+    def redirect_publishes(self, vhost: str, name: str, old_home: str) -> None: ...
     def retry_orphans(self) -> None: ...
 
 
@@ -67,6 +68,7 @@ class Failover:
         the queue as led elsewhere) attach to the promoted queue `q` directly."""
         side = self.side
         cur.deleted = True
+        side.redirect_publishes(q.vhost, q.name, cur.home_node)
         for c in list(cur.local_consumers.values()):
             cur.local_consumers.pop(c.ref, None)
             side.consumers.pop(c.ref, None)
@@ -82,6 +84,7 @@ class Failover:
         old = q.home_node
         q.home_node = new_home
         q.mirror_nodes, q.synced_nodes = [], []  # until the new leader reports them
+        side.redirect_publishes(q.vhost, q.name, old)
         log.info("Mirrored queue '%s' in vhost '%s': leader moved from %s to %s", q.name, q.vhost, old, new_home)
         for c in list(q.local_consumers.values()):
             side.forget_unacked(c.channel, q)
