@@ -87,15 +87,15 @@ def fill_and_restart_a_mirror(cluster: HutchCluster, kill: bool) -> int:
                '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
     conn = connect(cluster, 0)
     conn.channel().queue_declare(QUEUE, durable=True)
-    wait_mirrors(cluster, QUEUE, 2, synced=2)
+    wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
     publish(conn, 0, N)
     wait_depth(cluster, 0, N)
-    wait_mirrors(cluster, QUEUE, 2, synced=2)
+    wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
     if kill:
         cluster.kill(2)
     else:
         cluster.stop(2)
-    wait_mirrors(cluster, QUEUE, 1, synced=1, timeout_s=60)
+    wait_mirrors(cluster, QUEUE, 1, synced=1, timeout_s=120)
     publish(conn, N, MORE)
     assert ack_oldest(conn, ACKED) == list(range(ACKED))
     wait_depth(cluster, 0, N + MORE - ACKED)
@@ -121,7 +121,7 @@ def check_delta_then_promote_the_restarted_mirror(cluster: HutchCluster, before:
                '"ha-sync-mode":"automatic"}').returncode == 0
     wait_until(lambda: info(cluster, QUEUE, 0).get("slave_nodes") == [cluster.names[2]], 60,
                "the mirror on node 3 only")
-    wait_mirrors(cluster, QUEUE, 1, synced=1)
+    wait_mirrors(cluster, QUEUE, 1, synced=1, timeout_s=120)
     cluster.kill(0)
     wait_until(lambda: info(cluster, QUEUE, 1).get("node") == cluster.names[2], 60, "the node 3 mirror promoted")
     conn = connect(cluster, 2)
@@ -162,28 +162,57 @@ def test_a_mirror_of_a_queue_declared_anew_while_its_node_was_down_discards_its_
                    '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
         conn = connect(cluster, 0)
         conn.channel().queue_declare(QUEUE, durable=True)
-        wait_mirrors(cluster, QUEUE, 2, synced=2)
+        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
         publish(conn, 0, 100)
         wait_depth(cluster, 0, 100)
         cluster.stop(2)
-        wait_mirrors(cluster, QUEUE, 1, synced=1, timeout_s=60)
+        wait_mirrors(cluster, QUEUE, 1, synced=1, timeout_s=120)
         ch = conn.channel()
         ch.queue_delete(QUEUE)
         ch.queue_declare(QUEUE, durable=True)
         publish(conn, 1000, 10)
         wait_depth(cluster, 0, 10)
         cluster.start(2)
-        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=60)
+        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
         assert "discarding the mirror's copy of 100 messages on disk (the queue was declared anew)" in log_of(cluster, 2)
         # the restarted mirror is promoted: it serves the new queue's messages only
         assert ctl(cluster, 0, "set_policy", "ha-mr", "^mr\\.",
                    '{"ha-mode":"nodes","ha-params":["hutch-1@localhost","hutch-3@localhost"]}').returncode == 0
         wait_until(lambda: info(cluster, QUEUE, 0).get("slave_nodes") == [cluster.names[2]], 60,
                    "the mirror on node 3 only")
-        wait_mirrors(cluster, QUEUE, 1, synced=1)
+        wait_mirrors(cluster, QUEUE, 1, synced=1, timeout_s=120)
         conn.close()
         cluster.kill(0)
         wait_until(lambda: info(cluster, QUEUE, 1).get("node") == cluster.names[2], 60, "the node 3 mirror promoted")
         conn = connect(cluster, 2)
         assert sorted(consume_all(conn, 10)) == list(range(1000, 1010))
+        conn.close()
+
+
+def test_sync_queue_in_the_background_sends_the_delta_while_the_queue_serves():
+    """ha-sync-mode manual and ha-sync-background: the restarted mirror waits unsynchronised
+    for sync_queue, which sends only what it lacks while a consumer goes on receiving."""
+    with HutchCluster(n=3) as cluster:
+        assert ctl(cluster, 0, "set_policy", "ha-mr", "^mr\\.",
+                   '{"ha-mode":"all","ha-sync-background":true}').returncode == 0
+        conn = connect(cluster, 0)
+        conn.channel().queue_declare(QUEUE, durable=True)
+        wait_mirrors(cluster, QUEUE, 2, timeout_s=120)
+        publish(conn, 0, 5_000)
+        wait_depth(cluster, 0, 5_000)
+        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)  # both joined before the first message
+        cluster.stop(2)
+        wait_mirrors(cluster, QUEUE, 1, synced=1, timeout_s=120)
+        publish(conn, 5_000, 300)
+        wait_depth(cluster, 0, 5_300)
+        before = len(sync_lines(cluster, 0))
+        cluster.start(2)
+        wait_mirrors(cluster, QUEUE, 2, synced=1, timeout_s=120)  # manual: it waits for sync_queue
+        assert ctl(cluster, 1, "sync_queue", QUEUE).returncode == 0
+        got = ack_oldest(conn, 100)  # the queue serves while it synchronises
+        assert got == list(range(100))
+        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
+        lines = sync_lines(cluster, 0)[before:]
+        assert lines and lines[-1] == (300, cluster.names[2], 5_000), lines
+        assert "Synchronising: in the background, the queue goes on serving" in log_of(cluster, 0)
         conn.close()

@@ -28,6 +28,8 @@ from hutch.mirror.names import qname
 log = logging.getLogger("hutch.mirroring")
 
 SYNC_INFLIGHT = 64  # sync batches in the ring at once
+SYNC_INFLIGHT_BYTES_MAX = 8 * 1024 * 1024  # and their bodies' bytes: what a member hands on when the ring
+# changes (its unstable broadcasts, in one peer frame of at most 16 MiB) and what one pump builds
 SYNC_PROGRESS_S = 1.0
 
 
@@ -51,7 +53,8 @@ class SyncJob:
         self.max_bytes_s = leader.host.broker.config.mirroring_sync_max_throughput
         self.pos = 0
         self.sent_bytes = 0
-        self.inflight: list[int] = []
+        self.inflight: list[tuple[int, int]] = []  # (GM seq, body bytes) of batches not yet stable
+        self.inflight_bytes = 0
         self.started = leader.host.now()
         self.last_progress = self.started
         self.done_seq = 0
@@ -89,30 +92,35 @@ class SyncJob:
         if now - self.last_progress >= SYNC_PROGRESS_S:
             self.last_progress = now
             log.info("%s: Synchronising: %d messages", qname(q), self.pos)
-        while self.pos < len(self.entries) and len(self.inflight) < SYNC_INFLIGHT:
+        while (self.pos < len(self.entries) and len(self.inflight) < SYNC_INFLIGHT
+               and self.inflight_bytes < SYNC_INFLIGHT_BYTES_MAX):
             if self.max_bytes_s and self.sent_bytes > (now - self.started) * self.max_bytes_s:
                 return  # over mirroring_sync_max_throughput: the next tick (0.1 s) goes on
             chunk = self.entries[self.pos:self.pos + self.batch]
             self.pos += len(chunk)
             items = []
+            batch_bytes = 0
             for e in chunk:
                 if e.seq in self.removed:  # acknowledged meanwhile: its removal went out already
                     continue
                 m = e.message
                 items.append(SyncItem(e.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent,
                                       m.priority, m.expiration_ms, e.expires_at_ms, e.delivery_count))
-                self.sent_bytes += len(m.body)
+                batch_bytes += len(m.body)
+            self.sent_bytes += batch_bytes
             ld.flush()  # operations recorded before this batch go first
             n = ld.gm.broadcast(encode_ops([SyncBatch(tuple(items))]))
             ld.last_seq = n
-            self.inflight.append(n)
+            self.inflight.append((n, batch_bytes))
+            self.inflight_bytes += batch_bytes
         if self.pos >= len(self.entries) and not self.done_seq:
             ld.flush()
             self.done_seq = ld.gm.broadcast(encode_ops([SyncDone(self.floor_at_start)]))
             ld.last_seq = self.done_seq
 
     def on_stable(self, seq: int) -> None:
-        self.inflight = [s for s in self.inflight if s > seq]
+        self.inflight = [b for b in self.inflight if b[0] > seq]
+        self.inflight_bytes = sum(b[1] for b in self.inflight)
         if self.done_seq and seq >= self.done_seq:
             for m in self.leader.mirrors.values():
                 if m.member in self.targets:
