@@ -11,7 +11,7 @@ import pytest
 
 from hutch.broker.broker import Config
 from hutch.broker.journal import Journal
-from hutch.mirror.leader import new_epochs
+from hutch.mirror.leader import RECOVERY_REPORTS_MAX, Leader, new_epochs
 from hutch.mirror.replica import (
     RANGES_MAX,
     Enqueued,
@@ -162,3 +162,16 @@ def test_mirroring_recover_from_disk_is_a_boolean_on_by_default(tmp_path):
     path.write_text("mirroring_recover_from_disk = soon\n")
     with pytest.raises(ConfigError, match="bad value for 'mirroring_recover_from_disk'"):
         apply_file(Config(), path)
+
+
+def test_a_leader_takes_a_copy_of_its_own_or_an_earlier_epoch_only_below_where_the_next_began():
+    ld = Leader.__new__(Leader)  # only its epochs and the reports it keeps are used here
+    ld.epochs = new_epochs(new_epochs(), 500)  # promoted once: the second epoch began at seq 500
+    ld.recovery_reports = {}
+    first, second = ld.epochs[0][0], ld.epochs[1][0]
+    assert ld.recovery_report("m1", second, [1, 900]) and ld.recovery_reports["m1"] == ([1, 900], None)
+    assert ld.recovery_report("m2", first, [1, 900]) and ld.recovery_reports["m2"] == ([1, 900], 500)
+    assert not ld.recovery_report("m3", 12345, [1, 900])  # a leader that numbers afresh: start empty
+    for i in range(100):
+        ld.recovery_report(f"x{i}", second, [])
+    assert len(ld.recovery_reports) == RECOVERY_REPORTS_MAX
