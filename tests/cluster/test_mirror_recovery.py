@@ -216,3 +216,29 @@ def test_sync_queue_in_the_background_sends_the_delta_while_the_queue_serves():
         assert lines and lines[-1] == (300, cluster.names[2], 5_000), lines
         assert "Synchronising: in the background, the queue goes on serving" in log_of(cluster, 0)
         conn.close()
+
+
+def test_mirrors_of_a_leader_that_restarted_from_its_own_journal_discard_their_copies():
+    """A full restart, the leader's node last down: the leader numbers the messages it recovers
+    afresh (a new epoch), so the mirrors' copies cannot be matched and they start empty."""
+    with HutchCluster(n=3) as cluster:
+        assert ctl(cluster, 0, "set_policy", "ha-mr", "^mr\\.",
+                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
+        conn = connect(cluster, 0)
+        conn.channel().queue_declare(QUEUE, durable=True)
+        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
+        publish(conn, 0, 2_000)
+        wait_depth(cluster, 0, 2_000)
+        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
+        conn.close()
+        cluster.stop(2)
+        cluster.stop(1)
+        cluster.stop(0)
+        cluster.start()
+        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
+        for i in (1, 2):
+            assert "the leader does not know the epoch of the mirror's copy; discarding its 2000 messages" \
+                in log_of(cluster, i)
+        conn = connect(cluster, 0)
+        assert sorted(consume_all(conn, 2_000)) == list(range(2_000))
+        conn.close()
