@@ -175,3 +175,24 @@ def test_a_leader_takes_a_copy_of_its_own_or_an_earlier_epoch_only_below_where_t
     for i in range(100):
         ld.recovery_report(f"x{i}", second, [])
     assert len(ld.recovery_reports) == RECOVERY_REPORTS_MAX
+
+
+def test_a_large_copy_is_dropped_in_bounded_records(tmp_path, monkeypatch):
+    monkeypatch.setattr("hutch.broker.journal.MIRROR_REMOVED_PER_RECORD", 7)
+    j = _journal(tmp_path, segment_bytes_max=1 << 20)
+    h = j.mirror_header(3, "/", "q", 1, 1)
+    seqs = [_me(j, 3, s) for s in range(1, 51)]
+    j.mirror_removed(3, seqs[:20])
+    j.sync()
+    j.close()
+    j2 = _journal(tmp_path, segment_bytes_max=1 << 20)
+    j2.recover([])
+    copy = j2.take_mirror_copy("/", "q")
+    assert (copy.header_seq, sorted(copy.items)) == (h, seqs[20:])
+    j2.drop_mirror_copy(copy)
+    j2.sync()
+    j2.close()
+    j3 = _journal(tmp_path, segment_bytes_max=1 << 20)
+    j3.recover([])
+    assert j3.mirror_copies == {}
+    j3.close()

@@ -68,6 +68,7 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 GUARD_CHECK_MAX = 4096  # guard records examined per collect() call
+MIRROR_REMOVED_PER_RECORD = 65536  # seqs in one MP record (a dropped copy of millions takes several)
 COMPACT_INTERVAL_S = 2.0  # the compactor's pace; each pass copies at most one segment's live bytes
 
 
@@ -184,12 +185,12 @@ class Journal:
 
     def mirror_removed(self, copy_id: int, record_seqs: list[int]) -> None:
         """These ME records (or a header) left the copy: one MP record guards them all."""
-        if not record_seqs:
-            return
-        p = self.log.append(_enc.encode(("MP", copy_id, record_seqs)), copy_id)
-        for s in record_seqs:
-            self.log.release(s)
-        self._guard(p, list(record_seqs))
+        for i in range(0, len(record_seqs), MIRROR_REMOVED_PER_RECORD):
+            chunk = record_seqs[i:i + MIRROR_REMOVED_PER_RECORD]
+            p = self.log.append(_enc.encode(("MP", copy_id, chunk)), copy_id)
+            for s in chunk:
+                self.log.release(s)
+            self._guard(p, list(chunk))
 
     def take_mirror_copy(self, vhost: str, name: str) -> MirrorCopy | None:
         return self.mirror_copies.pop((vhost, name), None)
