@@ -130,3 +130,26 @@ def test_a_short_campaign_loses_no_confirmed_message(tmp_path):
     assert result.ok, result.verdict
     # read from each queue's leader, after the drain
     assert list(result.queue_depths_after.values()) == [0] * cfg.queues, result.queue_views_after
+
+
+@pytest.mark.timeout(240)
+def test_a_short_campaign_on_mirrored_queues_loses_no_confirmed_message(tmp_path):
+    """Mirroring that promises what a quorum queue does (every node, automatic sync, promotion
+    only when synchronised, pause_minority). It lost confirmed messages when the leader was cut
+    off: the leader confirmed what became stable only because it had declared the mirrors
+    beyond the cut dead, and the majority promoted one of them."""
+    cfg = CampaignConfig(duration_s=30.0, publishers=2, consumers=2, rate_per_publisher=25.0, queue_type="mirrored",
+                         faults=("kill", "partition-leader", "suspend"), healthy_s=(1.0, 2.0),
+                         fault_hold_s=(5.0, 6.0), drain_quiet_s=3.0, late_confirms_s=15.0, drain_timeout_s=60.0)
+    seed = _seed_covering(cfg, 3)
+    cfg = dataclasses.replace(cfg, seed=seed)
+    result = run_campaign(cfg, tmp_path / "out", base_port=free_base_port(3), tied_to_caller=True)
+    applied = {f["kind"] for f in result.faults if f["applied"]}
+    assert {"kill", "partition-leader", "suspend"} <= applied, result.faults
+    assert result.check["confirmed"] > 500, result.check
+    assert result.check["lost"] == 0, f"seed {seed}: {result.verdict}; history {result.history_dir}"
+    assert result.check["unexpected"] == 0 and result.drained, result.verdict
+    assert result.reference["lost"] == 0 and result.reference["duplicates_unexplained"] == 0, result.verdict
+    # not asserted: order. A publish that reaches a promoted mirror before its promotion completes
+    # is answered "retry" and sent again, and a later one of the same channel can get in first
+    # (docs/mirroring.md); the campaign reports it (reordered_unexplained)

@@ -73,5 +73,6 @@ def test_a_background_sync_keeps_the_queue_serving_and_leaves_a_faithful_mirror(
         consumer.close()
         numbers = sorted(int(b[:4]) for b, _r in left)
         assert numbers == list(range(ACKED, MESSAGES)), numbers
-        redelivered = sorted(int(b[:4]) for b, r in left if r)
-        assert redelivered == list(range(ACKED, ACKED + HELD)), redelivered
+        # after a failed leader every message comes back redelivered (it may have delivered any
+        # of them just before it died)
+        assert all(r for _b, r in left), left

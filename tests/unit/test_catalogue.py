@@ -21,6 +21,7 @@ from hutch.cluster.catalogue import (
     Bind,
     Catalogue,
     CatalogueError,
+    CheckQueueLeader,
     ClearGlobalParameter,
     ClearParameter,
     ClearPermissions,
@@ -258,6 +259,17 @@ def test_queue_nodes_move_on_promotion():
     r = k.apply(SetQueueNodes("/", "q", "n2", ("n3",)))
     assert r.status == UPDATED and (k.queue("/", "q").leader_node, k.queue("/", "q").member_nodes) == ("n2", ("n3",))
     assert k.apply(SetQueueNodes("/", "nope", "n2")).code == 404
+
+
+def test_check_queue_leader_changes_nothing_and_succeeds_only_for_the_leader():
+    k = cat(DeclareQueue("/", "q", leader_node="n1", member_nodes=("n2",)))
+    before = k.snapshot()
+    assert k.apply(CheckQueueLeader("/", "q", "n1")).ok
+    r = k.apply(CheckQueueLeader("/", "q", "n2"))
+    assert r.code == 406 and "led by n1, not n2" in r.text
+    assert k.apply(CheckQueueLeader("/", "nope", "n1")).code == 404
+    assert k.snapshot() == before
+    assert c.decode_command(c.encode_command(CheckQueueLeader("/", "q", "n1"))) == CheckQueueLeader("/", "q", "n1")
 
 
 def test_unknown_queue_type_is_refused():

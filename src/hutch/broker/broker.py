@@ -875,8 +875,11 @@ class Broker:
         self.schedule()
         return refused
 
-    def enqueue_local(self, queues: tuple[ClassicQueue, ...], msg: Message) -> tuple[bool, int]:
-        """A message another node routed to queues homed here: (refused, journal seq or 0)."""
+    def enqueue_local(self, queues: tuple[ClassicQueue, ...], msg: Message,
+                      maybe_delivered: bool = False) -> tuple[bool, int]:
+        """A message another node routed to queues homed here: (refused, journal seq or 0).
+        `maybe_delivered`: an earlier leader of the queue may have delivered it (its next
+        delivery carries `redelivered`)."""
         refused = False
         journalled = 0
         now = self.now_ms() if msg.expiration_ms is not None or self.ttl_queues else 0
@@ -886,8 +889,11 @@ class Broker:
                 refused = True
                 if q.state.limits.overflow == REJECT_PUBLISH_DLX:
                     self.dead_letter(q, [Entry(0, msg, None)], "maxlen")
-            elif entry.log_seq:
-                journalled = entry.log_seq
+            else:
+                if maybe_delivered and not entry.delivery_count:
+                    entry.delivery_count = 1
+                if entry.log_seq:
+                    journalled = entry.log_seq
         return refused, journalled
 
     def _put(self, q: ClassicQueue, msg: Message, now: int) -> tuple[Entry | None, list[Entry]]:

@@ -197,6 +197,13 @@ class ClusterBroker:
     def running_nodes(self) -> list[str]:
         return sorted(n for n in self.members if n == self.node or self.is_up(n))
 
+    def cut_off(self) -> bool:
+        """Under pause_minority, whether this node reaches no majority of the cluster's members:
+        then a mirrored queue led here confirms nothing (hutch.mirror.leader)."""
+        if self.broker.config.cluster_partition_handling != "pause_minority" or not self.members:
+            return False
+        return 2 * len(self.running_nodes()) <= len(self.members)
+
     # ------------------------------------------------------------ the catalogue, applied
 
     def apply_command(self, cmd: cat.Command) -> cat.Result:
@@ -511,11 +518,12 @@ class BrokerRemotePort:
     def quorum_figures(self) -> list:
         return self.cl.quorum.stats()
 
-    def enqueue_local(self, queues: tuple, msg: Message, token: tuple[str, int]) -> tuple[bool, int]:
+    def enqueue_local(self, queues: tuple, msg: Message, token: tuple[str, int],
+                      maybe_delivered: bool = False) -> tuple[bool, int]:
         """Enqueue a message another node published; mirrors learn its publisher's `token`."""
         mirroring = self.cl.mirroring
         mirroring.token = token
-        result = self.broker.enqueue_local(queues, msg)
+        result = self.broker.enqueue_local(queues, msg, maybe_delivered)
         mirroring.token = ("", 0)
         return result
 

@@ -296,6 +296,16 @@ class SetQueueNodes(Command, tag="queue.nodes"):
     promotion: bool = False  # a mirror taking over from a failed leader (checked before it is proposed)
 
 
+class CheckQueueLeader(Command, tag="queue.check_leader"):
+    """Changes nothing: succeeds while `leader_node` leads the queue. A mirrored queue's leader
+    that was cut off from the majority asks it before it confirms again (a barrier through the
+    log: once committed, no other node took the queue over before it)."""
+
+    vhost: str
+    name: str
+    leader_node: str
+
+
 class SetPolicy(Command, tag="policy.set"):
     vhost: str
     name: str
@@ -350,6 +360,7 @@ class ClearGlobalParameter(Command, tag="global_parameter.clear"):
 
 AnyCommand = (AddVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions | ClearPermissions
               | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue | SetQueueNodes
+              | CheckQueueLeader
               | SetPolicy | ClearPolicy | SetParameter | ClearParameter | SetGlobalParameter
               | ClearGlobalParameter | SetOperatorPolicy | ClearOperatorPolicy)
 
@@ -804,6 +815,15 @@ class Catalogue:
         self.queues[(c.vhost, c.name)] = rec
         return Result(EXISTED if rec == old else UPDATED, queue=rec)
 
+    def _check_queue_leader(self, c: CheckQueueLeader) -> Result:
+        rec = self.queues.get((c.vhost, c.name))
+        if rec is None:
+            return _err(NOT_FOUND, f"no queue '{c.name}' in vhost '{c.vhost}'")
+        if rec.leader_node != c.leader_node:
+            return _err(PRECONDITION_FAILED, f"queue '{c.name}' in vhost '{c.vhost}' is led by "
+                                             f"{rec.leader_node}, not {c.leader_node}")
+        return Result(EXISTED, queue=rec)
+
     def _set_policy(self, c: SetPolicy | SetOperatorPolicy) -> Result:
         if c.vhost not in self.vhosts:
             return _no_vhost(c.vhost)
@@ -1066,6 +1086,7 @@ _HANDLERS = {
     DeclareQueue: Catalogue._declare_queue,
     DeleteQueue: Catalogue._delete_queue,
     SetQueueNodes: Catalogue._set_queue_nodes,
+    CheckQueueLeader: Catalogue._check_queue_leader,
     SetPolicy: Catalogue._set_policy,
     ClearPolicy: Catalogue._clear_policy,
     SetOperatorPolicy: Catalogue._set_policy,

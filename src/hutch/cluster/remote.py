@@ -62,6 +62,9 @@ class Publish(msgspec.Struct, array_like=True, frozen=True, gc=False):
     props: bytes
     body: bytes
     persistent: bool
+    # sent again to a promoted mirror: the old leader may have delivered it before it died, so
+    # it is delivered as `redelivered` (unless the ring had it: then it is dropped as a repeat)
+    resent: bool = False
 
 
 class Publishes(msgspec.Struct, tag=1, array_like=True, frozen=True, gc=False):

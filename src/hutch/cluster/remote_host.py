@@ -78,7 +78,8 @@ class RemotePort(Protocol):
     def local_queues(self) -> Iterable[Any]: ...  # the classic queues homed here
     def quorum_figures(self) -> list: ...  # [vhost, name, ready, unacked, consumers] of quorum queues led here
     def priority_and_expiration(self, props: bytes) -> tuple[int, int | None]: ...
-    def enqueue_local(self, queues: tuple, msg: Message, token: tuple[str, int]) -> tuple[bool, int]: ...
+    def enqueue_local(self, queues: tuple, msg: Message, token: tuple[str, int],
+                      maybe_delivered: bool = False) -> tuple[bool, int]: ...
     def after_sync(self, fn: Callable[[Any], None], arg: Any) -> None: ...
     def schedule(self) -> None: ...
     def dirty(self, q: Any) -> None: ...
@@ -172,11 +173,22 @@ class RemoteHost:
                 self.port.window_add(session)
             if home in mirrored_homes:
                 self._pub_items[token] = item  # kept to send again to a promoted mirror
-                if not is_up(home):  # its leader is down: wait for a promotion
+                # its leader is down: wait for a promotion; earlier publishes to the queue wait
+                # for theirs: this one goes after them, in order
+                if not is_up(home) or (self._orphans and self._orphans_for(vhost, names)):
                     self._orphans[token] = self.port.now_s() + ORPHAN_TIMEOUT_S
                     continue
             self._out_pubs.setdefault(home, []).append(item)
         return len(by_home), refused
+
+    def _orphans_for(self, vhost: str, names: list[str]) -> bool:
+        """Whether a publish to one of these queues waits for its queue's new leader."""
+        items = self._pub_items
+        for token in self._orphans:
+            item = items.get(token)
+            if item is not None and item.vhost == vhost and not set(item.queues).isdisjoint(names):
+                return True
+        return False
 
     def redirect_publishes(self, vhost: str, name: str, old_home: str) -> None:
         """A mirrored queue's leader moved away from `old_home`: the publishes to it that
@@ -214,6 +226,8 @@ class RemoteHost:
                 if home == self.node or self.is_up(home):
                     del self._orphans[token]
                     self._pub_tokens[token] = (home, *entry[1:])
+                    if not item.resent:
+                        item = self._pub_items[token] = msgspec.structs.replace(item, resent=True)
                     self._out_pubs.setdefault(home, []).append(item)
                     continue
             if now >= deadline or not homes or len(homes) > 1:
@@ -279,7 +293,7 @@ class RemoteHost:
             priority, expiration_ms = port.priority_and_expiration(props)
             msg = Message(exchange, rk, codec.route_encoding(exchange, rk), props, pub.body, pub.persistent, priority,
                           expiration_ms)
-            refused, journalled = port.enqueue_local(queues, msg, (origin, token))
+            refused, journalled = port.enqueue_local(queues, msg, (origin, token), pub.resent)
             arg = (origin, token, refused, queues)
             if mirrored and not refused:
                 arg = (self._ack_publish, arg, mirrored)

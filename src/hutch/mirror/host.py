@@ -79,6 +79,7 @@ class MirrorCluster(Protocol):
     def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None: ...
     def send(self, peer: str, payload: Any) -> bool: ...
     def is_up(self, node: str) -> bool: ...
+    def cut_off(self) -> bool: ...
     def submit(self, cmd: cat.Command, callback: Callable[[cat.Result], None]) -> None: ...
     def catalogue_leader_of(self, vhost: str, name: str) -> str | None: ...
     def mirror_params(self, vhost: str, name: str) -> MirrorParams | None: ...
@@ -211,6 +212,11 @@ class MirrorHost:
         routes: dict[tuple[str, str], bytes] = {}
         if m.replica.recovered_epoch:  # its copy from disk was never reconciled: only what came since counts
             m.replica.forget_unreconciled()
+        # A leader that failed may have delivered any message just before it died (it delivers
+        # before its mirrors hear of it; cut off, it went on for a moment): every message comes
+        # back `redelivered`, so a consumer that got one already can tell. After a controlled
+        # stop the copy is exact.
+        failed = not (m.replica.view is not None and m.replica.view.stopping)
         for e in m.replica.in_order():
             rk = (e.exchange, e.routing_key)
             route = routes.get(rk)
@@ -219,7 +225,7 @@ class MirrorHost:
             msg = Message(e.exchange, e.routing_key, route, e.props, e.body, e.persistent, e.priority,
                           e.expiration_ms)
             entry = Entry(e.seq, msg, e.expires_at_ms)
-            entry.delivery_count = e.delivery_count
+            entry.delivery_count = max(e.delivery_count, 1) if failed else e.delivery_count
             if e.persistent and q.journal_id and b.journal is not None:
                 entry.log_seq = b.journal.enqueue(q.journal_id, e.exchange, e.routing_key, e.props, e.body)
             st.restore(entry)

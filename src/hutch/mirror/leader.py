@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
 from hutch.mirror.names import node_of, qname
 from hutch.mirror.placement import AUTOMATIC, MirrorParams
@@ -84,6 +85,9 @@ class Leader:
         self.backlog = Backlog()
         self.last_seq = 0  # last broadcast
         self.stable_seq = 0
+        self.stable_held = 0  # stable while this node was cut off from the majority: not confirmed yet
+        self.checking_leader = False  # asking the catalogue whether this node still leads
+        self.check_failed = 0  # the code of the last refused check (logged once)
         self.mirrors: dict[str, MirrorInfo] = {}
         self._order = 0
         self.sync: SyncJob | None = None
@@ -161,15 +165,27 @@ class Leader:
     def on_event(self, ev) -> None:
         t = type(ev)
         if t is gm.Stable:
-            self.stable_seq = ev.seq
-            for _s, fn, arg in self.backlog.stable(ev.seq):
-                fn(arg)
-            if self.sync is not None:
-                self.sync.on_stable(ev.seq)
-            if self.q.flow_waiters is not None:
-                self.host.broker.dirty_queues.add(self.q)
+            if self.stable_held or self.host.cluster.cut_off():
+                # this node sees (or saw) no majority of the cluster: what became stable because
+                # mirrors beyond the cut were declared dead may exist nowhere that leads the queue
+                # next (the majority may promote one of them). Nothing is confirmed until the
+                # majority is back and the catalogue says, through its log, that this node still
+                # leads (`tick`); a paused node's clients are gone before that.
+                self.stable_held = max(self.stable_held, ev.seq)
+                return
+            self._stable(ev.seq)
         elif t is gm.MembersChanged:
             self._members_changed(ev)
+
+    def _stable(self, seq: int) -> None:
+        """Everything broadcast up to `seq` is with every mirror: confirm it."""
+        self.stable_seq = seq
+        for _s, fn, arg in self.backlog.stable(seq):
+            fn(arg)
+        if self.sync is not None:
+            self.sync.on_stable(seq)
+        if self.q.flow_waiters is not None:
+            self.host.broker.dirty_queues.add(self.q)
 
     def _members_changed(self, ev: gm.MembersChanged) -> None:
         q = self.q
@@ -306,9 +322,26 @@ class Leader:
             self.start_sync()  # a mirror that joined while the last one ran
 
     def tick(self, now: float) -> None:
+        if self.stable_held and not self.checking_leader and not self.host.cluster.cut_off():
+            self.checking_leader = True
+            q = self.q
+            self.host.cluster.submit(cat.CheckQueueLeader(q.vhost, q.name, self.host.node), self._checked_leader)
         self.send_view()
         if self.sync is not None:
             self.sync.pump(now)
+
+    def _checked_leader(self, result: cat.Result) -> None:
+        """The catalogue's answer: confirm what waited, or (another node leads, or no answer yet)
+        keep it waiting; a leader that lost the queue is detached with everything that waits."""
+        self.checking_leader = False
+        if not result.ok:
+            if result.code != self.check_failed:
+                self.check_failed = result.code
+                log.warning("%s: not confirming what became stable while this node was cut off from the "
+                            "cluster's majority: %s", qname(self.q), result.text or result.status)
+            return
+        seq, self.stable_held, self.check_failed = self.stable_held, 0, 0
+        self._stable(seq)
 
     def detach(self, deleted: bool = False) -> None:
         """The queue stops being mirrored, stops being led here, or is deleted (then the mirrors
