@@ -337,7 +337,10 @@ class ClusterRuntime:
         return sorted(self.names.get(i, str(i)) for i in ids)
 
     def is_up(self, name: str) -> bool:
-        return name == self.name or (not self.stopped and self.transport.is_up(name))
+        """Whether `name` is this node or a peer linked now (none yet while the node boots: the
+        broker may ask before the transport exists)."""
+        transport = getattr(self, "transport", None)
+        return name == self.name or (not self.stopped and transport is not None and transport.is_up(name))
 
     def leader_name(self) -> str | None:
         lead = self.group.leader
