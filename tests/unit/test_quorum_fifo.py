@@ -195,6 +195,18 @@ def test_prefetch_bounds_checked_out_messages_and_a_settle_frees_a_slot():
     assert s.messages_ready == 2 and s.messages_unacknowledged == 2
 
 
+def test_a_consumer_alone_gets_its_ahead_beyond_its_prefetch_and_with_another_only_its_prefetch():
+    s = queue()
+    fill(s, 20)
+    assert len(bodies(s.apply(Checkout("n1/busy", prefetch=1, ahead=4)))) == 5  # alone: 1 + 4 on their way
+    eff = s.apply(Checkout("n2/idle", prefetch=1, ahead=4))
+    assert len(bodies(eff)) == 1  # two consumers: each its prefetch, no ahead
+    idle_id = of(eff, Deliver)[0].msg_id
+    assert len(bodies(s.apply(Settle("n2/idle", [idle_id])))) == 1  # the busy one holds 5, gets no more
+    snap = QuorumQueueState.restore(s.snapshot())
+    assert snap.snapshot() == s.snapshot() and snap.consumers["n1/busy"].ahead == 4
+
+
 def test_prefetch_zero_means_the_quorum_queue_limit_of_2000():
     s = queue()
     fill(s, UNLIMITED_PREFETCH + 5)

@@ -203,6 +203,10 @@ class Checkout(msgspec.Struct, tag=2, array_like=True, frozen=True, gc=False):
     priority: int = 0  # x-priority
     no_ack: bool = False
     now_ms: int = 0
+    # messages it may have on their way beyond its prefetch while it is the queue's only
+    # consumer (its node holds them until the channel can take them: hutch.quorum.handle); with
+    # another consumer it gets its prefetch only, so a busy one never keeps messages from an idle one
+    ahead: int = 0
 
 
 class Cancel(msgspec.Struct, tag=3, array_like=True, frozen=True, gc=False):
@@ -414,9 +418,10 @@ class _Publisher:
 
 
 class _Consumer:
-    __slots__ = ("consumer_id", "tag", "prefetch", "priority", "no_ack", "status", "checked_out")
+    __slots__ = ("consumer_id", "tag", "prefetch", "priority", "no_ack", "status", "checked_out", "ahead")
 
-    def __init__(self, consumer_id: str, tag: str, prefetch: int, priority: int, no_ack: bool, status: int):
+    def __init__(self, consumer_id: str, tag: str, prefetch: int, priority: int, no_ack: bool, status: int,
+                 ahead: int = 0):
         self.consumer_id = consumer_id
         self.tag = tag
         self.prefetch = prefetch
@@ -424,11 +429,13 @@ class _Consumer:
         self.no_ack = no_ack
         self.status = status
         self.checked_out: dict[int, int] = {}  # msg_id -> seq, in msg_id order (ids only grow)
+        self.ahead = ahead  # Checkout.ahead: beyond the prefetch while it is the only consumer
 
-    def can_take(self) -> bool:
+    def can_take(self, alone: bool = False) -> bool:
         if self.status != UP:
             return False
-        return self.no_ack or len(self.checked_out) < (self.prefetch or UNLIMITED_PREFETCH)
+        return self.no_ack or len(self.checked_out) < (self.prefetch or UNLIMITED_PREFETCH) + (self.ahead if alone
+                                                                                               else 0)
 
 
 def _route_enc(exchange: str, routing_key: str) -> bytes:
@@ -506,6 +513,7 @@ class QuorumQueueState:
         self.publishers: dict[str, _Publisher] = {}  # oldest first
         self.rejecting = False  # reject-publish: over the limit, not yet back under the soft limit
         self.clock_ms = 0  # the largest now_ms seen
+        self._alone_now = False  # _next_consumer's: one consumer up (it may be sent its ahead)
         self.last_used_ms: int | None = None
         self.expired_notified = False
         self.deleted = False
@@ -607,10 +615,11 @@ class QuorumQueueState:
             if len(self.consumers) >= CONSUMERS_MAX:
                 effects.append(ConsumerCancelled(cmd.consumer_id, "consumers_max"))
                 return
-            c = _Consumer(cmd.consumer_id, cmd.tag, cmd.prefetch, cmd.priority, cmd.no_ack, UP)
+            c = _Consumer(cmd.consumer_id, cmd.tag, cmd.prefetch, cmd.priority, cmd.no_ack, UP, cmd.ahead)
             self.consumers[c.consumer_id] = c
         else:  # a cancelled or basic.get record under the same id comes alive as this consumer
             c.tag, c.prefetch, c.priority, c.no_ack, c.status = cmd.tag, cmd.prefetch, cmd.priority, cmd.no_ack, UP
+            c.ahead = cmd.ahead
             self.consumers[c.consumer_id] = self.consumers.pop(c.consumer_id)  # joins at the back
         self._serve(c, effects)
         self._dispatch(effects)
@@ -783,14 +792,25 @@ class QuorumQueueState:
                 return
 
     def _next_consumer(self) -> _Consumer | None:
-        if self.config.single_active:
+        if self.config.single_active:  # the active one is the only one served: its ahead holds
             c = self.consumers.get(self.active_id) if self.active_id is not None else None
-            return c if c is not None and c.can_take() else None
+            return c if c is not None and c.can_take(True) else None
+        self._alone_now = self._alone()
         cid = self._rings.next(self._id_can_take)
         return self.consumers[cid] if cid is not None else None
 
     def _id_can_take(self, consumer_id: str) -> bool:
-        return self.consumers[consumer_id].can_take()
+        return self.consumers[consumer_id].can_take(self._alone_now)
+
+    def _alone(self) -> bool:
+        """Whether the queue has one consumer up (then it may be sent its ahead)."""
+        up = 0
+        for c in self.consumers.values():
+            if c.status == UP:
+                up += 1
+                if up > 1:
+                    return False
+        return up == 1
 
     def _dispatch(self, effects: list[Effect]) -> None:
         """Expire heads, then hand ready messages to consumers that can take them: highest
@@ -965,7 +985,7 @@ class QuorumQueueState:
             [_snap_entry(e) for e in normal.fifo],
             [_snap_entry(e) for e in held],
             [_SnapConsumer(c.consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, c.status,
-                           [(i, s) for i, s in c.checked_out.items()]) for c in self.consumers.values()],
+                           [(i, s) for i, s in c.checked_out.items()], c.ahead) for c in self.consumers.values()],
             self._rings.snapshot(),
             self.active_id, self.next_msg_id,
             [_snap_entry(e) for e in self.dlx_pending.values()],
@@ -999,7 +1019,7 @@ class QuorumQueueState:
             q.unacked[e.seq] = e
             q.unacked_bytes += len(e.message.body)
         for sc in snap.consumers:
-            c = _Consumer(sc.consumer_id, sc.tag, sc.prefetch, sc.priority, sc.no_ack, sc.status)
+            c = _Consumer(sc.consumer_id, sc.tag, sc.prefetch, sc.priority, sc.no_ack, sc.status, sc.ahead)
             c.checked_out = dict(sc.checked_out)
             self.consumers[c.consumer_id] = c
         self._rings = PriorityRings.restore(snap.groups)
@@ -1063,6 +1083,7 @@ class _SnapConsumer(msgspec.Struct, array_like=True, frozen=True, gc=False):
     no_ack: bool
     status: int
     checked_out: list[tuple[int, int]]
+    ahead: int = 0  # absent from snapshots written before it
 
 
 class _Snapshot(msgspec.Struct, array_like=True, frozen=True, gc=False):

@@ -15,9 +15,11 @@ leader sends more. Without it a consumer gets at most prefetch messages per comm
 trip (acks go through the log as publishes do), so a small prefetch starved it. What is held
 is checked out to the consumer in the state machine; when the consumer is cancelled it is
 returned, counted as a delivery (`x-delivery-count` one more, `redelivered` set), which
-AMQP allows for any message the client may have seen. While held, a message is not given to
-another consumer of the queue: the ahead is a multiple of the prefetch (8, within 64..1,024) so
-that a consumer asking for few messages at a time holds few.
+AMQP allows for any message the client may have seen. The state machine sends the ahead only
+while the consumer is the queue's only one (`fifo.Checkout.ahead`): with several, each gets its
+prefetch and no more, so a busy consumer never holds messages an idle one could take (fair
+dispatch, as the work-queue pattern with prefetch 1 relies on). The ahead is a multiple of the
+prefetch (8, within 64..1,024).
 
 Must never: touch a channel or a connection (deliveries go out through the host's port), do
 I/O, or import anything from `hutch.broker` or above.
@@ -308,8 +310,9 @@ class QuorumQueue:
             raise not_implemented_global_qos(self)  # as RabbitMQ 3.10: a connection error
         c.ref = consumer_id = self.host.owner_id()
         self.add_consumer(c)
-        credit = c.prefetch + credit_ahead(c.prefetch) if c.prefetch and not c.no_ack else c.prefetch
-        return self._propose(fifo.Checkout(consumer_id, c.tag, credit, c.priority, c.no_ack, self.host.now_ms()),
+        ahead = credit_ahead(c.prefetch) if c.prefetch and not c.no_ack else 0
+        return self._propose(fifo.Checkout(consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, self.host.now_ms(),
+                                           ahead),
                              reply, lambda _r: None, undo=lambda: self.remove_consumer(c))
 
 
