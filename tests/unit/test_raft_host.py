@@ -110,15 +110,6 @@ def test_dropping_a_group_forgets_its_bookkeeping(hosted):
     assert groups.leader(GID) is None and groups.status(GID) is None
 
 
-def test_an_entry_costs_one_fsync_its_commit_none(hosted):
-    host, groups, app, _ = hosted
-    before = host.storage.log.fsync_count
-    groups.propose(GID, b"once")
-    host.drain()
-    assert app.applied == [b"once"]
-    assert host.storage.log.fsync_count - before == 1  # the entry's; the commit index alone waits
-
-
 def test_a_snapshot_too_large_for_one_log_record_is_refused_with_a_warning(hosted, caplog):
     host, groups, app, _ = hosted
     host._snapshot_bytes_max = 10

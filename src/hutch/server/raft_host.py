@@ -4,10 +4,7 @@
 (`Ready`, then `Advance`): every Ready is made durable on the node's `RaftHostStorage` (one
 fsync for all groups) before its messages leave, then each group's committed entries are
 handed to that group's application (`GroupApp`), then the groups advance, and a group whose
-log grew long enough is compacted behind a snapshot of its application. Two liberties that
-Raft allows, for speed: a leader's messages leave before its own fsync (it counts itself
-towards a commit only once its entries are durable), and a Ready that only moves the commit
-index needs no fsync.
+log grew long enough is compacted behind a snapshot of its application.
 
 It also tells its owner when a group other than the main (catalogue) group learns a leader
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
@@ -109,50 +106,31 @@ class RaftHost:
         self._snapshot_bytes_max = storage.log.record_bytes_max - SNAPSHOT_RECORD_SLACK_BYTES
         # groups whose snapshot was too large -> the log length at which to try again
         self._snapshot_refused: dict[Any, int] = {}
-        # group -> (term, vote) of its last hard state known durable (missing: never synced here)
-        self._durable_vote: dict[Any, tuple[int, Any]] = {}
 
     # ------------------------------------------------------------ the Ready loop
 
     def drain(self, initial: bool = False) -> None:
         """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
         at start, before the transport exists, nothing is sent."""
-        multi = self.multi
-        durable = self._durable_vote
         while not self.failed:
-            mr = multi.ready()
+            mr = self.multi.ready()
             if mr is None:
                 self._leadership()
                 return
-            # What must be on disk before anything leaves or is applied: new entries, a received
-            # snapshot, a new term or vote. A commit index alone need not be (it is learnt again
-            # from the leader after a restart), so a Ready that only commits is applied at once.
-            voted = [(gid, (rd.hard_state.term, rd.hard_state.vote)) for gid, rd in mr.groups
-                     if rd.hard_state is not None and (rd.hard_state.term, rd.hard_state.vote) != durable.get(gid)]
-            sent_early: set[Any] = set()
-            if voted or any(rd.entries or rd.snapshot is not None for _, rd in mr.groups):
-                if not initial:
-                    sent_early = self._send_leaders_early(mr, {gid for gid, _ in voted})
-                if not self._sync():
-                    return  # nothing may be sent or applied on the strength of writes that may be lost
-            if not self._finish(mr, voted, sent_early, initial):
+            if mr.needs_fsync() and not self._sync():
+                return  # nothing may be sent or applied on the strength of writes that may be lost
+            if not self._finish(mr, initial):
                 return
 
-    def _finish(self, mr: Any, voted: list, sent_early: set[Any], initial: bool) -> bool:
+    def _finish(self, mr: Any, initial: bool) -> bool:
         """The rest of a Ready whose writes are durable: send, apply, advance, compact. False
         when the host stopped (an entry could not be applied, the disk failed)."""
         multi = self.multi
-        durable = self._durable_vote
-        for gid, tv in voted:
-            durable[gid] = tv
         if not initial:
-            for gid, rd in mr.groups:
-                if gid in sent_early:
-                    continue
-                for m in rd.messages:
-                    peer = self.names.get(m.to)
-                    if peer is not None:
-                        self._send(peer, gid, rm.encode(m))
+            for to, gid, m in mr.messages():
+                peer = self.names.get(to)
+                if peer is not None:
+                    self._send(peer, gid, rm.encode(m))
         compact = []
         for gid, rd in mr.groups:
             app = self.apps.get(gid)
@@ -189,26 +167,6 @@ class RaftHost:
         # a compaction's snapshot record is synced here: it is rare, and what it releases must
         # not go before the record replacing it is durable
         return not compacted or self._sync()
-
-    def _send_leaders_early(self, mr: Any, voted: set[Any]) -> set[Any]:
-        """Send the messages of the groups this node leads before the fsync, as Raft allows a
-        leader (thesis §10.2.1): its appends go to the followers while its own disk writes the
-        same entries, and it counts itself towards a commit only once they are durable
-        (`RaftGroup.advance`). Only when its term and vote are already durable (`voted`: groups
-        whose Ready changes them), which they are once it has been elected. Returns the groups
-        whose messages went."""
-        sent = set()
-        groups = self.multi.groups
-        for gid, rd in mr.groups:
-            g = groups.get(gid)
-            if g is None or g.role != LEADER or gid in voted or not rd.messages:
-                continue
-            for m in rd.messages:
-                peer = self.names.get(m.to)
-                if peer is not None:
-                    self._send(peer, gid, rm.encode(m))
-            sent.add(gid)
-        return sent
 
     def _sync(self) -> bool:
         """One fsync of every group's log, here; False (and the node stopping) when the disk failed."""
@@ -347,7 +305,6 @@ class RaftHost:
             self.multi.remove_group(gid)
         self.apps.pop(gid, None)
         self._snapshot_refused.pop(gid, None)
-        self._durable_vote.pop(gid, None)
         self._leading.discard(gid)
         self._leaders.pop(gid, None)
 
