@@ -79,7 +79,7 @@ class FakePort:
     def priority_and_expiration(self, props):
         return 0, None
 
-    def enqueue_local(self, queues, msg, token):
+    def enqueue_local(self, queues, msg, token, maybe_delivered=False):
         self.enqueued.append(([q.name for q in queues], msg.body, token))
         return False, 0
 
