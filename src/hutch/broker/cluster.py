@@ -69,7 +69,6 @@ from hutch.mirror.host import MirrorHost
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
 from hutch.quorum.host import QuorumHost
-from hutch.raft.group import NotLeader, RaftError
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker
@@ -397,17 +396,10 @@ class ClusterBroker:
         §3.10, hutch.raft.group.RaftGroup.transfer_leadership): the leader brings `node`'s log up
         to date, then tells it to stand at once. [200] when started, else [code, why]."""
         groups = self.quorum.raft
-        g = groups.host.multi.groups.get(gid) if groups is not None else None
-        if g is None:
+        if groups is None or groups.status(gid) is None:
             return [spec.NOT_FOUND, "no such queue group here"]
-        try:
-            g.transfer_leadership(groups.node_id(node))
-        except NotLeader:
-            return [spec.PRECONDITION_FAILED, "not the leader"]
-        except RaftError as e:
-            return [spec.PRECONDITION_FAILED, str(e)]
-        groups.host.multi.touched(gid)
-        return [200]
+        why = groups.transfer_leader(gid, node)
+        return [200] if why is None else [spec.PRECONDITION_FAILED, why]
 
     # ------------------------------------------------------------ the peer protocol
 

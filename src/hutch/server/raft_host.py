@@ -349,6 +349,22 @@ class QueueGroups:
         st.pop("progress", None)
         return st
 
+    def transfer_leader(self, gid: int, node: str) -> str | None:
+        """On the group's leader: Raft leadership transfer to `node` (thesis §3.10,
+        `RaftGroup.transfer_leadership`): the leader brings `node`'s log up to date, then tells it
+        to stand at once. None when started, else why not."""
+        g = self.host.multi.groups.get(gid)
+        if g is None:
+            return "no such queue group here"
+        try:
+            g.transfer_leadership(self.node_id(node))
+        except NotLeader:
+            return "not the leader"
+        except RaftError as e:
+            return str(e)
+        self.host.multi.touched(gid)
+        return None
+
     def change_members(self, gid: int, op: str, node: str) -> str | None:
         """On the group's leader: add (as a learner that is promoted once caught up) or remove
         one member. None when proposed (or already so), else why not (yet)."""
