@@ -107,16 +107,22 @@ def _seed_covering(cfg: CampaignConfig, first: int) -> int:
     raise AssertionError("no seed covers every kind")
 
 
-@pytest.mark.timeout(240)
-def test_a_short_campaign_loses_no_confirmed_message(tmp_path):
-    cfg = CampaignConfig(duration_s=30.0, publishers=2, consumers=2, rate_per_publisher=25.0,
+def _short_campaign(tmp_path, queue_type: str):
+    """30 s of kills, leader partitions and suspends on 3 nodes, a seed that draws all three."""
+    cfg = CampaignConfig(duration_s=30.0, publishers=2, consumers=2, rate_per_publisher=25.0, queue_type=queue_type,
                          faults=("kill", "partition-leader", "suspend"), healthy_s=(1.0, 2.0),
                          fault_hold_s=(5.0, 6.0), drain_quiet_s=3.0, late_confirms_s=15.0, drain_timeout_s=60.0)
-    seed = _seed_covering(cfg, 3)
-    cfg = dataclasses.replace(cfg, seed=seed)
+    cfg = dataclasses.replace(cfg, seed=_seed_covering(cfg, 3))
     result = run_campaign(cfg, tmp_path / "out", base_port=free_base_port(3), tied_to_caller=True)
     applied = {f["kind"] for f in result.faults if f["applied"]}
     assert {"kill", "partition-leader", "suspend"} <= applied, result.faults
+    return cfg, result
+
+
+@pytest.mark.timeout(240)
+def test_a_short_campaign_loses_no_confirmed_message(tmp_path):
+    cfg, result = _short_campaign(tmp_path, "quorum")
+    seed = cfg.seed
     check = result.check
     detail = json.dumps({k: check[k] for k in ("lost", "lost_examples", "unexpected", "unexpected_examples")})
     assert check["confirmed"] > 500, check
@@ -138,16 +144,9 @@ def test_a_short_campaign_on_mirrored_queues_loses_no_confirmed_message(tmp_path
     only when synchronised, pause_minority). It lost confirmed messages when the leader was cut
     off: the leader confirmed what became stable only because it had declared the mirrors
     beyond the cut dead, and the majority promoted one of them."""
-    cfg = CampaignConfig(duration_s=30.0, publishers=2, consumers=2, rate_per_publisher=25.0, queue_type="mirrored",
-                         faults=("kill", "partition-leader", "suspend"), healthy_s=(1.0, 2.0),
-                         fault_hold_s=(5.0, 6.0), drain_quiet_s=3.0, late_confirms_s=15.0, drain_timeout_s=60.0)
-    seed = _seed_covering(cfg, 3)
-    cfg = dataclasses.replace(cfg, seed=seed)
-    result = run_campaign(cfg, tmp_path / "out", base_port=free_base_port(3), tied_to_caller=True)
-    applied = {f["kind"] for f in result.faults if f["applied"]}
-    assert {"kill", "partition-leader", "suspend"} <= applied, result.faults
+    cfg, result = _short_campaign(tmp_path, "mirrored")
     assert result.check["confirmed"] > 500, result.check
-    assert result.check["lost"] == 0, f"seed {seed}: {result.verdict}; history {result.history_dir}"
+    assert result.check["lost"] == 0, f"seed {cfg.seed}: {result.verdict}; history {result.history_dir}"
     assert result.check["unexpected"] == 0 and result.drained, result.verdict
     assert result.reference["lost"] == 0 and result.reference["duplicates_unexplained"] == 0, result.verdict
     # not asserted: order. A publish that reaches a promoted mirror before its promotion completes
