@@ -39,6 +39,7 @@ log = logging.getLogger("hutch.http")
 
 CLOSE_OK_WAIT_S = 3.0
 ALIVENESS_QUEUE = "aliveness-test"
+VHOST_CONNECTIONS_CLOSE_S = 0.5  # after a vhost is deleted, its connections here are closed this much later
 GET_COUNT_MAX = 10_000
 ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 _PROP_TYPES: dict[str, type | tuple] = {
@@ -303,11 +304,16 @@ async def remove_vhost(broker: Broker, name: str) -> bool:
     someone else before this delete committed)."""
     v = broker.vhosts[name]
     res = await changes.commit(broker, cat.DeleteVhost(name))
-    # its queues, exchanges, permissions and policies went with the catalogue's record; the
-    # connections to it on this node are closed as on a single node
-    for s in list(broker.sessions):
-        if s.vhost is v and not s.closed:
-            close_connection(broker, s, f"vhost '{name}' is deleted")
+    # its queues, exchanges, permissions and policies went with the catalogue's record. The
+    # connections to it on this node are closed a moment after this answer, as RabbitMQ closes
+    # them after the deletion, not before its answer: a client that deletes the vhost it is
+    # connected to and then closes its channel still gets its close-ok (amqpstorm's suite does)
+
+    def close_its_connections() -> None:
+        for s in list(broker.sessions):
+            if s.vhost is v and not s.closed:
+                close_connection(broker, s, f"vhost '{name}' is deleted")
+    asyncio.get_running_loop().call_later(VHOST_CONNECTIONS_CLOSE_S, close_its_connections)
     if res.status == cat.DELETED:
         log.info("deleted vhost '%s'", name)
     return res.status == cat.DELETED
