@@ -14,7 +14,15 @@ import re
 import pika
 import pytest
 
-from tests.cluster.test_mirroring import PERSISTENT, connect, ctl, info, log_of, wait_mirrors
+from tests.cluster.test_mirroring import (
+    PERSISTENT,
+    connect,
+    ctl,
+    info,
+    log_of,
+    mirrored_everywhere,
+    wait_mirrors,
+)
 from tests.support.brokers import wait_until
 from tests.support.hutch_cluster import HutchCluster
 
@@ -158,11 +166,7 @@ def test_with_mirroring_recover_from_disk_false_a_restarted_mirror_needs_a_full_
 
 def test_a_mirror_of_a_queue_declared_anew_while_its_node_was_down_discards_its_copy():
     with HutchCluster(n=3) as cluster:
-        assert ctl(cluster, 0, "set_policy", "ha-mr", "^mr\\.",
-                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
-        conn = connect(cluster, 0)
-        conn.channel().queue_declare(QUEUE, durable=True)
-        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
+        conn = mirrored_everywhere(cluster, QUEUE, pattern="^mr\\.", timeout_s=120)
         publish(conn, 0, 100)
         wait_depth(cluster, 0, 100)
         cluster.stop(2)
@@ -184,7 +188,7 @@ def test_a_mirror_of_a_queue_declared_anew_while_its_node_was_down_discards_its_
         wait_until(node3_synchronised, 120, "the restarted node's mirror synchronised")
         assert "discarding the mirror's copy of 100 messages on disk (the queue was declared anew)" in log_of(cluster, 2)
         # the restarted mirror is promoted: it serves the new queue's messages only
-        assert ctl(cluster, 0, "set_policy", "ha-mr", "^mr\\.",
+        assert ctl(cluster, 0, "set_policy", "ha-all", "^mr\\.",  # mirrored_everywhere's policy, replaced
                    '{"ha-mode":"nodes","ha-params":["hutch-1@localhost","hutch-3@localhost"]}').returncode == 0
         wait_until(lambda: info(cluster, QUEUE, 0).get("slave_nodes") == [cluster.names[2]], 60,
                    "the mirror on node 3 only")
@@ -230,11 +234,7 @@ def test_mirrors_of_a_leader_that_restarted_from_its_own_journal_discard_their_c
     """A full restart, the leader's node last down: the leader numbers the messages it recovers
     afresh (a new epoch), so the mirrors' copies cannot be matched and they start empty."""
     with HutchCluster(n=3) as cluster:
-        assert ctl(cluster, 0, "set_policy", "ha-mr", "^mr\\.",
-                   '{"ha-mode":"all","ha-sync-mode":"automatic"}').returncode == 0
-        conn = connect(cluster, 0)
-        conn.channel().queue_declare(QUEUE, durable=True)
-        wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
+        conn = mirrored_everywhere(cluster, QUEUE, pattern="^mr\\.", timeout_s=120)
         publish(conn, 0, 2_000)
         wait_depth(cluster, 0, 2_000)
         wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)

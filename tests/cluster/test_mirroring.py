@@ -110,13 +110,14 @@ def drain_when_served(cluster: HutchCluster, i: int, queue: str, timeout_s: floa
 
 
 def mirrored_everywhere(cluster: HutchCluster, queue: str, via: int = 0,
-                        definition: str = '{"ha-mode":"all","ha-sync-mode":"automatic"}') -> pika.BlockingConnection:
-    """Policy ha-all on "^ha\\.", `queue` declared durable through node `via`, both mirrors
+                        definition: str = '{"ha-mode":"all","ha-sync-mode":"automatic"}',
+                        pattern: str = "^ha\\.", timeout_s: float = 30.0) -> pika.BlockingConnection:
+    """Policy ha-all on `pattern`, `queue` declared durable through node `via`, both mirrors
     synchronised; the declaring connection."""
-    assert ctl(cluster, 0, "set_policy", "ha-all", "^ha\\.", definition).returncode == 0
+    assert ctl(cluster, 0, "set_policy", "ha-all", pattern, definition).returncode == 0
     conn = connect(cluster, via)
     conn.channel().queue_declare(queue, durable=True)
-    wait_mirrors(cluster, queue, 2, synced=2)
+    wait_mirrors(cluster, queue, 2, synced=2, timeout_s=timeout_s)
     return conn
 
 

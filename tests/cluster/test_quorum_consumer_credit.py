@@ -11,21 +11,12 @@ import time
 import pika
 import pytest
 
+from tests.cluster.test_quorum import QUORUM, connect, consume_all, queue_info
 from tests.support.brokers import wait_until
 from tests.support.hutch_cluster import HutchCluster
 
 pytestmark = pytest.mark.timeout(300)
-QUORUM = {"x-queue-type": "quorum"}
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-def connect(cluster: HutchCluster, i: int) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[i].amqp_port, heartbeat=0,
-                                                             blocked_connection_timeout=60))
-
-
-def queue_info(cluster: HutchCluster, name: str) -> dict:
-    return cluster.api(1, f"/api/queues/%2F/{name}")
 
 
 def publish(conn: pika.BlockingConnection, queue: str, count: int) -> None:
@@ -91,17 +82,7 @@ def test_what_is_held_for_a_consumer_that_cancels_goes_back_to_the_queue(cluster
         ch.basic_cancel(tag)
         # the held ones are ready again; the one the client has stays its own until it acks
         wait_until(lambda: queue_info(cluster, name).get("messages_unacknowledged") == 1, 20, "held ones returned")
-        ch2 = second.channel()
-        ch2.basic_qos(prefetch_count=100)
-        got: list[bytes] = []
-
-        def on_message(c, method, _props, body):
-            got.append(body)
-            c.basic_ack(method.delivery_tag)
-        ch2.basic_consume(name, on_message)
-        deadline = time.monotonic() + 30
-        while len(got) < 49 and time.monotonic() < deadline:
-            second.process_data_events(0.05)
+        got = consume_all(second, name, 49)
         assert sorted(got) == sorted(f"m{i}".encode() for i in range(1, 50))
         ch.basic_ack(kept[0][0].delivery_tag)
         wait_until(lambda: queue_info(cluster, name)["messages"] == 0, 20, "every message settled")

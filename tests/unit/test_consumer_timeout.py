@@ -7,26 +7,12 @@ marks a channel keeps stay bounded however long a delivery is held."""
 from __future__ import annotations
 
 import pytest
+from tests.unit.test_channel_tx_limit import Output  # the connection side a channel writes through
 
 from hutch.broker import channel as channel_mod
-from hutch.broker.broker import Broker, Config
+from hutch.broker.broker import Config
 from hutch.broker.channel import Channel
 from hutch.server.config import ConfigError, apply_file
-
-
-class Output:
-    """The connection side a channel writes through (ChannelOutput), holding a real broker."""
-
-    def __init__(self):
-        self.broker = Broker(Config())
-        self.vhost = None
-        self.frame_max = 131072
-        self.writable = True
-
-    def send_frames(self, frames): ...
-    def send_bytes(self, data): ...
-    def confirms_due(self, channel): ...
-    def new_consumer_tag(self): return "amq.ctag-1"
 
 
 def deliver(ch: Channel, queue: str = "q") -> int:
