@@ -503,6 +503,16 @@ def test_a_node_answers_for_a_member_it_does_not_run():
     assert answer_for_absent("gone", Notice((), ())) is None
 
 
+def test_a_newcomer_that_asked_a_member_gone_since_fails_and_may_ask_again():
+    # a mirror looked up its leader's member, which was replaced before the join arrived
+    j = GMMember.joiner("j", via="gone")
+    (to, req), = j.take_messages()
+    assert to == "gone" and isinstance(req, JoinRequest)
+    j.receive("gone", answer_for_absent("gone", req))
+    assert j.status == FAILED
+    assert [type(e) for e in j.take_events()] == [JoinFailed]
+
+
 # -- the ring order and the wire ------------------------------------------------------------------
 
 

@@ -157,6 +157,10 @@ def answer_for_absent(member_id: MemberId, msg: Message) -> Message | None:
     to send back to the message's sender, or None."""
     if isinstance(msg, (Activity, Probe, Resync)):
         return Notice((member_id,), ())
+    if isinstance(msg, JoinRequest):
+        # a newcomer asked a member that is gone (a leader replaced since the newcomer looked
+        # it up): refused, so that it fails and looks the group up again instead of waiting
+        return JoinRefused(f"{member_id} does not exist")
     return None
 
 
