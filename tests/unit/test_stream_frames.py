@@ -25,7 +25,7 @@ from hutch.streamproto import frames as f
 def osiris_chunk(messages: list[bytes], first_offset: int = 0, timestamp_ms: int = 1700000000000) -> bytes:
     """A user chunk as osiris stores it: the 48-byte header, no bloom filter, simple entries."""
     data = b"".join(struct.pack(">I", len(m)) + m for m in messages)
-    header = struct.pack(">BBHIqQQiIIB3x", 0x50, 0, len(messages), len(messages), timestamp_ms, 1,
+    header = struct.pack(">BBHIqQQIIIB3x", 0x50, 0, len(messages), len(messages), timestamp_ms, 1,
                          first_offset, zlib.crc32(data), len(data), 0, 0)
     assert len(header) == f.CHUNK_HEADER_SIZE
     return header + data
