@@ -1013,7 +1013,13 @@ SERVER_COMMAND_VERSIONS: list[tuple[int, int, int]] = [
 
 
 def encode(cmd: Command) -> bytes:
-    """The whole frame, size prefix included."""
+    """The whole frame, size prefix included. A Deliver's chunk is copied once, into the frame
+    (`deliver_prefix` avoids even that)."""
+    t = type(cmd)
+    if t is Deliver:
+        return deliver_prefix(cmd.subscription_id, len(cmd.chunk)) + cmd.chunk
+    if t is DeliverV2:
+        return deliver_prefix(cmd.subscription_id, len(cmd.chunk), cmd.committed_chunk_id) + cmd.chunk
     out = bytearray(8)
     cmd.put_body(out)
     _header.pack_into(out, 0, len(out) - 4, cmd.KEY, cmd.VERSION)
@@ -1082,7 +1088,8 @@ class FrameDecoder:
                 self._pos = 0
             raise StopIteration
         end = pos + 4 + size
-        body = bytes(buf[pos + 4:end])
+        with memoryview(buf) as view:  # one copy of the frame, released before the buffer changes
+            body = bytes(view[pos + 4:end])
         if end == len(buf):
             buf.clear()
             self._pos = 0
