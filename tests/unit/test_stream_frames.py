@@ -408,3 +408,24 @@ def test_generated_commands_round_trip(pid, msgs, text, props):
                 f.Create(1, text, props), f.PeerPropertiesResponse(2, f.OK, props),
                 f.Subscribe(3, pid, text, f.OFFSET_TYPE_LAST, None, 10, props)):
         assert decode_all(f.encode(cmd)) == [cmd]
+
+
+def test_the_protocol_core_imports_only_the_standard_library():
+    import ast
+    import sys
+    from pathlib import Path
+
+    from hutch.streamproto import connection
+
+    for module in (f, connection):
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or name.startswith("hutch.streamproto") or top == "__future__", name
