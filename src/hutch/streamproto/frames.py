@@ -5,9 +5,11 @@ The wire format is rabbitmq-server's deps/rabbitmq_stream/docs/PROTOCOL.adoc as 
 speaks it (rabbit_stream_core.erl): a frame is a uint32 size, then a uint16 key (the top bit set
 on a response), a uint16 version and the command's fields, big-endian; strings carry an int16
 length, byte strings and arrays an int32 length. Where RabbitMQ's code and the document differ,
-this module does what RabbitMQ does: a credit response has no correlation id, a tune answer is
-sent as a request, a SASL challenge is an int16-length string, a subscription's properties and
-an open response's connection properties are left out when there are none.
+this module does what RabbitMQ does: a string length is unsigned (there is no null string), a
+tune answer is sent as a request, a SASL challenge is an int16-length string, a subscription's
+properties and an open response's connection properties are left out when there are none.
+Version 1 everywhere but Publish and Deliver; ResolveOffsetSpec (key 0x1f, RabbitMQ 4) is not
+part of 3.13's protocol and decodes as an unknown key.
 
 Both directions encode and decode: the server decodes requests and encodes responses, a client
 (hutch's load generator) the other way round. A key and version name one layout whichever side
