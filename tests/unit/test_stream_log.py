@@ -529,6 +529,26 @@ class StreamLogMachine(RuleBasedStateMachine):
         self.log = StreamLog(self.dir, max_segment_bytes=600, fsync=False)
         assert self.log.recovery.clean, self.log.recovery.notes
 
+    @precondition(lambda self: self.chunks)
+    @rule(data=st.data(), in_index=st.booleans())
+    def crash_tearing_the_last_chunk(self, data, in_index):
+        """The process dies while writing the last chunk: its segment bytes or its index
+        record are cut anywhere; the log opens at the chunk before it."""
+        last = self.log.last_chunk
+        self.log.close()
+        if in_index:
+            path = os.path.join(self.dir, index_file_name(last.segment))
+            end = os.path.getsize(path)
+            os.truncate(path, data.draw(st.integers(end - INDEX_RECORD_BYTES, end - 1)))
+        else:
+            path = os.path.join(self.dir, segment_file_name(last.segment))
+            os.truncate(path, data.draw(st.integers(last.position, last.position + last.size - 1)))
+        self.log = StreamLog(self.dir, max_segment_bytes=600, fsync=False)
+        assert not self.log.recovery.clean and self.log.recovery.notes
+        dropped = self.chunks.pop()
+        self.next = dropped[0]
+        self.epoch = max([0] + [c[3] for c in self.chunks])
+
     @rule(data=st.data())
     def truncate(self, data):
         first = self.chunks[0][0] if self.chunks else self.next
@@ -597,3 +617,84 @@ class StreamLogMachine(RuleBasedStateMachine):
 StreamLogMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 test_stream_log_against_a_model = StreamLogMachine.TestCase
+
+
+# -- real processes: kill -9, and a write that fails ----------------------------------------------
+
+_CHILD_APPENDER = """
+import os, sys
+sys.path.insert(0, sys.argv[2])
+from hutch.store.stream_log import StreamLog
+log = StreamLog(sys.argv[1], max_segment_bytes=20_000)
+k = 0
+while True:
+    for _ in range(5):
+        cid = log.next_offset
+        log.append((cid.to_bytes(8, "little") * 40)[: 100 + cid % 200], cid, 3, k, 1 + k // 50)
+        k += 1
+    print(log.sync(), flush=True)
+"""
+
+
+def test_every_offset_reported_synced_survives_a_kill_9(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    child = subprocess.Popen([sys.executable, "-c", _CHILD_APPENDER, str(tmp_path / "log"), src],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        synced = 0
+        for line in child.stdout:
+            synced = int(line)
+            if synced >= 3_000:  # several segments, still appending
+                break
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    with StreamLog(tmp_path / "log", max_segment_bytes=20_000) as log:
+        assert log.next_offset >= synced
+        assert log.segment_count > 3
+        got = log.read(0, 1 << 30)
+        assert [c.chunk_id for c, _ in got] == list(range(0, log.next_offset, 3))
+        for c, data in got:
+            assert bytes(data) == (c.chunk_id.to_bytes(8, "little") * 40)[: 100 + c.chunk_id % 200]
+
+
+_CHILD_FULL_DISK = """
+import os, resource, signal, sys
+sys.path.insert(0, sys.argv[2])
+from hutch.store.stream_log import StreamLog, StreamLogError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)         # a write past the limit fails with EFBIG
+log = StreamLog(sys.argv[1], max_segment_bytes=1 << 20)
+resource.setrlimit(resource.RLIMIT_FSIZE, (5_000, resource.RLIM_INFINITY))
+try:
+    while True:
+        log.append(b"x" * 300, log.next_offset, 1, 1, 1)
+except StreamLogError as e:
+    print("failed:", e)
+try:
+    log.append(b"y", log.next_offset, 1, 1, 1)
+except StreamLogError as e:
+    print("then:", e)
+print("indexed:", log.next_offset)
+"""
+
+
+def test_a_failed_write_stops_the_log_until_it_is_reopened(tmp_path):
+    import subprocess
+    import sys
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    out = subprocess.run([sys.executable, "-c", _CHILD_FULL_DISK, str(tmp_path / "log"), src],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    lines = dict(line.split(":", 1) for line in out.splitlines())
+    assert "append failed" in lines["failed"] and "File too large" in lines["failed"]
+    assert "reopen it to recover" in lines["then"]
+    indexed = int(lines["indexed"])
+    assert indexed == (5_000 - HEADER_BYTES) // 300  # every chunk whose bytes all went in
+    with StreamLog(tmp_path / "log") as log:
+        assert log.next_offset == indexed
+        assert log.recovery.segment_bytes_cut == 5_000 - HEADER_BYTES - indexed * 300
+        log.append(b"z", indexed, 1, 1, 1)

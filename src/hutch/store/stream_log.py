@@ -14,17 +14,20 @@ they were created for, `%020d.segment`, holding an 8-byte header and then the ch
 to back exactly as given, so a reader can hand a byte range of a segment straight to a
 socket (`segment_ranges()`, for `os.sendfile`); and per segment an `.index` file of
 fixed-size records, one per chunk, with the chunk's metadata, its place in the segment, a
-CRC-32 of the chunk and a CRC-32 of the record. Opening a log reads the index files only
-(in bulk), plus the last chunk to check it against its CRC. A new segment starts when the
-current one would pass `max_segment_bytes` (RabbitMQ's `x-stream-max-segment-size-bytes`).
+CRC-32 of the chunk and a CRC-32 of the record. Opening a log reads the index files (in
+bulk), plus the chunks in its last `tail_check_bytes` (16 MiB) to check them against their
+CRCs. A new segment starts when the current one would pass `max_segment_bytes` (RabbitMQ's
+`x-stream-max-segment-size-bytes`).
 
 Durability. An append writes the chunk to the segment, then its index record (two
 writes, no fsync). `sync()` fdatasyncs everything written since the last sync (group
-commit: append many, sync once) and moves `synced_offset`. Recovery after any stop: an
-index record that is cut short, fails its CRC, does not follow its predecessor, or points
-past the end of its segment ends the log there; so does a last chunk whose bytes fail the
-chunk CRC. Both files are truncated at that point and segment bytes past the last indexed
-chunk are cut. What was cut is told in `recovery` (a `StreamRecoveryReport`).
+commit: append many, sync once) and moves `synced_offset`. A write or fsync that fails
+stops the log taking writes until it is reopened (an fsync is never retried). Recovery
+after any stop: an index record that is cut short, fails its CRC, does not follow its
+predecessor, or points past the end of its segment ends the log there; so does a chunk in
+the checked tail whose bytes fail their CRC. Both files are truncated at that point and
+segment bytes past the last indexed chunk are cut. What was cut is told in `recovery` (a
+`StreamRecoveryReport`), in sentences an operator can read.
 
 Replicas. `truncate(next_offset)` drops a replica's unconfirmed tail after a leader change
 (the index shrinks before the segment, so a crash in between leaves only unindexed bytes
@@ -32,8 +35,8 @@ that the next open cuts); `epochs()` lists where each leader epoch starts, for f
 where a replica's log diverges from a new leader's. `retain()` deletes whole oldest
 segments by size or age, never the active one, as RabbitMQ's stream retention does.
 
-Memory: the in-memory index is a set of `array` columns per segment, about 46 bytes per
-chunk (4.6 MB for ten million messages in chunks of 100).
+Memory: the in-memory index is a set of `array` columns per segment, 46 bytes per chunk
+(4.6 MB for ten million messages in chunks of 100).
 
 Threads: `sync()` may run in a worker thread while the owner appends and reads; one lock
 guards the index, a second makes syncs, truncations, retention and closing one at a time.
@@ -64,6 +67,7 @@ MAX_SEGMENT_BYTES_DEFAULT = 500_000_000  # RabbitMQ's x-stream-max-segment-size-
 CHUNK_BYTES_MAX = 0xFFFF_FFFF            # the index keeps a chunk's size as u32
 FILTER_BYTES_MAX = 255                   # osiris: filter size is one byte
 NUM_RECORDS_MAX = 0xFFFF_FFFF
+TAIL_CHECK_BYTES_DEFAULT = 16 * 1024 * 1024  # read back and CRC-checked on open
 
 CHUNK_TYPE_USER = 0
 CHUNK_TYPE_TRACKING_DELTA = 1
@@ -166,7 +170,7 @@ class _Segment:
     """The in-memory index of one segment: one array column per field, one row per chunk."""
 
     __slots__ = ("base", "seg_path", "idx_path", "size_bytes", "ids", "timestamps", "epochs",
-                 "positions", "sizes", "nums", "types", "filter_sizes", "read_fd")
+                 "positions", "sizes", "nums", "crcs", "types", "filter_sizes", "read_fd")
 
     def __init__(self, base: int, directory: Path):
         self.base = base
@@ -179,6 +183,7 @@ class _Segment:
         self.positions = array("q")
         self.sizes = array("I")
         self.nums = array("I")
+        self.crcs = array("I")             # CRC-32 of each chunk's bytes
         self.types = bytearray()
         self.filter_sizes = bytearray()
         self.read_fd: int | None = None
@@ -202,7 +207,7 @@ class _Segment:
     def cut(self, n: int) -> None:
         """Keep the first n rows."""
         for col in (self.ids, self.timestamps, self.epochs, self.positions, self.sizes, self.nums,
-                    self.types, self.filter_sizes):
+                    self.crcs, self.types, self.filter_sizes):
             del col[n:]
         self.size_bytes = self.positions[-1] + self.sizes[-1] if n else HEADER_BYTES
 
@@ -231,15 +236,17 @@ class StreamLog:
 
     __slots__ = ("directory", "max_segment_bytes", "fsync", "recovery", "_lock", "_sync_lock",
                  "_segments", "_bases", "_seg_fd", "_idx_fd", "_unsynced_sealed", "_dir_dirty",
-                 "_synced_offset", "_epochs", "_bytes", "_closed", "_lock_fd", "_dir_fd", "fsync_count")
+                 "_synced_offset", "_epochs", "_bytes", "_closed", "_failed", "_lock_fd", "_dir_fd",
+                 "fsync_count", "tail_check_bytes")
 
     def __init__(self, directory: str | os.PathLike, max_segment_bytes: int = MAX_SEGMENT_BYTES_DEFAULT,
-                 fsync: bool = True):
+                 fsync: bool = True, tail_check_bytes: int = TAIL_CHECK_BYTES_DEFAULT):
         if max_segment_bytes <= HEADER_BYTES:
             raise ValueError(f"max_segment_bytes={max_segment_bytes} leaves no room for a chunk")
         self.directory = Path(directory)
         self.max_segment_bytes = max_segment_bytes
         self.fsync = fsync
+        self.tail_check_bytes = tail_check_bytes
         self.fsync_count = 0
         self._lock = threading.Lock()        # the index, the files' ends, the fds
         self._sync_lock = threading.Lock()   # syncs, truncate, retain, close; taken before _lock
@@ -252,6 +259,8 @@ class StreamLog:
         self._epochs: list[tuple[int, int]] = []  # (epoch, first chunk id of it)
         self._bytes = 0
         self._closed = False
+        self._failed: str | None = None      # a write or fsync failed: no more writes until reopened
+        self._synced_offset = 0
         self._lock_fd = -1
         self._dir_fd = -1
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -268,7 +277,6 @@ class StreamLog:
         except BaseException:
             self._close_fds()
             raise
-        self._synced_offset = self.next_offset
 
     # -- opening and recovery ----------------------------------------------------------
 
@@ -318,9 +326,6 @@ class StreamLog:
                 ended = True
         if not self._segments:
             self._create_segment(0)
-        else:
-            while self._check_last_chunk(report):
-                pass
         # Chunks read back from the page cache after a kill -9 may not be on disk yet.
         for seg in self._segments:
             for path in (seg.seg_path, seg.idx_path):
@@ -331,6 +336,8 @@ class StreamLog:
         self._idx_fd = os.open(active.idx_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         self._bytes = sum(s.size_bytes for s in self._segments)
         self._rebuild_epochs()
+        self._synced_offset = self.next_offset
+        self._check_tail(report)
         report.segments = len(self._segments)
         report.chunks = sum(len(s) for s in self._segments)
         report.first_offset = self.first_offset
@@ -393,8 +400,9 @@ class StreamLog:
             seg.timestamps = array("q", cols[1])
             seg.epochs = array("q", cols[2])
             seg.positions = array("q", cols[3])
-            seg.sizes = array("L", cols[4])
-            seg.nums = array("L", cols[5])
+            seg.sizes = array("I", cols[4])
+            seg.nums = array("I", cols[5])
+            seg.crcs = array("I", cols[6])
             seg.types = bytearray(cols[7])
             seg.filter_sizes = bytearray(cols[8])
         seg.size_bytes = expect_pos
@@ -443,46 +451,44 @@ class StreamLog:
             report.notes.append(
                 f"Stream log {self.directory}: torn tail in segment {seg.seg_path.name}: {why}; the log ends "
                 f"at offset {seg.next_offset} ({idx_size - idx_keep} index bytes and "
-                f"{max(0, seg_size - seg_keep)} segment bytes cut, {dropped} chunks dropped)")
+                f"{max(0, seg_size - seg_keep)} segment bytes cut, {_chunks(dropped)} dropped)")
         elif seg_size > seg_keep:
             report.notes.append(
                 f"Stream log {self.directory}: cut {seg_size - seg_keep} unindexed bytes at the end of "
                 f"segment {seg.seg_path.name} (a chunk whose index record was never written)")
 
-    def _check_last_chunk(self, report: StreamRecoveryReport) -> bool:
-        """Check the log's last chunk against the CRC its index record holds (an index record
-        can reach the disk before its chunk's bytes do). On a mismatch, drop the chunk (and
-        the empty segments after it, which began at its end) and return True, so that the
-        one before is checked too."""
-        k = len(self._segments) - 1
-        while k >= 0 and not self._segments[k].ids:
-            k -= 1
-        if k < 0:
-            return False
-        seg = self._segments[k]
-        n = len(seg)
-        pos, size = seg.positions[-1], seg.sizes[-1]
-        fd = os.open(seg.seg_path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.pread(fd, size, pos)
-            with open(seg.idx_path, "rb") as f:
-                f.seek(HEADER_BYTES + (n - 1) * INDEX_RECORD_BYTES)
-                rec = _INDEX_RECORD.unpack(f.read(INDEX_RECORD_BYTES))
-        finally:
-            os.close(fd)
-        if zlib.crc32(data) == rec[6]:
-            return False
-        chunk_id = seg.ids[-1]
-        while len(self._segments) > k + 1:
-            empty = self._segments.pop()
-            self._bases.pop()
-            for path in (empty.idx_path, empty.seg_path):
-                self._remove_file(path, report, f"it began after chunk {chunk_id}, which recovery dropped")
-        idx_size, seg_size = seg.index_bytes(), seg.size_bytes
-        seg.cut(n - 1)
-        self._cut_files(seg, idx_size, seg_size, report,
-                        f"chunk {chunk_id} ({size} bytes at position {pos}) fails its CRC", 1)
-        return True
+    def _check_tail(self, report: StreamRecoveryReport) -> None:
+        """Read back the chunks in the last `tail_check_bytes` of the log and check each
+        against the CRC its index record holds: an index record can reach the disk before
+        its chunk's bytes do, and only what was written after the last fsync can be torn.
+        The first chunk that fails ends the log there (truncated as a replica's tail is)."""
+        total = 0
+        start = self.next_offset
+        for chunk in self.iter_chunks(reverse=True):
+            if total >= self.tail_check_bytes:
+                break
+            total += chunk.size
+            start = chunk.chunk_id
+        for r in self.segment_ranges(start, total):
+            data = memoryview(_pread_all(r.fd, r.length, r.position))
+            seg = self._segments[bisect.bisect_right(self._bases, r.chunks[0].chunk_id) - 1]
+            first_row = seg.find(r.chunks[0].chunk_id)
+            for k, c in enumerate(r.chunks):
+                begin = c.position - r.position
+                if zlib.crc32(data[begin:begin + c.size]) != seg.crcs[first_row + k]:
+                    data.release()
+                    chunks_before, seg_names = self.chunk_count, set(self.segment_names())
+                    size_before = self._bytes
+                    self.truncate(c.chunk_id)
+                    report.chunks_dropped += chunks_before - self.chunk_count
+                    report.segment_bytes_cut += size_before - self._bytes
+                    report.files_removed += sorted(seg_names - set(self.segment_names()))
+                    report.notes.append(
+                        f"Stream log {self.directory}: torn tail: chunk {c.chunk_id} ({c.size} bytes at position "
+                        f"{c.position} in segment {segment_file_name(c.segment)}) fails its CRC; the log ends at "
+                        f"offset {self.next_offset} ({_chunks(chunks_before - self.chunk_count)} dropped)")
+                    return
+            data.release()
 
     def _rebuild_epochs(self) -> None:
         epochs: list[tuple[int, int]] = []
@@ -557,7 +563,7 @@ class StreamLog:
             raise ValueError("timestamp and epoch are integers in [0, 2**63)")
         crc = zlib.crc32(chunk)
         with self._lock:
-            self._check_open()
+            self._check_writable()
             seg = self._segments[-1]
             expected = seg.next_offset
             if chunk_id != expected:
@@ -566,19 +572,23 @@ class StreamLog:
             if self._epochs and epoch < self._epochs[-1][0]:
                 raise StreamLogError(f"Stream log {self.directory}: epoch {epoch} is below the last "
                                      f"chunk's epoch {self._epochs[-1][0]}")
-            if seg.ids and seg.size_bytes + size > self.max_segment_bytes:
-                self._roll(chunk_id)
-                seg = self._segments[-1]
-            position = seg.size_bytes
-            _write_all(self._seg_fd, chunk)
-            _write_all(self._idx_fd, encode_index_record(chunk_id, timestamp, epoch, position, size,
-                                                         num_records, crc, chunk_type, filter_size))
+            try:
+                if seg.ids and seg.size_bytes + size > self.max_segment_bytes:
+                    self._roll(chunk_id)
+                    seg = self._segments[-1]
+                position = seg.size_bytes
+                _write_all(self._seg_fd, chunk)
+                _write_all(self._idx_fd, encode_index_record(chunk_id, timestamp, epoch, position, size,
+                                                             num_records, crc, chunk_type, filter_size))
+            except OSError as e:
+                raise self._fail("append", e) from e
             seg.ids.append(chunk_id)
             seg.timestamps.append(timestamp)
             seg.epochs.append(epoch)
             seg.positions.append(position)
             seg.sizes.append(size)
             seg.nums.append(num_records)
+            seg.crcs.append(crc)
             seg.types.append(chunk_type)
             seg.filter_sizes.append(filter_size)
             seg.size_bytes = position + size
@@ -604,7 +614,7 @@ class StreamLog:
         the chunks appended before it began."""
         with self._sync_lock:
             with self._lock:
-                self._check_open()
+                self._check_writable()
                 upto = self.next_offset
                 if upto == self._synced_offset and not self._unsynced_sealed and not self._dir_dirty:
                     return upto
@@ -612,10 +622,13 @@ class StreamLog:
                 fds = [fd for pair in sealed for fd in pair] + [self._seg_fd, self._idx_fd]
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
             if self.fsync:
-                for fd in fds:
-                    _fdatasync(fd)
-                if dir_dirty:
-                    os.fsync(self._dir_fd)
+                try:
+                    for fd in fds:
+                        _fdatasync(fd)
+                    if dir_dirty:
+                        os.fsync(self._dir_fd)
+                except OSError as e:
+                    raise self._fail("fsync", e) from e  # never retried: the page cache is not to be trusted
                 self.fsync_count += 1
             for seg_fd, idx_fd in sealed:
                 os.close(seg_fd)
@@ -632,33 +645,40 @@ class StreamLog:
         fsynced before the segment does, so a crash leaves at worst unindexed bytes that the
         next open cuts."""
         with self._sync_lock, self._lock:
-            self._check_open()
+            self._check_writable()
             if next_offset >= self.next_offset:
                 return self.next_offset
             if next_offset < self.first_offset:
                 raise StreamLogError(f"Stream log {self.directory}: cannot truncate to {next_offset}, below the "
                                      f"first offset {self.first_offset}")
-            self._sync_sealed_locked()
-            while len(self._segments) > 1 and self._segments[-1].base >= next_offset:
-                self._drop_active_locked()
-            seg = self._segments[-1]
-            keep = bisect.bisect_left(seg.ids, next_offset)
-            if keep < len(seg):
-                old_size = seg.size_bytes
-                seg.cut(keep)
-                os.ftruncate(self._idx_fd, seg.index_bytes())
-                if self.fsync:
-                    _fdatasync(self._idx_fd)
-                os.ftruncate(self._seg_fd, seg.size_bytes)
-                if self.fsync:
-                    _fdatasync(self._seg_fd)
-                self._bytes -= old_size - seg.size_bytes
-            if self._dir_dirty:
-                self._fsync_dir()
-            while self._epochs and self._epochs[-1][1] >= self.next_offset:
-                self._epochs.pop()
-            self._synced_offset = min(self._synced_offset, self.next_offset)
-            return self.next_offset
+            try:
+                return self._truncate_locked(next_offset)
+            except OSError as e:
+                raise self._fail("truncate", e) from e
+
+    def _truncate_locked(self, next_offset: int) -> int:
+        """Caller holds both locks."""
+        self._sync_sealed_locked()
+        while len(self._segments) > 1 and self._segments[-1].base >= next_offset:
+            self._drop_active_locked()
+        seg = self._segments[-1]
+        keep = bisect.bisect_left(seg.ids, next_offset)
+        if keep < len(seg):
+            old_size = seg.size_bytes
+            seg.cut(keep)
+            os.ftruncate(self._idx_fd, seg.index_bytes())
+            if self.fsync:
+                _fdatasync(self._idx_fd)
+            os.ftruncate(self._seg_fd, seg.size_bytes)
+            if self.fsync:
+                _fdatasync(self._seg_fd)
+            self._bytes -= old_size - seg.size_bytes
+        if self._dir_dirty:
+            self._fsync_dir()
+        while self._epochs and self._epochs[-1][1] >= self.next_offset:
+            self._epochs.pop()
+        self._synced_offset = min(self._synced_offset, self.next_offset)
+        return self.next_offset
 
     def _drop_active_locked(self) -> None:
         """Delete the active segment and make the one before it active. Caller holds both locks."""
@@ -863,11 +883,24 @@ class StreamLog:
         if self._closed:
             raise StreamLogClosed(f"Stream log {self.directory}: closed")
 
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise StreamLogError(f"Stream log {self.directory}: {self._failed}; reopen it to recover")
+
+    def _fail(self, what: str, e: OSError) -> StreamLogError:
+        """A write or fsync failed: what the files hold past the index is unknown, so the log
+        takes no more writes; reopening recovers it (cutting what is not wholly written)."""
+        if self._failed is None:
+            self._failed = f"{what} failed ({e})"
+        return StreamLogError(f"Stream log {self.directory}: {what} failed: {e}; reopen it to recover")
+
     def close(self) -> None:
         """Sync and release the files."""
         if self._closed:
             return
-        self.sync()
+        if self._failed is None:
+            self.sync()
         with self._sync_lock, self._lock:
             self._closed = True
             self._close_fds()
@@ -897,6 +930,10 @@ class StreamLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _chunks(n: int) -> str:
+    return f"{n} chunk" if n == 1 else f"{n} chunks"
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
