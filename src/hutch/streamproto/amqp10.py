@@ -1,0 +1,1662 @@
+"""AMQP 1.0 messages: the type system, the bare message sections, and RabbitMQ's mapping to and
+from AMQP 0-9-1 content.
+
+Every message in a stream is stored as an AMQP 1.0 message, whichever protocol published it, as
+RabbitMQ stores it: stream-protocol clients (rstream, rbfly, the Java and .NET clients) encode
+and decode the AMQP 1.0 message themselves, and the broker converts an AMQP 0-9-1 publish to
+AMQP 1.0 on the way in (`from_basic`) and back for an AMQP 0-9-1 consumer (`to_basic`).
+
+- The type system is OASIS AMQP 1.0 part 1 (§1.6 encodings): every primitive type, described
+  types, lists, maps and arrays. The encoder writes the shortest form (smallint, smallulong,
+  uint0, str8, list0, ...). The decoder is total over bytes: anything malformed raises
+  `AmqpDecodeError` (a `ValueError`) saying what and where, never another exception; nesting
+  is bounded by `DEPTH_MAX`, and no input makes it build more values than it has bytes.
+- The sections are part 3 §3.2: header, delivery-annotations, message-annotations,
+  properties, application-properties, data (one or more), amqp-sequence (one or more),
+  amqp-value, footer (`Message`).
+- `from_basic` and `to_basic` follow RabbitMQ 3.13's message containers (`mc_amqpl`
+  converting to and from `mc_amqp`, and `mc_amqp:protocol_state` adding `x-exchange` and
+  `x-routing-key`), with 4.x's reading of several data sections as one body. Where RabbitMQ
+  has no rule (an AMQP 1.0 uuid, char or decimal in application properties; a 0-9-1 decimal
+  header) the choice made here is written next to the code.
+
+Python representation of AMQP 1.0 values (decoding gives exactly these types back, so a
+decoded value re-encodes to the same types):
+
+    null -> None            boolean -> bool             string -> str
+    ubyte/ushort/uint/ulong -> UByte/UShort/UInt/ULong (int subclasses)
+    byte/short/int -> Byte/Short/Int (int subclasses)   long -> int
+    float -> Float (a float subclass)                   double -> float
+    timestamp -> Timestamp (int, milliseconds since the epoch)
+    char -> Char (a str subclass of length 1)           symbol -> Symbol (a str subclass)
+    uuid -> uuid.UUID       binary -> bytes             decimal32/64/128 -> Decimal32/64/128 (bytes)
+    list -> list            map -> dict                 array -> Array (a list subclass with
+    described -> Described(descriptor, value)            the element type)
+
+On encoding, bytearray and memoryview are binary, tuple is a list, and a datetime is a
+timestamp. A plain int is a long: use the wrappers for the unsigned and narrower types. Map
+keys that Python holds equal (the symbol "a" and the string "a", UInt(1) and ULong(1)) are one
+key: the last one read wins. A map key that Python cannot hash (a list, a map) is refused with
+`AmqpDecodeError`.
+
+Nothing here does I/O, reads a clock, or imports another part of hutch.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import struct
+import uuid
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = [
+    "AmqpDecodeError", "UByte", "UShort", "UInt", "ULong", "Byte", "Short", "Int", "Float",
+    "Timestamp", "Char", "Symbol", "Decimal32", "Decimal64", "Decimal128", "Array", "Described",
+    "encode_value", "decode_value", "Header", "Properties", "Message", "NO_VALUE",
+    "from_basic", "to_basic", "DEPTH_MAX",
+]
+
+DEPTH_MAX = 64  # lists, maps, arrays and described values nested deeper are refused
+
+
+class AmqpDecodeError(ValueError):
+    """Bytes that are not a well-formed AMQP 1.0 value or message."""
+
+
+# ---------------------------------------------------------------- the Python types
+
+class UByte(int):
+    __slots__ = ()
+
+
+class UShort(int):
+    __slots__ = ()
+
+
+class UInt(int):
+    __slots__ = ()
+
+
+class ULong(int):
+    __slots__ = ()
+
+
+class Byte(int):
+    __slots__ = ()
+
+
+class Short(int):
+    __slots__ = ()
+
+
+class Int(int):
+    __slots__ = ()
+
+
+class Timestamp(int):
+    """Milliseconds since the Unix epoch (signed 64 bits)."""
+    __slots__ = ()
+
+
+class Float(float):
+    """A 32-bit IEEE 754 float."""
+    __slots__ = ()
+
+
+class Symbol(str):
+    __slots__ = ()
+
+
+class Char(str):
+    """One UTF-32 code point."""
+    __slots__ = ()
+
+
+class Decimal32(bytes):
+    """IEEE 754 decimal32, kept as its 4 bytes."""
+    __slots__ = ()
+
+
+class Decimal64(bytes):
+    """IEEE 754 decimal64, kept as its 8 bytes."""
+    __slots__ = ()
+
+
+class Decimal128(bytes):
+    """IEEE 754 decimal128, kept as its 16 bytes."""
+    __slots__ = ()
+
+
+_INT_RANGES: dict[type, tuple[int, int]] = {
+    UByte: (0, 0xFF), UShort: (0, 0xFFFF), UInt: (0, 0xFFFFFFFF), ULong: (0, 2**64 - 1),
+    Byte: (-2**7, 2**7 - 1), Short: (-2**15, 2**15 - 1), Int: (-2**31, 2**31 - 1),
+    int: (-2**63, 2**63 - 1), Timestamp: (-2**63, 2**63 - 1),
+}
+
+
+class Array(list):
+    """An AMQP array: elements of one type (`element_type`, one of the classes above or None's,
+    bool's, str's, bytes', int's, float's, uuid.UUID, list, dict or Array), all described by
+    `descriptor` when it is set (the elements are then the undescribed values)."""
+
+    __slots__ = ("element_type", "descriptor")
+
+    def __init__(self, items: Iterable[Any] = (), element_type: type = type(None), descriptor: Any = None):
+        super().__init__(items)
+        self.element_type = element_type
+        self.descriptor = descriptor
+
+    def __repr__(self) -> str:
+        d = f", descriptor={self.descriptor!r}" if self.descriptor is not None else ""
+        return f"Array({list.__repr__(self)}, {self.element_type.__name__}{d})"
+
+
+class Described:
+    """A described value: `descriptor` (usually a ULong or a Symbol) and `value`."""
+
+    __slots__ = ("descriptor", "value")
+
+    def __init__(self, descriptor: Any, value: Any):
+        self.descriptor = descriptor
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Described) and self.descriptor == other.descriptor
+                and self.value == other.value)
+
+    def __hash__(self) -> int:
+        return hash((Described, self.descriptor))
+
+    def __repr__(self) -> str:
+        return f"Described({self.descriptor!r}, {self.value!r})"
+
+
+# ---------------------------------------------------------------- encoding
+
+_b = struct.Struct(">b")
+_B = struct.Struct(">B")
+_h = struct.Struct(">h")
+_H = struct.Struct(">H")
+_i = struct.Struct(">i")
+_I = struct.Struct(">I")
+_q = struct.Struct(">q")
+_Q = struct.Struct(">Q")
+_f = struct.Struct(">f")
+_d = struct.Struct(">d")
+_BB = struct.Struct(">BB")
+_BI = struct.Struct(">BI")
+_BII = struct.Struct(">BII")
+_Bb = struct.Struct(">Bb")
+_BB_ = struct.Struct(">BB")
+_Bh = struct.Struct(">Bh")
+_BH = struct.Struct(">BH")
+_Bi = struct.Struct(">Bi")
+_BQ = struct.Struct(">BQ")
+_Bq = struct.Struct(">Bq")
+_Bf = struct.Struct(">Bf")
+_Bd = struct.Struct(">Bd")
+_BBB = struct.Struct(">BBB")
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
+def _check_range(v: int, t: type) -> None:
+    lo, hi = _INT_RANGES[t]
+    if not lo <= v <= hi:
+        raise ValueError(f"{v} is out of range for an AMQP {_TYPE_NAMES[t]}")
+
+
+def _enc_null(v: None) -> bytes:
+    return b"\x40"
+
+
+def _enc_bool(v: bool) -> bytes:
+    return b"\x41" if v else b"\x42"
+
+
+def _enc_long(v: int) -> bytes:
+    if -128 <= v <= 127:
+        return _Bb.pack(0x55, v)
+    _check_range(v, int)
+    return _Bq.pack(0x81, v)
+
+
+def _enc_ubyte(v: int) -> bytes:
+    _check_range(v, UByte)
+    return _BB_.pack(0x50, v)
+
+
+def _enc_ushort(v: int) -> bytes:
+    _check_range(v, UShort)
+    return _BH.pack(0x60, v)
+
+
+def _enc_uint(v: int) -> bytes:
+    if v == 0:
+        return b"\x43"
+    if 0 < v <= 0xFF:
+        return _BB_.pack(0x52, v)
+    _check_range(v, UInt)
+    return _BI.pack(0x70, v)
+
+
+def _enc_ulong(v: int) -> bytes:
+    if v == 0:
+        return b"\x44"
+    if 0 < v <= 0xFF:
+        return _BB_.pack(0x53, v)
+    _check_range(v, ULong)
+    return _BQ.pack(0x80, v)
+
+
+def _enc_byte(v: int) -> bytes:
+    _check_range(v, Byte)
+    return _Bb.pack(0x51, v)
+
+
+def _enc_short(v: int) -> bytes:
+    _check_range(v, Short)
+    return _Bh.pack(0x61, v)
+
+
+def _enc_int(v: int) -> bytes:
+    if -128 <= v <= 127:
+        return _Bb.pack(0x54, v)
+    _check_range(v, Int)
+    return _Bi.pack(0x71, v)
+
+
+def _enc_timestamp(v: int) -> bytes:
+    _check_range(v, Timestamp)
+    return _Bq.pack(0x83, v)
+
+
+def _enc_datetime(v: _dt.datetime) -> bytes:
+    return _enc_timestamp(_datetime_ms(v))
+
+
+def _datetime_ms(v: _dt.datetime) -> int:
+    if v.tzinfo is None:
+        v = v.replace(tzinfo=_dt.timezone.utc)
+    delta = v - _EPOCH
+    return (delta.days * 86400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def _enc_float(v: float) -> bytes:
+    try:
+        return _Bf.pack(0x72, v)
+    except OverflowError:
+        raise ValueError(f"{v} is out of range for an AMQP float") from None
+
+
+def _enc_double(v: float) -> bytes:
+    return _Bd.pack(0x82, v)
+
+
+def _enc_string(v: str) -> bytes:
+    b = v.encode()
+    n = len(b)
+    if n <= 0xFF:
+        return _BB.pack(0xA1, n) + b
+    return _BI.pack(0xB1, n) + b
+
+
+def _enc_symbol(v: str) -> bytes:
+    b = v.encode()
+    n = len(b)
+    if n <= 0xFF:
+        return _BB.pack(0xA3, n) + b
+    return _BI.pack(0xB3, n) + b
+
+
+def _enc_char(v: str) -> bytes:
+    if len(v) != 1:
+        raise ValueError(f"an AMQP char is one code point, not {len(v)}")
+    return _BI.pack(0x73, ord(v))
+
+
+def _enc_binary(v: bytes) -> bytes:
+    n = len(v)
+    if n <= 0xFF:
+        return _BB.pack(0xA0, n) + bytes(v)
+    return _BI.pack(0xB0, n) + bytes(v)
+
+
+def _enc_uuid(v: uuid.UUID) -> bytes:
+    return b"\x98" + v.bytes
+
+
+def _enc_decimal(code: int, size: int) -> Callable[[bytes], bytes]:
+    def enc(v: bytes) -> bytes:
+        if len(v) != size:
+            raise ValueError(f"an AMQP decimal{size * 8} is {size} bytes, not {len(v)}")
+        return bytes((code,)) + v
+    return enc
+
+
+def _compound(short_code: int, long_code: int, count: int, body: bytes) -> bytes:
+    n = len(body)
+    if n < 0xFF and count <= 0xFF:
+        return _BBB.pack(short_code, n + 1, count) + body
+    return _BII.pack(long_code, n + 4, count) + body
+
+
+def _enc_list(v: list | tuple) -> bytes:
+    if not v:
+        return b"\x45"
+    return _compound(0xC0, 0xD0, len(v), b"".join([_encode(x) for x in v]))
+
+
+def _enc_map(v: Mapping[Any, Any]) -> bytes:
+    return _compound(0xC1, 0xD1, 2 * len(v), b"".join([_encode(k) + _encode(x) for k, x in v.items()]))
+
+
+def _enc_described(v: Described) -> bytes:
+    return b"\x00" + _encode(v.descriptor) + _encode(v.value)
+
+
+# Array elements: the element constructor, and each element's bytes without a constructor.
+# Variable-width elements take the 8-bit width when every element fits; compound elements take
+# the 32-bit forms (the constructor is shared, so the widest element decides).
+
+def _arr_fixed(code: int, fmt: str) -> Callable[[list], tuple[bytes, bytes]]:
+    def parts(items: list) -> tuple[bytes, bytes]:
+        return bytes((code,)), struct.pack(f">{len(items)}{fmt}", *items)
+    return parts
+
+
+def _arr_ranged(t: type, code: int, fmt: str) -> Callable[[list], tuple[bytes, bytes]]:
+    fixed = _arr_fixed(code, fmt)
+
+    def parts(items: list) -> tuple[bytes, bytes]:
+        for x in items:
+            _check_range(x, t)
+        return fixed(items)
+    return parts
+
+
+def _arr_float(items: list) -> tuple[bytes, bytes]:
+    try:
+        return b"\x72", struct.pack(f">{len(items)}f", *items)
+    except OverflowError:
+        raise ValueError("a value is out of range for an AMQP float") from None
+
+
+def _arr_variable(short_code: int, long_code: int, to_bytes: Callable[[Any], bytes]
+                  ) -> Callable[[list], tuple[bytes, bytes]]:
+    def parts(items: list) -> tuple[bytes, bytes]:
+        raw = [to_bytes(x) for x in items]
+        if all(len(r) <= 0xFF for r in raw):
+            return bytes((short_code,)), b"".join([bytes((len(r),)) + r for r in raw])
+        return bytes((long_code,)), b"".join([_I.pack(len(r)) + r for r in raw])
+    return parts
+
+
+def _arr_null(items: list) -> tuple[bytes, bytes]:
+    if any(x is not None for x in items):
+        raise ValueError("an array of nulls holds a value that is not None")
+    return b"\x40", b""
+
+
+def _arr_bool(items: list) -> tuple[bytes, bytes]:
+    return b"\x56", bytes([1 if x else 0 for x in items])
+
+
+def _arr_char(items: list) -> tuple[bytes, bytes]:
+    return b"\x73", b"".join([_enc_char(x)[1:] for x in items])
+
+
+def _arr_uuid(items: list) -> tuple[bytes, bytes]:
+    return b"\x98", b"".join([x.bytes for x in items])
+
+
+def _arr_decimal(code: int, size: int) -> Callable[[list], tuple[bytes, bytes]]:
+    enc = _enc_decimal(code, size)
+    return lambda items: (bytes((code,)), b"".join([enc(x)[1:] for x in items]))
+
+
+def _arr_list(items: list) -> tuple[bytes, bytes]:
+    out = []
+    for x in items:
+        body = b"".join([_encode(e) for e in x])
+        out.append(_I.pack(len(body) + 4) + _I.pack(len(x)) + body)
+    return b"\xd0", b"".join(out)
+
+
+def _arr_map(items: list) -> tuple[bytes, bytes]:
+    out = []
+    for x in items:
+        body = b"".join([_encode(k) + _encode(e) for k, e in x.items()])
+        out.append(_I.pack(len(body) + 4) + _I.pack(2 * len(x)) + body)
+    return b"\xd1", b"".join(out)
+
+
+def _arr_array(items: list) -> tuple[bytes, bytes]:
+    out = []
+    for x in items:
+        ctor, body = _array_parts(x)
+        out.append(_I.pack(len(ctor) + len(body) + 4) + _I.pack(len(x)) + ctor + body)
+    return b"\xf0", b"".join(out)
+
+
+_ARRAY_PARTS: dict[type, Callable[[list], tuple[bytes, bytes]]] = {
+    type(None): _arr_null, bool: _arr_bool,
+    UByte: _arr_ranged(UByte, 0x50, "B"), UShort: _arr_ranged(UShort, 0x60, "H"),
+    UInt: _arr_ranged(UInt, 0x70, "I"), ULong: _arr_ranged(ULong, 0x80, "Q"),
+    Byte: _arr_ranged(Byte, 0x51, "b"), Short: _arr_ranged(Short, 0x61, "h"),
+    Int: _arr_ranged(Int, 0x71, "i"), int: _arr_ranged(int, 0x81, "q"),
+    Timestamp: _arr_ranged(Timestamp, 0x83, "q"),
+    Float: _arr_float, float: _arr_fixed(0x82, "d"),
+    Char: _arr_char, uuid.UUID: _arr_uuid,
+    str: _arr_variable(0xA1, 0xB1, lambda x: x.encode()),
+    Symbol: _arr_variable(0xA3, 0xB3, lambda x: x.encode()),
+    bytes: _arr_variable(0xA0, 0xB0, bytes),
+    Decimal32: _arr_decimal(0x74, 4), Decimal64: _arr_decimal(0x84, 8), Decimal128: _arr_decimal(0x94, 16),
+    list: _arr_list, dict: _arr_map,
+}
+
+
+def _array_parts(v: Array) -> tuple[bytes, bytes]:
+    """(constructor, elements) of an array."""
+    parts = _ARRAY_PARTS.get(v.element_type)
+    if parts is None:
+        if v.element_type is Array:
+            parts = _arr_array
+        else:
+            raise TypeError(f"cannot encode an AMQP array of {v.element_type.__name__}")
+    ctor, body = parts(v)
+    if v.descriptor is not None:
+        ctor = b"\x00" + _encode(v.descriptor) + ctor
+    return ctor, body
+
+
+def _enc_array(v: Array) -> bytes:
+    ctor, body = _array_parts(v)
+    n = len(ctor) + len(body)
+    if n < 0xFF and len(v) <= 0xFF:
+        return _BBB.pack(0xE0, n + 1, len(v)) + ctor + body
+    return _BII.pack(0xF0, n + 4, len(v)) + ctor + body
+
+
+_ENCODERS: dict[type, Callable[[Any], bytes]] = {
+    type(None): _enc_null, bool: _enc_bool, int: _enc_long, float: _enc_double, str: _enc_string,
+    bytes: _enc_binary, bytearray: _enc_binary, memoryview: _enc_binary,
+    UByte: _enc_ubyte, UShort: _enc_ushort, UInt: _enc_uint, ULong: _enc_ulong,
+    Byte: _enc_byte, Short: _enc_short, Int: _enc_int, Timestamp: _enc_timestamp,
+    Float: _enc_float, Symbol: _enc_symbol, Char: _enc_char, uuid.UUID: _enc_uuid,
+    Decimal32: _enc_decimal(0x74, 4), Decimal64: _enc_decimal(0x84, 8),
+    Decimal128: _enc_decimal(0x94, 16),
+    list: _enc_list, tuple: _enc_list, dict: _enc_map, Array: _enc_array,
+    Described: _enc_described, _dt.datetime: _enc_datetime,
+}
+
+_TYPE_NAMES: dict[type, str] = {
+    UByte: "ubyte", UShort: "ushort", UInt: "uint", ULong: "ulong", Byte: "byte", Short: "short",
+    Int: "int", int: "long", Timestamp: "timestamp",
+}
+
+
+def _encode(v: Any) -> bytes:
+    enc = _ENCODERS.get(type(v))
+    if enc is None:
+        for base in type(v).__mro__[1:]:  # subclasses of the types above (OrderedDict, ...)
+            enc = _ENCODERS.get(base)
+            if enc is not None:
+                break
+        else:
+            if isinstance(v, Mapping):
+                enc = _enc_map
+            else:
+                raise TypeError(f"cannot encode a value of type {type(v).__name__} as AMQP 1.0")
+    return enc(v)
+
+
+def encode_value(v: Any) -> bytes:
+    """One value in the AMQP 1.0 encoding. Raises TypeError for a Python type with no AMQP
+    meaning and ValueError for a value out of its type's range."""
+    try:
+        return _encode(v)
+    except struct.error as e:
+        raise ValueError(f"cannot encode {v!r} as AMQP 1.0: {e}") from None
+
+
+# ---------------------------------------------------------------- decoding
+#
+# A decoder takes (buf, off, end, depth) with `off` just after the constructor byte and `end`
+# the end of the enclosing value, and returns (value, offset after it). Every read is checked
+# against `end`.
+
+def _truncated(what: str, off: int) -> AmqpDecodeError:
+    return AmqpDecodeError(f"truncated {what} at offset {off}")
+
+
+def _fixed(size: int, what: str, conv: Callable[[bytes, int], Any]):
+    def dec(buf: bytes, off: int, end: int, depth: int) -> tuple[Any, int]:
+        nxt = off + size
+        if nxt > end:
+            raise _truncated(what, off - 1)
+        return conv(buf, off), nxt
+    return dec
+
+
+def _const(value: Any):
+    def dec(buf: bytes, off: int, end: int, depth: int) -> tuple[Any, int]:
+        return value, off
+    return dec
+
+
+def _dec_boolean(buf: bytes, off: int, end: int, depth: int) -> tuple[bool, int]:
+    if off >= end:
+        raise _truncated("boolean", off - 1)
+    b = buf[off]
+    if b > 1:
+        raise AmqpDecodeError(f"boolean with value 0x{b:02x} at offset {off - 1} (0x00 or 0x01 expected)")
+    return b == 1, off + 1
+
+
+def _dec_char(buf: bytes, off: int, end: int, depth: int) -> tuple[Char, int]:
+    if off + 4 > end:
+        raise _truncated("char", off - 1)
+    cp = _I.unpack_from(buf, off)[0]
+    if cp > 0x10FFFF:
+        raise AmqpDecodeError(f"char U+{cp:X} at offset {off - 1} is not a Unicode code point")
+    return Char(chr(cp)), off + 4
+
+
+def _variable(width: int, what: str, conv: Callable[[bytes], Any]):
+    def dec(buf: bytes, off: int, end: int, depth: int) -> tuple[Any, int]:
+        if off + width > end:
+            raise _truncated(what, off - 1)
+        n = buf[off] if width == 1 else _I.unpack_from(buf, off)[0]
+        start = off + width
+        nxt = start + n
+        if nxt > end:
+            raise _truncated(what, off - 1)
+        try:
+            return conv(buf[start:nxt]), nxt
+        except UnicodeDecodeError:
+            raise AmqpDecodeError(f"{what} at offset {off - 1} is not valid UTF-8") from None
+    return dec
+
+
+def _sizes(buf: bytes, off: int, end: int, width: int, what: str) -> tuple[int, int, int]:
+    """(count, first item offset, end of the compound) of a list, map or array."""
+    if off + 2 * width > end:
+        raise _truncated(what, off - 1)
+    if width == 1:
+        size, count = buf[off], buf[off + 1]
+    else:
+        size, count = _I.unpack_from(buf, off)[0], _I.unpack_from(buf, off + 4)[0]
+    stop = off + width + size
+    if size < width or stop > end:
+        raise _truncated(what, off - 1)
+    return count, off + 2 * width, stop
+
+
+def _list(width: int):
+    what = "list8" if width == 1 else "list32"
+
+    def dec(buf: bytes, off: int, end: int, depth: int) -> tuple[list, int]:
+        if depth >= DEPTH_MAX:
+            raise AmqpDecodeError(f"values nested deeper than {DEPTH_MAX} at offset {off - 1}")
+        count, p, stop = _sizes(buf, off, end, width, what)
+        if count > stop - p:
+            raise AmqpDecodeError(f"{what} at offset {off - 1} claims {count} items in {stop - p} bytes")
+        out = []
+        for _ in range(count):
+            v, p = _decode(buf, p, stop, depth + 1)
+            out.append(v)
+        if p != stop:
+            raise AmqpDecodeError(f"{what} at offset {off - 1}: its items end at {p}, its size says {stop}")
+        return out, stop
+    return dec
+
+
+def _map(width: int):
+    what = "map8" if width == 1 else "map32"
+
+    def dec(buf: bytes, off: int, end: int, depth: int) -> tuple[dict, int]:
+        if depth >= DEPTH_MAX:
+            raise AmqpDecodeError(f"values nested deeper than {DEPTH_MAX} at offset {off - 1}")
+        count, p, stop = _sizes(buf, off, end, width, what)
+        if count % 2:
+            raise AmqpDecodeError(f"{what} at offset {off - 1} has an odd number of items ({count})")
+        if count > stop - p:
+            raise AmqpDecodeError(f"{what} at offset {off - 1} claims {count} items in {stop - p} bytes")
+        out = {}
+        for _ in range(count // 2):
+            k, p = _decode(buf, p, stop, depth + 1)
+            v, p = _decode(buf, p, stop, depth + 1)
+            try:
+                out[k] = v
+            except TypeError:
+                raise AmqpDecodeError(f"{what} at offset {off - 1} has a key of type "
+                                      f"{type(k).__name__}, which is not supported") from None
+        if p != stop:
+            raise AmqpDecodeError(f"{what} at offset {off - 1}: its items end at {p}, its size says {stop}")
+        return out, stop
+    return dec
+
+
+# Each element constructor an array may have: the Python element type it gives.
+_ARRAY_ELEMENT_TYPES: dict[int, type] = {
+    0x40: type(None), 0x41: bool, 0x42: bool, 0x56: bool,
+    0x50: UByte, 0x60: UShort, 0x70: UInt, 0x52: UInt, 0x43: UInt, 0x80: ULong, 0x53: ULong, 0x44: ULong,
+    0x51: Byte, 0x61: Short, 0x71: Int, 0x54: Int, 0x81: int, 0x55: int, 0x72: Float, 0x82: float,
+    0x74: Decimal32, 0x84: Decimal64, 0x94: Decimal128, 0x73: Char, 0x83: Timestamp, 0x98: uuid.UUID,
+    0xA0: bytes, 0xB0: bytes, 0xA1: str, 0xB1: str, 0xA3: Symbol, 0xB3: Symbol,
+    0x45: list, 0xC0: list, 0xD0: list, 0xC1: dict, 0xD1: dict, 0xE0: Array, 0xF0: Array,
+}
+_ZERO_WIDTH = frozenset((0x40, 0x41, 0x42, 0x43, 0x44, 0x45))
+
+
+def _array(width: int):
+    what = "array8" if width == 1 else "array32"
+
+    def dec(buf: bytes, off: int, end: int, depth: int) -> tuple[Array, int]:
+        if depth >= DEPTH_MAX:
+            raise AmqpDecodeError(f"values nested deeper than {DEPTH_MAX} at offset {off - 1}")
+        count, p, stop = _sizes(buf, off, end, width, what)
+        if p >= stop:
+            raise _truncated(what, off - 1)
+        descriptor = None
+        if buf[p] == 0x00:
+            descriptor, p = _decode(buf, p + 1, stop, depth + 1)
+            if p >= stop:
+                raise _truncated(what, off - 1)
+        code = buf[p]
+        element_type = _ARRAY_ELEMENT_TYPES.get(code)
+        if element_type is None:
+            raise AmqpDecodeError(f"{what} at offset {off - 1} has elements of unknown type 0x{code:02x}")
+        p += 1
+        # zero-width elements take no bytes: bound them by the input's size, not the array's
+        room = 255 + 8 * len(buf) if code in _ZERO_WIDTH else stop - p
+        if count > room:
+            raise AmqpDecodeError(f"{what} at offset {off - 1} claims {count} elements in {stop - p} bytes")
+        element = _DECODERS[code]
+        out = Array((), element_type, descriptor)
+        for _ in range(count):
+            v, p = element(buf, p, stop, depth + 1)
+            out.append(v)
+        if p != stop:
+            raise AmqpDecodeError(f"{what} at offset {off - 1}: its elements end at {p}, its size says {stop}")
+        return out, stop
+    return dec
+
+
+def _dec_described(buf: bytes, off: int, end: int, depth: int) -> tuple[Described, int]:
+    if depth >= DEPTH_MAX:
+        raise AmqpDecodeError(f"values nested deeper than {DEPTH_MAX} at offset {off - 1}")
+    descriptor, p = _decode(buf, off, end, depth + 1)
+    value, p = _decode(buf, p, end, depth + 1)
+    return Described(descriptor, value), p
+
+
+def _uuid(buf: bytes, off: int) -> uuid.UUID:
+    return uuid.UUID(bytes=bytes(buf[off:off + 16]))
+
+
+_DECODERS: dict[int, Callable[[bytes, int, int, int], tuple[Any, int]]] = {
+    0x00: _dec_described,
+    0x40: _const(None), 0x41: _const(True), 0x42: _const(False), 0x56: _dec_boolean,
+    0x43: _const(UInt(0)), 0x44: _const(ULong(0)), 0x45: lambda buf, off, end, depth: ([], off),
+    0x50: _fixed(1, "ubyte", lambda b, o: UByte(b[o])),
+    0x60: _fixed(2, "ushort", lambda b, o: UShort(_H.unpack_from(b, o)[0])),
+    0x70: _fixed(4, "uint", lambda b, o: UInt(_I.unpack_from(b, o)[0])),
+    0x52: _fixed(1, "smalluint", lambda b, o: UInt(b[o])),
+    0x80: _fixed(8, "ulong", lambda b, o: ULong(_Q.unpack_from(b, o)[0])),
+    0x53: _fixed(1, "smallulong", lambda b, o: ULong(b[o])),
+    0x51: _fixed(1, "byte", lambda b, o: Byte(_b.unpack_from(b, o)[0])),
+    0x61: _fixed(2, "short", lambda b, o: Short(_h.unpack_from(b, o)[0])),
+    0x71: _fixed(4, "int", lambda b, o: Int(_i.unpack_from(b, o)[0])),
+    0x54: _fixed(1, "smallint", lambda b, o: Int(_b.unpack_from(b, o)[0])),
+    0x81: _fixed(8, "long", lambda b, o: _q.unpack_from(b, o)[0]),
+    0x55: _fixed(1, "smalllong", lambda b, o: _b.unpack_from(b, o)[0]),
+    0x72: _fixed(4, "float", lambda b, o: Float(_f.unpack_from(b, o)[0])),
+    0x82: _fixed(8, "double", lambda b, o: _d.unpack_from(b, o)[0]),
+    0x74: _fixed(4, "decimal32", lambda b, o: Decimal32(b[o:o + 4])),
+    0x84: _fixed(8, "decimal64", lambda b, o: Decimal64(b[o:o + 8])),
+    0x94: _fixed(16, "decimal128", lambda b, o: Decimal128(b[o:o + 16])),
+    0x73: _dec_char,
+    0x83: _fixed(8, "timestamp", lambda b, o: Timestamp(_q.unpack_from(b, o)[0])),
+    0x98: _fixed(16, "uuid", _uuid),
+    0xA0: _variable(1, "vbin8", bytes), 0xB0: _variable(4, "vbin32", bytes),
+    0xA1: _variable(1, "str8", lambda r: r.decode()), 0xB1: _variable(4, "str32", lambda r: r.decode()),
+    0xA3: _variable(1, "sym8", lambda r: Symbol(r.decode())),
+    0xB3: _variable(4, "sym32", lambda r: Symbol(r.decode())),
+    0xC0: _list(1), 0xD0: _list(4), 0xC1: _map(1), 0xD1: _map(4), 0xE0: _array(1), 0xF0: _array(4),
+}
+
+
+def _decode(buf: bytes, off: int, end: int, depth: int) -> tuple[Any, int]:
+    if off >= end:
+        raise _truncated("value", off)
+    dec = _DECODERS.get(buf[off])
+    if dec is None:
+        raise AmqpDecodeError(f"unknown type code 0x{buf[off]:02x} at offset {off}")
+    return dec(buf, off + 1, end, depth)
+
+
+def _guarded(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a decoder; any slip the checks above did not foresee still becomes AmqpDecodeError."""
+    try:
+        return fn(*args)
+    except AmqpDecodeError:
+        raise
+    except (IndexError, struct.error, ValueError, TypeError, RecursionError, UnicodeDecodeError) as e:
+        raise AmqpDecodeError(f"malformed AMQP 1.0 data: {e}") from None
+
+
+def decode_value(data: bytes) -> Any:
+    """The one AMQP 1.0 value that `data` holds exactly. Raises AmqpDecodeError otherwise."""
+    buf = bytes(data)
+    v, off = _guarded(_decode, buf, 0, len(buf), 0)
+    if off != len(buf):
+        raise AmqpDecodeError(f"{len(buf) - off} bytes after the value at offset {off}")
+    return v
+
+
+# ---------------------------------------------------------------- message sections (part 3 §3.2)
+
+HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
+APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x74, 0x75, 0x76, 0x77, 0x78
+
+_SECTION_SYMBOLS = {
+    "amqp:header:list": HEADER, "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS, "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES, "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": AMQP_SEQUENCE, "amqp:amqp-value:*": AMQP_VALUE, "amqp:footer:map": FOOTER,
+}
+_SECTION_NAMES = {
+    HEADER: "header", DELIVERY_ANNOTATIONS: "delivery-annotations", MESSAGE_ANNOTATIONS: "message-annotations",
+    PROPERTIES: "properties", APPLICATION_PROPERTIES: "application-properties", DATA: "data",
+    AMQP_SEQUENCE: "amqp-sequence", AMQP_VALUE: "amqp-value", FOOTER: "footer",
+}
+
+
+class NoValue:
+    """The absence of an amqp-value section (None is the amqp-value null)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NO_VALUE"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+NO_VALUE = NoValue()
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class _Composite:
+    """A section that is a described list of typed fields (header, properties): a field is
+    None when absent; trailing absent fields are not encoded."""
+
+    __slots__ = ()
+    CODE = 0
+    FIELDS: tuple[str, ...] = ()
+    # per field: (the class its value is encoded as, the test a decoded value must pass)
+    TYPES: tuple[tuple[Callable[[Any], Any], Callable[[Any], bool]], ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        if len(args) > len(self.FIELDS):
+            raise TypeError(f"{type(self).__name__} has {len(self.FIELDS)} fields")
+        for name in self.FIELDS:
+            setattr(self, name, None)
+        for name, v in zip(self.FIELDS, args):
+            setattr(self, name, v)
+        for name, v in kwargs.items():
+            if name not in self.FIELDS:
+                raise TypeError(f"{type(self).__name__} has no field {name!r}")
+            setattr(self, name, v)
+
+    def fields(self) -> list[Any]:
+        return [getattr(self, n) for n in self.FIELDS]
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.fields() == other.fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        set_ = ", ".join(f"{n}={v!r}" for n, v in zip(self.FIELDS, self.fields()) if v is not None)
+        return f"{type(self).__name__}({set_})"
+
+    def encode(self) -> bytes:
+        values = self.fields()
+        n = len(values)
+        while n and values[n - 1] is None:
+            n -= 1
+        items = []
+        for (as_type, _ok), v in zip(self.TYPES[:n], values[:n]):
+            items.append(b"\x40" if v is None else _encode(as_type(v)))
+        body = b"".join(items)
+        return b"\x00\x53" + bytes((self.CODE,)) + (_compound(0xC0, 0xD0, n, body) if n else b"\x45")
+
+    @classmethod
+    def from_list(cls, values: Any) -> Any:
+        name = _SECTION_NAMES[cls.CODE]
+        if not isinstance(values, list):
+            raise AmqpDecodeError(f"{name} section is a {type(values).__name__}, not a list")
+        section = cls()
+        for field, (_as_type, ok), v in zip(cls.FIELDS, cls.TYPES, values):
+            if v is None:
+                continue
+            if not ok(v):
+                raise AmqpDecodeError(f"{name} field {field.replace('_', '-')} has a value of type "
+                                      f"{type(v).__name__}")
+            setattr(section, field, v)
+        return section  # fields past the ones defined are ignored, as the spec allows
+
+
+def _message_id(v: Any) -> Any:
+    if isinstance(v, (str, bytes, uuid.UUID, ULong)):
+        return v
+    if _is_int(v):
+        return ULong(v)
+    raise TypeError(f"a message id is a ulong, uuid, binary or string, not {type(v).__name__}")
+
+
+def _is_message_id(v: Any) -> bool:
+    return isinstance(v, (ULong, uuid.UUID, bytes, str)) and not isinstance(v, (Symbol, Char))
+
+
+def _timestamp(v: Any) -> Timestamp:
+    return Timestamp(_datetime_ms(v) if isinstance(v, _dt.datetime) else v)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str) and not isinstance(v, Char)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_bytes(v: Any) -> bool:
+    return isinstance(v, bytes)
+
+
+class Header(_Composite):
+    __slots__ = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
+    CODE = HEADER
+    FIELDS = __slots__
+    TYPES = ((bool, _is_bool), (UByte, lambda v: isinstance(v, UByte)), (UInt, lambda v: isinstance(v, UInt)),
+             (bool, _is_bool), (UInt, lambda v: isinstance(v, UInt)))
+
+
+class Properties(_Composite):
+    __slots__ = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
+                 "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
+                 "reply_to_group_id")
+    CODE = PROPERTIES
+    FIELDS = __slots__
+    TYPES = ((_message_id, _is_message_id), (bytes, _is_bytes), (str, _is_str), (str, _is_str),
+             (str, _is_str), (_message_id, _is_message_id),
+             # content-type and content-encoding are symbols; some clients send strings
+             (Symbol, _is_str), (Symbol, _is_str),
+             (_timestamp, lambda v: isinstance(v, Timestamp)), (_timestamp, lambda v: isinstance(v, Timestamp)),
+             (str, _is_str), (UInt, lambda v: isinstance(v, UInt)), (str, _is_str))
+
+
+def _annotations(v: Mapping[Any, Any]) -> dict[Any, Any]:
+    """Annotation keys are symbols (or ulongs): a plain string key is written as a symbol."""
+    return {Symbol(k) if type(k) is str else k: x for k, x in v.items()}
+
+
+def _map_section(code: int, v: Mapping[Any, Any]) -> bytes:
+    return b"\x00\x53" + bytes((code,)) + _enc_map(v)
+
+
+def _data_section(d: bytes) -> bytes:
+    n = len(d)
+    if n <= 0xFF:
+        return b"\x00\x53\x75\xa0" + bytes((n,)) + d
+    return b"\x00\x53\x75\xb0" + _I.pack(n) + d
+
+
+class Message:
+    """An AMQP 1.0 message: its sections, each None (or empty) when absent.
+
+    The body is one of: `data`, a list of binary sections (the usual one); `sequence`, a list
+    of amqp-sequence sections (each a list); or `value`, one amqp-value (any value, None being
+    the null value; `NO_VALUE` when there is none). `body` gives the data sections joined."""
+
+    __slots__ = ("header", "delivery_annotations", "message_annotations", "properties",
+                 "application_properties", "data", "sequence", "value", "footer")
+
+    def __init__(self, data: bytes | list[bytes] | None = None, *, header: Header | None = None,
+                 delivery_annotations: dict | None = None, message_annotations: dict | None = None,
+                 properties: Properties | None = None, application_properties: dict | None = None,
+                 sequence: list[list] | None = None, value: Any = NO_VALUE, footer: dict | None = None):
+        self.data: list[bytes] = [data] if isinstance(data, (bytes, bytearray, memoryview)) else (data or [])
+        self.header = header
+        self.delivery_annotations = delivery_annotations
+        self.message_annotations = message_annotations
+        self.properties = properties
+        self.application_properties = application_properties
+        self.sequence: list[list] = sequence or []
+        self.value = value
+        self.footer = footer
+
+    @property
+    def body(self) -> bytes:
+        d = self.data
+        return d[0] if len(d) == 1 else b"".join(d)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Message and all(getattr(self, s) == getattr(other, s) for s in Message.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        set_ = ", ".join(f"{s}={getattr(self, s)!r}" for s in Message.__slots__
+                         if getattr(self, s) not in (None, [], NO_VALUE))
+        return f"Message({set_})"
+
+    def encode(self) -> bytes:
+        data = self.data
+        if (len(data) == 1 and self.header is None and self.message_annotations is None
+                and self.properties is None and self.application_properties is None
+                and self.delivery_annotations is None and self.footer is None
+                and self.value is NO_VALUE and not self.sequence):
+            d = data[0]
+            n = len(d)
+            if n <= 0xFF:
+                return b"\x00\x53\x75\xa0" + bytes((n,)) + d
+            return b"\x00\x53\x75\xb0" + _I.pack(n) + d
+        try:
+            return self._encode_sections()
+        except struct.error as e:
+            raise ValueError(f"cannot encode the message: {e}") from None
+
+    def _encode_sections(self) -> bytes:
+        kinds = bool(self.data) + bool(self.sequence) + (self.value is not NO_VALUE)
+        if kinds > 1:
+            raise ValueError("a message body is data, amqp-sequence or amqp-value sections, not a mix")
+        out = []
+        if self.header is not None:
+            out.append(self.header.encode())
+        if self.delivery_annotations:
+            out.append(_map_section(DELIVERY_ANNOTATIONS, _annotations(self.delivery_annotations)))
+        if self.message_annotations:
+            out.append(_map_section(MESSAGE_ANNOTATIONS, _annotations(self.message_annotations)))
+        if self.properties is not None:
+            out.append(self.properties.encode())
+        if self.application_properties:
+            out.append(_map_section(APPLICATION_PROPERTIES, self.application_properties))
+        for d in self.data:
+            out.append(_data_section(bytes(d)))
+        for s in self.sequence:
+            out.append(b"\x00\x53\x76" + _enc_list(s))
+        if self.value is not NO_VALUE:
+            out.append(b"\x00\x53\x77" + _encode(self.value))
+        if self.footer:
+            out.append(_map_section(FOOTER, _annotations(self.footer)))
+        return b"".join(out)
+
+    def __bytes__(self) -> bytes:
+        return self.encode()
+
+    @staticmethod
+    def decode(data: bytes) -> Message:
+        """The message `data` holds. Raises AmqpDecodeError for anything but a well-formed
+        sequence of message sections."""
+        buf = bytes(data)
+        n = len(buf)
+        # the usual stream message: one data section and nothing else
+        if n >= 5 and buf[:4] == b"\x00\x53\x75\xa0" and buf[4] == n - 5:
+            return Message([buf[5:]])
+        return _guarded(_decode_sections, buf, None)
+
+
+def _section_code(buf: bytes, off: int, depth: int) -> tuple[int, int]:
+    """(section code, offset of its value) of the section starting at `off`."""
+    if buf[off] != 0x00:
+        raise AmqpDecodeError(f"expected a message section at offset {off}, found type code 0x{buf[off]:02x}")
+    descriptor, p = _decode(buf, off + 1, len(buf), depth + 1)
+    if type(descriptor) is ULong:
+        code = descriptor
+        if code in _SECTION_NAMES:
+            return code, p
+    elif type(descriptor) is Symbol and descriptor in _SECTION_SYMBOLS:
+        return _SECTION_SYMBOLS[descriptor], p
+    raise AmqpDecodeError(f"unknown message section {descriptor!r} at offset {off}")
+
+
+def _decode_sections(buf: bytes, spans: list[tuple[int, int, int]] | None) -> Message:
+    """The sections of `buf`; when `spans` is a list, (code, start, end) of each section is
+    appended to it."""
+    m = Message()
+    seen = set()
+    off = 0
+    end = len(buf)
+    while off < end:
+        start = off
+        code, p = _section_code(buf, off, 0)
+        v, off = _decode(buf, p, end, 1)
+        if spans is not None:
+            spans.append((code, start, off))
+        name = _SECTION_NAMES[code]
+        if code in (DATA, AMQP_SEQUENCE, AMQP_VALUE):
+            if seen & ({DATA, AMQP_SEQUENCE, AMQP_VALUE} - {code}) or (code == AMQP_VALUE and code in seen):
+                raise AmqpDecodeError(f"{name} section at offset {start} after another body section")
+            seen.add(code)
+            if code == DATA:
+                if not isinstance(v, bytes):
+                    raise AmqpDecodeError(f"data section at offset {start} is a {type(v).__name__}, not binary")
+                m.data.append(v)
+            elif code == AMQP_SEQUENCE:
+                if not isinstance(v, list) or isinstance(v, Array):
+                    raise AmqpDecodeError(f"amqp-sequence section at offset {start} is not a list")
+                m.sequence.append(v)
+            else:
+                m.value = v
+            continue
+        if code in seen:
+            raise AmqpDecodeError(f"a second {name} section at offset {start}")
+        seen.add(code)
+        if code == HEADER:
+            m.header = Header.from_list(v)
+        elif code == PROPERTIES:
+            m.properties = Properties.from_list(v)
+        else:
+            if v is None:
+                v = {}
+            elif not isinstance(v, dict):
+                raise AmqpDecodeError(f"{name} section at offset {start} is a {type(v).__name__}, not a map")
+            if code == MESSAGE_ANNOTATIONS:
+                m.message_annotations = v
+            elif code == APPLICATION_PROPERTIES:
+                m.application_properties = v
+            elif code == DELIVERY_ANNOTATIONS:
+                m.delivery_annotations = v
+            else:
+                m.footer = v
+    return m
+
+
+# ---------------------------------------------------------------- AMQP 0-9-1 content <-> AMQP 1.0
+#
+# 0-9-1 content properties travel as the broker receives and sends them: property flags then
+# the property list (the bytes of a content header frame after class, weight and body size).
+# Header tables are read as typed entries (name, type letter, value), with the type letters
+# RabbitMQ reads (rabbit_binary_parser), because the AMQP 1.0 type of a header follows its
+# 0-9-1 type.
+
+BASIC_PROPERTY_NAMES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
+                        "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+                        "message_type", "user_id", "app_id", "cluster_id")
+_SHORTSTR, _TABLE, _OCTET, _TIMESTAMP = 0, 1, 2, 3
+_BASIC_KINDS = (_SHORTSTR, _SHORTSTR, _TABLE, _OCTET, _OCTET, _SHORTSTR, _SHORTSTR, _SHORTSTR, _SHORTSTR,
+                _TIMESTAMP, _SHORTSTR, _SHORTSTR, _SHORTSTR, _SHORTSTR)
+NO_PROPERTIES = b"\x00\x00"
+AMQP10_TYPE = "amqp-1.0"  # the 0-9-1 type of a body that is AMQP 1.0 sections other than data
+LONGSTR_UTF8_LIMIT = 4096  # a longer 0-9-1 longstr header is binary, not checked for UTF-8
+_TABLE_DEPTH_MAX = DEPTH_MAX
+
+_FIELD_FIXED: dict[str, struct.Struct] = {
+    "b": _b, "B": _B, "s": _h, "u": _H, "I": _i, "i": _I, "l": _q, "L": _Q, "f": _f, "d": _d, "T": _Q,
+}
+
+
+def _field_value(buf: bytes, off: int, end: int, depth: int) -> tuple[str, Any, int]:
+    """(type letter, value, offset after) of the 0-9-1 field value at `off`."""
+    t = chr(buf[off])
+    off += 1
+    st = _FIELD_FIXED.get(t)
+    if st is not None:
+        nxt = off + st.size
+        if nxt > end:
+            raise ValueError("truncated field value")
+        return t, st.unpack_from(buf, off)[0], nxt
+    if t == "t":
+        if off >= end:
+            raise ValueError("truncated field value")
+        return t, buf[off] != 0, off + 1
+    if t == "V":
+        return t, None, off
+    if t == "D":
+        if off + 5 > end:
+            raise ValueError("truncated field value")
+        return t, (buf[off], _i.unpack_from(buf, off + 1)[0]), off + 5
+    if t in "SxFA":
+        if off + 4 > end:
+            raise ValueError("truncated field value")
+        nxt = off + 4 + _I.unpack_from(buf, off)[0]
+        if nxt > end:
+            raise ValueError("truncated field value")
+        if t == "F":
+            return t, _field_table(buf, off + 4, nxt, depth + 1), nxt
+        if t == "A":
+            if depth >= _TABLE_DEPTH_MAX:
+                raise ValueError("field values nested too deep")
+            items = []
+            p = off + 4
+            while p < nxt:
+                it, iv, p = _field_value(buf, p, nxt, depth + 1)
+                items.append((it, iv))
+            return t, items, nxt
+        return t, buf[off + 4:nxt], nxt
+    raise ValueError(f"unknown field type {t!r}")
+
+
+def _field_table(buf: bytes, off: int, end: int, depth: int) -> list[tuple[str, str, Any]]:
+    """A field table's entries (name, type letter, value); `off`..`end` is the table after its
+    length."""
+    if depth >= _TABLE_DEPTH_MAX:
+        raise ValueError("field values nested too deep")
+    out = []
+    while off < end:
+        n = buf[off]
+        name_end = off + 1 + n
+        if name_end >= end:
+            raise ValueError("truncated field table")
+        name = buf[off + 1:name_end].decode(errors="replace")
+        t, v, off = _field_value(buf, name_end, end, depth)
+        out.append((name, t, v))
+    return out
+
+
+def _basic_from_bytes(props: bytes) -> dict[str, Any]:
+    """Raw content properties as {name: value}; short strings as str, headers as typed entries."""
+    flags = _H.unpack_from(props)[0]
+    off = 2
+    out: dict[str, Any] = {}
+    for i in range(14):
+        if not flags & (1 << (15 - i)):
+            continue
+        kind = _BASIC_KINDS[i]
+        if kind == _SHORTSTR:
+            n = props[off]
+            if off + 1 + n > len(props):
+                raise ValueError("truncated property list")
+            out[BASIC_PROPERTY_NAMES[i]] = props[off + 1:off + 1 + n].decode(errors="replace")
+            off += 1 + n
+        elif kind == _TABLE:
+            end = off + 4 + _I.unpack_from(props, off)[0]
+            if end > len(props):
+                raise ValueError("truncated headers table")
+            out["headers"] = _field_table(props, off + 4, end, 0)
+            off = end
+        elif kind == _OCTET:
+            out[BASIC_PROPERTY_NAMES[i]] = props[off]
+            off += 1
+        else:
+            out["timestamp"] = _Q.unpack_from(props, off)[0]
+            off += 8
+    return out
+
+
+def _typed_091(v: Any) -> tuple[str, Any]:
+    """A Python header value as a typed 0-9-1 field value (for properties given as a mapping)."""
+    if isinstance(v, bool):
+        return "t", v
+    if isinstance(v, int):
+        return "l", v
+    if isinstance(v, str):
+        return "S", v.encode()
+    if isinstance(v, (bytes, bytearray)):
+        return "x", bytes(v)
+    if isinstance(v, float):
+        return "d", v
+    if v is None:
+        return "V", None
+    if isinstance(v, Mapping):
+        return "F", [(str(k), *_typed_091(x)) for k, x in v.items()]
+    if isinstance(v, (list, tuple)):
+        return "A", [_typed_091(x) for x in v]
+    if isinstance(v, _dt.datetime):
+        return "T", _datetime_ms(v) // 1000
+    try:
+        import decimal
+        if isinstance(v, decimal.Decimal):
+            sign, digits, exp = v.as_tuple()
+            unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+            return "D", (max(0, -int(exp)), unscaled * 10 ** max(0, int(exp)))
+    except (TypeError, ValueError):
+        pass
+    raise TypeError(f"cannot send a header value of type {type(v).__name__}")
+
+
+def _basic_from_mapping(props: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in props.items() if v is not None and k in BASIC_PROPERTY_NAMES}
+    if "type" in props and props["type"] is not None:  # RabbitMQ's name for message_type
+        out["message_type"] = props["type"]
+    headers = out.get("headers")
+    if headers is not None:
+        out["headers"] = [(str(k), *_typed_091(v)) for k, v in headers.items()]
+    return out
+
+
+def _is_utf8_no_null(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return b"\x00" not in raw
+
+
+def _from_091(t: str, v: Any) -> Any:
+    """A typed 0-9-1 field value as AMQP 1.0 (mc_amqpl:from_091)."""
+    if t == "S":
+        if len(v) <= LONGSTR_UTF8_LIMIT and _is_utf8_no_null(v):
+            return v.decode()
+        return bytes(v)
+    conv = _FROM_091.get(t)
+    if conv is not None:
+        return conv(v)
+    if t == "F":
+        return {Symbol(k): _from_091(kt, kv) for k, kt, kv in v}
+    if t == "A":
+        return [_from_091(it, iv) for it, iv in v]
+    if t == "D":
+        # RabbitMQ has no rule for a decimal header; it is kept as its decimal text
+        scale, unscaled = v
+        return _decimal_text(scale, unscaled)
+    raise ValueError(f"unknown field type {t!r}")
+
+
+def _decimal_text(scale: int, unscaled: int) -> str:
+    if scale == 0:
+        return str(unscaled)
+    digits = str(abs(unscaled)).rjust(scale + 1, "0")
+    return ("-" if unscaled < 0 else "") + digits[:-scale] + "." + digits[-scale:]
+
+
+_FROM_091: dict[str, Callable[[Any], Any]] = {
+    "l": int, "L": ULong, "b": Byte, "B": UByte, "s": Short, "u": UShort, "I": Int, "i": UInt,
+    "d": float, "f": Float, "t": bool, "x": bytes, "T": lambda v: Timestamp(v * 1000), "V": lambda v: None,
+}
+
+
+def _urn_to_uuid(s: str | None) -> uuid.UUID | None:
+    if s is not None and len(s) == 45 and s.startswith("urn:uuid:"):
+        try:
+            return uuid.UUID(s[9:])
+        except ValueError:
+            return None
+    return None
+
+
+_SYM_X_EXCHANGE = _enc_symbol(Symbol("x-exchange"))
+_SYM_X_ROUTING_KEY = _enc_symbol(Symbol("x-routing-key"))
+_TRANSIENT_HEADER = Header(durable=False).encode()
+
+
+def _route_annotations(exchange: str, routing_key: str) -> bytes:
+    body = _SYM_X_EXCHANGE + _enc_string(exchange) + _SYM_X_ROUTING_KEY + _enc_string(routing_key)
+    return b"\x00\x53\x72" + _compound(0xC1, 0xD1, 4, body)
+
+
+def from_basic(props: bytes | Mapping[str, Any], body: bytes, exchange: str, routing_key: str) -> bytes:
+    """An AMQP 0-9-1 publish as the AMQP 1.0 message a stream stores (RabbitMQ 3.13's
+    conversion from mc_amqpl to mc_amqp, with `x-exchange` and `x-routing-key` annotations).
+
+    `props` is the raw content properties (property flags and list, as a publish carries them)
+    or a mapping of property names (`BASIC_PROPERTY_NAMES`) to values. A header becomes a
+    message annotation when its name starts with "x-" (and `CC` becomes `x-cc`), otherwise an
+    application property unless it is a table or an array; `BCC` is dropped. Raises ValueError
+    for raw properties that do not parse."""
+    if props == NO_PROPERTIES:
+        return _TRANSIENT_HEADER + _route_annotations(exchange, routing_key) + _data_section(bytes(body))
+    if isinstance(props, (bytes, bytearray, memoryview)):
+        try:
+            p = _basic_from_bytes(bytes(props))
+        except (IndexError, struct.error, ValueError) as e:
+            raise ValueError(f"malformed content header properties: {e}") from None
+    else:
+        p = _basic_from_mapping(props)
+    return _message_from_basic(p, bytes(body), exchange, routing_key).encode()
+
+
+def _message_from_basic(p: dict[str, Any], body: bytes, exchange: str, routing_key: str) -> Message:
+    ttl = None
+    expiration = p.get("expiration")
+    if expiration is not None and expiration.isdigit() and int(expiration) <= 0xFFFFFFFF:
+        ttl = UInt(int(expiration))  # the channel has refused a publish with another expiration
+    priority = p.get("priority")
+    header = Header(durable=p.get("delivery_mode") == 2, ttl=ttl,
+                    priority=None if priority is None else UByte(priority))
+    message_id, correlation_id = p.get("message_id"), p.get("correlation_id")
+    timestamp, user_id = p.get("timestamp"), p.get("user_id")
+    properties = Properties(
+        message_id=_urn_to_uuid(message_id) or message_id,
+        user_id=None if user_id is None else user_id.encode(),
+        reply_to=p.get("reply_to"),
+        correlation_id=_urn_to_uuid(correlation_id) or correlation_id,
+        content_type=None if p.get("content_type") is None else Symbol(p["content_type"]),
+        content_encoding=None if p.get("content_encoding") is None else Symbol(p["content_encoding"]),
+        creation_time=None if timestamp is None else Timestamp(timestamp * 1000),
+        group_id=p.get("app_id"))
+    if all(v is None for v in properties.fields()):
+        properties = None
+    annotations: dict[Any, Any] = {}
+    application: dict[Any, Any] = {}
+    message_type = p.get("message_type")
+    if message_type is not None:
+        annotations[Symbol("x-basic-type")] = message_type
+    for name, t, v in p.get("headers", ()):
+        if name.startswith("x-"):
+            annotations[Symbol(name)] = _from_091(t, v)
+        elif name == "CC" and t == "A":
+            annotations[Symbol("x-cc")] = _from_091(t, v)
+        elif name != "BCC" and t not in "AF":
+            application[name] = _from_091(t, v)
+        if name == "x-death" and t == "A":
+            deaths = _deaths_from_091(v)
+            if deaths:
+                annotations[Symbol("x-opt-deaths")] = deaths
+    annotations[Symbol("x-exchange")] = exchange
+    annotations[Symbol("x-routing-key")] = routing_key
+    m = Message(header=header, message_annotations=annotations, properties=properties,
+                application_properties=application or None)
+    if message_type == AMQP10_TYPE and _take_body_sections(m, body):
+        return m
+    m.data = [body]
+    return m
+
+
+def _take_body_sections(m: Message, body: bytes) -> bool:
+    """Sets the body sections a 0-9-1 body of type "amqp-1.0" holds; False when it holds
+    anything else."""
+    try:
+        sections = _guarded(_decode_sections, body, None)
+    except AmqpDecodeError:
+        return False
+    if (sections.header is not None or sections.delivery_annotations is not None
+            or sections.message_annotations is not None or sections.properties is not None
+            or sections.application_properties is not None):
+        return False
+    m.data, m.sequence, m.value, m.footer = sections.data, sections.sequence, sections.value, sections.footer
+    return True
+
+
+# -- AMQP 1.0 -> 0-9-1
+
+_INTERNAL_ANNOTATIONS = frozenset(("x-routing-key", "x-exchange", "x-death"))
+
+
+def _to_091(v: Any, depth: int = 0) -> tuple[str, Any] | None:
+    """An AMQP 1.0 value as a typed 0-9-1 field value (mc_amqpl:to_091), or None when 0-9-1
+    has no type for it."""
+    t = _TO_091.get(type(v))
+    if t is not None:
+        return t, v
+    if isinstance(v, (Decimal32, Decimal64, Decimal128)):
+        return None  # RabbitMQ has no rule for them, and 0-9-1's decimal is another type
+    if isinstance(v, bool):
+        return "t", v
+    if isinstance(v, str):  # string, symbol, char
+        return "S", v.encode()
+    if isinstance(v, bytes):  # binary is a longstr in 0-9-1, as RabbitMQ sends it
+        return "S", bytes(v)
+    if isinstance(v, Timestamp):
+        return "T", _div1000(v) & 0xFFFFFFFFFFFFFFFF
+    if isinstance(v, ULong):
+        # RabbitMQ sends a ulong as a long; one past a long's range goes as its decimal text
+        return ("l", int(v)) if v < 2**63 else ("S", str(int(v)).encode())
+    if isinstance(v, int):
+        return "l", v
+    if v is None:
+        return "V", None
+    if depth >= _TABLE_DEPTH_MAX:
+        return None
+    if isinstance(v, list):  # list and array
+        items = [_to_091(x, depth + 1) for x in v]
+        return "A", [x for x in items if x is not None]
+    if isinstance(v, dict):
+        return "F", _table_entries(v, depth + 1)
+    if isinstance(v, Described):
+        return _to_091(v.value, depth + 1)
+    if isinstance(v, uuid.UUID):
+        # RabbitMQ has no rule for a uuid header; it goes as its URN text, as a uuid message id does
+        return "S", v.urn.encode()
+    return None  # decimal32/64/128
+
+
+_TO_091: dict[type, str] = {
+    Byte: "b", UByte: "B", Short: "s", UShort: "u", Int: "I", UInt: "i", float: "d", Float: "f",
+}
+
+
+def _div1000(v: int) -> int:
+    """Erlang's `div 1000` (rounding toward zero)."""
+    return v // 1000 if v >= 0 else -(-v // 1000)
+
+
+def _table_entries(m: Mapping[Any, Any], depth: int) -> list[tuple[str, str, Any]]:
+    out = []
+    for k, v in m.items():
+        name = k.decode(errors="replace") if isinstance(k, bytes) else str(k)
+        tv = _to_091(v, depth)
+        if tv is not None and len(name.encode()) <= 0xFF:
+            out.append((name, *tv))  # type: ignore[misc]
+    return out
+
+
+def _shortstr_or_none(v: Any) -> str | None:
+    """A string property value that fits a 0-9-1 short string, else None."""
+    if isinstance(v, str) and len(v.encode()) <= 0xFF:
+        return v
+    return None
+
+
+def _message_id_091(v: Any, header: str, headers: list) -> str | None:
+    """mc_amqpl:message_id: a message or correlation id as the 0-9-1 property, or, when it does
+    not fit one, as the header `header`."""
+    if v is None:
+        return None
+    if isinstance(v, uuid.UUID):
+        return v.urn
+    if isinstance(v, ULong):
+        return str(int(v))
+    if isinstance(v, bytes):
+        headers.insert(0, (header, "x", bytes(v)))
+        return None
+    if isinstance(v, str):
+        if len(v.encode()) <= 0xFF:
+            return v
+        headers.insert(0, (header, "S", v.encode()))
+    return None
+
+
+def _annotation(annotations: Mapping[Any, Any], key: str) -> Any:
+    return annotations.get(key) if annotations else None
+
+
+def _octet_or_none(v: Any) -> int | None:
+    return int(v) if _is_int(v) and 0 <= v <= 0xFF else None
+
+
+def to_basic(encoded: bytes) -> tuple[bytes, bytes]:
+    """A stored AMQP 1.0 message as AMQP 0-9-1 content: (raw content properties, body), the
+    properties ready for a content header frame (RabbitMQ 3.13's conversion from mc_amqp to
+    mc_amqpl). Data sections are the body; any other body is its AMQP 1.0 encoding with type
+    "amqp-1.0". Application properties become headers, and so do x- message annotations other
+    than the ones the conversion itself writes. Raises AmqpDecodeError for a malformed
+    message."""
+    buf = bytes(encoded)
+    n = len(buf)
+    if n >= 5 and buf[:4] == b"\x00\x53\x75\xa0" and buf[4] == n - 5:
+        return NO_PROPERTIES, buf[5:]
+    spans: list[tuple[int, int, int]] = []
+    m = _guarded(_decode_sections, buf, spans)
+    if m.sequence or m.value is not NO_VALUE:
+        body_spans = [(s, e) for code, s, e in spans if code in (AMQP_SEQUENCE, AMQP_VALUE)]
+        body, message_type = buf[body_spans[0][0]:body_spans[-1][1]], AMQP10_TYPE
+    else:
+        body, message_type = m.body if m.data else b"", None
+    return _basic_properties(m, message_type), body
+
+
+def _basic_properties(m: Message, message_type: str | None) -> bytes:
+    h = m.header
+    ma = m.message_annotations or {}
+    p = m.properties or Properties()
+    values: list[Any] = [None] * 14
+    durable = None if h is None else h.durable
+    if durable is not None:
+        values[3] = 2 if durable else 1
+    else:
+        values[3] = _octet_or_none(_annotation(ma, "x-basic-delivery-mode"))
+    priority = None if h is None else h.priority
+    values[4] = priority if priority is not None else _octet_or_none(_annotation(ma, "x-basic-priority"))
+    ttl = None if h is None else h.ttl
+    values[7] = str(int(ttl)) if ttl is not None else _shortstr_or_none(_annotation(ma, "x-basic-expiration"))
+    values[10] = message_type or _shortstr_or_none(_annotation(ma, "x-basic-type"))
+
+    headers: list[tuple[str, str, Any]] = []
+    for k, v in (m.application_properties or {}).items():
+        if type(k) is str and len(k.encode()) <= 0xFF:
+            tv = _to_091(v)
+            if tv is not None:
+                headers.append((k, *tv))  # type: ignore[arg-type]
+    values[8] = _message_id_091(p.message_id, "x-message-id", headers)
+    values[5] = _message_id_091(p.correlation_id, "x-correlation-id", headers)
+    extra: list[tuple[str, str, Any]] = []
+    for k, v in ma.items():
+        if type(k) is not Symbol:
+            continue
+        if k == "x-cc":
+            tv = _to_091(v)
+            if tv is not None:
+                extra.append(("CC", *tv))  # type: ignore[arg-type]
+        elif k == "x-opt-rabbitmq-received-time" and isinstance(v, Timestamp):
+            extra.append(("timestamp_in_ms", "l", int(v)))
+        elif k == "x-opt-deaths":
+            deaths = _deaths_to_091(v)
+            if deaths is not None:
+                extra.append(("x-death", "A", deaths))
+        elif k.startswith("x-") and len(k.encode()) <= 0xFF and not k.startswith("x-basic-") \
+                and k not in _INTERNAL_ANNOTATIONS:
+            tv = _to_091(v)
+            if tv is not None:
+                extra.append((k, *tv))  # type: ignore[arg-type]
+    headers = extra + headers
+    values[2] = headers or None
+
+    user_id = p.user_id
+    if isinstance(user_id, bytes) and len(user_id) <= 0xFF and _is_utf8_no_null(user_id):
+        values[11] = user_id.decode()
+    values[6] = _shortstr_or_none(p.reply_to) if not isinstance(p.reply_to, Symbol) else None
+    values[12] = _shortstr_or_none(p.group_id) if not isinstance(p.group_id, Symbol) else None
+    values[0] = _shortstr_or_none(p.content_type)
+    values[1] = _shortstr_or_none(p.content_encoding)
+    if p.creation_time is not None and p.creation_time >= 0:
+        values[9] = _div1000(p.creation_time)
+    return _encode_basic(values)
+
+
+def _encode_basic(values: list[Any]) -> bytes:
+    flags = 0
+    parts = []
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        flags |= 1 << (15 - i)
+        kind = _BASIC_KINDS[i]
+        if kind == _SHORTSTR:
+            b = v.encode()
+            parts.append(bytes((len(b),)) + b)
+        elif kind == _TABLE:
+            parts.append(_encode_table(v))
+        elif kind == _OCTET:
+            parts.append(bytes((v,)))
+        else:
+            parts.append(_Q.pack(v))
+    return _H.pack(flags) + b"".join(parts)
+
+
+def _encode_table(entries: list[tuple[str, str, Any]]) -> bytes:
+    body = b"".join([_encode_name(k) + _encode_field(t, v) for k, t, v in entries])
+    return _I.pack(len(body)) + body
+
+
+def _encode_name(k: str) -> bytes:
+    b = k.encode()
+    return bytes((len(b),)) + b
+
+
+def _encode_field(t: str, v: Any) -> bytes:
+    st = _FIELD_FIXED.get(t)
+    if st is not None:
+        return t.encode() + st.pack(v)
+    if t in "Sx":
+        return t.encode() + _I.pack(len(v)) + v
+    if t == "t":
+        return b"t\x01" if v else b"t\x00"
+    if t == "V":
+        return b"V"
+    if t == "F":
+        return b"F" + _encode_table(v)
+    if t == "A":
+        body = b"".join([_encode_field(it, iv) for it, iv in v])
+        return b"A" + _I.pack(len(body)) + body
+    if t == "D":
+        return b"D" + bytes((v[0],)) + _i.pack(v[1])
+    raise ValueError(f"unknown field type {t!r}")
+
+
+def _deaths_from_091(items: list[tuple[str, Any]]) -> Array:
+    """An x-death header as the x-opt-deaths annotation RabbitMQ writes beside it (its deaths
+    recovered from the header, then encode_deaths): an array of maps."""
+    out = Array((), dict)
+    for t, table in items:
+        if t != "F":
+            continue
+        d = {k: (kt, kv) for k, kt, kv in table}
+        try:
+            count, reason, queue = d["count"][1], d["reason"][1], d["queue"][1]
+            time_t, time_s = d["time"]
+            exchange, (keys_t, keys) = d["exchange"][1], d["routing-keys"]
+        except (KeyError, TypeError, ValueError):
+            continue  # RabbitMQ ignores an x-death entry without these
+        if time_t != "T" or keys_t != "A" or not _is_int(count):
+            continue
+        first = Timestamp(time_s * 1000)
+        death: dict[Any, Any] = {}
+        expiration = d.get("original-expiration")
+        if expiration is not None and isinstance(expiration[1], bytes) and expiration[1].isdigit():
+            death[Symbol("ttl")] = UInt(min(int(expiration[1]), 0xFFFFFFFF))
+        death.update({
+            Symbol("queue"): _text(queue), Symbol("reason"): Symbol(_text(reason)),
+            Symbol("count"): ULong(max(0, count)), Symbol("first-time"): first, Symbol("last-time"): first,
+            Symbol("exchange"): _text(exchange),
+            Symbol("routing-keys"): Array((_text(k) for kt, k in keys if kt == "S"), str),
+        })
+        out.append(death)
+    return out
+
+
+def _text(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _deaths_to_091(v: Any) -> list[tuple[str, Any]] | None:
+    """x-opt-deaths (an array of maps) as an x-death header: RabbitMQ's death_table."""
+    if not isinstance(v, list):
+        return None
+    out = []
+    for d in v:
+        try:
+            entries: list[tuple[str, str, Any]] = [
+                ("count", "l", int(d["count"])),
+                ("reason", "S", str(d["reason"]).encode()),
+                ("queue", "S", str(d["queue"]).encode()),
+                ("time", "T", _div1000(int(d["first-time"]))),
+                ("exchange", "S", str(d["exchange"]).encode()),
+                ("routing-keys", "A", [("S", str(k).encode()) for k in d["routing-keys"]]),
+            ]
+        except (KeyError, TypeError, ValueError):
+            continue  # RabbitMQ reads only the shape it writes
+        ttl = d.get("ttl")
+        if _is_int(ttl):
+            entries.insert(0, ("original-expiration", "S", str(int(ttl)).encode()))
+        out.append(("F", entries))
+    return out
