@@ -464,6 +464,8 @@ def test_a_torn_tail_in_an_earlier_segment_ends_the_log_and_the_later_segments_g
         assert log.segment_names() == [segment_file_name(0), segment_file_name(40)]
         assert segment_file_name(80) in log.recovery.files_removed
         assert log.recovery.chunks_dropped == 4
+        assert str(log.recovery).startswith(f"Stream log {tmp_path}: torn tail in segment {segment_file_name(40)}: "
+                                            f"chunk 60 (100 bytes at position 208) is not wholly in the segment")
 
 
 def test_a_gap_between_segments_refuses_to_open(tmp_path):

@@ -150,6 +150,12 @@ class StreamRecoveryReport:
         return not (self.segment_bytes_cut or self.index_bytes_cut or self.chunks_dropped
                     or self.files_removed)
 
+    def __str__(self) -> str:
+        if not self.notes:
+            return (f"recovered {self.chunks} chunks in {self.segments} segments (offsets {self.first_offset} to "
+                    f"{self.next_offset}) in {self.duration_ms:.1f} ms")
+        return "; ".join(self.notes)
+
 
 def segment_file_name(first_chunk_id: int) -> str:
     return f"{first_chunk_id:020d}{SEGMENT_SUFFIX}"
