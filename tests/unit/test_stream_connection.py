@@ -327,6 +327,42 @@ def test_fuzz_any_bytes_end_open_closing_or_closed(data, cut, opened):
     assert conn.state in (OPEN, CLOSE_SENT, CLOSED) or not opened
 
 
+CLIENT_SESSION = [f.PeerProperties(1, {"product": "test"}), f.SaslHandshake(2),
+                  f.SaslAuthenticate(3, "PLAIN", b"\x00guest\x00guest"), f.Tune(65536, 10), f.Open(4, "/"),
+                  f.ExchangeCommandVersions(5, [(f.KEY_DELIVER, 1, 2)]), f.Create(6, "s1", {}),
+                  f.DeclarePublisher(7, 0, "", "s1"), f.Publish(0, [(1, b"a"), (2, b"bc")]),
+                  f.Subscribe(8, 0, "s1", f.OFFSET_TYPE_FIRST, None, 5, {}), f.Credit(0, 1), f.Heartbeat(),
+                  f.SaslAuthenticate(9, "PLAIN", b"\x00guest\x00new"), f.Close(10, f.OK, "OK")]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255), st.sampled_from("sid")), max_size=4),
+       cuts=st.lists(st.integers(0, 10_000), max_size=5), refuse=st.booleans())
+def test_fuzz_mutated_client_sessions(edits, cuts, refuse):
+    data = bytearray(b"".join(f.encode(c) for c in CLIENT_SESSION))
+    for where, byte, how in edits:
+        i = where % (len(data) + 1)
+        if how == "s" and i < len(data):
+            data[i] = byte
+        elif how == "i":
+            data[i:i] = bytes([byte])
+        elif how == "d":
+            del data[i:i + 1]
+    conn = StreamConnection(PROPS)
+    start = 0
+    for cut in sorted(c % (len(data) + 1) for c in cuts) + [len(data)]:
+        for ev in conn.receive_data(bytes(data[start:cut])):
+            if type(ev) is Authenticate:
+                conn.reject_auth() if refuse and ev.update else conn.accept_auth()
+            elif type(ev) is OpenVhost:
+                conn.open_ok({})
+            elif type(ev) in (f.Create, f.DeclarePublisher, f.Subscribe):
+                conn.respond(ev, f.OK)
+        start = cut
+        sent(conn)
+        conn.tick(float(cut))
+
+
 # ---------------------------------------------------------------- real clients over a real socket
 
 
