@@ -8,6 +8,7 @@ directory; put it on the disk a broker would use, since fsync costs what the dis
 
   append+sync    chunks of `--records-per-chunk` records of `--record-bytes` (100 x 1 KiB),
                  one sync() per `--sync-mib` MiB appended (group commit), `--total-mib` in all
+  no fsync       the same with fsync=False: the log's own CPU cost (two writes per chunk)
   sync/chunk     the same with one sync() after every chunk (`--per-chunk-mib` in all)
   read           read() of the whole log from offset 0, 1 MiB at a time (one pread per
                  segment range), touching every chunk: from the page cache
@@ -44,8 +45,9 @@ def _chunk(records: int, record_bytes: int) -> bytes:
     return os.urandom(record_bytes) * records
 
 
-def append_sync(directory: str, total_bytes: int, chunk: bytes, records: int, sync_bytes: int) -> dict:
-    with StreamLog(directory) as log:
+def append_sync(directory: str, total_bytes: int, chunk: bytes, records: int, sync_bytes: int,
+                fsync: bool = True) -> dict:
+    with StreamLog(directory, fsync=fsync) as log:
         n_chunks = total_bytes // len(chunk)
         pending = 0
         started = time.perf_counter()
@@ -137,6 +139,11 @@ def main() -> None:
         print(f"read cold      {r['bytes'] / MiB:7.0f} MiB  {r['mb_s']:8.1f} MB/s  {r['chunks_s']:9.0f} chunks/s  "
               f"{r['chunks_s'] * args.records_per_chunk:10.0f} records/s")
         shutil.rmtree(os.path.join(root, "a"))
+        r = append_sync(os.path.join(root, "n"), args.total_mib * MiB, chunk, args.records_per_chunk,
+                        int(args.sync_mib * MiB), fsync=False)
+        print(f"no fsync       {r['bytes'] / MiB:7.0f} MiB  {r['mb_s']:8.1f} MB/s  {r['chunks_s']:9.0f} chunks/s  "
+              f"{r['chunks_s'] * args.records_per_chunk:10.0f} records/s")
+        shutil.rmtree(os.path.join(root, "n"))
         r = append_sync(os.path.join(root, "b"), args.per_chunk_mib * MiB, chunk, args.records_per_chunk, 1)
         print(f"sync/chunk     {r['bytes'] / MiB:7.0f} MiB  {r['mb_s']:8.1f} MB/s  {r['chunks_s']:9.0f} chunks/s  "
               f"{r['chunks_s'] * args.records_per_chunk:10.0f} records/s  {r['fsyncs_s']:6.1f} syncs/s")

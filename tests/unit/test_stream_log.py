@@ -176,6 +176,35 @@ def test_sync_moves_the_synced_offset(tmp_path):
         assert log.sync() == 20 and log.fsync_count == count  # nothing new: no fsync
 
 
+def test_a_worker_thread_syncs_while_the_owner_appends_across_segments(tmp_path):
+    import threading
+    with StreamLog(tmp_path, max_segment_bytes=2_000) as log:
+        stop = threading.Event()
+        seen: list[int] = []
+        errors: list[BaseException] = []
+
+        def syncer():
+            try:
+                while not stop.is_set():
+                    seen.append(log.sync())
+            except BaseException as e:  # reported by the assertion below
+                errors.append(e)
+
+        worker = threading.Thread(target=syncer)
+        worker.start()
+        try:
+            fill(log, 300, size=150, num_records=2)
+        finally:
+            stop.set()
+            worker.join()
+        assert errors == []
+        assert seen == sorted(seen) and all(0 <= s <= 600 and s % 2 == 0 for s in seen)
+        assert log.sync() == 600
+        assert log.segment_count > 20
+    with StreamLog(tmp_path, max_segment_bytes=2_000) as log:
+        assert log.recovery.clean and log.next_offset == 600
+
+
 def test_a_second_process_cannot_open_a_log_in_use_and_a_closed_log_refuses_work(tmp_path):
     log = StreamLog(tmp_path, fsync=False)
     with pytest.raises(StreamLogError, match="in use"):
