@@ -391,8 +391,12 @@ class MiniBroker:
             conn.accept_auth()
         elif t is OpenVhost:
             conn.open_ok({"advertised_host": "127.0.0.1", "advertised_port": str(self.port)})
-        elif t in (f.Create, f.Delete, f.DeclarePublisher, f.DeletePublisher, f.Unsubscribe):
+        elif t in (f.Create, f.Delete, f.DeclarePublisher, f.DeletePublisher, f.Unsubscribe, f.CreateSuperStream):
             conn.respond(ev, f.OK)
+        elif t is f.Route:
+            conn.send(f.RouteResponse(ev.correlation_id, f.OK, [f"{ev.super_stream}-{ev.routing_key}"]))
+        elif t is f.Partitions:
+            conn.send(f.PartitionsResponse(ev.correlation_id, f.OK, [f"{ev.super_stream}-0", f"{ev.super_stream}-1"]))
         elif t is f.Metadata:
             conn.send(f.MetadataResponse(ev.correlation_id, [(0, "127.0.0.1", self.port)],
                                          [(s, f.OK, 0, []) for s in ev.streams]))
@@ -526,3 +530,36 @@ def test_rbfly_connects_creates_publishes_and_consumes():
     [closed] = broker.of(ConnectionClosed)
     assert closed.by_client and closed.code == f.OK
     assert all(_reencodes_byte_for_byte(fr) for data in broker.received for fr in _frames(data))
+
+
+def test_rstream_super_stream_producer_creates_routes_and_publishes():
+    from rstream import RouteType, SuperStreamCreationOption, SuperStreamProducer
+
+    async def client(broker: MiniBroker) -> None:
+        confirmed: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def routing_key(_message) -> str:
+            return "1"
+
+        async def on_confirm(status) -> None:
+            if not confirmed.done():
+                confirmed.set_result(status.is_confirmed)
+
+        async with SuperStreamProducer("127.0.0.1", broker.port, username="guest", password="any",
+                                       super_stream="invoices", routing=RouteType.Key,
+                                       routing_extractor=routing_key,
+                                       super_stream_creation_option=SuperStreamCreationOption(n_partitions=2),
+                                       ) as producer:
+            await producer.send(b"invoice 1", on_publish_confirm=on_confirm)
+            assert await confirmed
+            assert await (await producer.default_client).partitions("invoices") == ["invoices-0", "invoices-1"]
+
+    broker = asyncio.run(_with_server(b"", client))
+    [create] = broker.of(f.CreateSuperStream)
+    assert (create.name, create.partitions, create.binding_keys) == (
+        "invoices", ["invoices-0", "invoices-1"], ["0", "1"])
+    [route] = broker.of(f.Route)
+    assert (route.routing_key, route.super_stream) == ("1", "invoices")
+    assert broker.of(f.DeclarePublisher)[0].stream == "invoices-1"
+    assert broker.of(f.Publish)[0].messages == [(1, b"invoice 1")]
+    assert broker.of(f.Partitions)[0].super_stream == "invoices"
