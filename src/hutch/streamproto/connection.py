@@ -443,7 +443,7 @@ class StreamConnection:
         if t is f.ExchangeCommandVersions:
             self.send(f.ExchangeCommandVersionsResponse(cmd.correlation_id, f.OK, f.SERVER_COMMAND_VERSIONS))
             for key, _low, high in cmd.versions:
-                if key == f.KEY_DELIVER and high >= 2:
+                if key == f.KEY_DELIVER and high == 2:  # as RabbitMQ matches it
                     self.deliver_version = 2
         elif t is f.Close:
             self.respond(cmd, f.OK)
