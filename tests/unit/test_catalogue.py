@@ -273,8 +273,8 @@ def test_check_queue_leader_changes_nothing_and_succeeds_only_for_the_leader():
 
 
 def test_unknown_queue_type_is_refused():
-    r = cat().apply(DeclareQueue("/", "q", "stream"))
-    assert r.code == 406 and "unknown queue type 'stream'" in r.text
+    r = cat().apply(DeclareQueue("/", "q", "nosuchtype"))
+    assert r.code == 406 and "unknown queue type 'nosuchtype'" in r.text
 
 
 # ---- policies and parameters ------------------------------------------------------------------

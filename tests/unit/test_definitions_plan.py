@@ -20,7 +20,7 @@ CTL_EXPORT = Path(__file__).resolve().parents[1] / "fixtures" / "definitions" / 
 
 
 def test_every_item_hutch_cannot_honour_is_named_not_only_the_first():
-    doc = {"queues": [{"name": "a", "vhost": "/", "arguments": {"x-queue-type": "stream"}},
+    doc = {"queues": [{"name": "a", "vhost": "/", "arguments": {"x-queue-type": "jms"}},
                       {"name": "b", "vhost": "/", "arguments": {}}],
            "exchanges": [{"name": "d", "vhost": "/", "type": "x-delayed-message"},
                          {"name": "h", "vhost": "/", "type": "x-consistent-hash"}],
@@ -31,7 +31,7 @@ def test_every_item_hutch_cannot_honour_is_named_not_only_the_first():
         "'federation_upstreams': not a part of RabbitMQ's definitions format that hutch knows",
         "runtime parameter 's' of component 'shovel' in vhost '/': component 'shovel' is not supported "
         "(hutch has no shovel plugin)",
-        "queue 'a' in vhost '/': queue type 'stream' is not supported",
+        "queue 'a' in vhost '/': queue type 'jms' is not supported",
         "exchange 'd' in vhost '/': exchange type 'x-delayed-message' is not supported",
         "exchange 'h' in vhost '/': exchange type 'x-consistent-hash' is not supported",
     ]
@@ -42,23 +42,23 @@ def test_every_item_hutch_cannot_honour_is_named_not_only_the_first():
 def test_items_that_depend_on_a_skipped_one_are_skipped_by_name():
     doc = {"users": [{"name": "old", "password_hash": "x", "hashing_algorithm": "rabbit_password_hashing_md5"}],
            "permissions": [{"user": "old", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}],
-           "queues": [{"name": "s", "vhost": "/", "arguments": {"x-queue-type": "stream"}}],
+           "queues": [{"name": "s", "vhost": "/", "arguments": {"x-queue-type": "jms"}}],
            "bindings": [{"source": "amq.topic", "vhost": "/", "destination": "s", "destination_type": "queue"}]}
     p = defs.plan(doc)
     assert p.unsupported == [
         "user 'old': password hashing algorithm 'rabbit_password_hashing_md5' is not supported (hutch verifies "
         "rabbit_password_hashing_sha256 hashes)",
         "permissions of user 'old' in vhost '/': its user 'old' is not imported",
-        "queue 's' in vhost '/': queue type 'stream' is not supported",
+        "queue 's' in vhost '/': queue type 'jms' is not supported",
         "binding from exchange 'amq.topic' to queue 's' in vhost '/': its destination queue 's' is not imported",
     ]
     assert p.commands == []
 
 
 def test_a_part_of_an_item_is_left_out_and_named_the_rest_imported():
-    p = defs.plan({"vhosts": [{"name": "v", "metadata": {"description": "d", "default_queue_type": "stream"}}]})
+    p = defs.plan({"vhosts": [{"name": "v", "metadata": {"description": "d", "default_queue_type": "jms"}}]})
     assert p.commands == [cat.AddVhost("v", "d", (), "")]
-    assert p.unsupported == ["vhost 'v': default queue type 'stream' is not supported"]
+    assert p.unsupported == ["vhost 'v': default queue type 'jms' is not supported"]
 
 
 def test_a_limit_hutch_does_not_enforce_is_left_out_of_its_user_by_name():

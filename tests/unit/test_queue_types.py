@@ -13,9 +13,10 @@ from hutch.queues.classic import ClassicQueue
 from hutch.queues.message import Message
 from hutch.quorum import handle as quorum_handle
 from hutch.quorum.placement import place_members
+from hutch.streams import handle as stream_handle
 
 
-def test_classic_and_quorum_are_registered_with_what_they_can_do():
+def test_classic_quorum_and_stream_are_registered_with_what_they_can_do():
     assert quorum_handle.QUORUM is handle.queue_type("quorum")
     assert {"classic", "quorum"} <= set(handle.queue_types())
     classic = handle.queue_type("classic")
@@ -23,7 +24,10 @@ def test_classic_and_quorum_are_registered_with_what_they_can_do():
     quorum = handle.queue_type("quorum")
     assert quorum.can(handle.REPLICATED) and quorum.can(handle.SINGLE_ACTIVE_CONSUMER)
     assert not quorum.can(handle.GLOBAL_QOS) and not quorum.can(handle.PRIORITIES)
-    assert handle.queue_type("stream") is None
+    stream = handle.queue_type("stream")
+    assert stream is stream_handle.STREAM and stream.can(handle.REPLICATED)
+    assert not stream.can(handle.SINGLE_ACTIVE_CONSUMER) and not stream.holds(False, False, False)
+    assert handle.queue_type("jms") is None
 
 
 def test_a_classic_queues_figures_follow_its_state():

@@ -108,9 +108,9 @@ def queue_settings(args: dict[str, Any], name: str, vhost: str) -> QueueSettings
     qtype = _str_arg(args, "x-queue-type", name, vhost) or "classic"
     if qtype not in QUEUE_TYPES_KNOWN:
         raise _invalid("x-queue-type", name, vhost, f'"unsupported queue type \'{qtype}\'"')
-    if qtype not in ("classic", "quorum"):
+    if qtype not in ("classic", "quorum", "stream"):
         raise _invalid("x-queue-type", name, vhost, f"{{unacceptable_value,<<\"{qtype}\">>}} "
-                       "(this node serves classic and quorum queues)")
+                       "(this node serves classic, quorum and stream queues)")
     s.queue_type = qtype
     return s
 

@@ -702,6 +702,9 @@ class Broker:
                 if q.quorum:
                     if self.cluster is not None:
                         self.cluster.quorum.reconfigure(q)
+                elif getattr(q, "stream", False):
+                    if self.cluster is not None:
+                        self.cluster.streams.reconfigure(q)
                 elif q.local:
                     self.apply_policies(q)
 

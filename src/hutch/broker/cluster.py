@@ -59,6 +59,7 @@ from hutch.broker.broker import priority_and_expiration
 from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.exchanges import EXCHANGE, QUEUE
 from hutch.broker.quorumq import BrokerQuorumPort
+from hutch.broker.streamq import BrokerStreamPort
 from hutch.broker.topology import NODE_PARAM, Topology
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
@@ -68,7 +69,10 @@ from hutch.mirror.failover import Failover
 from hutch.mirror.host import MirrorHost
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
+from hutch.streamproto import amqp10
 from hutch.quorum.host import QuorumHost
+from hutch.streams.handle import STREAM
+from hutch.streams.host import StreamHost
 
 if TYPE_CHECKING:
     from hutch.broker.broker import Broker
@@ -81,7 +85,7 @@ INIT_PARAM = "hutch_initialised"
 # the messages of group "q" (lists tagged by a string), and how long each is
 # each queue-traffic message: its kind, then fields of these types (anything else is malformed)
 _LIST_MESSAGES = {REMOTE: (bytes,), "ST": (bytes,), "QP": (int, bytes), "QE": (bytes,), "G": (str, str, bytes),
-                  "NI": (dict,), "CC": (dict,)}
+                  "NI": (dict,), "CC": (dict,), "SP": (int, bytes), "SE": (list,)}
 
 
 class _Stale:
@@ -132,6 +136,8 @@ class ClusterBroker:
         self.peer_info: dict[str, dict] = {}  # the last one each peer sent
         self.peer_counts: dict[str, dict] = {}  # each peer's connection and channel counts (for limits)
         self.quorum = QuorumHost(self.peers, BrokerQuorumPort(self))
+        self.streams = StreamHost(self.peers, BrokerStreamPort(self))
+        self.streams.peers_call = self.call
         self.topology = Topology(self)  # the catalogue, applied to this node's objects
         self.mirroring = MirrorHost(self)
         # classic queues on other nodes, and this node's classic queues for them
@@ -174,6 +180,7 @@ class ClusterBroker:
 
     def channel_closed(self, channel: Channel) -> None:
         self.quorum.channel_closed(channel)
+        self.streams.channel_closed(channel)
 
     def cancelled(self, cid: int, home: str, vhost: str, qname: str) -> None:
         self.remote.cancelled(cid, home, vhost, qname)
@@ -300,6 +307,10 @@ class ClusterBroker:
             if q.quorum:
                 self.quorum.publish(q, msg, channel, seq)
                 waits += 1
+            elif q.queue_type == STREAM.name:
+                self.streams.publish(q, amqp10.from_basic(msg.props, msg.body, msg.exchange, msg.routing_key),
+                                     channel, seq)
+                waits += 1
             else:
                 classic.append(q)
         if not classic:
@@ -309,6 +320,7 @@ class ClusterBroker:
 
     def tick(self, now_s: float) -> None:
         self.mirroring.tick(now_s)
+        self.streams.tick(now_s)
         self.remote.retry_orphans()
         self.failover.tick(now_s)
 
@@ -373,6 +385,12 @@ class ClusterBroker:
                 answer([spec.NOT_IMPLEMENTED, "migration is not available here"])
             else:
                 self.migrator(args, answer)
+        elif kind == "sread":  # a consumer on a node without a replica reads a stream: [gid, start, max_bytes]
+            self.streams.read_call(args, answer)
+        elif kind == "sraw":  # a replica closing a gap: [gid, offset, max_bytes]
+            self.streams.raw_call(args, answer)
+        elif kind == "sstatus":  # this node's replica of a stream: [gid]
+            answer([200, self.streams.local_status(args[0])])
         elif kind == "qstatus":  # this node's view of a quorum queue's Raft group: [gid]
             answer([200, self.quorum.local_status(args[0])])
         elif kind == "qmember":  # on a quorum queue's leader: [gid, "add"|"remove", node]
@@ -417,6 +435,10 @@ class ClusterBroker:
             self.quorum.on_forwarded(payload[1], payload[2])
         elif kind == "QE":
             self.quorum.on_effects(payload[1])
+        elif kind == "SP":
+            self.streams.on_forwarded(payload[1], payload[2])
+        elif kind == "SE":
+            self.streams.on_answers(payload[1])
         elif kind == "G":
             self.mirroring.on_gm(peer, payload[1], payload[2], payload[3])
         elif kind == "NI":
@@ -429,6 +451,7 @@ class ClusterBroker:
         """Send what this loop iteration collected (called once per broker run)."""
         self.remote.flush()
         self.quorum.flush()
+        self.streams.flush()
         self.mirroring.flush()
 
     def stats(self) -> bytes:
@@ -439,6 +462,7 @@ class ClusterBroker:
 
     def peer_up(self, peer: str) -> None:
         self.quorum.peer_up(peer)
+        self.streams.peer_up(peer)
         self.mirroring.peer_up(peer)
         self.failover.peer_up(peer)  # a mirrored queue's leader is back, unpromoted
         self.remote.retry_orphans()

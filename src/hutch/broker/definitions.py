@@ -39,8 +39,8 @@ from hutch.quorum import fifo
 RABBITMQ_VERSION = "3.10.8"
 HASHING_SHA256 = cat.HASHING_SHA256
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
-QUEUE_TYPES = ("classic", "quorum")
-VHOST_DEFAULT_QUEUE_TYPES = ("classic", "quorum")
+QUEUE_TYPES = ("classic", "quorum", "stream")
+VHOST_DEFAULT_QUEUE_TYPES = ("classic", "quorum", "stream")
 # a document's own description of itself: read by nobody, never refused
 META_KEYS = ("rabbit_version", "rabbitmq_version", "product_name", "product_version", "explanation")
 # a hutch cluster's own bookkeeping (member addresses, "initialised"): not the operator's data,

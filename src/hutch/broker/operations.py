@@ -30,6 +30,7 @@ from hutch.amqp.spec import AMQPError, access_refused, precondition_failed
 from hutch.broker import arguments as qargs
 from hutch.broker import kinds
 from hutch.broker import quorumq as _quorum_kind  # noqa: F401 - registers the quorum kind
+from hutch.broker import streamq as _stream_kind  # noqa: F401 - registers the stream kind
 from hutch.broker.exchanges import EXCHANGE, EXCHANGE_TYPES, QUEUE
 from hutch.cluster import catalogue as cat
 from hutch.queues.handle import CLASSIC, SERVER_NAMED, queue_type

@@ -54,7 +54,8 @@ QUEUE = "queue"
 EXCHANGE = "exchange"
 CLASSIC = "classic"
 QUORUM = "quorum"
-QUEUE_TYPES = (CLASSIC, QUORUM)
+STREAM = "stream"
+QUEUE_TYPES = (CLASSIC, QUORUM, STREAM)
 POLICY_APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues")
 
 DEFAULT_EXCHANGES = (

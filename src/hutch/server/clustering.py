@@ -194,14 +194,15 @@ class ClusterRuntime:
                               heartbeat_interval_ticks=HEARTBEAT_INTERVAL_TICKS, seed=self.id & 0xFFFFFFFF)
         self.raft = RaftHost(self.id, self.name, self.host, raft_cfg, self.names, CATALOGUE_GROUP,
                              send=self._send_raft, schedule=self._schedule,
-                             on_leader_known=lambda gid: self.cluster.quorum.leader_known(gid),
-                             on_leadership=lambda gid, leading: self.cluster.quorum.leadership_changed(gid, leading),
+                             on_leader_known=self._group_leader_known,
+                             on_leadership=self._group_leadership,
                              fatal=self.fatal)
         self.multi = self.raft.multi
         self.group = self.raft.add_main_group(storage, CallbackApp(self._apply_catalogue, self._restore_catalogue,
                                                                    lambda: self.cluster.catalogue.snapshot()))
         logged_at_start = storage.last_index()
         self.cluster.quorum.raft = QueueGroups(self.raft, node_id)
+        self.cluster.streams.raft = QueueGroups(self.raft, node_id)
         self._drain(initial=True)
         self.cluster.rebuild()
         for n, addr in self.cluster.members.items():
@@ -397,6 +398,18 @@ class ClusterRuntime:
     def _drain(self, initial: bool = False) -> None:
         """Every group's Ready: persist, send, apply, advance (hutch.server.raft_host)."""
         self.raft.drain(initial)
+
+    def _group_leader_known(self, gid: Any) -> None:
+        if gid in self.cluster.streams.queues:
+            self.cluster.streams.leader_known(gid)
+        else:
+            self.cluster.quorum.leader_known(gid)
+
+    def _group_leadership(self, gid: Any, leading: bool) -> None:
+        if gid in self.cluster.streams.queues:
+            self.cluster.streams.leadership_changed(gid, leading)
+        else:
+            self.cluster.quorum.leadership_changed(gid, leading)
 
     def _send_raft(self, peer: str, gid: Any, message: bytes) -> None:
         self.transport.send(peer, "raft", [gid, message])

@@ -1,0 +1,115 @@
+"""The broker's side of streams: `BrokerStreamPort`, the few broker services the stream host
+(`hutch.streams.host`) may use, and the `Kind` that turns a declare into a stream's catalogue
+record and a committed record into this node's handle.
+
+Everything about how a stream works (its Raft group, its log, reads and writes) lives in
+`hutch.streams`. Must never: decide anything about a stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hutch.amqp.spec import precondition_failed
+from hutch.broker import msgstats
+from hutch.broker.kinds import register_kind
+from hutch.broker.quorumq import ClusterSide
+from hutch.cluster import catalogue as cat
+from hutch.queues import effective
+from hutch.quorum import placement
+from hutch.streams.config import StreamArgumentError, stream_config
+from hutch.streams.handle import STREAM
+
+
+class BrokerStreamPort:
+    """`hutch.streams.host.StreamPort` on a broker."""
+
+    def __init__(self, cl: ClusterSide):
+        self.cl = cl
+        b = cl.broker
+        self.broker = b
+        self.now_ms = b.now_ms
+        self.schedule = b.schedule
+        self.window_add = cl.window_add
+        self.new_stats = msgstats.new
+
+    def dirty(self, q: Any) -> None:
+        self.broker.dirty_queues.add(q)
+
+    def data_dir(self) -> Path | None:
+        d = getattr(self.broker, "data_dir", None) or self.broker.config.data_dir
+        return Path(d) if d else None
+
+    def fsync(self) -> bool:
+        return True
+
+    def policy_of(self, vhost: str, name: str) -> dict:
+        pol = effective.match(self.broker.policies, vhost, name, "queue", STREAM.name)
+        return dict(pol["definition"]) if pol else {}
+
+    def cancel_local(self, consumer: Any) -> None:
+        self.cl._cancel_local(consumer)
+
+    def publish_answered(self, ch: Any, session: Any, seq: int, accepted: bool) -> None:
+        cl = self.cl
+        if session is not None:
+            cl.window_done(session)
+        if seq and ch is not None and not ch.closed:
+            if accepted:
+                ch.accepted(seq)
+            else:
+                ch.nack_publish(seq)
+            cl.output(session)
+
+    def deliver(self, c: Any, q: Any, msg_id: int, delivery_count: int, redelivered: bool, route: bytes,
+                props: bytes, body: bytes) -> None:
+        ch = c.channel
+        ch.deliver_held(c, q, msg_id, delivery_count, redelivered, route, props, body)
+        self.cl.output(ch.session)
+
+
+class StreamKind:
+    """Streams: a `StreamQueue` handle on every node, made and dropped by the stream host."""
+
+    name = STREAM.name
+
+    def declare_command(self, cl: Any, vhost: str, name: str, *, durable: bool, exclusive: bool,
+                        auto_delete: bool, args: dict, owner: Any, node: str | None,
+                        journal_id: int) -> cat.DeclareQueue:
+        try:
+            config = stream_config(args, name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+                                   policy=cl.streams.port.policy_of(vhost, name))
+        except StreamArgumentError as e:
+            raise precondition_failed(e.text) from None
+        if config.initial_cluster_size is not None:
+            args = {**args, "x-quorum-initial-group-size": config.initial_cluster_size}
+        leader, members = placement.place_members(cl.catalogue, cl.running_nodes(), cl.node, args, name, vhost,
+                                                  leader_of=cl.quorum_leader)
+        args.pop("x-quorum-initial-group-size", None) if config.initial_cluster_size is not None else None
+        if node is not None and node in members:
+            leader = node
+        return cat.DeclareQueue(vhost, name, cat.STREAM, True, False, None, dict(args), leader, members, journal_id)
+
+    def apply_record(self, topo: Any, v: Any, rec: cat.QueueRecord, cur: Any, declared: bool) -> None:
+        host = topo.cl.streams
+        if cur is not None and cur.gid == rec.journal_id:
+            if tuple(rec.member_nodes) != cur.members:
+                host.members_changed(cur, tuple(rec.member_nodes))
+            return
+        if cur is not None:
+            topo.drop_queue(cur)
+        handle = host.make_handle(rec, declared)
+        if handle is not None:
+            v.queues[rec.name] = handle
+            v.topology_changed()
+
+    def drop(self, topo: Any, q: Any, keep_bindings: bool) -> None:
+        v = topo.cl.broker.vhosts.get(q.vhost)
+        if v is not None and v.queues.get(q.name) is q:
+            del v.queues[q.name]
+            v.remove_bindings_of_queue(q.name)
+        topo.cl.streams.drop_handle(q)
+
+
+register_kind(StreamKind())

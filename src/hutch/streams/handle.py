@@ -1,0 +1,285 @@
+"""A stream as the broker holds it in a vhost, on every node (`StreamQueue`), and its AMQP 0-9-1
+consumers.
+
+Every node has the handle; the stream's members also hold its replica (`machine`, over the
+member's log). Publishing goes through the host to the group's leader. An AMQP 0-9-1 consumer
+reads the stream from the offset its `x-stream-offset` names, on this node's replica when this
+node is a member, otherwise from a member over the peer protocol; it needs a prefetch, and its
+acks only give credit back (RabbitMQ 3.10's rules, with its error texts: a consumer without a
+prefetch 406, automatic acknowledgement, basic.get, queue.purge, nack and reject 540). Every
+delivery carries the `x-stream-offset` header; its delivery tag's sequence is the offset.
+
+Must never: touch a channel itself (deliveries go out through the host's port), do I/O other
+than through the host's reads, or import anything from `hutch.broker` or above.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from hutch.amqp import codec, spec
+from hutch.amqp.spec import AMQPError
+from hutch.cluster import catalogue as cat
+from hutch.queues.handle import REPLICATED, Figures, QueueType, register
+from hutch.streamproto import amqp10
+from hutch.streams.config import StreamConfig, parse_age
+
+STREAM = register(QueueType("stream", (REPLICATED,)))
+READ_BYTES = 1 << 20  # what a consumer reads from the log at a time
+
+
+class HostOps(Protocol):
+    port: Any
+    peers: Any
+
+    def leader_of(self, q: StreamQueue) -> str | None: ...
+    def read(self, q: StreamQueue, start: Any, max_bytes: int, callback: Callable[[Any], None]) -> Any: ...
+    def now_ms(self) -> int: ...
+    def owner_id(self) -> str: ...
+
+
+def resolve_spec(value: Any, now_ms: int) -> Any:
+    """An `x-stream-offset` as a start the host resolves on a replica: "first", "last", "next",
+    an offset (int), or ("ts", ms). ValueError when it is none of RabbitMQ's forms."""
+    if value is None:
+        return "next"
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(value)
+        return value
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.UTC)
+        return ("ts", int(value.timestamp() * 1000))
+    if isinstance(value, str):
+        if value in ("first", "last", "next"):
+            return value
+        age = parse_age(value)
+        if age is not None:
+            return ("ts", now_ms - age)
+    raise ValueError(value)
+
+
+class _Reader:
+    """An AMQP 0-9-1 consumer's place in the stream and what it has read ahead."""
+
+    __slots__ = ("c", "start", "offset", "records", "reading", "done_until")
+
+    def __init__(self, c: Any, start: Any):
+        self.c = c
+        self.start = start  # the spec until the first read resolves it
+        self.offset = -1  # the next offset to deliver (-1: not resolved yet)
+        self.records: deque[tuple[int, bytes]] = deque()
+        self.reading = False
+
+
+class StreamQueue:
+    """A stream's handle in a vhost, on every node."""
+
+    local = False
+    quorum = False
+    stream = True
+    queue_type = STREAM.name
+    message_ttl_ms = None
+    expires_ms = None
+    journal_id = 0
+    exclusive_owner = None
+    durable = True
+    auto_delete = False
+    single_active = False
+    dead_letter_exchange = None
+    dead_letter_routing_key = None
+
+    def __init__(self, host: HostOps, rec: cat.QueueRecord, config: StreamConfig):
+        self.host = host
+        self.name = rec.name
+        self.vhost = rec.vhost
+        self.arguments = dict(rec.arguments)
+        self.gid = rec.journal_id
+        self.members = tuple(rec.member_nodes)
+        self.declared_leader = rec.leader_node
+        self.config = config
+        self.deleted = False
+        self.local_consumers: dict[str, Any] = {}
+        self._readers: dict[str, _Reader] = {}
+        self.machine: Any = None  # the StreamMachine when this node is a member
+        self.log: Any = None  # the member's StreamLog
+        self.reported = (0, 0, 0)  # first offset, committed end, bytes: from a member when not one
+        self.mstats = host.port.new_stats()
+        self.last_used_ms = 0
+
+    def __repr__(self) -> str:
+        return f"StreamQueue({self.vhost!r}, {self.name!r}, group {self.gid})"
+
+    # -- who leads
+    @property
+    def home_node(self) -> str:
+        return self.host.leader_of(self) or self.declared_leader
+
+    def online(self) -> list[str]:
+        return [n for n in self.members if self.host.peers.is_up(n)]
+
+    def check_up(self) -> None:
+        return None
+
+    # -- figures
+    def extent(self) -> tuple[int, int, int]:
+        """(first offset, committed end, bytes) of the replica here, or as last reported."""
+        m = self.machine
+        if m is not None and m.missing_from is None:
+            log = self.log
+            return log.first_offset, m.committed, log.bytes
+        return self.reported
+
+    @property
+    def message_count(self) -> int:
+        first, end, _b = self.extent()
+        return max(0, end - first)
+
+    @property
+    def unacked_count(self) -> int:
+        return sum(c.unacked for c in self.local_consumers.values())
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.local_consumers)
+
+    def figures(self) -> Figures:
+        first, end, size = self.extent()
+        return Figures(max(0, end - first), 0, size, 0, len(self.local_consumers))
+
+    def active_consumer(self) -> Any:
+        return None
+
+    # -- acknowledgements give credit back; nothing else
+    def settle(self, seq: int) -> None:
+        self.host.port.dirty(self)
+
+    def _unsupported(self, what: str) -> AMQPError:
+        return AMQPError(spec.NOT_IMPLEMENTED, f"{what} not supported by stream queues queue '{self.name}' in "
+                                               f"vhost '{self.vhost}'")
+
+    def requeue(self, seq: int) -> None:
+        raise self._unsupported("basic.nack and basic.reject")
+
+    def discard(self, seq: int) -> None:
+        raise self._unsupported("basic.nack and basic.reject")
+
+    # -- consumers on this node
+    def add_consumer(self, c: Any) -> None:
+        self.local_consumers[c.ref] = c
+
+    def remove_consumer(self, c: Any) -> bool:
+        self._readers.pop(c.ref, None)
+        return self.local_consumers.pop(c.ref, None) is not None
+
+    def consumers(self) -> list[Any]:
+        return list(self.local_consumers.values())
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.local_consumers.values())
+
+    # -- deliveries
+    def readable(self) -> None:
+        """The replica here has more (or a read came back): consumers may get it."""
+        if self._readers:
+            self.host.port.dirty(self)
+
+    def flush(self) -> None:
+        """The broker's per-iteration call for a queue whose messages live elsewhere."""
+        self.dispatch()
+
+    def dispatch(self) -> int:
+        sent = 0
+        for r in list(self._readers.values()):
+            sent += self._feed(r)
+        return sent
+
+    def _feed(self, r: _Reader) -> int:
+        c = r.c
+        sent = 0
+        deliver = self.host.port.deliver
+        records = r.records
+        while c.can_take():
+            if not records:
+                if not r.reading:
+                    self._read(r)
+                if not records:
+                    break
+            offset, record = records.popleft()
+            try:
+                props, body = amqp10.to_basic(record)
+            except ValueError:
+                props, body = amqp10.NO_PROPERTIES, record  # not an AMQP 1.0 message: its bytes as the body
+            props = codec.edit_properties(props, set_headers={"x-stream-offset": codec.typed_value(offset)})
+            deliver(c, self, offset, 1, False, self._route, props, body)
+            r.offset = offset + 1
+            sent += 1
+        return sent
+
+    @property
+    def _route(self) -> bytes:
+        return codec.route_encoding("", self.name)
+
+    def _read(self, r: _Reader) -> None:
+        start = r.start if r.offset < 0 else r.offset
+        r.reading = True
+
+        def got(answer: Any) -> None:
+            r.reading = False
+            if answer is None or self.deleted or self._readers.get(r.c.ref) is not r:
+                return
+            first, chunks = answer
+            if r.offset < 0:
+                r.offset = first
+            want = r.offset
+            for records_first, recs in chunks:
+                for i, rec in enumerate(recs):
+                    o = records_first + i
+                    if o >= want:
+                        r.records.append((o, rec))
+            if r.records:
+                r.offset = r.records[-1][0] + 1
+                self.host.port.dirty(self)
+
+        self.host.read(self, start, READ_BYTES, got)
+        if r.records:
+            return
+
+    # -- client operations (hutch.queues.handle)
+    def stat(self, reply: Callable[[Any], None]) -> tuple[int, int]:
+        return self.message_count, self.consumer_count
+
+    def purge(self, reply: Callable[[Any], None]) -> Any:
+        raise self._unsupported("queue.purge")
+
+    def get(self, no_ack: bool, reply: Callable[[Any], None]) -> Any:
+        raise self._unsupported("basic.get")
+
+    def consume(self, c: Any, reply: Callable[[Any], None]) -> Any:
+        if c.no_ack:
+            raise self._unsupported("automatic acknowledgement")
+        if not c.prefetch:
+            raise AMQPError(spec.PRECONDITION_FAILED, f"consumer prefetch count is not set for 'queue '{self.name}' "
+                                                       f"in vhost '{self.vhost}''")
+        try:
+            start = resolve_spec((c.arguments or {}).get("x-stream-offset"), self.host.now_ms())
+        except ValueError:
+            raise AMQPError(spec.PRECONDITION_FAILED, f"invalid x-stream-offset for queue '{self.name}' in vhost "
+                                                       f"'{self.vhost}': {c.arguments.get('x-stream-offset')!r}"
+                            ) from None
+        c.ref = self.host.owner_id()
+        self.add_consumer(c)
+        self._readers[c.ref] = _Reader(c, start)
+        self.host.port.dirty(self)
+        return None
+
+
+__all__ = ["STREAM", "StreamQueue", "resolve_spec"]

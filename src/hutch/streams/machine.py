@@ -1,0 +1,227 @@
+"""One member's replica of a stream: the state its Raft group's committed entries are applied
+to, on top of the member's own log of chunks.
+
+Entries (msgpack arrays; field order is the wire format, append only):
+
+    [WRITE, origin node, request id, epoch, timestamp ms, writer, publishing ids | None,
+     records, filter values | None]
+    [TRACK, reference, offset]
+
+A `WRITE` becomes one chunk, numbered from the stream's next offset when it is applied, so every
+member numbers every message alike. Deduplication is part of the state: a writer (a stream
+publisher with a reference, or an AMQP 0-9-1 channel) has the highest publishing id applied,
+and a record whose id is not above it is not written again (a publisher that resends after a
+reconnect or a leader change gets its confirm, and the stream keeps one copy). A `TRACK` stores
+a consumer's offset under its reference (the stream protocol's store_offset).
+
+Snapshots hold only the numbers (next offset, writers, tracked offsets): the messages are in
+the member's log, made durable before the snapshot is taken. A member that restores a snapshot
+whose next offset is beyond its log's end has a gap; it fetches the missing chunks from
+another member (`missing`, `fill`) and writes the entries it applies meanwhile once the gap is
+closed. A member whose log runs past the snapshot cuts it back: the entries after the snapshot
+are applied again from the Raft log.
+
+Must never: read a clock (times are in the entries), talk to peers, or import from
+`hutch.broker` or above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from hutch.streamproto import chunk
+
+WRITE = 0
+TRACK = 1
+WRITERS_MAX = 4096  # writers remembered per stream (least recently written forgotten first)
+TRACKED_MAX = 16384  # consumer references with a stored offset per stream
+REFERENCE_BYTES_MAX = 256  # the stream protocol's publisher and consumer references
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+
+class StreamLogLike(Protocol):
+    first_offset: int
+    next_offset: int
+
+    def append(self, chunk: bytes, chunk_id: int, num_records: int, timestamp: int, epoch: int,
+               chunk_type: int = 0) -> Any: ...
+
+    def truncate(self, next_offset: int) -> None: ...
+
+    def sync(self) -> None: ...
+
+
+class Written:
+    """What applying a WRITE did, for the leader to confirm to the publisher's node: `first`
+    the offset of its first written record (None when all were duplicates), `written` and
+    `duplicates` the counts."""
+
+    __slots__ = ("origin", "req", "first", "written", "duplicates")
+
+    def __init__(self, origin: str, req: int, first: int | None, written: int, duplicates: int):
+        self.origin = origin
+        self.req = req
+        self.first = first
+        self.written = written
+        self.duplicates = duplicates
+
+    def __repr__(self) -> str:
+        return f"Written({self.origin}, {self.req}, first={self.first}, {self.written}+{self.duplicates} dup)"
+
+
+def write_entry(origin: str, req: int, epoch: int, timestamp: int, writer: str, pids: Sequence[int] | None,
+                records: Sequence[bytes], filters: Sequence[bytes | None] | None = None) -> bytes:
+    return _enc.encode([WRITE, origin, req, epoch, timestamp, writer, pids, records, filters])
+
+
+def track_entry(reference: str, offset: int) -> bytes:
+    return _enc.encode([TRACK, reference, offset])
+
+
+def decode_entry(data: bytes) -> list:
+    return _dec.decode(data)
+
+
+class StreamMachine:
+    """The applied state of one member's replica (see the module docstring)."""
+
+    def __init__(self, log: StreamLogLike, filter_size: int = chunk.BLOOM_SIZE_DEFAULT):
+        self.log = log
+        self.filter_size = filter_size
+        self.next_offset = log.next_offset
+        self.writers: dict[str, int] = {}  # writer -> highest publishing id applied (insertion = recency)
+        self.tracking: dict[str, int] = {}  # consumer reference -> stored offset
+        self.last_epoch = 0
+        self.last_timestamp = 0
+        # the gap a restored snapshot left: offsets [missing_from, next_offset) are not in the
+        # log yet; chunks applied meanwhile wait in `pending`
+        self.missing_from: int | None = None
+        self.pending: list[tuple[bytes, int, int, int, int]] = []
+
+    # ------------------------------------------------------------ applying
+
+    def apply(self, data: bytes) -> Written | None:
+        e = _dec.decode(data)
+        if e[0] == WRITE:
+            return self._write(e)
+        if e[0] == TRACK:
+            ref, offset = e[1], e[2]
+            tr = self.tracking
+            if ref not in tr and len(tr) >= TRACKED_MAX:
+                del tr[next(iter(tr))]
+            tr.pop(ref, None)
+            tr[ref] = offset
+            return None
+        raise ValueError(f"unknown stream entry kind {e[0]!r}")
+
+    def _write(self, e: list) -> Written:
+        _k, origin, req, epoch, ts, writer, pids, records, filters = e
+        dups = 0
+        if writer and pids is not None:
+            last = self.writers.pop(writer, -1)
+            if len(self.writers) >= WRITERS_MAX:
+                del self.writers[next(iter(self.writers))]
+            if pids and pids[0] <= last:
+                keep = [i for i, p in enumerate(pids) if p > last]
+                dups = len(records) - len(keep)
+                records = [records[i] for i in keep]
+                if filters is not None:
+                    filters = [filters[i] for i in keep]
+            self.writers[writer] = max(last, pids[-1]) if pids else last
+        if not records:
+            return Written(origin, req, None, 0, dups)
+        first = self.next_offset
+        n = len(records)
+        values = [f for f in filters if f] if filters else ()
+        data = chunk.encode(records, ts, epoch, first, values, self.filter_size)
+        self.next_offset = first + n
+        self.last_epoch = epoch
+        self.last_timestamp = ts
+        if self.missing_from is None:
+            self.log.append(data, first, n, ts, epoch)
+        else:
+            self.pending.append((data, first, n, ts, epoch))
+        return Written(origin, req, first, n, dups)
+
+    # ------------------------------------------------------------ snapshots
+
+    def snapshot(self) -> bytes:
+        if self.missing_from is None:
+            self.log.sync()
+        return _enc.encode([self.next_offset, list(self.writers.items()), list(self.tracking.items()),
+                            self.last_epoch, self.last_timestamp])
+
+    def restore(self, data: bytes) -> None:
+        n, writers, tracking, epoch, ts = _dec.decode(data)
+        self.writers = {w: p for w, p in writers}
+        self.tracking = {r: o for r, o in tracking}
+        self.last_epoch = epoch
+        self.last_timestamp = ts
+        self.pending.clear()
+        self.next_offset = n
+        log = self.log
+        if log.next_offset > n:
+            log.truncate(n)
+        self.missing_from = log.next_offset if log.next_offset < n else None
+
+    # ------------------------------------------------------------ closing a gap
+
+    def fill(self, chunks: Sequence[bytes]) -> None:
+        """Chunks fetched from another member for the gap (each whole, in order from
+        `missing_from`; a chunk already there or out of order is ignored)."""
+        log = self.log
+        for c in chunks:
+            if self.missing_from is None:
+                return
+            h = chunk.check(c)
+            end = self.pending[0][1] if self.pending else self.next_offset
+            if h.first_offset != log.next_offset or h.next_offset > end:
+                continue
+            log.append(bytes(c), h.first_offset, h.num_records, h.timestamp, h.epoch)
+            self.missing_from = log.next_offset
+        self._close_gap()
+
+    def restart_at(self, offset: int) -> None:
+        """The gap starts below what any member still has (retention removed it everywhere):
+        this member's log starts at `offset` instead."""
+        log = self.log
+        if self.missing_from is None or offset <= log.next_offset:
+            return
+        reset = getattr(log, "reset", None)
+        if reset is not None:
+            reset(offset)
+        self.missing_from = log.next_offset
+        self._close_gap()
+
+    def _close_gap(self) -> None:
+        if self.missing_from is None:
+            return
+        log = self.log
+        pending = self.pending
+        if pending and pending[0][1] == log.next_offset:
+            for data, first, n, ts, epoch in pending:
+                log.append(data, first, n, ts, epoch)
+            pending.clear()
+        if log.next_offset >= self.next_offset:
+            self.missing_from = None
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def committed(self) -> int:
+        """The end of what readers on this member may read (its contiguous log)."""
+        return self.log.next_offset
+
+    def stored_offset(self, reference: str) -> int | None:
+        return self.tracking.get(reference)
+
+    def writer_sequence(self, writer: str) -> int:
+        return self.writers.get(writer, 0)
+
+
+__all__ = ["StreamMachine", "Written", "write_entry", "track_entry", "decode_entry", "WRITE", "TRACK"]
