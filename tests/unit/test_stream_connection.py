@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import zlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hutch.streamproto import chunk
 from hutch.streamproto import frames as f
 from hutch.streamproto.connection import (
     AWAIT_OPEN,
@@ -366,10 +366,8 @@ def test_fuzz_mutated_client_sessions(edits, cuts, refuse):
 # ---------------------------------------------------------------- real clients over a real socket
 
 
-def osiris_chunk(messages: list[bytes], first_offset: int = 0) -> bytes:
-    data = b"".join(struct.pack(">I", len(m)) + m for m in messages)
-    return struct.pack(">BBHIqQQIIIB3x", 0x50, 0, len(messages), len(messages), 1700000000000, 1,
-                       first_offset, zlib.crc32(data), len(data), 0, 0) + data
+def osiris_chunk(records: list[bytes]) -> bytes:
+    return chunk.encode(records, timestamp=1700000000000, epoch=1)
 
 
 class MiniBroker:

@@ -8,7 +8,6 @@ and nothing else.
 from __future__ import annotations
 
 import struct
-import zlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,19 +18,10 @@ from rstream.encoding import decode_frame as rs_decode
 from rstream.encoding import encode_frame as rs_encode
 from rstream.encoding import encode_publish as rs_encode_publish
 
+from hutch.streamproto import chunk
 from hutch.streamproto import frames as f
 
-
-def osiris_chunk(messages: list[bytes], first_offset: int = 0, timestamp_ms: int = 1700000000000) -> bytes:
-    """A user chunk as osiris stores it: the 48-byte header, no bloom filter, simple entries."""
-    data = b"".join(struct.pack(">I", len(m)) + m for m in messages)
-    header = struct.pack(">BBHIqQQIIIB3x", 0x50, 0, len(messages), len(messages), timestamp_ms, 1,
-                         first_offset, zlib.crc32(data), len(data), 0, 0)
-    assert len(header) == f.CHUNK_HEADER_SIZE
-    return header + data
-
-
-CHUNK = osiris_chunk([b"one", b"two", b""])
+CHUNK = chunk.encode([b"one", b"two", b""], timestamp=1700000000000, epoch=1)  # as a stream stores it
 
 # client to server, then server to client; one example (or more) of every command
 CLIENT_SENDS = [

@@ -101,10 +101,9 @@ OFFSET_TYPE_NEXT = 3
 OFFSET_TYPE_OFFSET = 4  # followed by a uint64 offset
 OFFSET_TYPE_TIMESTAMP = 5  # followed by an int64, milliseconds since the epoch
 
-# osiris entries: a simple entry's size has the top bit clear; a sub-batch's first byte is
-# 1:1, compression:3, reserved:4
+# a published entry (the layout of an osiris entry, see chunk.py): a simple entry's size has the
+# top bit clear; a sub-batch's first byte is 1:1, compression:3, reserved:4
 SUB_BATCH = 0x80
-CHUNK_HEADER_SIZE = 48
 
 _u8 = struct.Struct(">B")
 _u16 = struct.Struct(">H")
