@@ -123,6 +123,9 @@ class HutchNode:
         self.extra_args = list(extra_args or [])
         if "--peer-port" not in self.extra_args:  # every node listens for peers; keep clear of 25672
             self.extra_args += ["--peer-port", str(free_port())]
+        if "--stream-port" not in self.extra_args:  # and for stream-protocol clients; keep clear of 5552
+            self.extra_args += ["--stream-port", str(free_port())]
+        self.stream_port = int(self.extra_args[self.extra_args.index("--stream-port") + 1])
         self.env = env
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir / "node.log"

@@ -83,6 +83,13 @@ class Config:
     auth_mechanisms: list[str] = field(default_factory=lambda: ["PLAIN", "AMQPLAIN"])
     # TLS (AMQPS): a listener starts when a certificate and key are configured
     amqps_port: int = 5671
+    # RabbitMQ's stream protocol (stream.listeners.tcp.default; 0: no listener), and the address
+    # clients are told to use for this node (stream.advertised_host/port; empty/0: the listener's)
+    stream_port: int = 5552
+    stream_advertised_host: str = ""
+    stream_advertised_port: int = 0
+    stream_frame_max: int = 1048576
+    stream_heartbeat_s: int = 60
     tls_certfile: str | None = None
     tls_keyfile: str | None = None
     tls_cacertfile: str | None = None

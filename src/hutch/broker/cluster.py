@@ -69,8 +69,8 @@ from hutch.mirror.failover import Failover
 from hutch.mirror.host import MirrorHost
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
-from hutch.streamproto import amqp10
 from hutch.quorum.host import QuorumHost
+from hutch.streamproto import amqp10
 from hutch.streams.handle import STREAM
 from hutch.streams.host import StreamHost
 
@@ -389,6 +389,10 @@ class ClusterBroker:
             self.streams.read_call(args, answer)
         elif kind == "sraw":  # a replica closing a gap: [gid, offset, max_bytes]
             self.streams.raw_call(args, answer)
+        elif kind == "schunks":  # a stream-protocol subscription on a node without a replica: [gid, start, max]
+            self.streams.chunks_call(args, answer)
+        elif kind == "squery":  # [gid, "offset"|"writer", reference]
+            self.streams.query_call(args, answer)
         elif kind == "sstatus":  # this node's replica of a stream: [gid]
             answer([200, self.streams.local_status(args[0])])
         elif kind == "qstatus":  # this node's view of a quorum queue's Raft group: [gid]

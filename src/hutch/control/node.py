@@ -94,6 +94,8 @@ def listeners(api: Api) -> list[dict[str, Any]]:
     ip = cfg.amqp_host or "::"
     out = [{"node": node, "protocol": proto, "ip_address": ip, "port": port, "socket_opts": {}}
            for proto, port in _amqp_ports(api)]
+    if cfg.stream_port:
+        out.append({"node": node, "protocol": "stream", "ip_address": ip, "port": cfg.stream_port, "socket_opts": {}})
     if api.http_port:
         out.append({"node": node, "protocol": "http", "ip_address": api.http_host or "::", "port": api.http_port,
                     "socket_opts": {}})
@@ -172,6 +174,9 @@ def node_info(api: Api) -> dict[str, Any]:
         fd_total = 0
     return {
         "name": cfg.node_name,
+        # where stream-protocol clients reach this node (peers put it in their metadata answers)
+        "stream_advertised": {"host": cfg.stream_advertised_host or "localhost",
+                              "port": cfg.stream_advertised_port or cfg.stream_port},
         "type": "disc",
         "running": app_running(api),
         "being_drained": False,

@@ -25,6 +25,8 @@ from hutch.server.config import ConfigError, apply_file, check, complete_node_na
               help="A configuration file in rabbitmq.conf's key = value format.")
 @click.option("--heartbeat", type=int, default=None, help="Heartbeat timeout offered to clients, seconds.")
 @click.option("--amqps-port", type=int, default=None, help="AMQPS (TLS) listener port (default 5671).")
+@click.option("--stream-port", type=int, default=None,
+              help="RabbitMQ stream protocol listener port (default 5552; 0: none).")
 @click.option("--tls-cert", default=None, help="Server certificate (PEM); enables the AMQPS listener.")
 @click.option("--tls-key", default=None, help="Server private key (PEM).")
 @click.option("--tls-ca", default=None, help="CA certificates (PEM) to verify client certificates.")
@@ -58,7 +60,7 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
         tls_key, tls_ca, tls_verify_peer, tls_fail_if_no_peer_cert, disk_free_limit, vm_memory_high_watermark_bytes,
         peer_port, cluster_nodes, peer_addresses, cluster_secret_file, net_ticktime, metadata_timeout,
         queue_master_locator, cluster_partition_handling, prometheus_port=None,
-        collect_statistics_interval=None) -> None:
+        collect_statistics_interval=None, stream_port=None) -> None:
     """Run a hutch node."""
     from hutch.server.runtime import run_node
 
@@ -80,7 +82,7 @@ def cli(node_name, amqp_port, amqp_host, mgmt_port, data_dir, log_level, config_
                         ("mgmt_port", mgmt_port), ("prometheus_port", prometheus_port),
                         ("collect_statistics_interval_ms", collect_statistics_interval),
                         ("data_dir", data_dir), ("log_level", log_level), ("heartbeat_s", heartbeat),
-                        ("amqps_port", amqps_port), ("tls_certfile", tls_cert), ("tls_keyfile", tls_key),
+                        ("amqps_port", amqps_port), ("stream_port", stream_port), ("tls_certfile", tls_cert), ("tls_keyfile", tls_key),
                         ("tls_cacertfile", tls_ca), ("tls_verify_peer", tls_verify_peer),
                         ("tls_fail_if_no_peer_cert", tls_fail_if_no_peer_cert), ("peer_port", peer_port),
                         ("cluster_secret_file", cluster_secret_file), ("net_ticktime_s", net_ticktime),

@@ -312,6 +312,17 @@ def _apply(cfg: Config, key: str, value: str) -> None:
     elif key == "listeners.ssl.default":
         host, port = _listener_port(value)
         cfg.amqps_port = port
+    elif key == "stream.listeners.tcp.default" or key == "stream.listeners.tcp.1":
+        _host, port = _listener_port(value)
+        cfg.stream_port = port
+    elif key == "stream.advertised_host":
+        cfg.stream_advertised_host = value
+    elif key == "stream.advertised_port":
+        cfg.stream_advertised_port = int(value)
+    elif key == "stream.frame_max":
+        cfg.stream_frame_max = parse_bytes(value)
+    elif key == "stream.heartbeat":
+        cfg.stream_heartbeat_s = int(value)
     elif key == "ssl_options.certfile":
         cfg.tls_certfile = value
     elif key == "ssl_options.keyfile":

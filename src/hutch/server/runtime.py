@@ -43,6 +43,7 @@ from hutch.server.clock import NodeClock
 from hutch.server.cluster_file import CLUSTER_FILE, write_cluster_file
 from hutch.server.clustering import ClusterRuntime
 from hutch.server.partitions import PAUSING_MODES, pause_reason, should_pause
+from hutch.server.stream_listener import StreamListener
 from hutch.server.tasks import TaskSet
 
 log = logging.getLogger("hutch.node")
@@ -186,6 +187,7 @@ class Node:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.broker: Broker | None = None
         self.protocols: set[AMQPProtocol] = set()
+        self.streams: StreamListener | None = None  # the stream protocol's listener
         self.servers: list[asyncio.base_events.Server] = []
         self._stopping: asyncio.Event | None = None
         self.http: HttpListener | None = None  # the management HTTP API
@@ -310,6 +312,9 @@ class Node:
         for sock in server.sockets:
             addr = sock.getsockname()
             log.info("started TCP listener on %s:%s", addr[0], addr[1])
+        if self.config.stream_port:
+            self.streams = StreamListener(self.broker)
+            await self.streams.start(self.config.amqp_host, self.config.stream_port, LISTEN_BACKLOG)
         ctx = self.tls_context()
         if ctx is not None:
             tls_server = await self.loop.create_server(self._tls_protocol, host=self.config.amqp_host or None,
@@ -322,6 +327,9 @@ class Node:
 
     async def _close_clients(self) -> None:
         """Listeners stop and every client connection is closed (stop_app, pause_minority)."""
+        if self.streams is not None:
+            await self.streams.stop()
+            self.streams = None
         for server in self.servers:
             server.close()
         for p in list(self.protocols):

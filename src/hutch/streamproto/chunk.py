@@ -171,30 +171,40 @@ def records(chunk: bytes | memoryview, h: ChunkHeader | None = None) -> list[byt
                 pos += _SUB.size
                 if pos + length > end:
                     raise ChunkError("a sub-batch runs past the chunk's data")
-                packed = bytes(mv[pos:pos + length])
+                out.extend(sub_batch_records(kind, count, raw_len, bytes(mv[pos:pos + length])))
                 pos += length
-                if kind == COMPRESSION_NONE:
-                    raw = packed
-                elif kind == COMPRESSION_GZIP:
-                    raw = gzip.decompress(packed)
-                else:
-                    raise ChunkError(f"sub-batch compression type {kind} is not supported here")
-                if len(raw) != raw_len:
-                    raise ChunkError("a sub-batch's uncompressed length does not match")
-                rp = 0
-                for _i in range(count):
-                    (size,) = unpack(raw, rp)
-                    rp += 4
-                    if rp + size > len(raw):
-                        raise ChunkError("a sub-batch record runs past its batch")
-                    out.append(raw[rp:rp + size])
-                    rp += size
     except (struct.error, IndexError, OSError, EOFError, zlib.error) as e:
         raise ChunkError(f"malformed chunk data: {e}") from None
     if len(out) != h.num_records:
         raise ChunkError(f"chunk at offset {h.first_offset} holds {len(out)} records, its header says "
                          f"{h.num_records}")
     return out
+
+
+def sub_batch_records(compression: int, count: int, raw_len: int, packed: bytes) -> list[bytes]:
+    """The records of a sub-batch entry (as a stream-protocol publisher sends one, too)."""
+    try:
+        if compression == COMPRESSION_NONE:
+            raw = packed
+        elif compression == COMPRESSION_GZIP:
+            raw = gzip.decompress(packed)
+        else:
+            raise ChunkError(f"sub-batch compression type {compression} is not supported here")
+        if len(raw) != raw_len:
+            raise ChunkError("a sub-batch's uncompressed length does not match")
+        out = []
+        rp = 0
+        unpack = _U32.unpack_from
+        for _i in range(count):
+            (size,) = unpack(raw, rp)
+            rp += 4
+            if rp + size > len(raw):
+                raise ChunkError("a sub-batch record runs past its batch")
+            out.append(raw[rp:rp + size])
+            rp += size
+        return out
+    except (struct.error, OSError, EOFError, zlib.error) as e:
+        raise ChunkError(f"malformed sub-batch: {e}") from None
 
 
 def without_bloom(chunk: bytes | memoryview, h: ChunkHeader) -> bytes | memoryview:
@@ -241,4 +251,4 @@ def bloom_of_chunk(chunk: bytes | memoryview, h: ChunkHeader) -> bytes | memoryv
 
 
 __all__ = ["ChunkError", "ChunkHeader", "HEADER_SIZE", "read_header", "encode", "with_first_offset", "check",
-           "records", "without_bloom", "bloom_of", "bloom_may_contain", "bloom_of_chunk"]
+           "records", "sub_batch_records", "without_bloom", "bloom_of", "bloom_may_contain", "bloom_of_chunk"]

@@ -129,6 +129,10 @@ class StreamHost:
         self._writer_seqs: dict[tuple[str, int], int] = {}  # (writer, gid) -> last publishing id
         self._gaps: set[int] = set()
         self._next_retention_s = 0.0
+        # stream-protocol sessions with subscriptions: pumped once per loop iteration after a
+        # stream they read grew (insertion-ordered, values unused)
+        self.watchers: dict[Any, None] = {}
+        self._wake = False
 
     def now_ms(self) -> int:
         return self.port.now_ms()
@@ -321,6 +325,9 @@ class StreamHost:
         """An entry applied on this member: the leader answers its proposer; every member's
         readers may read on."""
         q.readable()
+        if self.watchers:
+            self._wake = True
+            self.port.schedule()
         if not self.is_leader(q):
             return
         if w.origin == self.peers.node:
@@ -338,7 +345,12 @@ class StreamHost:
             o.answer(w)
 
     def flush(self) -> None:
-        """Once per loop iteration: propose this iteration's batches, send answers."""
+        """Once per loop iteration: propose this iteration's batches, send answers, let the
+        stream-protocol subscriptions read what was written."""
+        if self._wake:
+            self._wake = False
+            for session in list(self.watchers):
+                session.pump()
         if self._batches:
             batches, self._batches = self._batches, {}
             for (gid, channel), b in batches.items():
@@ -369,19 +381,7 @@ class StreamHost:
         if m is None or lg is None:
             return None
         end = m.committed
-        first = lg.first_offset
-        if start == "first":
-            offset = first
-        elif start == "next":
-            offset = end
-        elif start == "last":
-            last = lg.last_chunk
-            offset = last.chunk_id if last is not None else end
-        elif isinstance(start, (list, tuple)) and start and start[0] == "ts":
-            ci = lg.first_chunk_at_or_after_timestamp(int(start[1]))
-            offset = ci.chunk_id if ci is not None else end
-        else:
-            offset = max(int(start), first)
+        offset = self._resolve(q, start)
         out = []
         if offset < end:
             for info, data in lg.read(offset, max_bytes):
@@ -405,6 +405,91 @@ class StreamHost:
                 break
             out.append(bytes(data))
         return start, out
+
+    def read_chunks(self, q: StreamQueue, start: Any, max_bytes: int, callback: Callable[[Any], None]) -> None:
+        """callback((offset start resolves to, [chunk bytes as stored], committed chunk id)) from
+        the replica here or a member's (None when none answers): stream-protocol deliveries."""
+        if q.machine is not None and q.machine.missing_from is None:
+            callback(self._raw_from(q, start, max_bytes))
+            return
+        target = self._member_to_ask(q)
+        if target is None:
+            callback(None)
+            return
+
+        def got(answer: Any) -> None:
+            callback(tuple(answer[1]) if answer is not None and answer[0] == 200 and answer[1] is not None else None)
+        self.peers_call(target, "schunks", [q.gid, list(start) if isinstance(start, tuple) else start, max_bytes], got)
+
+    def _raw_from(self, q: StreamQueue, start: Any, max_bytes: int) -> tuple[int, list[bytes], int] | None:
+        m = q.machine
+        lg = q.log
+        if m is None or lg is None:
+            return None
+        offset = self._resolve(q, start)
+        end = m.committed
+        last = lg.chunk_containing(end - 1) if end > lg.first_offset else None
+        committed = last.chunk_id if last is not None else 0
+        out = []
+        if offset < end:
+            for info, data in lg.read(offset, max_bytes):
+                if info.chunk_id >= end:
+                    break
+                out.append(bytes(data))
+        return offset, out, committed
+
+    def _resolve(self, q: StreamQueue, start: Any) -> int:
+        lg = q.log
+        end = q.machine.committed
+        if start == "first":
+            return lg.first_offset
+        if start == "next":
+            return end
+        if start == "last":
+            last = lg.chunk_containing(end - 1) if end > lg.first_offset else None
+            return last.chunk_id if last is not None else end
+        if isinstance(start, (list, tuple)) and start and start[0] == "ts":
+            ci = lg.first_chunk_at_or_after_timestamp(int(start[1]))
+            return ci.chunk_id if ci is not None else end
+        return max(int(start), lg.first_offset)
+
+    def _member_to_ask(self, q: StreamQueue) -> str | None:
+        up = [n for n in q.members if n != self.peers.node and self.peers.is_up(n)]
+        leader = self.leader_of(q)
+        if leader in up:
+            return leader
+        return up[0] if up else None
+
+    def chunks_call(self, args: list, answer: Callable[[Any], None]) -> None:
+        """Another node's stream-protocol subscription reads: [gid, start, max_bytes]."""
+        q = self.queues.get(args[0]) if args and isinstance(args[0], int) else None
+        if q is None or q.machine is None:
+            answer([404, None])
+            return
+        start = tuple(args[1]) if isinstance(args[1], list) else args[1]
+        answer([200, self._raw_from(q, start, min(int(args[2]), READ_BYTES_MAX))])
+
+    def query(self, q: StreamQueue, kind: str, key: str, callback: Callable[[Any], None]) -> None:
+        """A stored consumer offset ("offset") or a writer's last publishing id ("writer"), from
+        the replica here or a member's; callback(None) when none is known."""
+        m = q.machine
+        if m is not None:
+            callback(m.stored_offset(key) if kind == "offset" else m.writer_sequence(key))
+            return
+        target = self._member_to_ask(q)
+        if target is None:
+            callback(None)
+            return
+        self.peers_call(target, "squery", [q.gid, kind, key],
+                        lambda a: callback(a[1] if a is not None and a[0] == 200 else None))
+
+    def query_call(self, args: list, answer: Callable[[Any], None]) -> None:
+        q = self.queues.get(args[0]) if args and isinstance(args[0], int) else None
+        if q is None or q.machine is None:
+            answer([404, None])
+            return
+        m = q.machine
+        answer([200, m.stored_offset(args[2]) if args[1] == "offset" else m.writer_sequence(args[2])])
 
     def read(self, q: StreamQueue, start: Any, max_bytes: int, callback: Callable[[Any], None]) -> None:
         """callback((offset, [(first, records)])) from a replica here or on a member."""

@@ -1,0 +1,494 @@
+"""One connection of RabbitMQ's stream protocol, on the broker's side: what its commands do.
+
+`hutch.streamproto.connection.StreamConnection` does the protocol (frames, handshake, tune,
+heartbeats); this session answers the events it hands over: credentials and the vhost, then
+publishers (declare, publish with confirms and deduplication by publisher reference, query
+sequence, delete), subscriptions (offset specifications, credit, chunks delivered as stored,
+filtering by bloom filter), stored offsets, streams created and deleted through the catalogue,
+metadata (each member's advertised host and port), super stream routes and partitions, and
+stream statistics. Streams themselves are `hutch.streams` (through `cluster.streams`).
+
+The runtime (`hutch.server.stream_listener`) feeds it bytes and writes what it returns; it
+never decides anything here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from hutch.amqp.spec import AMQPError
+from hutch.broker import operations as ops
+from hutch.cluster import catalogue as cat
+from hutch.streamproto import chunk as chunks
+from hutch.streamproto import connection as sc
+from hutch.streamproto import frames as f
+from hutch.streams.handle import STREAM
+
+log = logging.getLogger("hutch.stream")
+
+CHUNK_READ_BYTES = 1 << 20  # what a subscription reads from the log at a time
+PUBLISH_WINDOW = 10_000  # messages a connection may have unconfirmed before it is not read from
+SUB_BATCH_RECORDS_MAX = 65535
+
+# stream arguments of a Create command -> queue.declare arguments
+_CREATE_ARGS = {"max-length-bytes": ("x-max-length-bytes", int), "max-age": ("x-max-age", str),
+                "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
+                "initial-cluster-size": ("x-initial-cluster-size", int),
+                "queue-leader-locator": ("x-queue-leader-locator", str),
+                "stream-filter-size-bytes": ("x-stream-filter-size-bytes", int)}
+
+
+def _code_of(e: AMQPError) -> int:
+    if e.code == 403:
+        return f.ACCESS_REFUSED
+    if e.code == 404:
+        return f.STREAM_DOES_NOT_EXIST
+    return f.PRECONDITION_FAILED
+
+
+class _Publisher:
+    __slots__ = ("id", "q", "reference", "writer")
+
+    def __init__(self, pid: int, q: Any, reference: str, writer: str):
+        self.id = pid
+        self.q = q
+        self.reference = reference
+        self.writer = writer
+
+
+class _Subscription:
+    __slots__ = ("id", "q", "offset", "credit", "reading", "filters", "match_unfiltered", "properties")
+
+    def __init__(self, sid: int, q: Any, start: Any, credit: int, properties: dict):
+        self.id = sid
+        self.q = q
+        self.offset: Any = start  # the next offset to read from (a spec until the first read resolves it)
+        self.credit = credit
+        self.reading = False
+        self.properties = properties
+        self.filters = [v.encode() for k, v in sorted(properties.items()) if k.startswith("filter.")]
+        self.match_unfiltered = properties.get("match-unfiltered", "false") == "true"
+
+
+class StreamSession:
+    """The broker's side of one stream-protocol connection."""
+
+    def __init__(self, broker: Any, conn: sc.StreamConnection, peer: str, flush: Callable[[], None],
+                 pause: Callable[[bool], None]):
+        self.broker = broker
+        self.conn = conn
+        self.peer = peer
+        self._flush = flush
+        self._pause = pause
+        self.user: Any = None
+        self.vhost: Any = None
+        self.publishers: dict[int, _Publisher] = {}
+        self.subscriptions: dict[int, _Subscription] = {}
+        self.closed = False
+        self.unconfirmed = 0
+        self.paused = False
+        self._pump_due = False
+        self.id = broker.cluster.peers.owner_id() if broker.cluster is not None else peer
+
+    @property
+    def streams(self) -> Any:
+        return self.broker.cluster.streams
+
+    # ---------------------------------------------------------------- events
+
+    def handle(self, ev: Any) -> None:
+        t = type(ev)
+        if t is sc.Authenticate:
+            user = self.broker.authenticate(ev.username, ev.password, self.peer)
+            if user is None:
+                log.warning("stream connection %s: user '%s' failed to authenticate", self.peer, ev.username)
+                self.conn.reject_auth(f.AUTHENTICATION_FAILURE)
+            else:
+                self.user = user
+                self.conn.accept_auth()
+        elif t is sc.OpenVhost:
+            v = self.broker.vhosts.get(ev.vhost)
+            if v is None or self.user is None or not self.broker.may_access_vhost(self.user, ev.vhost):
+                self.conn.open_refused(f.VIRTUAL_HOST_ACCESS_FAILURE)
+            else:
+                self.vhost = v
+                host, port = self.advertised()
+                self.conn.open_ok({"advertised_host": host, "advertised_port": str(port)})
+                log.info("stream connection %s: user '%s' authenticated and granted access to vhost '%s'",
+                         self.peer, self.user.name, ev.vhost)
+        elif t in (sc.ConnectionClosed, sc.ConnectionTimedOut, sc.ProtocolError):
+            self.close()
+        else:
+            handler = _HANDLERS.get(t)
+            if handler is not None:
+                handler(self, ev)
+
+    def advertised(self) -> tuple[str, int]:
+        cfg = self.broker.config
+        return (cfg.stream_advertised_host or "localhost", cfg.stream_advertised_port or cfg.stream_port)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.subscriptions.clear()
+        self.publishers.clear()
+        streams = self.streams if self.broker.cluster is not None else None
+        if streams is not None:
+            streams.watchers.pop(self, None)
+
+    def _stream(self, name: str, perm: str) -> tuple[Any, int]:
+        """The stream `name` in this connection's vhost after the permission check, or a code."""
+        q = self.vhost.queues.get(name) if self.vhost is not None else None
+        if q is None or q.deleted or q.queue_type != STREAM.name:
+            return None, f.STREAM_DOES_NOT_EXIST
+        try:
+            self.broker.check_permission(self.user, self.vhost.name, perm, "queue", name)
+        except AMQPError:
+            return None, f.ACCESS_REFUSED
+        return q, f.OK
+
+    # ---------------------------------------------------------------- publishers
+
+    def declare_publisher(self, cmd: f.DeclarePublisher) -> None:
+        q, code = self._stream(cmd.stream, "write")
+        if q is None or cmd.publisher_id in self.publishers:
+            self.conn.respond(cmd, code if q is None else f.PRECONDITION_FAILED)
+            return
+        writer = cmd.reference or f"{self.id}/{cmd.publisher_id}"
+        self.publishers[cmd.publisher_id] = _Publisher(cmd.publisher_id, q, cmd.reference or "", writer)
+        self.conn.respond(cmd, f.OK)
+
+    def publish(self, cmd: Any) -> None:
+        p = self.publishers.get(cmd.publisher_id)
+        v2 = type(cmd) is f.PublishV2
+        if p is None or p.q.deleted:
+            code = f.PUBLISHER_DOES_NOT_EXIST if p is None else f.STREAM_NOT_AVAILABLE
+            errs = [(m[0], code) for m in cmd.messages]
+            self.conn.send(f.PublishError(cmd.publisher_id, errs))
+            self._flush()
+            return
+        pids: list[int] = []
+        records: list[bytes] = []
+        filters: list[bytes | None] | None = [] if v2 else None
+        confirm: list[int] = []
+        bad: list[tuple[int, int]] = []
+        for m in cmd.messages:
+            if v2:
+                pid, fv, body = m
+            else:
+                pid, body = m
+                fv = None
+            if type(body) is f.SubBatch:
+                try:
+                    recs = chunks.sub_batch_records(body.compression, body.record_count, body.uncompressed_size,
+                                                    bytes(body.data))
+                except chunks.ChunkError:
+                    bad.append((pid, f.PRECONDITION_FAILED))
+                    continue
+            else:
+                recs = [bytes(body)]
+            for r in recs:
+                pids.append(pid)
+                records.append(r)
+                if filters is not None:
+                    filters.append(fv.encode() if isinstance(fv, str) and fv else None)
+            confirm.append(pid)
+        if bad:
+            self.conn.send(f.PublishError(cmd.publisher_id, bad))
+        if not records:
+            self._flush()
+            return
+        self.unconfirmed += len(confirm)
+        if self.unconfirmed >= PUBLISH_WINDOW and not self.paused:
+            self.paused = True
+            self._pause(True)
+        dedup = bool(p.reference)
+        pub_id = cmd.publisher_id
+
+        def written(w: Any) -> None:
+            self.unconfirmed -= len(confirm)
+            if self.paused and self.unconfirmed < PUBLISH_WINDOW // 2:
+                self.paused = False
+                self._pause(False)
+            if self.closed:
+                return
+            if w is None:
+                self.conn.send(f.PublishError(pub_id, [(pid, f.STREAM_NOT_AVAILABLE) for pid in confirm]))
+            else:
+                self.conn.send(f.PublishConfirm(pub_id, confirm))
+            self._flush()
+        self.streams.write(p.q, p.writer, pids if dedup else None, records, filters, written)
+        # without a reference nothing is deduplicated (as in RabbitMQ)
+
+    def query_publisher_sequence(self, cmd: f.QueryPublisherSequence) -> None:
+        q, code = self._stream(cmd.stream, "read")
+        if q is None:
+            self.conn.send(f.QueryPublisherSequenceResponse(cmd.correlation_id, code, 0))
+            self._flush()
+            return
+
+        def got(seq: Any) -> None:
+            if not self.closed:
+                ok = seq is not None
+                self.conn.send(f.QueryPublisherSequenceResponse(cmd.correlation_id, f.OK if ok else
+                                                                f.STREAM_NOT_AVAILABLE, seq or 0))
+                self._flush()
+        self.streams.query(q, "writer", cmd.reference, got)
+
+    def delete_publisher(self, cmd: f.DeletePublisher) -> None:
+        code = f.OK if self.publishers.pop(cmd.publisher_id, None) is not None else f.PUBLISHER_DOES_NOT_EXIST
+        self.conn.respond(cmd, code)
+
+    # ---------------------------------------------------------------- subscriptions
+
+    def subscribe(self, cmd: f.Subscribe) -> None:
+        q, code = self._stream(cmd.stream, "read")
+        if q is None:
+            self.conn.respond(cmd, code)
+            return
+        if cmd.subscription_id in self.subscriptions:
+            self.conn.respond(cmd, f.SUBSCRIPTION_ID_ALREADY_EXISTS)
+            return
+        t = cmd.offset_type
+        start: Any = {f.OFFSET_TYPE_FIRST: "first", f.OFFSET_TYPE_LAST: "last", f.OFFSET_TYPE_NEXT: "next"}.get(t)
+        if t == f.OFFSET_TYPE_OFFSET:
+            start = int(cmd.offset)
+        elif t == f.OFFSET_TYPE_TIMESTAMP:
+            start = ("ts", int(cmd.offset))
+        s = _Subscription(cmd.subscription_id, q, start, cmd.credit, dict(cmd.properties or {}))
+        self.subscriptions[s.id] = s
+        self.streams.watchers.setdefault(self, None)
+        self.conn.respond(cmd, f.OK)
+        self.pump()
+
+    def credit(self, cmd: f.Credit) -> None:
+        s = self.subscriptions.get(cmd.subscription_id)
+        if s is None:
+            self.conn.send(f.CreditResponse(f.SUBSCRIPTION_ID_DOES_NOT_EXIST, cmd.subscription_id))
+            self._flush()
+            return
+        s.credit += cmd.credit
+        self.pump()
+
+    def unsubscribe(self, cmd: f.Unsubscribe) -> None:
+        s = self.subscriptions.pop(cmd.subscription_id, None)
+        self.conn.respond(cmd, f.OK if s is not None else f.SUBSCRIPTION_ID_DOES_NOT_EXIST)
+
+    def pump(self) -> None:
+        """Deliver what the subscriptions have credit for (called when credit comes or the
+        stream grows)."""
+        if self.closed:
+            return
+        sent = False
+        for s in list(self.subscriptions.values()):
+            if s.q.deleted:
+                del self.subscriptions[s.id]
+                self.conn.send(f.MetadataUpdate(f.STREAM_NOT_AVAILABLE, s.q.name))
+                sent = True
+                continue
+            if s.credit > 0 and not s.reading:
+                self._read(s)
+        if sent:
+            self._flush()
+
+    def _read(self, s: _Subscription) -> None:
+        s.reading = True
+
+        def got(answer: Any) -> None:
+            s.reading = False
+            if answer is None or self.closed or self.subscriptions.get(s.id) is not s:
+                return
+            start, raw, committed = answer
+            if not isinstance(s.offset, int):
+                s.offset = start
+            sent = 0
+            for c in raw:
+                h = chunks.read_header(c)
+                if h.next_offset <= s.offset:
+                    continue
+                s.offset = h.next_offset
+                if s.filters and h.bloom_size and not any(
+                        chunks.bloom_may_contain(chunks.bloom_of_chunk(c, h), v) for v in s.filters):
+                    continue  # no record of this chunk has one of the subscription's filter values
+                if s.filters and not h.bloom_size and not s.match_unfiltered:
+                    continue
+                self.conn.send_deliver(s.id, c if self.conn_filters() else chunks.without_bloom(c, h), committed)
+                s.credit -= 1
+                sent += 1
+                if s.credit <= 0:
+                    break
+            if sent:
+                self._flush()
+                if s.credit > 0:
+                    self._read(s)
+        self.streams.read_chunks(s.q, s.offset, CHUNK_READ_BYTES, got)
+
+    def conn_filters(self) -> bool:
+        """Whether the client takes chunks with their bloom filter (it speaks Deliver v2)."""
+        return getattr(self.conn, "deliver_version", 1) >= 2
+
+    # ---------------------------------------------------------------- offsets
+
+    def store_offset(self, cmd: f.StoreOffset) -> None:
+        q, _code = self._stream(cmd.stream, "read")
+        if q is not None and cmd.reference:
+            self.streams.store_offset(q, cmd.reference, int(cmd.offset))
+
+    def query_offset(self, cmd: f.QueryOffset) -> None:
+        q, code = self._stream(cmd.stream, "read")
+        if q is None:
+            self.conn.send(f.QueryOffsetResponse(cmd.correlation_id, code, 0))
+            self._flush()
+            return
+
+        def got(offset: Any) -> None:
+            if not self.closed:
+                self.conn.send(f.QueryOffsetResponse(cmd.correlation_id, f.OK if offset is not None else f.NO_OFFSET,
+                                                     offset or 0))
+                self._flush()
+        self.streams.query(q, "offset", cmd.reference, got)
+
+    def stream_stats(self, cmd: f.StreamStats) -> None:
+        q, code = self._stream(cmd.stream, "read")
+        if q is None:
+            self.conn.send(f.StreamStatsResponse(cmd.correlation_id, code, {}))
+            self._flush()
+            return
+        first, end, _b = q.extent()
+        self.conn.send(f.StreamStatsResponse(cmd.correlation_id, f.OK, {
+            "first_chunk_id": first, "committed_chunk_id": max(first, end - 1)}))
+        self._flush()
+
+    # ---------------------------------------------------------------- streams
+
+    def create(self, cmd: f.Create) -> None:
+        args: dict[str, Any] = {"x-queue-type": "stream"}
+        for k, v in (cmd.arguments or {}).items():
+            spec_ = _CREATE_ARGS.get(k)
+            if spec_ is None:
+                self.conn.respond(cmd, f.PRECONDITION_FAILED)
+                return
+            try:
+                args[spec_[0]] = spec_[1](v)
+            except ValueError:
+                self.conn.respond(cmd, f.PRECONDITION_FAILED)
+                return
+        if cmd.stream in self.vhost.queues:
+            self.conn.respond(cmd, f.STREAM_ALREADY_EXISTS)
+            return
+        try:
+            _q, command = ops.declare_queue(self.broker, self.vhost, self.user, cmd.stream, durable=True,
+                                           exclusive=False, auto_delete=False, args=args, owner=None)
+        except AMQPError as e:
+            self.conn.respond(cmd, _code_of(e))
+            return
+        if command is None:
+            self.conn.respond(cmd, f.STREAM_ALREADY_EXISTS)
+            return
+        self._catalogue(cmd, command)
+
+    def delete(self, cmd: f.Delete) -> None:
+        q, code = self._stream(cmd.stream, "configure")
+        if q is None:
+            self.conn.respond(cmd, code)
+            return
+        self._catalogue(cmd, cat.DeleteQueue(self.vhost.name, cmd.stream))
+
+    def _catalogue(self, cmd: Any, command: cat.Command) -> None:
+        def done(res: cat.Result) -> None:
+            if not self.closed:
+                self.conn.respond(cmd, f.OK if res.ok else (f.STREAM_ALREADY_EXISTS if res.code == 405
+                                                            else f.PRECONDITION_FAILED))
+                self._flush()
+        self.broker.cluster.submit(command, done)
+
+    def metadata(self, cmd: f.Metadata) -> None:
+        cl = self.broker.cluster
+        refs: dict[str, int] = {}
+        brokers: list[tuple[int, str, int]] = []
+
+        def ref(node: str) -> int:
+            r = refs.get(node)
+            if r is None:
+                host, port = self.node_address(node)
+                r = refs[node] = len(refs)
+                brokers.append((r, host, port))
+            return r
+        out = []
+        for name in cmd.streams:
+            q = self.vhost.queues.get(name) if self.vhost is not None else None
+            if q is None or q.deleted or q.queue_type != STREAM.name:
+                out.append((name, f.STREAM_DOES_NOT_EXIST, 0xFFFF, []))
+                continue
+            leader = cl.streams.leader_of(q)
+            online = [n for n in q.members if cl.peers.is_up(n) or n == cl.node]
+            if leader is None or leader not in online:
+                out.append((name, f.STREAM_NOT_AVAILABLE, 0xFFFF, []))
+                continue
+            out.append((name, f.OK, ref(leader), [ref(n) for n in online if n != leader]))
+        self.conn.send(f.MetadataResponse(cmd.correlation_id, brokers, out))
+        self._flush()
+
+    def node_address(self, node: str) -> tuple[str, int]:
+        cl = self.broker.cluster
+        if node == cl.node:
+            return self.advertised()
+        info = cl.peer_info.get(node) or {}
+        adv = info.get("stream_advertised") or {}
+        return adv.get("host") or "localhost", int(adv.get("port") or 5552)
+
+    # ---------------------------------------------------------------- super streams
+
+    def _partitions(self, name: str) -> list[tuple[int, str, str]] | None:
+        x = self.vhost.exchanges.get(name) if self.vhost is not None else None
+        if x is None:
+            return None
+        out = []
+        for b in self.vhost.bindings_from(name) if hasattr(self.vhost, "bindings_from") else []:
+            order = (b.arguments or {}).get("x-stream-partition-order", 0)
+            out.append((order if isinstance(order, int) else 0, b.destination, b.routing_key))
+        return sorted(out)
+
+    def route(self, cmd: f.Route) -> None:
+        parts = self._partitions(cmd.super_stream)
+        if parts is None:
+            self.conn.send(f.RouteResponse(cmd.correlation_id, f.STREAM_DOES_NOT_EXIST, []))
+        else:
+            self.conn.send(f.RouteResponse(cmd.correlation_id, f.OK,
+                                           [d for _o, d, rk in parts if rk == cmd.routing_key]))
+        self._flush()
+
+    def partitions(self, cmd: f.Partitions) -> None:
+        parts = self._partitions(cmd.super_stream)
+        if parts is None:
+            self.conn.send(f.PartitionsResponse(cmd.correlation_id, f.STREAM_DOES_NOT_EXIST, []))
+        else:
+            self.conn.send(f.PartitionsResponse(cmd.correlation_id, f.OK, list(dict.fromkeys(d for _o, d, _r in parts))))
+        self._flush()
+
+    def ignore(self, cmd: Any) -> None:
+        return None
+
+
+_HANDLERS: dict[type, Callable[[StreamSession, Any], None]] = {
+    f.DeclarePublisher: StreamSession.declare_publisher,
+    f.Publish: StreamSession.publish,
+    f.PublishV2: StreamSession.publish,
+    f.QueryPublisherSequence: StreamSession.query_publisher_sequence,
+    f.DeletePublisher: StreamSession.delete_publisher,
+    f.Subscribe: StreamSession.subscribe,
+    f.Credit: StreamSession.credit,
+    f.Unsubscribe: StreamSession.unsubscribe,
+    f.StoreOffset: StreamSession.store_offset,
+    f.QueryOffset: StreamSession.query_offset,
+    f.StreamStats: StreamSession.stream_stats,
+    f.Create: StreamSession.create,
+    f.Delete: StreamSession.delete,
+    f.Metadata: StreamSession.metadata,
+    f.Route: StreamSession.route,
+    f.Partitions: StreamSession.partitions,
+    f.ConsumerUpdateResponse: StreamSession.ignore,
+}
