@@ -729,3 +729,18 @@ def test_a_failed_write_stops_the_log_until_it_is_reopened(tmp_path):
         assert log.next_offset == indexed
         assert log.recovery.segment_bytes_cut == 5_000 - HEADER_BYTES - indexed * 300
         log.append(b"z", indexed, 1, 1, 1)
+
+
+def test_an_empty_log_can_start_at_any_offset_and_keeps_it_across_a_reopen(tmp_path):
+    log = StreamLog(tmp_path / "s", fsync=False)
+    log.reset(1000)
+    assert log.first_offset == log.next_offset == 1000
+    log.append(b"x" * 64, 1000, 3, 1, 1)
+    assert log.next_offset == 1003
+    with pytest.raises(StreamLogError):
+        log.reset(5)  # not empty any more
+    log.close()
+    again = StreamLog(tmp_path / "s", fsync=False)
+    assert (again.first_offset, again.next_offset) == (1000, 1003)
+    assert [info.chunk_id for info, _b in again.read(0, 1 << 20)] == [1000]
+    again.close()

@@ -613,6 +613,33 @@ class StreamLog:
         self._seg_fd = os.open(active.seg_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         self._idx_fd = os.open(active.idx_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
 
+    def reset(self, next_offset: int) -> None:
+        """Make an empty log start at `next_offset` (a replica joining a stream whose oldest
+        segments retention has removed everywhere starts where the others now start)."""
+        with self._sync_lock, self._lock:
+            self._check_writable()
+            if any(len(seg) for seg in self._segments):
+                raise StreamLogError(f"Stream log {self.directory}: only an empty log can be reset")
+            if next_offset == self.next_offset:
+                return
+            try:
+                self._sync_sealed_locked()
+                old = self._segments.pop()
+                self._bases.pop()
+                os.close(self._seg_fd)
+                os.close(self._idx_fd)
+                self._seg_fd = self._idx_fd = -1
+                self._delete_segment_files(old, index_first=True)
+                self._bytes -= old.size_bytes
+                self._create_segment(next_offset)
+                active = self._segments[-1]
+                self._seg_fd = os.open(active.seg_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                self._idx_fd = os.open(active.idx_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                self._fsync_dir()
+                self._synced_offset = next_offset
+            except OSError as e:
+                raise self._fail("reset", e) from e
+
     def sync(self) -> int:
         """Fdatasync every chunk and index record written so far (and the directory when a
         segment came or went); return `synced_offset`, the offset below which every record
