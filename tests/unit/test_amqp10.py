@@ -363,7 +363,7 @@ def test_hutch_decodes_what_rstream_encodes():
     assert body == b"hello"
     assert (p.delivery_mode, p.priority, p.expiration, p.message_id) == (2, 4, "1000", mid.urn)
     assert (p.user_id, p.reply_to, p.correlation_id, p.content_type, p.app_id) == ("guest", "r", "c", "text/plain", "g")
-    assert p.timestamp == datetime.datetime.fromtimestamp(1700000000, datetime.timezone.utc)
+    assert p.timestamp == datetime.datetime.fromtimestamp(1700000000, datetime.UTC)
     # binary goes as a longstr, as RabbitMQ sends it
     assert p.headers == {"x-stream-filter-value": "eu", "a": 1, "b": "two", "f": 1.5, "t": True, "n": None,
                          "bin": "\x00\x01"}
@@ -431,7 +431,7 @@ def test_basic_properties_map_to_the_header_and_properties_sections():
     mid = uuid.uuid4()
     raw = basic(content_type="text/plain", content_encoding="gzip", delivery_mode=2, priority=7,
                 correlation_id="corr", reply_to="amq.rabbitmq.reply-to", expiration="60000",
-                message_id=mid.urn, timestamp=datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc),
+                message_id=mid.urn, timestamp=datetime.datetime(2024, 1, 2, tzinfo=datetime.UTC),
                 message_type="order.created", user_id="guest", app_id="shop")
     m = Message.decode(from_basic(raw, b"{}", "ex", "rk"))
     assert m.header == Header(durable=True, priority=UByte(7), ttl=UInt(60000))
@@ -445,7 +445,7 @@ def test_basic_properties_map_to_the_header_and_properties_sections():
 
 def test_headers_become_application_properties_and_x_headers_message_annotations():
     headers = {"tenant": "acme", "count": 3, "big": 2**40, "ratio": 0.5, "ok": True, "none": None,
-               "when": datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc),
+               "when": datetime.datetime(2024, 1, 2, tzinfo=datetime.UTC),
                "nested": {"a": {"b": [1, "c"]}}, "list": [1, 2],
                "x-match": "all", "x-nested": {"a": {"b": [1, "c", {"d": False}]}}, "x-list": ["a", 1],
                "CC": ["q2", "q3"], "BCC": ["secret"]}
@@ -546,7 +546,7 @@ def test_annotations_and_application_properties_become_headers():
     assert p.headers == {
         "CC": ["a", "b"], "x-custom": {"k": ["s", 1]}, "timestamp_in_ms": 1234,
         "s": "v", "i": -5, "u": 7, "l": str(2**64 - 1), "ts": datetime.datetime(1970, 1, 1, 0, 0, 5,
-                                                                                  tzinfo=datetime.timezone.utc),
+                                                                                  tzinfo=datetime.UTC),
         "bin": "\x00", "sym": "y", "id": uuid.UUID(int=1).urn, "flt": 0.5}
     raw, _ = to_basic(Message(b"", application_properties={"u": UInt(7), "i": Int(-5), "b": Byte(1)}).encode())
     assert b"\x01uI" not in raw and b"\x01ui\x00\x00\x00\x07" in raw and b"\x01iI\xff\xff\xff\xfb" in raw
@@ -565,7 +565,7 @@ def test_a_0_9_1_message_comes_back_as_it_went_in():
     headers = {"tenant": "acme", "n": 3, "x-match": "any", "x-nested": {"a": {"b": [1, "c"]}}, "CC": ["q2"]}
     kwargs = dict(content_type="text/plain", content_encoding="utf-8", headers=headers, delivery_mode=2,
                   priority=5, correlation_id="c", reply_to="r", expiration="1000", message_id="m",
-                  timestamp=datetime.datetime(2024, 5, 6, tzinfo=datetime.timezone.utc), message_type="t",
+                  timestamp=datetime.datetime(2024, 5, 6, tzinfo=datetime.UTC), message_type="t",
                   user_id="guest", app_id="a")
     p, body = props_of(from_basic(basic(**kwargs), b"payload", "ex", "rk"))
     assert body == b"payload"
@@ -581,7 +581,7 @@ def test_a_0_9_1_message_without_delivery_mode_comes_back_transient():
 
 def test_x_death_survives_the_stream_as_x_opt_deaths():
     x_death = [{"count": 2, "reason": "expired", "queue": "q1", "exchange": "dlx", "routing-keys": ["q1"],
-                "time": datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc),
+                "time": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC),
                 "original-expiration": "100"}]
     stored = from_basic(basic(headers={"x-death": x_death}), b"", "dlx", "q1")
     deaths = Message.decode(stored).message_annotations["x-opt-deaths"]
@@ -590,7 +590,7 @@ def test_x_death_survives_the_stream_as_x_opt_deaths():
     p, _ = props_of(stored)
     assert p.headers == {"x-death": [{"original-expiration": "100", "count": 2, "reason": "expired",
                                       "queue": "q1",
-                                      "time": datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc),
+                                      "time": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC),
                                       "exchange": "dlx", "routing-keys": ["q1"]}]}
 
 
@@ -638,3 +638,40 @@ def test_any_application_properties_and_annotations_convert_to_0_9_1(ap, ma):
         start, end = summary.headers_span
         assert end == len(raw)
         codec.table_entries(raw[start + 4:end])
+
+
+# ---------------------------------------------------------------- remembered conversions
+
+def test_remembered_conversions_give_each_message_its_own_body():
+    props = basic(content_type="text/plain", delivery_mode=2, headers={"k": "v", "x-k": 1})
+    for body in (b"first", b"second" * 100, b""):  # the second and third find the head remembered
+        m = Message.decode(from_basic(props, body, "ex", "rk"))
+        assert m.body == body and m.application_properties == {"k": "v"} and m.header.durable is True
+    head = Message(b"", header=Header(durable=True), application_properties={"k": "v"})
+    for data in ([b"one"], [b"a", b"b" * 300], [b""]):
+        head.data = data
+        p, body = props_of(head.encode())
+        assert body == b"".join(data) and p.headers == {"k": "v"} and p.delivery_mode == 2
+
+
+def test_amqp_1_0_bodies_are_never_taken_from_what_was_remembered():
+    props = basic(message_type=AMQP10_TYPE)
+    for value in ("one", "two"):
+        body = Message(value=value).encode()
+        assert Message.decode(from_basic(props, body, "", "q")).value == value
+    # a body of type amqp-1.0 that is not AMQP 1.0 sections is kept as data
+    assert Message.decode(from_basic(props, b"not sections", "", "q")).body == b"not sections"
+
+
+def test_what_is_remembered_is_bounded():
+    from hutch.streamproto import amqp10
+
+    for i in range(amqp10._CONVERSIONS_CACHED_MAX + 10):
+        stored = from_basic(basic(message_id=str(i)), b"", "", "q")
+        to_basic(stored)
+    assert len(amqp10._from_basic_cached) <= amqp10._CONVERSIONS_CACHED_MAX
+    assert len(amqp10._to_basic_cached) <= amqp10._CONVERSIONS_CACHED_MAX
+    big = basic(headers={"big": "x" * 2000})
+    n = len(amqp10._from_basic_cached)
+    from_basic(big, b"", "", "q")
+    assert len(amqp10._from_basic_cached) == n  # too big to remember

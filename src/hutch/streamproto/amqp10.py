@@ -45,9 +45,11 @@ Nothing here does I/O, reads a clock, or imports another part of hutch.
 from __future__ import annotations
 
 import datetime as _dt
+import decimal
 import struct
 import uuid
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 __all__ = [
     "AmqpDecodeError", "UByte", "UShort", "UInt", "ULong", "Byte", "Short", "Int", "Float",
@@ -197,7 +199,7 @@ _Bf = struct.Struct(">Bf")
 _Bd = struct.Struct(">Bd")
 _BBB = struct.Struct(">BBB")
 
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 
 def _check_range(v: int, t: type) -> None:
@@ -277,7 +279,7 @@ def _enc_datetime(v: _dt.datetime) -> bytes:
 
 def _datetime_ms(v: _dt.datetime) -> int:
     if v.tzinfo is None:
-        v = v.replace(tzinfo=_dt.timezone.utc)
+        v = v.replace(tzinfo=_dt.UTC)
     delta = v - _EPOCH
     return (delta.days * 86400 + delta.seconds) * 1000 + delta.microseconds // 1000
 
@@ -604,8 +606,12 @@ def _list(width: int):
             raise AmqpDecodeError(f"{what} at offset {off - 1} claims {count} items in {stop - p} bytes")
         out = []
         for _ in range(count):
-            v, p = _decode(buf, p, stop, depth + 1)
-            out.append(v)
+            if p < stop and buf[p] == 0x40:  # null, as most absent fields of a section are
+                out.append(None)
+                p += 1
+            else:
+                v, p = _decode(buf, p, stop, depth + 1)
+                out.append(v)
         if p != stop:
             raise AmqpDecodeError(f"{what} at offset {off - 1}: its items end at {p}, its size says {stop}")
         return out, stop
@@ -803,18 +809,6 @@ class _Composite:
     # per field: (the class its value is encoded as, the test a decoded value must pass)
     TYPES: tuple[tuple[Callable[[Any], Any], Callable[[Any], bool]], ...] = ()
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        if len(args) > len(self.FIELDS):
-            raise TypeError(f"{type(self).__name__} has {len(self.FIELDS)} fields")
-        for name in self.FIELDS:
-            setattr(self, name, None)
-        for name, v in zip(self.FIELDS, args):
-            setattr(self, name, v)
-        for name, v in kwargs.items():
-            if name not in self.FIELDS:
-                raise TypeError(f"{type(self).__name__} has no field {name!r}")
-            setattr(self, name, v)
-
     def fields(self) -> list[Any]:
         return [getattr(self, n) for n in self.FIELDS]
 
@@ -824,7 +818,7 @@ class _Composite:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        set_ = ", ".join(f"{n}={v!r}" for n, v in zip(self.FIELDS, self.fields()) if v is not None)
+        set_ = ", ".join(f"{n}={v!r}" for n, v in zip(self.FIELDS, self.fields(), strict=True) if v is not None)
         return f"{type(self).__name__}({set_})"
 
     def encode(self) -> bytes:
@@ -833,7 +827,7 @@ class _Composite:
         while n and values[n - 1] is None:
             n -= 1
         items = []
-        for (as_type, _ok), v in zip(self.TYPES[:n], values[:n]):
+        for (as_type, _ok), v in zip(self.TYPES[:n], values[:n], strict=True):
             items.append(b"\x40" if v is None else _encode(as_type(v)))
         body = b"".join(items)
         return b"\x00\x53" + bytes((self.CODE,)) + (_compound(0xC0, 0xD0, n, body) if n else b"\x45")
@@ -844,7 +838,7 @@ class _Composite:
         if not isinstance(values, list):
             raise AmqpDecodeError(f"{name} section is a {type(values).__name__}, not a list")
         section = cls()
-        for field, (_as_type, ok), v in zip(cls.FIELDS, cls.TYPES, values):
+        for field, (_as_type, ok), v in zip(cls.FIELDS, cls.TYPES, values, strict=False):  # a list may be short
             if v is None:
                 continue
             if not ok(v):
@@ -889,6 +883,14 @@ class Header(_Composite):
     TYPES = ((bool, _is_bool), (UByte, lambda v: isinstance(v, UByte)), (UInt, lambda v: isinstance(v, UInt)),
              (bool, _is_bool), (UInt, lambda v: isinstance(v, UInt)))
 
+    def __init__(self, durable: bool | None = None, priority: int | None = None, ttl: int | None = None,
+                 first_acquirer: bool | None = None, delivery_count: int | None = None):
+        self.durable = durable
+        self.priority = priority
+        self.ttl = ttl
+        self.first_acquirer = first_acquirer
+        self.delivery_count = delivery_count
+
 
 class Properties(_Composite):
     __slots__ = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
@@ -903,6 +905,26 @@ class Properties(_Composite):
              (_timestamp, lambda v: isinstance(v, Timestamp)), (_timestamp, lambda v: isinstance(v, Timestamp)),
              (str, _is_str), (UInt, lambda v: isinstance(v, UInt)), (str, _is_str))
 
+    def __init__(self, message_id: Any = None, user_id: bytes | None = None, to: str | None = None,
+                 subject: str | None = None, reply_to: str | None = None, correlation_id: Any = None,
+                 content_type: str | None = None, content_encoding: str | None = None,
+                 absolute_expiry_time: int | None = None, creation_time: int | None = None,
+                 group_id: str | None = None, group_sequence: int | None = None,
+                 reply_to_group_id: str | None = None):
+        self.message_id = message_id
+        self.user_id = user_id
+        self.to = to
+        self.subject = subject
+        self.reply_to = reply_to
+        self.correlation_id = correlation_id
+        self.content_type = content_type
+        self.content_encoding = content_encoding
+        self.absolute_expiry_time = absolute_expiry_time
+        self.creation_time = creation_time
+        self.group_id = group_id
+        self.group_sequence = group_sequence
+        self.reply_to_group_id = reply_to_group_id
+
 
 def _annotations(v: Mapping[Any, Any]) -> dict[Any, Any]:
     """Annotation keys are symbols (or ulongs): a plain string key is written as a symbol."""
@@ -913,11 +935,11 @@ def _map_section(code: int, v: Mapping[Any, Any]) -> bytes:
     return b"\x00\x53" + bytes((code,)) + _enc_map(v)
 
 
-def _data_section(d: bytes) -> bytes:
-    n = len(d)
+def _data_header(n: int) -> bytes:
+    """The bytes of a data section before its `n` bytes of payload."""
     if n <= 0xFF:
-        return b"\x00\x53\x75\xa0" + bytes((n,)) + d
-    return b"\x00\x53\x75\xb0" + _I.pack(n) + d
+        return b"\x00\x53\x75\xa0" + bytes((n,))
+    return b"\x00\x53\x75\xb0" + _I.pack(n)
 
 
 class Message:
@@ -934,7 +956,8 @@ class Message:
                  delivery_annotations: dict | None = None, message_annotations: dict | None = None,
                  properties: Properties | None = None, application_properties: dict | None = None,
                  sequence: list[list] | None = None, value: Any = NO_VALUE, footer: dict | None = None):
-        self.data: list[bytes] = [data] if isinstance(data, (bytes, bytearray, memoryview)) else (data or [])
+        self.data: list[bytes] = [data] if type(data) is bytes or isinstance(data, (bytearray, memoryview)) \
+            else (data or [])
         self.header = header
         self.delivery_annotations = delivery_annotations
         self.message_annotations = message_annotations
@@ -966,10 +989,7 @@ class Message:
                 and self.delivery_annotations is None and self.footer is None
                 and self.value is NO_VALUE and not self.sequence):
             d = data[0]
-            n = len(d)
-            if n <= 0xFF:
-                return b"\x00\x53\x75\xa0" + bytes((n,)) + d
-            return b"\x00\x53\x75\xb0" + _I.pack(n) + d
+            return _data_header(len(d)) + d
         try:
             return self._encode_sections()
         except struct.error as e:
@@ -991,7 +1011,8 @@ class Message:
         if self.application_properties:
             out.append(_map_section(APPLICATION_PROPERTIES, self.application_properties))
         for d in self.data:
-            out.append(_data_section(bytes(d)))
+            d = bytes(d)
+            out.append(_data_header(len(d)) + d)
         for s in self.sequence:
             out.append(b"\x00\x53\x76" + _enc_list(s))
         if self.value is not NO_VALUE:
@@ -1008,17 +1029,31 @@ class Message:
         """The message `data` holds. Raises AmqpDecodeError for anything but a well-formed
         sequence of message sections."""
         buf = bytes(data)
-        n = len(buf)
-        # the usual stream message: one data section and nothing else
-        if n >= 5 and buf[:4] == b"\x00\x53\x75\xa0" and buf[4] == n - 5:
-            return Message([buf[5:]])
+        body = _data_only(buf)
+        if body is not None:
+            return Message([body])
         return _guarded(_decode_sections, buf, None)
+
+
+def _data_only(buf: bytes) -> bytes | None:
+    """The body of a message that is one data section and nothing else (the usual stream
+    message), else None."""
+    head = buf[:4]
+    if head == b"\x00\x53\x75\xa0":
+        if len(buf) >= 5 and buf[4] == len(buf) - 5:
+            return buf[5:]
+    elif head == b"\x00\x53\x75\xb0":
+        if len(buf) >= 8 and _I.unpack_from(buf, 4)[0] == len(buf) - 8:
+            return buf[8:]
+    return None
 
 
 def _section_code(buf: bytes, off: int, depth: int) -> tuple[int, int]:
     """(section code, offset of its value) of the section starting at `off`."""
     if buf[off] != 0x00:
         raise AmqpDecodeError(f"expected a message section at offset {off}, found type code 0x{buf[off]:02x}")
+    if off + 2 < len(buf) and buf[off + 1] == 0x53 and buf[off + 2] in _SECTION_NAMES:  # smallulong, as usual
+        return buf[off + 2], off + 3
     descriptor, p = _decode(buf, off + 1, len(buf), depth + 1)
     if type(descriptor) is ULong:
         code = descriptor
@@ -1213,14 +1248,10 @@ def _typed_091(v: Any) -> tuple[str, Any]:
         return "A", [_typed_091(x) for x in v]
     if isinstance(v, _dt.datetime):
         return "T", _datetime_ms(v) // 1000
-    try:
-        import decimal
-        if isinstance(v, decimal.Decimal):
-            sign, digits, exp = v.as_tuple()
-            unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
-            return "D", (max(0, -int(exp)), unscaled * 10 ** max(0, int(exp)))
-    except (TypeError, ValueError):
-        pass
+    if isinstance(v, decimal.Decimal) and v.is_finite():
+        sign, digits, exp = v.as_tuple()
+        unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+        return "D", (max(0, -int(exp)), unscaled * 10 ** max(0, int(exp)))
     raise TypeError(f"cannot send a header value of type {type(v).__name__}")
 
 
@@ -1286,12 +1317,11 @@ def _urn_to_uuid(s: str | None) -> uuid.UUID | None:
 
 _SYM_X_EXCHANGE = _enc_symbol(Symbol("x-exchange"))
 _SYM_X_ROUTING_KEY = _enc_symbol(Symbol("x-routing-key"))
+_SYM_X_BASIC_TYPE = _enc_symbol(Symbol("x-basic-type"))
+_SYM_X_CC = _enc_symbol(Symbol("x-cc"))
+_SYM_X_OPT_DEATHS = _enc_symbol(Symbol("x-opt-deaths"))
 _TRANSIENT_HEADER = Header(durable=False).encode()
-
-
-def _route_annotations(exchange: str, routing_key: str) -> bytes:
-    body = _SYM_X_EXCHANGE + _enc_string(exchange) + _SYM_X_ROUTING_KEY + _enc_string(routing_key)
-    return b"\x00\x53\x72" + _compound(0xC1, 0xD1, 4, body)
+_PERSISTENT_HEADER = Header(durable=True).encode()
 
 
 def from_basic(props: bytes | Mapping[str, Any], body: bytes, exchange: str, routing_key: str) -> bytes:
@@ -1299,12 +1329,22 @@ def from_basic(props: bytes | Mapping[str, Any], body: bytes, exchange: str, rou
     conversion from mc_amqpl to mc_amqp, with `x-exchange` and `x-routing-key` annotations).
 
     `props` is the raw content properties (property flags and list, as a publish carries them)
-    or a mapping of property names (`BASIC_PROPERTY_NAMES`) to values. A header becomes a
-    message annotation when its name starts with "x-" (and `CC` becomes `x-cc`), otherwise an
-    application property unless it is a table or an array; `BCC` is dropped. Raises ValueError
-    for raw properties that do not parse."""
-    if props == NO_PROPERTIES:
-        return _TRANSIENT_HEADER + _route_annotations(exchange, routing_key) + _data_section(bytes(body))
+    or a mapping of property names (`BASIC_PROPERTY_NAMES`) to values. The header section
+    carries delivery-mode (durable), priority and expiration (ttl); the properties section the
+    ids, reply-to, content type and encoding, timestamp (creation-time), user-id and app-id
+    (group-id). A header becomes a message annotation when its name starts with "x-" (`CC`
+    becomes `x-cc`), otherwise an application property unless it is a table or an array;
+    `BCC` is dropped; `type` is the annotation `x-basic-type`. Raises ValueError for raw
+    properties that do not parse.
+
+    The message is written straight from the 0-9-1 values, without building a `Message`."""
+    body = bytes(body)
+    key = None
+    if type(props) is bytes and len(props) <= _CACHED_BYTES_MAX:
+        key = (props, exchange, routing_key)
+        head = _from_basic_cached.get(key)
+        if head is not None:
+            return head + _data_header(len(body)) + body
     if isinstance(props, (bytes, bytearray, memoryview)):
         try:
             p = _basic_from_bytes(bytes(props))
@@ -1312,69 +1352,122 @@ def from_basic(props: bytes | Mapping[str, Any], body: bytes, exchange: str, rou
             raise ValueError(f"malformed content header properties: {e}") from None
     else:
         p = _basic_from_mapping(props)
-    return _message_from_basic(p, bytes(body), exchange, routing_key).encode()
+    try:
+        head = _head_from_basic(p, exchange, routing_key)
+    except struct.error as e:
+        raise ValueError(f"content header property out of range: {e}") from None
+    if p.get("message_type") == AMQP10_TYPE and _is_body_sections(body):
+        return head + body  # a body that is AMQP 1.0 body sections goes in as those sections
+    if key is not None:
+        _remember(_from_basic_cached, key, head)
+    return head + _data_header(len(body)) + body
 
 
-def _message_from_basic(p: dict[str, Any], body: bytes, exchange: str, routing_key: str) -> Message:
+# Publishers send the same properties again and again (and the same route), so each direction
+# of the conversion remembers the last few thousand it made: properties (and route) -> the
+# sections before the body, and the sections before the body -> properties. Only small ones.
+_CONVERSIONS_CACHED_MAX = 4096
+_CACHED_BYTES_MAX = 1024
+_from_basic_cached: dict[tuple[bytes, str, str], bytes] = {}
+_to_basic_cached: dict[bytes, bytes] = {}
+
+
+def _remember(cache: dict, key: Any, value: bytes) -> None:
+    if len(cache) >= _CONVERSIONS_CACHED_MAX:
+        cache.clear()
+    cache[key] = value
+
+
+def _head_from_basic(p: dict[str, Any], exchange: str, routing_key: str) -> bytes:
+    """The sections before the body: header, message-annotations, properties and
+    application-properties."""
+    get = p.get
+    out = [_header_from_basic(get("delivery_mode"), get("priority"), get("expiration"))]
+
+    annotations: dict[str, bytes] = {}  # name -> the encoded entry; a later duplicate wins
+    application: dict[str, bytes] = {}
+    message_type = get("message_type")
+    if message_type is not None:
+        annotations["x-basic-type"] = _SYM_X_BASIC_TYPE + _enc_string(message_type)
+    for name, t, v in get("headers", ()):
+        if name.startswith("x-"):
+            if name != "x-exchange" and name != "x-routing-key":  # the route below replaces them
+                annotations[name] = _enc_symbol(name) + _encode(_from_091(t, v))
+            if name == "x-death" and t == "A":
+                deaths = _deaths_from_091(v)
+                if deaths:
+                    annotations["x-opt-deaths"] = _SYM_X_OPT_DEATHS + _enc_array(deaths)
+        elif name == "CC":
+            if t == "A":
+                annotations["x-cc"] = _SYM_X_CC + _encode(_from_091(t, v))
+        elif name != "BCC" and t != "A" and t != "F":
+            application[name] = _enc_string(name) + _encode(_from_091(t, v))
+    entries = (b"".join(annotations.values()) + _SYM_X_EXCHANGE + _enc_string(exchange)
+               + _SYM_X_ROUTING_KEY + _enc_string(routing_key))
+    out.append(b"\x00\x53\x72" + _compound(0xC1, 0xD1, 2 * len(annotations) + 4, entries))
+
+    properties = _properties_from_basic(get("message_id"), get("user_id"), get("reply_to"),
+                                        get("correlation_id"), get("content_type"), get("content_encoding"),
+                                        get("timestamp"), get("app_id"))
+    if properties:
+        out.append(properties)
+    if application:
+        out.append(b"\x00\x53\x74" + _compound(0xC1, 0xD1, 2 * len(application),
+                                                b"".join(application.values())))
+    return b"".join(out)
+
+
+def _header_from_basic(delivery_mode: int | None, priority: int | None, expiration: str | None) -> bytes:
+    if priority is None and expiration is None:
+        return _PERSISTENT_HEADER if delivery_mode == 2 else _TRANSIENT_HEADER
     ttl = None
-    expiration = p.get("expiration")
     if expiration is not None and expiration.isdigit() and int(expiration) <= 0xFFFFFFFF:
         ttl = UInt(int(expiration))  # the channel has refused a publish with another expiration
-    priority = p.get("priority")
-    header = Header(durable=p.get("delivery_mode") == 2, ttl=ttl,
-                    priority=None if priority is None else UByte(priority))
-    message_id, correlation_id = p.get("message_id"), p.get("correlation_id")
-    timestamp, user_id = p.get("timestamp"), p.get("user_id")
-    properties = Properties(
-        message_id=_urn_to_uuid(message_id) or message_id,
-        user_id=None if user_id is None else user_id.encode(),
-        reply_to=p.get("reply_to"),
-        correlation_id=_urn_to_uuid(correlation_id) or correlation_id,
-        content_type=None if p.get("content_type") is None else Symbol(p["content_type"]),
-        content_encoding=None if p.get("content_encoding") is None else Symbol(p["content_encoding"]),
-        creation_time=None if timestamp is None else Timestamp(timestamp * 1000),
-        group_id=p.get("app_id"))
-    if all(v is None for v in properties.fields()):
-        properties = None
-    annotations: dict[Any, Any] = {}
-    application: dict[Any, Any] = {}
-    message_type = p.get("message_type")
-    if message_type is not None:
-        annotations[Symbol("x-basic-type")] = message_type
-    for name, t, v in p.get("headers", ()):
-        if name.startswith("x-"):
-            annotations[Symbol(name)] = _from_091(t, v)
-        elif name == "CC" and t == "A":
-            annotations[Symbol("x-cc")] = _from_091(t, v)
-        elif name != "BCC" and t not in "AF":
-            application[name] = _from_091(t, v)
-        if name == "x-death" and t == "A":
-            deaths = _deaths_from_091(v)
-            if deaths:
-                annotations[Symbol("x-opt-deaths")] = deaths
-    annotations[Symbol("x-exchange")] = exchange
-    annotations[Symbol("x-routing-key")] = routing_key
-    m = Message(header=header, message_annotations=annotations, properties=properties,
-                application_properties=application or None)
-    if message_type == AMQP10_TYPE and _take_body_sections(m, body):
-        return m
-    m.data = [body]
-    return m
+    return Header(durable=delivery_mode == 2, ttl=ttl, priority=None if priority is None else UByte(priority)).encode()
 
 
-def _take_body_sections(m: Message, body: bytes) -> bool:
-    """Sets the body sections a 0-9-1 body of type "amqp-1.0" holds; False when it holds
-    anything else."""
+def _message_id_from_basic(v: str | None) -> bytes:
+    if v is None:
+        return b"\x40"
+    u = _urn_to_uuid(v)
+    return _enc_string(v) if u is None else _enc_uuid(u)
+
+
+def _properties_from_basic(message_id: str | None, user_id: str | None, reply_to: str | None,
+                           correlation_id: str | None, content_type: str | None, content_encoding: str | None,
+                           timestamp: int | None, app_id: str | None) -> bytes:
+    """The properties section, or b"" when no property is set."""
+    fields = [
+        _message_id_from_basic(message_id),
+        b"\x40" if user_id is None else _enc_binary(user_id.encode()),
+        b"\x40",  # to
+        b"\x40",  # subject
+        b"\x40" if reply_to is None else _enc_string(reply_to),
+        _message_id_from_basic(correlation_id),
+        b"\x40" if content_type is None else _enc_symbol(content_type),
+        b"\x40" if content_encoding is None else _enc_symbol(content_encoding),
+        b"\x40",  # absolute-expiry-time
+        b"\x40" if timestamp is None else _Bq.pack(0x83, timestamp * 1000),
+        b"\x40" if app_id is None else _enc_string(app_id),
+    ]
+    n = len(fields)
+    while n and fields[n - 1] == b"\x40":
+        n -= 1
+    if not n:
+        return b""
+    return b"\x00\x53\x73" + _compound(0xC0, 0xD0, n, b"".join(fields[:n]))
+
+
+def _is_body_sections(body: bytes) -> bool:
+    """Whether a 0-9-1 body of type "amqp-1.0" is AMQP 1.0 body sections (and a footer)."""
     try:
         sections = _guarded(_decode_sections, body, None)
     except AmqpDecodeError:
         return False
-    if (sections.header is not None or sections.delivery_annotations is not None
-            or sections.message_annotations is not None or sections.properties is not None
-            or sections.application_properties is not None):
-        return False
-    m.data, m.sequence, m.value, m.footer = sections.data, sections.sequence, sections.value, sections.footer
-    return True
+    return (sections.header is None and sections.delivery_annotations is None
+            and sections.message_annotations is None and sections.properties is None
+            and sections.application_properties is None
+            and bool(sections.data or sections.sequence or sections.value is not NO_VALUE))
 
 
 # -- AMQP 1.0 -> 0-9-1
@@ -1482,9 +1575,15 @@ def to_basic(encoded: bytes) -> tuple[bytes, bytes]:
     than the ones the conversion itself writes. Raises AmqpDecodeError for a malformed
     message."""
     buf = bytes(encoded)
-    n = len(buf)
-    if n >= 5 and buf[:4] == b"\x00\x53\x75\xa0" and buf[4] == n - 5:
-        return NO_PROPERTIES, buf[5:]
+    body = _data_only(buf)
+    if body is not None:
+        return NO_PROPERTIES, body
+    shape = _data_shape(buf)
+    if shape is not None:
+        head_end, payloads = shape
+        props = _to_basic_cached.get(buf[:head_end])
+        if props is not None:
+            return props, payloads[0] if len(payloads) == 1 else b"".join(payloads)
     spans: list[tuple[int, int, int]] = []
     m = _guarded(_decode_sections, buf, spans)
     if m.sequence or m.value is not NO_VALUE:
@@ -1492,13 +1591,62 @@ def to_basic(encoded: bytes) -> tuple[bytes, bytes]:
         body, message_type = buf[body_spans[0][0]:body_spans[-1][1]], AMQP10_TYPE
     else:
         body, message_type = m.body if m.data else b"", None
-    return _basic_properties(m, message_type), body
+    props = _basic_properties(m, message_type)
+    if shape is not None and shape[0] <= _CACHED_BYTES_MAX:
+        _remember(_to_basic_cached, buf[:shape[0]], props)
+    return props, body
+
+
+def _data_shape(buf: bytes) -> tuple[int, list[bytes]] | None:
+    """(where the data sections start, their payloads) of a message that is sections other than
+    the body followed by data sections, found from the sections' sizes alone; None for any
+    other shape (the full decoder then reads it)."""
+    n = len(buf)
+    off = 0
+    head_end = -1
+    payloads = []
+    while off < n:
+        if off + 5 > n or buf[off] != 0x00 or buf[off + 1] != 0x53:
+            return None
+        code, c = buf[off + 2], buf[off + 3]
+        if c == 0xA0 or c == 0xB0:
+            if code != DATA:
+                return None
+            if c == 0xA0:
+                start = off + 5
+                end = start + buf[off + 4]
+            else:
+                start = off + 8
+                end = start + _I.unpack_from(buf, off + 4)[0] if start <= n else n + 1
+            if end > n:
+                return None
+            if head_end < 0:
+                head_end = off
+            payloads.append(buf[start:end])
+        elif head_end >= 0 or code not in (HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES,
+                                           APPLICATION_PROPERTIES):
+            return None
+        elif c == 0x45 or c == 0x40:
+            end = off + 4
+        elif c == 0xC0 or c == 0xC1:
+            end = off + 5 + buf[off + 4]
+        elif (c == 0xD0 or c == 0xD1) and off + 8 <= n:
+            end = off + 8 + _I.unpack_from(buf, off + 4)[0]
+        else:
+            return None
+        off = end
+    if head_end < 0 or off != n:
+        return None
+    return head_end, payloads
+
+
+_ABSENT_PROPERTIES = Properties()
 
 
 def _basic_properties(m: Message, message_type: str | None) -> bytes:
     h = m.header
     ma = m.message_annotations or {}
-    p = m.properties or Properties()
+    p = m.properties or _ABSENT_PROPERTIES
     values: list[Any] = [None] * 14
     durable = None if h is None else h.durable
     if durable is not None:
