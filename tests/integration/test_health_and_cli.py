@@ -262,16 +262,18 @@ def test_each_diagnostics_command_prints_what_rabbitmq_diagnostics_prints(node):
     unused = free_port()
     r = diag(node, "check_port_listener", str(unused))
     assert r.returncode == 69 and f"No listener for port {unused} is active on node {NODE}" in r.stderr
-    assert f"{node.amqp_port}, {node.mgmt_port}" in r.stderr
+    assert f"{node.amqp_port}, {node.stream_port}, {node.mgmt_port}" in r.stderr
     r = diag(node, "check_protocol_listener", "stomp")
-    assert r.returncode == 69 and "Found listeners for the following protocols: amqp, http" in r.stderr
+    assert r.returncode == 69 and "Found listeners for the following protocols: amqp, stream, http" in r.stderr
 
     assert ok(diag(node, "listeners")) == [
         f"Asking node {NODE} to report its protocol listeners ...",
         f"Interface: 0.0.0.0, port: {node.amqp_port}, protocol: amqp, purpose: AMQP 0-9-1",
+        f"Interface: 0.0.0.0, port: {node.stream_port}, protocol: stream, purpose: stream protocol",
         f"Interface: 0.0.0.0, port: {node.mgmt_port}, protocol: http, purpose: HTTP API"]
     listed = json.loads(diag(node, "listeners", "--formatter", "json").stdout)
-    assert [(ln["port"], ln["protocol"]) for ln in listed] == [(node.amqp_port, "amqp"), (node.mgmt_port, "http")]
+    assert [(ln["port"], ln["protocol"]) for ln in listed] == [(node.amqp_port, "amqp"), (node.stream_port, "stream"),
+                                                               (node.mgmt_port, "http")]
 
     lines = ok(diag(node, "memory_breakdown", "--unit", "mb"))
     assert lines[0] == f"Reporting memory breakdown on node {NODE}..."

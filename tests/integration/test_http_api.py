@@ -94,7 +94,7 @@ def test_overview_names_node_versions_totals_and_listeners(http, node):
     assert o["management_version"] == o["rabbitmq_version"] == "3.10.8"
     assert set(o["object_totals"]) == {"channels", "connections", "consumers", "exchanges", "queues"}
     ports = {ln["protocol"]: ln["port"] for ln in o["listeners"]}
-    assert ports == {"amqp": node.amqp_port, "http": node.mgmt_port}
+    assert ports == {"amqp": node.amqp_port, "http": node.mgmt_port, "stream": node.stream_port}
     assert all(ln["node"] == "hutch@localhost" for ln in o["listeners"])
 
 

@@ -207,7 +207,8 @@ def check_if_node_is_mirror_sync_critical(s: Session) -> None:
 
 
 LISTENER_PURPOSES = {"amqp": "AMQP 0-9-1", "amqp/ssl": "AMQP 0-9-1 over TLS", "http": "HTTP API",
-                     "https": "HTTP API over TLS", "clustering": "inter-node communication"}
+                     "https": "HTTP API over TLS", "clustering": "inter-node communication",
+                     "stream": "stream protocol"}
 
 
 @command(cli, "listeners")

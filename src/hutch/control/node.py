@@ -69,12 +69,14 @@ def stopped_reason(api: Api) -> str:
 
 
 def _amqp_ports(api: Api) -> list[tuple[str, int]]:
-    """(protocol, port) of each AMQP listener that accepts connections right now."""
+    """(protocol, port) of each client listener (AMQP, AMQPS, the stream protocol) that accepts
+    connections right now."""
     cfg = api.broker.config
     tls = bool(getattr(cfg, "tls_certfile", None) and getattr(cfg, "tls_keyfile", None))
     ops_ = getattr(api, "node_ops", None)
     if ops_ is None:  # an application without a runtime: what the configuration says
-        return [("amqp", cfg.amqp_port)] + ([("amqp/ssl", cfg.amqps_port)] if tls else [])
+        return ([("amqp", cfg.amqp_port)] + ([("amqp/ssl", cfg.amqps_port)] if tls else [])
+                + ([("stream", cfg.stream_port)] if cfg.stream_port else []))
     if not ops_.app_running or getattr(ops_, "paused", False):
         return []
     out: list[tuple[str, int]] = []
@@ -85,6 +87,9 @@ def _amqp_ports(api: Api) -> list[tuple[str, int]]:
             entry = ("amqp/ssl" if i > 0 else "amqp", sock.getsockname()[1])
             if entry not in out:
                 out.append(entry)
+    streams = getattr(ops_, "streams", None)
+    if streams is not None and streams.port:
+        out.append(("stream", streams.port))
     return out
 
 
@@ -94,8 +99,6 @@ def listeners(api: Api) -> list[dict[str, Any]]:
     ip = cfg.amqp_host or "::"
     out = [{"node": node, "protocol": proto, "ip_address": ip, "port": port, "socket_opts": {}}
            for proto, port in _amqp_ports(api)]
-    if cfg.stream_port:
-        out.append({"node": node, "protocol": "stream", "ip_address": ip, "port": cfg.stream_port, "socket_opts": {}})
     if api.http_port:
         out.append({"node": node, "protocol": "http", "ip_address": api.http_host or "::", "port": api.http_port,
                     "socket_opts": {}})
@@ -419,18 +422,19 @@ async def health_protocol(request: web.Request) -> web.Response:
 
 
 def quorum_critical(api: Api) -> list[dict[str, str]]:
-    """Quorum queues with a member here that would lose their majority if this node stopped."""
+    """Quorum queues and streams (a Raft group each) with a member here that would lose their
+    majority if this node stopped."""
     me = api.node_name
     out = []
     for v in api.broker.vhosts.values():
         for qu in v.queues.values():
-            if not getattr(qu, "quorum", False):
+            if qu.queue_type not in ("quorum", "stream"):
                 continue
             members = list(qu.members)
             online = [n for n in qu.online() if n != me]
             if me in members and len(online) < len(members) // 2 + 1:
                 out.append({"name": qu.name, "readable_name": f"queue '{qu.name}' in vhost '{qu.vhost}'",
-                            "virtual_host": qu.vhost, "type": "quorum"})
+                            "virtual_host": qu.vhost, "type": qu.queue_type})
     return out
 
 
@@ -443,7 +447,7 @@ def mirror_sync_critical(api: Api) -> list[dict[str, str]]:
         return out
     for v in api.broker.vhosts.values():
         for qu in v.queues.values():
-            if getattr(qu, "quorum", False) or (qu.home_node or me) != me:
+            if qu.queue_type != "classic" or (qu.home_node or me) != me:
                 continue
             mirrors, synced = cl.mirror_status(qu.vhost, qu.name)
             if mirrors and not [n for n in synced if n != me]:
