@@ -226,6 +226,32 @@ def test_mutated_encodings_raise_nothing_but_amqp_decode_error(v, data):
     assert_total(bytes(encoded))
 
 
+@FUZZ
+@given(st.sampled_from(["full", "basic", "rstream"]), st.data())
+def test_mutated_messages_raise_nothing_but_amqp_decode_error(kind, data):
+    if kind == "full":
+        encoded = full_message().encode()
+    elif kind == "basic":
+        encoded = from_basic(basic(content_type="t", delivery_mode=2, message_id="m", priority=1,
+                                   headers={"a": 1, "x-b": {"c": [1, "d"]}, "CC": ["q"]}), b"body", "ex", "rk")
+    else:
+        encoded = RSTREAM_ENCODED
+    mutated = bytearray(encoded)
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(mutated) - 1))
+        mutated[at] = data.draw(st.integers(0, 255))
+    assert_total(bytes(mutated))
+    assert_total(bytes(mutated[:data.draw(st.integers(0, len(mutated)))]))
+
+
+# what rstream 1.1.1 writes for a message with a header, properties, both maps and a data section
+RSTREAM_ENCODED = bytes.fromhex(
+    "005370c0080556015004404040005372c10d02a305782d666f6fa103626172005373c02b0da103696431a00567"
+    "7565737440404040a30a746578742f706c61696e4040830000018bcfe56800404040005374c14110a101615401"
+    "a10162a10374776fa10163c0050254015402a10164c10702a1016ba10176a101655601a10166823ff800000000"
+    "0000a1016740a10168a00362696e005375a00568656c6c6f")
+
+
 def test_nesting_is_bounded():
     deep = b"\xc0\x02\x01" * 200 + b"\x40"  # lists in lists, each claiming a size it cannot have
     with pytest.raises(AmqpDecodeError):
@@ -367,6 +393,25 @@ def test_hutch_decodes_what_rstream_encodes():
     # binary goes as a longstr, as RabbitMQ sends it
     assert p.headers == {"x-stream-filter-value": "eu", "a": 1, "b": "two", "f": 1.5, "t": True, "n": None,
                          "bin": "\x00\x01"}
+
+
+def test_rstream_encoded_sample_is_what_rstream_writes():
+    from rstream import AMQPMessage
+    from rstream._pyamqp.message import Header as RHeader
+    from rstream._pyamqp.message import Properties as RProperties
+
+    sent = AMQPMessage(
+        body=b"hello", header=RHeader(durable=True, priority=4),
+        properties=RProperties(message_id="id1", content_type=b"text/plain", creation_time=1700000000000,
+                               user_id=b"guest"),
+        application_properties={"a": 1, "b": "two", "c": [1, 2], "d": {"k": "v"}, "e": True, "f": 1.5, "g": None,
+                                "h": b"bin"},
+        message_annotations={"x-foo": "bar"})
+    assert bytes(sent) == RSTREAM_ENCODED
+    m = Message.decode(RSTREAM_ENCODED)
+    assert m.application_properties == {"a": 1, "b": "two", "c": [1, 2], "d": {"k": "v"}, "e": True, "f": 1.5,
+                                        "g": None, "h": b"bin"}
+    assert type(m.application_properties["a"]) is Int  # rstream writes a Python int as an AMQP int
 
 
 def test_rstream_decodes_what_hutch_encodes():

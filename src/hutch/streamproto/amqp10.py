@@ -10,7 +10,8 @@ AMQP 1.0 on the way in (`from_basic`) and back for an AMQP 0-9-1 consumer (`to_b
   types, lists, maps and arrays. The encoder writes the shortest form (smallint, smallulong,
   uint0, str8, list0, ...). The decoder is total over bytes: anything malformed raises
   `AmqpDecodeError` (a `ValueError`) saying what and where, never another exception; nesting
-  is bounded by `DEPTH_MAX`, and no input makes it build more values than it has bytes.
+  is bounded by `DEPTH_MAX`, and every count is checked against the bytes there are before
+  anything is built (an array of zero-width elements gets at most a few per byte of input).
 - The sections are part 3 §3.2: header, delivery-annotations, message-annotations,
   properties, application-properties, data (one or more), amqp-sequence (one or more),
   amqp-value, footer (`Message`).
@@ -18,7 +19,9 @@ AMQP 1.0 on the way in (`from_basic`) and back for an AMQP 0-9-1 consumer (`to_b
   converting to and from `mc_amqp`, and `mc_amqp:protocol_state` adding `x-exchange` and
   `x-routing-key`), with 4.x's reading of several data sections as one body. Where RabbitMQ
   has no rule (an AMQP 1.0 uuid, char or decimal in application properties; a 0-9-1 decimal
-  header) the choice made here is written next to the code.
+  header) the choice made here is written next to the code. Both conversions remember the
+  last few thousand property sets they converted (bounded, and only small ones), because a
+  publisher sends the same properties again and again.
 
 Python representation of AMQP 1.0 values (decoding gives exactly these types back, so a
 decoded value re-encodes to the same types):
@@ -30,8 +33,8 @@ decoded value re-encodes to the same types):
     timestamp -> Timestamp (int, milliseconds since the epoch)
     char -> Char (a str subclass of length 1)           symbol -> Symbol (a str subclass)
     uuid -> uuid.UUID       binary -> bytes             decimal32/64/128 -> Decimal32/64/128 (bytes)
-    list -> list            map -> dict                 array -> Array (a list subclass with
-    described -> Described(descriptor, value)            the element type)
+    list -> list            map -> dict                 described -> Described(descriptor, value)
+    array -> Array (a list subclass that also holds the element type and any descriptor)
 
 On encoding, bytearray and memoryview are binary, tuple is a list, and a datetime is a
 timestamp. A plain int is a long: use the wrappers for the unsigned and narrower types. Map
@@ -55,7 +58,7 @@ __all__ = [
     "AmqpDecodeError", "UByte", "UShort", "UInt", "ULong", "Byte", "Short", "Int", "Float",
     "Timestamp", "Char", "Symbol", "Decimal32", "Decimal64", "Decimal128", "Array", "Described",
     "encode_value", "decode_value", "Header", "Properties", "Message", "NO_VALUE",
-    "from_basic", "to_basic", "DEPTH_MAX",
+    "from_basic", "to_basic", "NO_PROPERTIES", "AMQP10_TYPE", "BASIC_PROPERTY_NAMES", "DEPTH_MAX",
 ]
 
 DEPTH_MAX = 64  # lists, maps, arrays and described values nested deeper are refused
@@ -189,7 +192,6 @@ _BB = struct.Struct(">BB")
 _BI = struct.Struct(">BI")
 _BII = struct.Struct(">BII")
 _Bb = struct.Struct(">Bb")
-_BB_ = struct.Struct(">BB")
 _Bh = struct.Struct(">Bh")
 _BH = struct.Struct(">BH")
 _Bi = struct.Struct(">Bi")
@@ -225,7 +227,7 @@ def _enc_long(v: int) -> bytes:
 
 def _enc_ubyte(v: int) -> bytes:
     _check_range(v, UByte)
-    return _BB_.pack(0x50, v)
+    return _BB.pack(0x50, v)
 
 
 def _enc_ushort(v: int) -> bytes:
@@ -237,7 +239,7 @@ def _enc_uint(v: int) -> bytes:
     if v == 0:
         return b"\x43"
     if 0 < v <= 0xFF:
-        return _BB_.pack(0x52, v)
+        return _BB.pack(0x52, v)
     _check_range(v, UInt)
     return _BI.pack(0x70, v)
 
@@ -246,7 +248,7 @@ def _enc_ulong(v: int) -> bytes:
     if v == 0:
         return b"\x44"
     if 0 < v <= 0xFF:
-        return _BB_.pack(0x53, v)
+        return _BB.pack(0x53, v)
     _check_range(v, ULong)
     return _BQ.pack(0x80, v)
 
@@ -1133,7 +1135,6 @@ _BASIC_KINDS = (_SHORTSTR, _SHORTSTR, _TABLE, _OCTET, _OCTET, _SHORTSTR, _SHORTS
 NO_PROPERTIES = b"\x00\x00"
 AMQP10_TYPE = "amqp-1.0"  # the 0-9-1 type of a body that is AMQP 1.0 sections other than data
 LONGSTR_UTF8_LIMIT = 4096  # a longer 0-9-1 longstr header is binary, not checked for UTF-8
-_TABLE_DEPTH_MAX = DEPTH_MAX
 
 _FIELD_FIXED: dict[str, struct.Struct] = {
     "b": _b, "B": _B, "s": _h, "u": _H, "I": _i, "i": _I, "l": _q, "L": _Q, "f": _f, "d": _d, "T": _Q,
@@ -1169,7 +1170,7 @@ def _field_value(buf: bytes, off: int, end: int, depth: int) -> tuple[str, Any, 
         if t == "F":
             return t, _field_table(buf, off + 4, nxt, depth + 1), nxt
         if t == "A":
-            if depth >= _TABLE_DEPTH_MAX:
+            if depth >= DEPTH_MAX:
                 raise ValueError("field values nested too deep")
             items = []
             p = off + 4
@@ -1184,7 +1185,7 @@ def _field_value(buf: bytes, off: int, end: int, depth: int) -> tuple[str, Any, 
 def _field_table(buf: bytes, off: int, end: int, depth: int) -> list[tuple[str, str, Any]]:
     """A field table's entries (name, type letter, value); `off`..`end` is the table after its
     length."""
-    if depth >= _TABLE_DEPTH_MAX:
+    if depth >= DEPTH_MAX:
         raise ValueError("field values nested too deep")
     out = []
     while off < end:
@@ -1498,7 +1499,7 @@ def _to_091(v: Any, depth: int = 0) -> tuple[str, Any] | None:
         return "l", v
     if v is None:
         return "V", None
-    if depth >= _TABLE_DEPTH_MAX:
+    if depth >= DEPTH_MAX:
         return None
     if isinstance(v, list):  # list and array
         items = [_to_091(x, depth + 1) for x in v]
