@@ -25,7 +25,13 @@ producer has settled, consumers read on until every queue is empty and nothing h
 delivered for `DRAIN_QUIET_S`, and each consumer records a `drain` row saying whether the
 drain completed or ran out of time (`--drain-timeout`).
 
-It uses a node only through AMQP, as any client does (never the broker's insides).
+With `--protocol stream` the same producers and consumers speak RabbitMQ's stream protocol
+instead (`hutch.lab.streamperf`): streams are created with the Create command, producers publish
+batches to the stream's leader with a window of unconfirmed messages, consumers subscribe from
+`--offset` with `--credit`; progress lines, worker processes and the summary are the same.
+
+It uses a node only through AMQP or the stream protocol, as any client does (never the
+broker's insides).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from datetime import datetime
 import click
 from pamqp.commands import Basic
 
+from hutch.lab import streamperf
 from hutch.lab.client import (
     AMQPError,
     Channel,
@@ -107,6 +114,10 @@ class PerfConfig:
     quiet: bool = False
     drain: bool | None = None  # None: drain when recording (and there are consumers)
     drain_timeout_s: float = DRAIN_TIMEOUT_S_DEFAULT
+    protocol: str = "amqp"  # or "stream": RabbitMQ's stream protocol
+    offset: str = "next"  # stream consumers: first, last, next or an offset
+    credit: int = streamperf.CREDIT_DEFAULT  # stream consumers: chunks in flight
+    batch_size: int = streamperf.BATCH_SIZE_DEFAULT  # stream producers: messages per Publish frame
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -128,8 +139,33 @@ class PerfConfig:
             raise ValueError("--drain-timeout must be positive")
         if not self.uris:
             raise ValueError("at least one --uri")
+        if self.protocol == "stream":
+            self._validate_stream()
+            return
+        if self.protocol != "amqp":
+            raise ValueError(f"--protocol {self.protocol!r}: amqp or stream")
         for uri in self.uris:
             Endpoint.from_uri(uri)
+
+    def _validate_stream(self) -> None:
+        for uri in self.uris:
+            streamperf.StreamEndpoint.from_uri(uri)
+        if self.recording or self.drain:
+            raise ValueError("--record and --drain are for --protocol amqp")
+        if self.autoack or self.qos or self.mandatory or self.persistent:
+            raise ValueError("--autoack, --qos, --mandatory and --persistent are for --protocol amqp "
+                             "(stream messages are always stored and confirmed)")
+        if self.consumer_rate:
+            raise ValueError("--consumer-rate is for --protocol amqp")
+        streamperf.offset_spec(self.offset)
+        if not 1 <= self.credit <= 0xFFFF:
+            raise ValueError("--credit must be 1..65535")
+        if self.batch_size < 1:
+            raise ValueError("--batch-size must be at least 1")
+        if self.confirm < 0:
+            raise ValueError("--confirm must not be negative")
+        if self.confirm == 0:  # every stream publish is confirmed: the window bounds what is in flight
+            self.confirm = streamperf.CONFIRM_WINDOW_DEFAULT
 
     def queue_names(self) -> list[str]:
         """`--queue perf-%d --queues 3` gives perf-1, perf-2, perf-3 (PerfTest's queue pattern)."""
@@ -147,7 +183,8 @@ class PerfConfig:
     def draining(self) -> bool:
         """Whether the run ends with a drain: producers settle, consumers read the queues empty."""
         wanted = self.recording if self.drain is None else self.drain
-        return bool(wanted and self.consumers and not self.cmessages and not self.autoack)
+        return bool(wanted and self.consumers and not self.cmessages and not self.autoack
+                    and self.protocol == "amqp")
 
 
 def client_node(uri: str) -> str:
@@ -583,7 +620,7 @@ class Worker:
         self._check_ready()
 
     def _check_ready(self) -> None:
-        producers_ready = all(c.ready for c in self.clients if isinstance(c, Producer))
+        producers_ready = all(c.ready for c in self.clients if c.kind == "producer")
         if self._ready == len(self.consumer_ids) and producers_ready and not self.go.done():
             self.send(("ready", self.wid))
 
@@ -592,15 +629,19 @@ class Worker:
         self.send(("counts", self.wid, self.counters.counts(), self.done_count))
 
     async def run(self) -> None:
-        self.clients = ([Consumer(self, j) for j in self.consumer_ids]
-                        + [Producer(self, i) for i in self.producer_ids])
+        if self.cfg.protocol == "stream":
+            producer, consumer = streamperf.StreamProducer, streamperf.StreamConsumer
+        else:
+            producer, consumer = Producer, Consumer
+        self.clients = ([consumer(self, j) for j in self.consumer_ids]
+                        + [producer(self, i) for i in self.producer_ids])
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = {c: tg.create_task(c.run()) for c in self.clients}
                 tg.create_task(self._await_producers_ready())
                 tg.create_task(self._report())
                 if self.cfg.draining:
-                    tg.create_task(self._report_settled([t for c, t in tasks.items() if isinstance(c, Producer)]))
+                    tg.create_task(self._report_settled([t for c, t in tasks.items() if c.kind == "producer"]))
                     if self.consumer_ids:
                         tg.create_task(self._drain())
         finally:
@@ -876,6 +917,10 @@ def split_clients(cfg: PerfConfig) -> list[tuple[list[int], list[int]]]:
 
 
 async def declare_queues(cfg: PerfConfig) -> None:
+    if cfg.protocol == "stream":
+        await streamperf.create_streams(cfg.uris[0], cfg.queue_names(), streamperf.create_arguments(cfg.queue_args),
+                                        f"{cfg.run_id}-setup")
+        return
     conn = await Connection.connect(cfg.uris[0], heartbeat_s=cfg.heartbeat_s, client_name=f"{cfg.run_id}-setup")
     try:
         ch = await conn.channel()
@@ -1059,15 +1104,21 @@ def _run_processes(cfg: PerfConfig, shares, echo) -> dict:
 
 
 @click.command(context_settings={"help_option_names": ["--help"]})
-@click.option("--uri", "-h", "uris", multiple=True, default=["amqp://guest:guest@127.0.0.1:5672/%2F"],
-              show_default=True, help="Broker URI; repeat for several nodes (clients are spread over them).")
+@click.option("--uri", "-h", "uris", multiple=True,
+              help="Broker URI; repeat for several nodes (clients are spread over them). Default "
+                   "amqp://guest:guest@127.0.0.1:5672/%2F, with --protocol stream "
+                   "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2F.")
+@click.option("--protocol", type=click.Choice(["amqp", "stream"]), default="amqp", show_default=True,
+              help="AMQP 0-9-1, or RabbitMQ's stream protocol (streams created with --queue-args as "
+                   "Create arguments, e.g. '{\"initial-cluster-size\": 3}').")
 @click.option("--producers", "-x", default=1, show_default=True, help="Producer count.")
 @click.option("--consumers", "-y", default=1, show_default=True, help="Consumer count.")
 @click.option("--rate", "-r", default=0.0, show_default=True, help="Msg/s per producer, 0 = unlimited.")
 @click.option("--consumer-rate", "-R", default=0.0, show_default=True, help="Msg/s per consumer, 0 = unlimited.")
 @click.option("--size", "-s", default=BODY_SIZE_MIN, show_default=True, help="Message body size in bytes (>= 16).")
 @click.option("--confirm", "-c", default=0, show_default=True,
-              help="Publisher confirms with at most this many messages in flight per producer; 0 = off.")
+              help="Publisher confirms with at most this many messages in flight per producer; 0 = off "
+                   f"(stream: every publish is confirmed, 0 = a window of {streamperf.CONFIRM_WINDOW_DEFAULT}).")
 @click.option("--qos", "-q", default=0, show_default=True, help="Consumer prefetch count (0 = unlimited).")
 @click.option("--autoack", "-a", is_flag=True, help="Consume with autoack (no_ack).")
 @click.option("--queue", "-u", default="hutch-perf", show_default=True,
@@ -1094,26 +1145,35 @@ def _run_processes(cfg: PerfConfig, shares, echo) -> dict:
 @click.option("--drain-timeout", "drain_timeout_s", default=DRAIN_TIMEOUT_S_DEFAULT, show_default=True,
               help="Seconds a drain may take before the run ends undrained.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
-def cli(uris, producers, consumers, rate, consumer_rate, size, confirm, qos, autoack, queue, queues, queue_args,
+@click.option("--offset", default="next", show_default=True,
+              help="Stream consumers start here: first, last, next or an offset.")
+@click.option("--credit", default=streamperf.CREDIT_DEFAULT, show_default=True,
+              help="Stream consumers: chunks delivered ahead of the consumer (the subscription's credit).")
+@click.option("--batch-size", default=streamperf.BATCH_SIZE_DEFAULT, show_default=True,
+              help="Stream producers: messages per Publish frame.")
+def cli(uris, protocol, producers, consumers, rate, consumer_rate, size, confirm, qos, autoack, queue, queues, queue_args,
         pmessages, cmessages, duration_s, auto_delete, predeclared, persistent, durable, mandatory, processes,
-        heartbeat_s, run_id, json_out, record_dir, drain, drain_timeout_s, quiet):
+        heartbeat_s, run_id, json_out, record_dir, drain, drain_timeout_s, quiet, offset, credit, batch_size):
     """PerfTest-like load: producers and consumers, rates, confirms, latency, recording."""
     try:
         args = json.loads(queue_args) if queue_args else {}
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint="--queue-args") from e
+    if not uris:
+        uris = [streamperf.DEFAULT_URI if protocol == "stream" else "amqp://guest:guest@127.0.0.1:5672/%2F"]
     cfg = PerfConfig(uris=list(uris), producers=producers, consumers=consumers, rate=rate,
                      consumer_rate=consumer_rate, size=size, confirm=confirm, qos=qos, autoack=autoack,
                      queue=queue, queues=queues, queue_args=args, pmessages=pmessages, cmessages=cmessages,
                      duration_s=duration_s, auto_delete=auto_delete, predeclared=predeclared,
                      persistent=persistent, durable=durable, mandatory=mandatory, processes=processes,
                      record_dir=record_dir, reconnect=bool(record_dir), heartbeat_s=heartbeat_s,
-                     run_id=run_id, quiet=quiet, drain=drain, drain_timeout_s=drain_timeout_s)
+                     run_id=run_id, quiet=quiet, drain=drain, drain_timeout_s=drain_timeout_s,
+                     protocol=protocol, offset=offset, credit=credit, batch_size=batch_size)
     try:
         summary = run_perf(cfg, echo=lambda line: click.echo(line))
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    except (AMQPError, OSError, ProtocolError) as e:
+    except (AMQPError, OSError, ProtocolError, streamperf.StreamError) as e:
         raise click.ClickException(_describe(e)) from e
     except BaseExceptionGroup as eg:
         raise click.ClickException(_describe(eg)) from eg
