@@ -81,11 +81,14 @@ class _StreamApp:
     def restore(self, data: bytes) -> None:
         m = self.q.machine
         m.restore(data)
+        self.q.snapshotted = True
         if m.missing_from is not None:
             self.host.gap(self.q)
 
     def snapshot(self) -> bytes:
-        return self.q.machine.snapshot()
+        data = self.q.machine.snapshot()
+        self.q.snapshotted = True
+        return data
 
     def snapshot_due(self, entries_kept: int) -> bool:
         return entries_kept >= SNAPSHOT_ENTRIES
@@ -179,6 +182,10 @@ class StreamHost:
             return
         if not q.log.recovery.clean:
             log.warning("stream '%s' in vhost '%s': %s", q.name, q.vhost, q.log.recovery)
+        if not self.raft.snapshot_data(q.gid) and q.log.next_offset > q.log.first_offset:
+            # no snapshot yet: every entry is still in the Raft log and is applied again from
+            # its start, so what the log holds is written again
+            q.log.truncate(q.log.first_offset)
         q.machine = sm.StreamMachine(q.log, q.config.filter_size)
         self.raft.ensure_group(q.gid, q.members, _StreamApp(self, q), leader_hint=leader_hint, joining=joining)
 
@@ -217,6 +224,13 @@ class StreamHost:
         self._close_replica(q, delete=True)
         for req in [r for r, o in self._out.items() if o.q is q]:
             self._out.pop(req).answer(None)
+        self._wake_watchers()
+
+    def _wake_watchers(self) -> None:
+        """The stream-protocol sessions look again (a leader is known, a stream went)."""
+        if self.watchers:
+            self._wake = True
+            self.port.schedule()
 
     def reconfigure(self, q: StreamQueue) -> None:
         """Policies changed: retention and the rest follow at once."""
@@ -248,6 +262,7 @@ class StreamHost:
         q = self.queues.get(gid)
         if q is None:
             return
+        self._wake_watchers()
         for o in self._out.values():
             if o.q is q:
                 self._send(q, o.entry)
@@ -325,9 +340,7 @@ class StreamHost:
         """An entry applied on this member: the leader answers its proposer; every member's
         readers may read on."""
         q.readable()
-        if self.watchers:
-            self._wake = True
-            self.port.schedule()
+        self._wake_watchers()
         if not self.is_leader(q):
             return
         if w.origin == self.peers.node:
@@ -583,7 +596,10 @@ class StreamHost:
             for q in self.queues.values():
                 lg = q.log
                 cfg = q.config
-                if lg is not None and (cfg.max_bytes is not None or cfg.max_age_ms is not None):
+                # not before the first snapshot: until then the Raft log replays the stream from
+                # offset 0 after a restart, and the numbering must find every chunk still there
+                if lg is not None and getattr(q, "snapshotted", False) and (
+                        cfg.max_bytes is not None or cfg.max_age_ms is not None):
                     try:
                         gone = lg.retain(cfg.max_bytes, cfg.max_age_ms, now_ms)
                     except (OSError, StreamLogError) as e:
