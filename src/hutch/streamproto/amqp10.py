@@ -567,19 +567,28 @@ def _dec_char(buf: bytes, off: int, end: int, depth: int) -> tuple[Char, int]:
     return Char(chr(cp)), off + 4
 
 
-def _variable(width: int, what: str, conv: Callable[[bytes], Any]):
+def _variable(width: int, what: str, kind: type):
+    """A decoder of binary (`kind` bytes), string (str) or symbol (Symbol) values."""
     def dec(buf: bytes, off: int, end: int, depth: int) -> tuple[Any, int]:
-        if off + width > end:
-            raise _truncated(what, off - 1)
-        n = buf[off] if width == 1 else _I.unpack_from(buf, off)[0]
-        start = off + width
-        nxt = start + n
+        if width == 1:
+            start = off + 1
+            if start > end:
+                raise _truncated(what, off - 1)
+            nxt = start + buf[off]
+        else:
+            start = off + 4
+            if start > end:
+                raise _truncated(what, off - 1)
+            nxt = start + _I.unpack_from(buf, off)[0]
         if nxt > end:
             raise _truncated(what, off - 1)
+        if kind is bytes:
+            return buf[start:nxt], nxt
         try:
-            return conv(buf[start:nxt]), nxt
+            text = buf[start:nxt].decode()
         except UnicodeDecodeError:
             raise AmqpDecodeError(f"{what} at offset {off - 1} is not valid UTF-8") from None
+        return (text if kind is str else Symbol(text)), nxt
     return dec
 
 
@@ -729,9 +738,8 @@ _DECODERS: dict[int, Callable[[bytes, int, int, int], tuple[Any, int]]] = {
     0x83: _fixed(8, "timestamp", lambda b, o: Timestamp(_q.unpack_from(b, o)[0])),
     0x98: _fixed(16, "uuid", _uuid),
     0xA0: _variable(1, "vbin8", bytes), 0xB0: _variable(4, "vbin32", bytes),
-    0xA1: _variable(1, "str8", lambda r: r.decode()), 0xB1: _variable(4, "str32", lambda r: r.decode()),
-    0xA3: _variable(1, "sym8", lambda r: Symbol(r.decode())),
-    0xB3: _variable(4, "sym32", lambda r: Symbol(r.decode())),
+    0xA1: _variable(1, "str8", str), 0xB1: _variable(4, "str32", str),
+    0xA3: _variable(1, "sym8", Symbol), 0xB3: _variable(4, "sym32", Symbol),
     0xC0: _list(1), 0xD0: _list(4), 0xC1: _map(1), 0xD1: _map(4), 0xE0: _array(1), 0xF0: _array(4),
 }
 
@@ -741,8 +749,12 @@ def _decode(buf: bytes, off: int, end: int, depth: int) -> tuple[Any, int]:
         raise _truncated("value", off)
     dec = _DECODERS.get(buf[off])
     if dec is None:
-        raise AmqpDecodeError(f"unknown type code 0x{buf[off]:02x} at offset {off}")
+        raise _unknown(buf[off], off)
     return dec(buf, off + 1, end, depth)
+
+
+def _unknown(code: int, off: int) -> AmqpDecodeError:
+    return AmqpDecodeError(f"unknown type code 0x{code:02x} at offset {off}")
 
 
 def _guarded(fn: Callable[..., Any], *args: Any) -> Any:
