@@ -269,12 +269,14 @@ class StreamQueue:
         if not c.prefetch:
             raise AMQPError(spec.PRECONDITION_FAILED, f"consumer prefetch count is not set for 'queue '{self.name}' "
                                                        f"in vhost '{self.vhost}''")
+        value = (c.arguments or {}).get("x-stream-offset")
         try:
-            start = resolve_spec((c.arguments or {}).get("x-stream-offset"), self.host.now_ms())
+            start = resolve_spec(value, self.host.now_ms())
         except ValueError:
+            if isinstance(value, bytes):
+                value = value.decode("utf-8", "replace")
             raise AMQPError(spec.PRECONDITION_FAILED, f"invalid x-stream-offset for queue '{self.name}' in vhost "
-                                                       f"'{self.vhost}': {c.arguments.get('x-stream-offset')!r}"
-                            ) from None
+                                                       f"'{self.vhost}': {value}") from None
         c.ref = self.host.owner_id()
         self.add_consumer(c)
         self._readers[c.ref] = _Reader(c, start)

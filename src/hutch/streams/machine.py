@@ -18,8 +18,10 @@ Snapshots hold only the numbers (next offset, writers, tracked offsets): the mes
 the member's log, made durable before the snapshot is taken. A member that restores a snapshot
 whose next offset is beyond its log's end has a gap; it fetches the missing chunks from
 another member (`missing`, `fill`) and writes the entries it applies meanwhile once the gap is
-closed. A member whose log runs past the snapshot cuts it back: the entries after the snapshot
-are applied again from the Raft log.
+closed. A member's log may run past what is applied: at a restart the Raft log is applied again
+from its snapshot (or its start) over the log the member kept, and a `WRITE` whose chunk is
+already in the log is applied to the state only (the log holds only committed entries, so the
+chunk there is the one the entry makes).
 
 Must never: read a clock (times are in the entries), talk to peers, or import from
 `hutch.broker` or above.
@@ -93,7 +95,7 @@ class StreamMachine:
     def __init__(self, log: StreamLogLike, filter_size: int = chunk.BLOOM_SIZE_DEFAULT):
         self.log = log
         self.filter_size = filter_size
-        self.next_offset = log.next_offset
+        self.next_offset = 0  # the applied state starts empty: the Raft log (or a snapshot) rebuilds it
         self.writers: dict[str, int] = {}  # writer -> highest publishing id applied (insertion = recency)
         self.tracking: dict[str, int] = {}  # consumer reference -> stored offset
         self.last_epoch = 0
@@ -137,13 +139,19 @@ class StreamMachine:
             return Written(origin, req, None, 0, dups)
         first = self.next_offset
         n = len(records)
-        values = [f for f in filters if f] if filters else ()
-        data = chunk.encode(records, ts, epoch, first, values, self.filter_size)
         self.next_offset = first + n
         self.last_epoch = epoch
         self.last_timestamp = ts
+        log = self.log
+        if first < log.next_offset:  # applied again over the member's own log (a restart): the chunk is there
+            if first + n > log.next_offset:
+                raise AssertionError(f"stream entry for offsets {first}..{first + n - 1} ends past the log's end "
+                                     f"{log.next_offset}: the log does not hold whole applied entries")
+            return Written(origin, req, first, n, dups)
+        values = [f for f in filters if f] if filters else ()
+        data = chunk.encode(records, ts, epoch, first, values, self.filter_size)
         if self.missing_from is None:
-            self.log.append(data, first, n, ts, epoch)
+            log.append(data, first, n, ts, epoch)
         else:
             self.pending.append((data, first, n, ts, epoch))
         return Written(origin, req, first, n, dups)
@@ -165,8 +173,6 @@ class StreamMachine:
         self.pending.clear()
         self.next_offset = n
         log = self.log
-        if log.next_offset > n:
-            log.truncate(n)
         self.missing_from = log.next_offset if log.next_offset < n else None
 
     # ------------------------------------------------------------ closing a gap
