@@ -362,6 +362,10 @@ class Channel:
             c = self.remove_consumer(tag)
             if c is not None:
                 broker.consumer_gone(c.queue)
+        for tag in [t for t, item in self.unacked.items() if getattr(item[0], "stream", False)]:
+            c = self.unacked.pop(tag)[2]  # a stream's deliveries only took credit: nothing goes back to it
+            if c is not None:
+                c.unacked -= 1
         self.requeue_all()
         self.tx = None
         if broker.cluster is not None:  # what the cluster kept for this channel as a publisher
