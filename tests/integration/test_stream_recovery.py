@@ -54,3 +54,18 @@ def test_a_restarted_replica_goes_on_numbering_where_it_stopped(before):
         got = read_all(node, before + 10)
         assert [o for o, _b in got] == list(range(before + 10))
         assert [b for _o, b in got] == [f"m{i}".encode() for i in range(before + 10)]
+
+
+def test_files_of_a_replica_the_catalogue_no_longer_has_are_removed_at_boot():
+    with HutchNode() as node:
+        publish(node, 0, 5)
+        streams = node.data_dir / "streams"
+        (kept,) = [p.name for p in streams.iterdir()]
+        node.stop()
+        orphan = streams / "00000000deadbeef"  # a stream deleted while the node was down
+        orphan.mkdir()
+        (orphan / "00000000000000000000.segment").write_bytes(b"x")
+        node.start()
+        assert not orphan.exists() and (streams / kept).is_dir()
+        assert "removing the files of stream replica 00000000deadbeef" in node.log_path.read_text()
+        assert [o for o, _b in read_all(node, 5)] == list(range(5))

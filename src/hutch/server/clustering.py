@@ -227,11 +227,12 @@ class ClusterRuntime:
                     break
                 self.multi.tick()
                 self._drain()
-        await self._catch_up(logged_at_start)
+        if await self._catch_up(logged_at_start):
+            self.cluster.streams.forget_orphans()  # safe only with every entry this node had applied
         if alone:
             await self._lead_alone()
 
-    async def _catch_up(self, target: int) -> None:
+    async def _catch_up(self, target: int) -> bool:
         """Before clients are let in: a leader is known and every entry this node's log held at
         start is applied (an entry applied before a crash may not have been known committed on
         disk: routing to a queue it declared must not see the queue missing). A node that
@@ -240,11 +241,12 @@ class ClusterRuntime:
         while self.loop.time() < deadline:
             self._drain()
             if self.group.leader is not None and self.group.applied >= target:
-                return
+                return True
             await asyncio.sleep(BOOT_POLL_S)
         log.warning("the catalogue did not catch up within %d ms (applied %d of %d, leader %s): starting with "
                     "what this node has", self.cfg.metadata_timeout_ms, self.group.applied, target,
                     self.leader_name())
+        return False
 
     async def _lead_alone(self) -> None:
         """A cluster of one: wait until the catalogue holds the default vhost and user, so that

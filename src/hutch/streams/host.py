@@ -232,6 +232,20 @@ class StreamHost:
             self._wake = True
             self.port.schedule()
 
+    def forget_orphans(self) -> None:
+        """After the catalogue is read at boot: a replica's files for a stream the catalogue no
+        longer has (deleted while this node was down, or this node no longer a member) go."""
+        base = self.port.data_dir()
+        d = base / "streams" if base is not None else None
+        if d is None or not d.is_dir():
+            return
+        keep = {f"{q.gid:016x}" for q in self.queues.values() if self.peers.node in q.members}
+        for child in d.iterdir():
+            if child.is_dir() and child.name not in keep:
+                log.info("removing the files of stream replica %s: the stream is gone or no longer has a "
+                         "replica on this node", child.name)
+                shutil.rmtree(child, ignore_errors=True)
+
     def reconfigure(self, q: StreamQueue) -> None:
         """Policies changed: retention and the rest follow at once."""
         rec = cat.QueueRecord(q.vhost, q.name, "stream", arguments=q.arguments, journal_id=q.gid)
