@@ -27,7 +27,18 @@ from aiohttp import BasicAuth, web
 
 from hutch.amqp.spec import AMQPError
 from hutch.broker.broker import Broker, User
-from hutch.control import access, definitions, migrate, node, policies, quorum, sessions, topology, ui
+from hutch.control import (
+    access,
+    definitions,
+    migrate,
+    node,
+    policies,
+    quorum,
+    sessions,
+    streams,
+    topology,
+    ui,
+)
 from hutch.control.errors import ApiError, error_middleware, from_amqp, login_failed, not_authorised
 from hutch.control.http import API, BODY_BYTES_MAX, Api, has_tag
 
@@ -80,9 +91,9 @@ def make_app(broker: Broker) -> web.Application:
     app = web.Application(middlewares=[error_middleware, _api_middleware, node.app_state_middleware],
                           client_max_size=BODY_BYTES_MAX)
     app[API] = Api(broker)
-    for module in (node, access, topology, sessions, policies, definitions, quorum, migrate):
+    for module in (node, access, topology, sessions, policies, definitions, quorum, streams, migrate):
         app.add_routes(module.routes)
-    for module in (node, access, topology, sessions, policies, definitions, quorum, migrate):
+    for module in (node, access, topology, sessions, policies, definitions, quorum, streams, migrate):
         for r in module.routes:  # RabbitMQ also answers "/api/queues/" and the like
             app.router.add_route(r.method, r.path + "/", r.handler)
     ui.register(app)  # the web UI at / and its assets under /ui/

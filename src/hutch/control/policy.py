@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from hutch.queues.effective import HA_KEYS, OPERATOR_POLICY_KEYS, match  # one definition of each
+from hutch.streams.config import parse_age
 
 APPLY_TO = ("queues", "exchanges", "all")
 HA_MODES = ("all", "exactly", "nodes")
@@ -117,6 +118,16 @@ def _queue_leader_locator(v: Any) -> None:
                           f"{', '.join(QUEUE_LEADER_LOCATORS)})")
 
 
+def _max_age(v: Any) -> None:
+    if parse_age(v) is None:
+        raise PolicyError(f"{_show(v)} is not a valid max age")
+
+
+def _segment_size(v: Any) -> None:
+    if not _is_int(v) or v < 0:
+        raise PolicyError(f"{_show(v)} is not a valid segment size")
+
+
 # key -> check of its value; ha-mode / ha-params are checked together below
 _CHECKS: dict[str, Any] = {
     "ha-mode": lambda v: None,
@@ -139,6 +150,8 @@ _CHECKS: dict[str, Any] = {
     "consumer-timeout": _non_negative_int("consumer timeout"),
     "queue-mode": _one_of(QUEUE_MODES, "queue-mode"),
     "alternate-exchange": _string("alternate exchange name"),
+    "max-age": _max_age,  # streams' retention (hutch.streams.config)
+    "stream-max-segment-size-bytes": _segment_size,
 }
 POLICY_KEYS = tuple(_CHECKS)
 

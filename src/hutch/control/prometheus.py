@@ -60,7 +60,7 @@ PREFIX = "rabbitmq_"
 DETAILED_PREFIX = "rabbitmq_detailed_"
 CLUSTER_PREFIX = "rabbitmq_cluster_"
 QUEUE_TYPES = ("rabbit_classic_queue", "rabbit_quorum_queue", "rabbit_stream_queue")
-_TYPE_OF = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue"}
+_TYPE_OF = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
 
 # (name, type, help) per group, as rabbitmq_prometheus's core collector names them
 GROUPS: dict[str, tuple[tuple[str, str, str], ...]] = {
@@ -266,18 +266,26 @@ class Scrape:
         }
 
     def raft_rows(self) -> list[tuple[tuple[str, str], dict[str, float]]]:
-        """Per quorum queue this node is a member of: its Raft figures."""
+        """Per quorum queue and stream (a Raft group each) this node is a member of: its Raft
+        figures (a stream's commit latency is not measured: 0)."""
         cl = self.broker.cluster
-        host = getattr(cl, "quorum", None) if cl is not None else None
+        rows = []
+        for host in (getattr(cl, "quorum", None), getattr(cl, "streams", None)) if cl is not None else ():
+            rows += self._raft_rows_of(host)
+        return rows
+
+    @staticmethod
+    def _raft_rows_of(host: Any) -> list[tuple[tuple[str, str], dict[str, float]]]:
         raft = getattr(host, "raft", None)
         if raft is None:
             return []
+        latencies = getattr(host, "commit_latency_ms", {})
         rows = []
         for q in list(host.queues.values()):
             st = raft.status(q.gid)
             if st is None:
                 continue
-            latency_ms = host.commit_latency_ms.get(q.gid, 0)
+            latency_ms = latencies.get(q.gid, 0)
             rows.append(((q.vhost, q.name), {
                 "raft_term_total": st.get("term", 0),
                 "raft_log_snapshot_index": st.get("snapshot_index", 0),
@@ -291,9 +299,9 @@ class Scrape:
     # -- queues, channels, connections: (labels, {metric: value}) per object
     def is_home(self, q: Any) -> bool:
         """The node that reports a queue's figures: a classic queue's own node, a quorum queue's
-        leader (as RabbitMQ, where the queue's process reports them), so that adding up the
-        nodes' series counts each queue once."""
-        if q.quorum:
+        or a stream's leader (as RabbitMQ, where the queue's process reports them), so that
+        adding up the nodes' series counts each queue once."""
+        if q.queue_type != "classic":
             return q.home_node == self.cfg.node_name
         return q.local
 

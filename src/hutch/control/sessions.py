@@ -13,6 +13,7 @@ user sees its own. Closing someone else's connection needs administrator.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -37,10 +38,16 @@ def _visible_sessions(api: Api, username: str, everyone: bool) -> list:
     return out
 
 
+# more listings other nodes may ask this node for, by name (hutch.control.streams adds its own)
+LISTERS: dict[str, Callable[[Api, dict], list]] = {}
+
+
 def local_listing(api: Api, what: str, params: dict) -> list[dict]:
     """This node's connections or channels, for another node's cluster-wide listing."""
     if what == "mstats":  # message counters and samples (hutch.control.stats)
         return stats.local_report(api.broker, params)
+    if what in LISTERS:
+        return LISTERS[what](api, params)
     sessions = _visible_sessions(api, params.get("user", ""), bool(params.get("everyone")))
     vhost = params.get("vhost")
     sessions = [s for s in sessions if vhost is None or (s.vhost is not None and s.vhost.name == vhost)]

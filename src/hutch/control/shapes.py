@@ -104,12 +104,16 @@ def policy_fields(broker: Broker, vhost: str, name: str, kind: str, queue: Any =
     if kind != "queue":
         p = effective.match(broker.policies, vhost, name, kind)
         return {"policy": p["name"] if p else None}
-    qtype = "quorum" if queue is not None and queue.quorum else "classic"
+    qtype = queue.queue_type if queue is not None else "classic"
     p = effective.match(broker.policies, vhost, name, kind, qtype)
     op = effective.match(broker.operator_policies, vhost, name, kind, qtype)
+    out = {"policy": p["name"] if p else None, "operator_policy": op["name"] if op else None}
+    if qtype == "stream":  # a stream takes its retention keys from the policies as they are (hutch.streams.config)
+        out["effective_policy_definition"] = effective.merge_definitions(p["definition"] if p else None,
+                                                                         op["definition"] if op else None)
+        return out
     eff = broker.queue_settings(vhost, name, qtype, queue.arguments if queue is not None else {})
-    out = {"policy": p["name"] if p else None, "operator_policy": op["name"] if op else None,
-           "effective_policy_definition": eff.definition}
+    out["effective_policy_definition"] = eff.definition
     if eff.unsupported:
         out["unsupported_policy_keys"] = list(eff.unsupported)
     return out
@@ -139,7 +143,7 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         "exclusive": q.exclusive_owner is not None,
         "arguments": jsonable(q.arguments),
         "node": q.home_node or broker.config.node_name,
-        "type": "quorum" if q.quorum else "classic",
+        "type": q.queue_type,
         "state": "running",
         **policy_fields(broker, q.vhost, q.name, "queue", q),
         "messages": ready + unacked,
@@ -162,6 +166,8 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         out["leader"] = q.home_node
         out["members"] = list(q.members)
         out["online"] = q.online()
+    elif q.queue_type == "stream":
+        out.update(stream_fields(q))
     elif broker.cluster is not None:
         mirrors, synced = broker.cluster.mirror_status(q.vhost, q.name)
         if mirrors or "ha-mode" in out["effective_policy_definition"]:
@@ -177,6 +183,18 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         out["incoming"] = []
         out["deliveries"] = []
     return out
+
+
+def stream_fields(q: Any) -> dict[str, Any]:
+    """What RabbitMQ's API adds to a stream's queue object: its leader, members, the members
+    that are up, and from this node's replica the last committed offset, the segments and the
+    readers here (committed_offset and segments None when this node holds no replica; the
+    listings then ask a member, hutch.control.streams.complete)."""
+    here = q.machine is not None and q.log is not None and q.machine.missing_from is None
+    _first, end, _size = q.extent()
+    return {"leader": q.home_node, "members": list(q.members), "online": q.online(),
+            "committed_offset": end - 1 if here else None, "segments": q.log.segment_count if here else None,
+            "readers": len(q.local_consumers)}
 
 
 def exchange(broker: Broker, vhost: str, x: Exchange) -> dict[str, Any]:

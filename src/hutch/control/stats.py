@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -119,11 +120,19 @@ async def cluster_figures(broker: Any, kinds: list[str], window: rates.Window) -
     return {key: (counts[key], rates.merge(rings.get(key, []))) for key in counts}
 
 
+# what fills in queue rows this node cannot tell alone (a stream without a replica here:
+# hutch.control.streams asks a member), awaited by `decorate` before the figures
+QUEUE_ROWS_COMPLETERS: list[Callable[[Any, list[dict]], Awaitable[None]]] = []
+
+
 async def decorate(broker: Any, kind: str, rows: list[dict], window: rates.Window) -> list[dict]:
     """Fill `message_stats` (and for queues and vhosts the length details) into API objects
     of one kind: queues and exchanges by (vhost, name), vhosts by name."""
     if not rows:
         return rows
+    if kind == rates.QUEUE:
+        for complete in QUEUE_ROWS_COMPLETERS:
+            await complete(broker, rows)
     figures = await cluster_figures(broker, [kind], window)
     sampler = rates.sampler_of(broker)
     interval = sampler.interval_ms
