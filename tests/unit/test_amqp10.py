@@ -720,3 +720,39 @@ def test_what_is_remembered_is_bounded():
     n = len(amqp10._from_basic_cached)
     from_basic(big, b"", "", "q")
     assert len(amqp10._from_basic_cached) == n  # too big to remember
+
+
+def forget_conversions() -> None:
+    from hutch.streamproto import amqp10
+
+    amqp10._from_basic_cached.clear()
+    amqp10._to_basic_cached.clear()
+    amqp10._templates_cached.clear()
+
+
+@FAST
+@given(st.fixed_dictionaries({}, optional={
+    "message_id": st.one_of(LEAVES[str], LEAVES[ULong], LEAVES[uuid.UUID], LEAVES[bytes]),
+    "correlation_id": st.one_of(LEAVES[str], LEAVES[uuid.UUID]),
+    "creation_time": LEAVES[Timestamp], "content_type": LEAVES[Symbol], "user_id": LEAVES[bytes],
+    "reply_to": LEAVES[str], "group_id": LEAVES[str]}),
+    st.dictionaries(st.text(max_size=8), VALUES, max_size=3),
+    st.dictionaries(st.text("x-abc", min_size=2, max_size=8).map(Symbol), VALUES, max_size=3),
+    st.one_of(st.none(), st.builds(Header, st.one_of(st.none(), st.booleans()),
+                                   st.one_of(st.none(), LEAVES[UByte]), st.one_of(st.none(), LEAVES[UInt]))),
+    st.lists(LEAVES[bytes], min_size=1, max_size=3))
+def test_a_message_converts_the_same_whatever_was_converted_before(props, ap, ma, header, data):
+    m = Message(data, header=header, properties=Properties(**props) if props else None,
+                application_properties=ap or None, message_annotations=ma or None)
+    encoded = m.encode()
+    forget_conversions()
+    cold = to_basic(encoded)
+    # the same message again (all remembered), then with other properties (the rest remembered)
+    assert to_basic(encoded) == cold
+    m.properties = Properties(message_id="other")
+    forget_conversions()
+    fresh = to_basic(m.encode())
+    forget_conversions()
+    to_basic(encoded)
+    assert to_basic(m.encode()) == fresh
+    assert cold[1] == b"".join(data)

@@ -1385,7 +1385,7 @@ _from_basic_cached: dict[tuple[bytes, str, str], bytes] = {}
 _to_basic_cached: dict[bytes, bytes] = {}
 
 
-def _remember(cache: dict, key: Any, value: bytes) -> None:
+def _remember(cache: dict, key: Any, value: Any) -> None:
     if len(cache) >= _CONVERSIONS_CACHED_MAX:
         cache.clear()
     cache[key] = value
@@ -1586,17 +1586,26 @@ def to_basic(encoded: bytes) -> tuple[bytes, bytes]:
     mc_amqpl). Data sections are the body; any other body is its AMQP 1.0 encoding with type
     "amqp-1.0". Application properties become headers, and so do x- message annotations other
     than the ones the conversion itself writes. Raises AmqpDecodeError for a malformed
-    message."""
+    message.
+
+    A message whose body is data sections (nearly all) is read in parts: the sections before
+    the body are looked up among those converted lately, and otherwise the properties section
+    (where a message id or timestamp of its own usually is) is converted apart from the others,
+    which are looked up again on their own."""
     buf = bytes(encoded)
     body = _data_only(buf)
     if body is not None:
         return NO_PROPERTIES, body
     shape = _data_shape(buf)
     if shape is not None:
-        head_end, payloads = shape
-        props = _to_basic_cached.get(buf[:head_end])
-        if props is not None:
-            return props, payloads[0] if len(payloads) == 1 else b"".join(payloads)
+        head_end, properties_span, payloads = shape
+        head = buf[:head_end]
+        props = _to_basic_cached.get(head)
+        if props is None:
+            props = _head_to_basic(head, properties_span)
+            if head_end <= _CACHED_BYTES_MAX:
+                _remember(_to_basic_cached, head, props)
+        return props, payloads[0] if len(payloads) == 1 else b"".join(payloads)
     spans: list[tuple[int, int, int]] = []
     m = _guarded(_decode_sections, buf, spans)
     if m.sequence or m.value is not NO_VALUE:
@@ -1604,19 +1613,37 @@ def to_basic(encoded: bytes) -> tuple[bytes, bytes]:
         body, message_type = buf[body_spans[0][0]:body_spans[-1][1]], AMQP10_TYPE
     else:
         body, message_type = m.body if m.data else b"", None
-    props = _basic_properties(m, message_type)
-    if shape is not None and shape[0] <= _CACHED_BYTES_MAX:
-        _remember(_to_basic_cached, buf[:shape[0]], props)
-    return props, body
+    return _basic_properties(_basic_template(m, message_type), m.properties), body
 
 
-def _data_shape(buf: bytes) -> tuple[int, list[bytes]] | None:
-    """(where the data sections start, their payloads) of a message that is sections other than
-    the body followed by data sections, found from the sections' sizes alone; None for any
-    other shape (the full decoder then reads it)."""
+def _head_to_basic(head: bytes, properties_span: tuple[int, int] | None) -> bytes:
+    """The 0-9-1 properties of the sections before a data body: the properties section
+    converted on its own, the other sections' template looked up or made."""
+    if properties_span is None:
+        others, properties = head, None
+    else:
+        start, end = properties_span
+        others = head[:start] + head[end:]
+        properties = _guarded(_decode_sections, head[start:end], None).properties
+    template = _templates_cached.get(others)
+    if template is None:
+        template = _basic_template(_guarded(_decode_sections, others, None), None)
+        if len(others) <= _CACHED_BYTES_MAX:
+            _remember(_templates_cached, others, template)
+    return _basic_properties(template, properties)
+
+
+_templates_cached: dict[bytes, tuple] = {}
+
+
+def _data_shape(buf: bytes) -> tuple[int, tuple[int, int] | None, list[bytes]] | None:
+    """(where the data sections start, where the properties section is, the data payloads) of
+    a message that is sections other than the body followed by data sections, found from the
+    sections' sizes alone; None for any other shape (the full decoder then reads it)."""
     n = len(buf)
     off = 0
     head_end = -1
+    properties_span = None
     payloads = []
     while off < n:
         if off + 5 > n or buf[off] != 0x00 or buf[off + 1] != 0x53:
@@ -1647,19 +1674,25 @@ def _data_shape(buf: bytes) -> tuple[int, list[bytes]] | None:
             end = off + 8 + _I.unpack_from(buf, off + 4)[0]
         else:
             return None
+        if code == PROPERTIES and head_end < 0:
+            if properties_span is not None:
+                return None  # two properties sections: the full decoder says so
+            properties_span = (off, end)
         off = end
     if head_end < 0 or off != n:
         return None
-    return head_end, payloads
+    return head_end, properties_span, payloads
 
 
-_ABSENT_PROPERTIES = Properties()
+# What the sections other than properties give the 0-9-1 properties: (the property values
+# they set, the headers from message annotations, the headers from application properties),
+# the headers as encoded field-table entries.
+_Template = tuple[tuple[Any, ...], bytes, bytes]
 
 
-def _basic_properties(m: Message, message_type: str | None) -> bytes:
+def _basic_template(m: Message, message_type: str | None) -> _Template:
     h = m.header
     ma = m.message_annotations or {}
-    p = m.properties or _ABSENT_PROPERTIES
     values: list[Any] = [None] * 14
     durable = None if h is None else h.durable
     if durable is not None:
@@ -1672,45 +1705,58 @@ def _basic_properties(m: Message, message_type: str | None) -> bytes:
     values[7] = str(int(ttl)) if ttl is not None else _shortstr_or_none(_annotation(ma, "x-basic-expiration"))
     values[10] = message_type or _shortstr_or_none(_annotation(ma, "x-basic-type"))
 
-    headers: list[tuple[str, str, Any]] = []
+    application: list[tuple[str, str, Any]] = []
     for k, v in (m.application_properties or {}).items():
         if type(k) is str and len(k.encode()) <= 0xFF:
             tv = _to_091(v)
             if tv is not None:
-                headers.append((k, *tv))  # type: ignore[arg-type]
-    values[8] = _message_id_091(p.message_id, "x-message-id", headers)
-    values[5] = _message_id_091(p.correlation_id, "x-correlation-id", headers)
-    extra: list[tuple[str, str, Any]] = []
+                application.append((k, *tv))  # type: ignore[arg-type]
+    annotations: list[tuple[str, str, Any]] = []
     for k, v in ma.items():
         if type(k) is not Symbol:
             continue
         if k == "x-cc":
             tv = _to_091(v)
             if tv is not None:
-                extra.append(("CC", *tv))  # type: ignore[arg-type]
+                annotations.append(("CC", *tv))  # type: ignore[arg-type]
         elif k == "x-opt-rabbitmq-received-time" and isinstance(v, Timestamp):
-            extra.append(("timestamp_in_ms", "l", int(v)))
+            annotations.append(("timestamp_in_ms", "l", int(v)))
         elif k == "x-opt-deaths":
             deaths = _deaths_to_091(v)
             if deaths is not None:
-                extra.append(("x-death", "A", deaths))
+                annotations.append(("x-death", "A", deaths))
         elif k.startswith("x-") and len(k.encode()) <= 0xFF and not k.startswith("x-basic-") \
                 and k not in _INTERNAL_ANNOTATIONS:
             tv = _to_091(v)
             if tv is not None:
-                extra.append((k, *tv))  # type: ignore[arg-type]
-    headers = extra + headers
-    values[2] = headers or None
+                annotations.append((k, *tv))  # type: ignore[arg-type]
+    return tuple(values), _table_body(annotations), _table_body(application)
 
-    user_id = p.user_id
-    if isinstance(user_id, bytes) and len(user_id) <= 0xFF and _is_utf8_no_null(user_id):
-        values[11] = user_id.decode()
-    values[6] = _shortstr_or_none(p.reply_to) if not isinstance(p.reply_to, Symbol) else None
-    values[12] = _shortstr_or_none(p.group_id) if not isinstance(p.group_id, Symbol) else None
-    values[0] = _shortstr_or_none(p.content_type)
-    values[1] = _shortstr_or_none(p.content_encoding)
-    if p.creation_time is not None and p.creation_time >= 0:
-        values[9] = _div1000(p.creation_time)
+
+def _basic_properties(template: _Template, p: Properties | None) -> bytes:
+    """The 0-9-1 properties: a template of the other sections completed by the properties
+    section `p`. Headers go in RabbitMQ's order: from message annotations, then the ids that
+    do not fit a property, then from application properties."""
+    fixed, annotations, application = template
+    values = list(fixed)
+    if p is not None:
+        ids: list[tuple[str, str, Any]] = []
+        values[8] = _message_id_091(p.message_id, "x-message-id", ids)
+        values[5] = _message_id_091(p.correlation_id, "x-correlation-id", ids)
+        user_id = p.user_id
+        if isinstance(user_id, bytes) and len(user_id) <= 0xFF and _is_utf8_no_null(user_id):
+            values[11] = user_id.decode()
+        values[6] = _shortstr_or_none(p.reply_to) if not isinstance(p.reply_to, Symbol) else None
+        values[12] = _shortstr_or_none(p.group_id) if not isinstance(p.group_id, Symbol) else None
+        values[0] = _shortstr_or_none(p.content_type)
+        values[1] = _shortstr_or_none(p.content_encoding)
+        if p.creation_time is not None and p.creation_time >= 0:
+            values[9] = _div1000(p.creation_time)
+        table = annotations + _table_body(ids) + application
+    else:
+        table = annotations + application
+    if table:
+        values[2] = _I.pack(len(table)) + table
     return _encode_basic(values)
 
 
@@ -1726,7 +1772,7 @@ def _encode_basic(values: list[Any]) -> bytes:
             b = v.encode()
             parts.append(bytes((len(b),)) + b)
         elif kind == _TABLE:
-            parts.append(_encode_table(v))
+            parts.append(v)  # encoded already
         elif kind == _OCTET:
             parts.append(bytes((v,)))
         else:
@@ -1734,8 +1780,13 @@ def _encode_basic(values: list[Any]) -> bytes:
     return _H.pack(flags) + b"".join(parts)
 
 
+def _table_body(entries: list[tuple[str, str, Any]]) -> bytes:
+    """Field-table entries (name, type letter, value) encoded, without the table's length."""
+    return b"".join([_encode_name(k) + _encode_field(t, v) for k, t, v in entries])
+
+
 def _encode_table(entries: list[tuple[str, str, Any]]) -> bytes:
-    body = b"".join([_encode_name(k) + _encode_field(t, v) for k, t, v in entries])
+    body = _table_body(entries)
     return _I.pack(len(body)) + body
 
 
