@@ -29,6 +29,9 @@ from hutch.streams.config import StreamConfig, parse_age
 
 STREAM = register(QueueType("stream", (REPLICATED,)))
 READ_BYTES = 1 << 20  # what a consumer reads from the log at a time
+PARK_S = 5.0  # how long a member holds another node's read at the stream's end before answering it empty
+PARKED_MAX = 4096  # such reads held per stream (past it the oldest is answered empty)
+POLL_S = 1.0  # how often a node without a whole replica looks again for readers whose read failed
 
 
 class HostOps(Protocol):
@@ -37,6 +40,7 @@ class HostOps(Protocol):
 
     def leader_of(self, q: StreamQueue) -> str | None: ...
     def read(self, q: StreamQueue, start: Any, max_bytes: int, callback: Callable[[Any], None]) -> Any: ...
+    def read_local(self, q: StreamQueue, start: Any, max_bytes: int) -> Any: ...
     def now_ms(self) -> int: ...
     def owner_id(self) -> str: ...
 
@@ -114,6 +118,9 @@ class StreamQueue:
         self.reported = (0, 0, 0)  # first offset, committed end, bytes: from a member when not one
         self.mstats = host.port.new_stats()
         self.last_used_ms = 0
+        # reads from other nodes at the end of this member's replica: (deadline s, offset, max bytes, answer)
+        self._parked: deque[tuple[float, int, int, Callable[[Any], None]]] = deque()
+        self._next_poll_s = 0.0
 
     def __repr__(self) -> str:
         return f"StreamQueue({self.vhost!r}, {self.name!r}, group {self.gid})"
@@ -188,8 +195,37 @@ class StreamQueue:
 
     # -- deliveries
     def readable(self) -> None:
-        """The replica here has more (or a read came back): consumers may get it."""
+        """The replica here has more (or a read came back): consumers may get it, here and on the
+        nodes whose reads at the end wait here."""
         if self._readers:
+            self.host.port.dirty(self)
+        if self._parked and self.machine is not None:
+            parked, self._parked = self._parked, deque()
+            for _deadline, offset, max_bytes, answer in parked:
+                answer([200, self.host.read_local(self, offset, max_bytes)])
+
+    def park_read(self, offset: int, max_bytes: int, answer: Callable[[Any], None], now_s: float) -> None:
+        """Another node's consumer has read everything this member has: its next read is answered
+        when more is written here, or empty after PARK_S (then it asks again)."""
+        if len(self._parked) >= PARKED_MAX:
+            _d, old_offset, _b, old_answer = self._parked.popleft()
+            old_answer([200, (old_offset, [])])
+        self._parked.append((now_s + PARK_S, offset, max_bytes, answer))
+
+    def drop_parked_reads(self) -> None:
+        parked, self._parked = self._parked, deque()
+        for _deadline, _offset, _max_bytes, answer in parked:
+            answer([404, None])
+
+    def tick(self, now_s: float) -> None:
+        """The host's timer: parked reads past their time are answered empty; without a whole
+        replica here, readers whose read failed (no member up, the member went) read again."""
+        parked = self._parked
+        while parked and parked[0][0] <= now_s:
+            _deadline, offset, _max_bytes, answer = parked.popleft()
+            answer([200, (offset, [])])
+        if self._readers and now_s >= self._next_poll_s and (self.machine is None or self.machine.missing_from is not None):
+            self._next_poll_s = now_s + POLL_S
             self.host.port.dirty(self)
 
     def flush(self) -> None:
