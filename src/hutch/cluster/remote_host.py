@@ -65,8 +65,9 @@ CANCELLED_REMEMBERED_MAX = 4096  # recently cancelled remote consumers whose lat
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
 # the arguments each kind of Call takes at least (others: [vhost, queue, ...])
 CALL_ARGS = {"list": 2, "migrate": 3, "qstatus": 1, "qmember": 3, "qleader": 2, "gmid": 2, "sync": 3, "stat": 2, "purge": 2,
-             "get": 3, "take": 5}
-NODE_CALLS = ("list", "migrate", "qstatus", "qmember", "qleader", "gmid", "sync")  # answered by the port
+             "get": 3, "take": 5, "sread": 3, "sraw": 3, "schunks": 3, "squery": 3, "sstatus": 1}
+NODE_CALLS = ("list", "migrate", "qstatus", "qmember", "qleader", "gmid", "sync",
+              "sread", "sraw", "schunks", "squery", "sstatus")  # answered by the port
 
 
 class RemotePort(Protocol):

@@ -218,6 +218,7 @@ class StreamHost:
         """The stream is deleted: its handle goes, and a member's replica with its files."""
         q.deleted = True
         self.queues.pop(q.gid, None)
+        q.drop_parked_reads()
         for c in list(q.local_consumers.values()):
             q.remove_consumer(c)
             self.port.cancel_local(c)
@@ -552,7 +553,12 @@ class StreamHost:
         start = args[1]
         if isinstance(start, list):
             start = tuple(start)
-        answer([200, self.read_local(q, start, min(int(args[2]), READ_BYTES_MAX))])
+        max_bytes = min(int(args[2]), READ_BYTES_MAX)
+        got = self.read_local(q, start, max_bytes)
+        if got is not None and not got[1]:  # at the end: answered when more is written (or empty later)
+            q.park_read(got[0], max_bytes, answer, self.now_ms() / 1000)
+            return
+        answer([200, got])
 
     def raw_call(self, args: list, answer: Callable[[Any], None]) -> None:
         """A replica closing a gap: [gid, offset, max_bytes] -> [200, (start, [chunk bytes])]."""
@@ -596,6 +602,8 @@ class StreamHost:
 
     # -- time
     def tick(self, now_s: float) -> None:
+        for q in self.queues.values():
+            q.tick(now_s)
         for req, o in list(self._out.items()):
             if o.q.deleted:
                 self._out.pop(req).answer(None)
