@@ -31,6 +31,7 @@ log = logging.getLogger("hutch.stream")
 CHUNK_READ_BYTES = 1 << 20  # what a subscription reads from the log at a time
 PUBLISH_WINDOW = 10_000  # messages a connection may have unconfirmed before it is not read from
 SUB_BATCH_RECORDS_MAX = 65535
+CREATE_WAIT_TICKS = 10  # timer ticks a create waits for its stream's leader before it is answered anyway
 
 # stream arguments of a Create command -> queue.declare arguments
 _CREATE_ARGS = {"max-length-bytes": ("x-max-length-bytes", int), "max-age": ("x-max-age", str),
@@ -90,6 +91,7 @@ class StreamSession:
         self.unconfirmed = 0
         self.paused = False
         self._pump_due = False
+        self._creating: dict[str, tuple[f.Create, int]] = {}  # created streams waiting for a leader
         self.id = broker.cluster.peers.owner_id() if broker.cluster is not None else peer
 
     @property
@@ -282,6 +284,8 @@ class StreamSession:
         stream grows)."""
         if self.closed:
             return
+        if self._creating:
+            self._answer_creates()
         sent = False
         for s in list(self.subscriptions.values()):
             if s.q.deleted:
@@ -357,10 +361,20 @@ class StreamSession:
             self.conn.send(f.StreamStatsResponse(cmd.correlation_id, code, {}))
             self._flush()
             return
-        first, end, _b = q.extent()
-        self.conn.send(f.StreamStatsResponse(cmd.correlation_id, f.OK, {
-            "first_chunk_id": first, "committed_chunk_id": max(first, end - 1)}))
-        self._flush()
+
+        def got(answer: Any) -> None:
+            if self.closed:
+                return
+            if answer is None:
+                self.conn.send(f.StreamStatsResponse(cmd.correlation_id, f.STREAM_NOT_AVAILABLE, {}))
+            else:
+                # osiris's figures: the first chunk's id, and the id (first offset) of the last
+                # committed chunk, -1 while there is none
+                first, raw, committed = answer
+                self.conn.send(f.StreamStatsResponse(cmd.correlation_id, f.OK, {
+                    "first_chunk_id": first, "committed_chunk_id": committed if raw else -1}))
+            self._flush()
+        self.streams.read_chunks(q, "first", 1, got)
 
     # ---------------------------------------------------------------- streams
 
@@ -369,8 +383,7 @@ class StreamSession:
         for k, v in (cmd.arguments or {}).items():
             spec_ = _CREATE_ARGS.get(k)
             if spec_ is None:
-                self.conn.respond(cmd, f.PRECONDITION_FAILED)
-                return
+                continue  # RabbitMQ ignores an argument it does not know
             try:
                 args[spec_[0]] = spec_[1](v)
             except ValueError:
@@ -399,11 +412,39 @@ class StreamSession:
 
     def _catalogue(self, cmd: Any, command: cat.Command) -> None:
         def done(res: cat.Result) -> None:
-            if not self.closed:
-                self.conn.respond(cmd, f.OK if res.ok else (f.STREAM_ALREADY_EXISTS if res.code == 405
-                                                            else f.PRECONDITION_FAILED))
-                self._flush()
+            if self.closed:
+                return
+            if res.ok and type(cmd) is f.Create:
+                # as RabbitMQ, a created stream is answered once it has a leader, so that the
+                # client's metadata request that follows finds one
+                self._creating[cmd.stream] = (cmd, CREATE_WAIT_TICKS)
+                self.streams.watchers.setdefault(self, None)
+                self._answer_creates()
+                return
+            self.conn.respond(cmd, f.OK if res.ok else (f.STREAM_ALREADY_EXISTS if res.code == 405
+                                                        else f.PRECONDITION_FAILED))
+            self._flush()
         self.broker.cluster.submit(command, done)
+
+    def _answer_creates(self, tick: bool = False) -> None:
+        """Answer the creates whose stream has a leader now (or that waited long enough)."""
+        answered = False
+        for name, (cmd, ticks) in list(self._creating.items()):
+            q = self.vhost.queues.get(name) if self.vhost is not None else None
+            member = q is not None and not q.deleted and self.broker.cluster.node in q.members
+            if not member or self.streams.leader_of(q) is not None or ticks <= 0:
+                del self._creating[name]
+                self.conn.respond(cmd, f.OK)
+                answered = True
+            elif tick:
+                self._creating[name] = (cmd, ticks - 1)
+        if answered:
+            self._flush()
+
+    def tick(self) -> None:
+        """The runtime's timer, about once a second."""
+        if self._creating and not self.closed:
+            self._answer_creates(tick=True)
 
     def metadata(self, cmd: f.Metadata) -> None:
         cl = self.broker.cluster

@@ -53,6 +53,7 @@ class StreamProtocol(asyncio.Protocol):
             return
         for ev in conn.tick(time.monotonic()):
             self.session.handle(ev)
+        self.session.tick()
         self.flush()
         self._arm()
 

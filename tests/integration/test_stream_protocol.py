@@ -1,0 +1,941 @@
+"""The stream protocol (port 5552) on one node, with the clients people use: rstream 1.1.1 and
+rbfly 0.10.0, pika for the AMQP 0-9-1 side, and a raw socket client (hutch.streamproto.frames)
+where a test needs to see frames as they come.
+
+Where both can be asked, a test runs against hutch and against RabbitMQ 3.10.8 with the
+rabbitmq_stream plugin (`server` is each of them in turn) and holds both to the same answers.
+RabbitMQ 3.10 lacks what came in 3.11 and 3.13 (stream statistics, publish version 2 and
+filtering): those tests run against hutch alone and say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import socket
+import struct
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pika
+import pytest
+
+from hutch.streamproto import amqp10
+from hutch.streamproto import chunk as chunks
+from hutch.streamproto import frames as f
+from tests.support.brokers import HutchNode, RabbitMQNode, free_port, port_open, wait_until
+
+TIMEOUT_S = 20.0
+
+
+# ---------------------------------------------------------------- nodes
+
+
+@pytest.fixture(scope="module")
+def hutch_node() -> Iterator[HutchNode]:
+    with HutchNode() as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def rabbit_node() -> Iterator[RabbitMQNode]:
+    port = free_port()
+    node = RabbitMQNode(management=False, config_extra=f"stream.listeners.tcp.default = {port}\n"
+                                                       "stream.advertised_host = localhost")
+    node.stream_port = port
+    try:
+        node.start()
+        subprocess.run(["/usr/lib/rabbitmq/bin/rabbitmq-plugins", "-n", node.nodename, "enable", "rabbitmq_stream"],
+                       env=node._env(), check=True, capture_output=True, timeout=120)
+        wait_until(lambda: port_open("127.0.0.1", port), 60, "RabbitMQ's stream listener", proc=node.proc)
+        yield node
+    finally:
+        node.cleanup()
+
+
+@pytest.fixture(scope="module", params=["hutch", "rabbitmq"])
+def server(request):
+    """Each broker in turn: the same test, the same assertions."""
+    return request.getfixturevalue("hutch_node" if request.param == "hutch" else "rabbit_node")
+
+
+def unique(prefix: str = "s") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+# ---------------------------------------------------------------- a raw client
+
+
+class Raw:
+    """A stream protocol client on a plain socket: frames out as hutch.streamproto.frames
+    encodes them, frames in as it decodes them; every wait has a deadline."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+        self.decoder = f.FrameDecoder()
+        self.inbox: collections.deque = collections.deque()
+        self._ids = itertools.count(1)
+        self.open_properties: dict[str, str] = {}
+        self.eof = False
+
+    def cid(self) -> int:
+        return next(self._ids)
+
+    def send(self, *cmds: f.Command) -> None:
+        self.sock.sendall(b"".join(f.encode(c) for c in cmds))
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _read(self) -> bool:
+        try:
+            data = self.sock.recv(1 << 20)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self.decoder.feed(data)
+        for cmd in self.decoder:
+            if type(cmd) in (f.Deliver, f.DeliverV2):
+                cmd.chunk = bytes(cmd.chunk)
+            self.inbox.append(cmd)
+        return True
+
+    def recv(self, *types: type) -> f.Command:
+        """The next frame (of one of `types`, the others kept for later)."""
+        while True:
+            for i, cmd in enumerate(self.inbox):
+                if not types or type(cmd) in types:
+                    del self.inbox[i]
+                    return cmd
+            if not self._read():
+                raise EOFError("the server closed the connection")
+
+    def call(self, cmd: f.Command) -> f.Command:
+        self.send(cmd)
+        while True:
+            for i, got in enumerate(self.inbox):
+                if getattr(got, "correlation_id", None) == cmd.correlation_id and got.KEY == cmd.KEY | f.RESPONSE:
+                    del self.inbox[i]
+                    return got
+            if not self._read():
+                raise EOFError(f"the server closed the connection instead of answering {cmd!r}")
+
+    def until_closed(self) -> list[f.Command]:
+        """Everything the server sends until it closes the socket."""
+        while self._read():
+            pass
+        out = list(self.inbox)
+        self.inbox.clear()
+        return out
+
+    def handshake(self, vhost: str = "/", user: str = "guest", password: str = "guest",
+                  frame_max: int = 1048576) -> None:
+        self.call(f.PeerProperties(self.cid(), {"product": "hutch tests"}))
+        assert self.call(f.SaslHandshake(self.cid())).code == f.OK
+        auth = self.call(f.SaslAuthenticate(self.cid(), "PLAIN", f"\0{user}\0{password}".encode()))
+        assert auth.code == f.OK, auth
+        tune = self.recv(f.Tune)
+        self.send(f.Tune(min(frame_max, tune.frame_max) if tune.frame_max else frame_max, 0))
+        opened = self.call(f.Open(self.cid(), vhost))
+        assert opened.code == f.OK, opened
+        self.open_properties = dict(opened.properties or {})
+
+    def sync(self) -> list[f.Command]:
+        """A round trip (a metadata request): what came before its answer."""
+        self.call(f.Metadata(self.cid(), []))
+        out = list(self.inbox)
+        self.inbox.clear()
+        return out
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+@contextlib.contextmanager
+def raw(node, handshake: bool = True) -> Iterator[Raw]:
+    c = Raw(node.stream_port)
+    try:
+        if handshake:
+            c.handshake()
+        yield c
+    finally:
+        c.close()
+
+
+def amqp_body(text: str) -> bytes:
+    """An AMQP 1.0 message of one data section, as clients publish it."""
+    return amqp10.Message([text.encode()]).encode()
+
+
+def body_of(record: bytes) -> bytes:
+    return amqp10.Message.decode(record).body
+
+
+def chunk_bodies(chunk: bytes) -> list[bytes]:
+    return [body_of(r) for r in chunks.records(chunk)]
+
+
+def publish_chunks(c: Raw, stream: str, batches: list[list[str]], publisher_id: int = 9) -> None:
+    """Each batch in its own publish frame, confirmed before the next goes (one chunk each)."""
+    assert c.call(f.DeclarePublisher(c.cid(), publisher_id, "", stream)).code == f.OK
+    pid = 0
+    for batch in batches:
+        msgs = []
+        for text in batch:
+            pid += 1
+            msgs.append((pid, amqp_body(text)))
+        c.send(f.Publish(publisher_id, msgs))
+        confirmed: set[int] = set()
+        while len(confirmed) < len(msgs):
+            confirmed.update(c.recv(f.PublishConfirm).publishing_ids)
+    assert c.call(f.DeletePublisher(c.cid(), publisher_id)).code == f.OK
+
+
+def create(c: Raw, stream: str, **arguments: str) -> None:
+    assert c.call(f.Create(c.cid(), stream, dict(arguments))).code == f.OK
+
+
+def read_all(c: Raw, stream: str, count: int, sub: int = 1) -> list[bytes]:
+    """`count` message bodies from the start of `stream` (credit granted as chunks come)."""
+    assert c.call(f.Subscribe(c.cid(), sub, stream, f.OFFSET_TYPE_FIRST, None, 10)).code == f.OK
+    out: list[bytes] = []
+    while len(out) < count:
+        d = c.recv(f.Deliver, f.DeliverV2)
+        out.extend(chunk_bodies(d.chunk))
+        c.send(f.Credit(sub, 1))
+    assert c.call(f.Unsubscribe(c.cid(), sub)).code == f.OK
+    return out
+
+
+def run(coro):
+    async def bounded():
+        async with asyncio.timeout(60):
+            return await coro
+    return asyncio.run(bounded())
+
+
+# ---------------------------------------------------------------- streams: create and delete
+
+
+def test_create_then_create_again_is_stream_already_exists_and_delete_of_unknown_is_stream_does_not_exist(server):
+    name = unique()
+    with raw(server) as c:
+        assert c.call(f.Create(c.cid(), name, {})).code == f.OK
+        assert c.call(f.Create(c.cid(), name, {})).code == f.STREAM_ALREADY_EXISTS
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+        assert c.call(f.Delete(c.cid(), name)).code == f.STREAM_DOES_NOT_EXIST
+        assert c.call(f.Delete(c.cid(), unique())).code == f.STREAM_DOES_NOT_EXIST
+
+
+@pytest.mark.parametrize("arguments", [{"max-length-bytes": "lots"}, {"max-age": "forever"},
+                                       {"initial-cluster-size": "-1x"}])
+def test_create_with_bad_argument_values_is_precondition_failed(hutch_node, arguments):
+    """RabbitMQ 3.13 validates the arguments and answers PRECONDITION_FAILED; 3.10 fails to
+    parse them and its connection closes with no answer: hutch answers as 3.13 does."""
+    name = unique()
+    with raw(hutch_node) as c:
+        assert c.call(f.Create(c.cid(), name, arguments)).code == f.PRECONDITION_FAILED
+        # nothing was created, and the connection goes on
+        assert c.call(f.Delete(c.cid(), name)).code == f.STREAM_DOES_NOT_EXIST
+
+
+def test_create_ignores_an_argument_it_does_not_know(server):
+    name = unique()
+    with raw(server) as c:
+        assert c.call(f.Create(c.cid(), name, {"no-such-argument": "1"})).code == f.OK
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_create_with_good_arguments(server):
+    name = unique()
+    with raw(server) as c:
+        create(c, name, **{"max-length-bytes": "1000000", "max-age": "1h",
+                           "stream-max-segment-size-bytes": "500000"})
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_rstream_creates_and_deletes_with_its_errors(server):
+    from rstream import Producer
+    from rstream.exceptions import StreamAlreadyExists, StreamDoesNotExist
+
+    name = unique()
+
+    async def go():
+        async with Producer("127.0.0.1", server.stream_port, username="guest", password="guest") as p:
+            await p.create_stream(name)
+            with pytest.raises(StreamAlreadyExists):
+                await p.create_stream(name)
+            await p.create_stream(name, exists_ok=True)
+            assert await p.stream_exists(name)
+            await p.delete_stream(name)
+            assert not await p.stream_exists(name)
+            with pytest.raises(StreamDoesNotExist):
+                await p.delete_stream(name)
+            await p.delete_stream(name, missing_ok=True)
+    run(go())
+
+
+# ---------------------------------------------------------------- publishing
+
+
+def test_rstream_publishes_with_confirms_and_reads_back_in_order(server):
+    from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer, amqp_decoder
+
+    name = unique()
+    n = 50
+
+    async def go():
+        async with Producer("127.0.0.1", server.stream_port, username="guest", password="guest") as p:
+            await p.create_stream(name)
+            for i in range(10):
+                await p.send_wait(name, AMQPMessage(body=f"m{i}".encode()))
+            await p.send_batch(name, [AMQPMessage(body=f"m{i}".encode()) for i in range(10, n)])
+            got: list[bytes] = []
+            done = asyncio.Event()
+
+            async def on_message(msg, ctx):
+                got.append(b"".join(msg.body) if isinstance(msg.body, list) else msg.body)
+                if len(got) == n:
+                    done.set()
+            async with Consumer("127.0.0.1", server.stream_port, username="guest", password="guest") as c:
+                await c.subscribe(name, on_message, decoder=amqp_decoder,
+                                  offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+                await asyncio.wait_for(done.wait(), TIMEOUT_S)
+            assert got == [f"m{i}".encode() for i in range(n)]
+            await p.delete_stream(name)
+    run(go())
+
+
+def test_publish_to_an_unknown_publisher_is_publisher_does_not_exist(server):
+    with raw(server) as c:
+        c.send(f.Publish(7, [(1, amqp_body("lost"))]))
+        err = c.recv(f.PublishError)
+        assert (err.publisher_id, err.errors) == (7, [(1, f.PUBLISHER_DOES_NOT_EXIST)])
+
+
+def test_declare_publisher_on_an_unknown_stream_is_stream_does_not_exist(server):
+    with raw(server) as c:
+        assert c.call(f.DeclarePublisher(c.cid(), 1, "", unique())).code == f.STREAM_DOES_NOT_EXIST
+        assert c.call(f.DeletePublisher(c.cid(), 1)).code == f.PUBLISHER_DOES_NOT_EXIST
+
+
+def test_deduplication_a_producer_that_reconnects_and_republishes_is_confirmed_and_stored_once(server):
+    name = unique()
+    ref = "invoices-writer"
+    with raw(server) as c:
+        create(c, name)
+        assert c.call(f.QueryPublisherSequence(c.cid(), ref, name)).sequence == 0
+        assert c.call(f.DeclarePublisher(c.cid(), 0, ref, name)).code == f.OK
+        c.send(f.Publish(0, [(i, amqp_body(f"m{i}")) for i in range(1, 6)]))
+        confirmed: set[int] = set()
+        while len(confirmed) < 5:
+            confirmed.update(c.recv(f.PublishConfirm).publishing_ids)
+    with raw(server) as c:  # the producer comes back, does not know what got through, sends it all again
+        seq = c.call(f.QueryPublisherSequence(c.cid(), ref, name))
+        assert (seq.code, seq.sequence) == (f.OK, 5)
+        assert c.call(f.DeclarePublisher(c.cid(), 3, ref, name)).code == f.OK
+        c.send(f.Publish(3, [(i, amqp_body(f"m{i}")) for i in range(1, 9)]))
+        confirmed = set()
+        while len(confirmed) < 8:
+            confirmed.update(c.recv(f.PublishConfirm).publishing_ids)
+        assert confirmed == set(range(1, 9))
+        assert c.call(f.QueryPublisherSequence(c.cid(), ref, name)).sequence == 8
+        assert read_all(c, name, 8) == [f"m{i}".encode() for i in range(1, 9)]
+        assert c.sync() == []  # and nothing more
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def _with_id(msg, publishing_id: int):
+    msg.publishing_id = publishing_id  # rstream 1.1.1's AMQPMessage takes it as an attribute only
+    return msg
+
+
+def test_rstream_named_producer_resumes_its_sequence_after_a_restart(server):
+    from rstream import AMQPMessage, Producer
+
+    name = unique()
+    ref = "rstream-writer"
+
+    async def go():
+        async with Producer("127.0.0.1", server.stream_port, username="guest", password="guest") as p:
+            await p.create_stream(name)
+            for i in range(1, 4):
+                await p.send_wait(name, _with_id(AMQPMessage(body=f"m{i}".encode()), i), publisher_name=ref)
+        async with Producer("127.0.0.1", server.stream_port, username="guest", password="guest") as p:
+            for i in range(1, 6):  # 1..3 again: confirmed, not stored twice
+                await p.send_wait(name, _with_id(AMQPMessage(body=f"m{i}".encode()), i), publisher_name=ref)
+    run(go())
+    with raw(server) as c:
+        assert c.call(f.QueryPublisherSequence(c.cid(), ref, name)).sequence == 5
+        assert read_all(c, name, 5) == [f"m{i}".encode() for i in range(1, 6)]
+        assert c.sync() == []
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_query_publisher_sequence_of_an_unknown_stream(server):
+    with raw(server) as c:
+        assert c.call(f.QueryPublisherSequence(c.cid(), "w", unique())).code == f.STREAM_DOES_NOT_EXIST
+
+
+# ---------------------------------------------------------------- subscribing
+
+
+def _subscribe(c: Raw, stream: str, offset_type: int, offset: int | None = None, sub: int = 1,
+               credit: int = 10) -> None:
+    assert c.call(f.Subscribe(c.cid(), sub, stream, offset_type, offset, credit)).code == f.OK
+
+
+def test_subscribe_from_first_last_next_offset_and_timestamp(server):
+    name = unique()
+    with raw(server) as c:
+        create(c, name)
+        publish_chunks(c, name, [["a0", "a1"], ["b2", "b3"]])
+        # a timestamp between the chunks: wait for the clock to move on, then take it
+        t0 = time.time_ns() // 1_000_000
+        wait_until(lambda: time.time_ns() // 1_000_000 > t0 + 1, 5, "the clock")
+        ts = time.time_ns() // 1_000_000
+        wait_until(lambda: time.time_ns() // 1_000_000 > ts + 1, 5, "the clock")
+        publish_chunks(c, name, [["c4", "c5", "c6"]])
+
+        _subscribe(c, name, f.OFFSET_TYPE_FIRST, sub=1)
+        got = [chunk_bodies(c.recv(f.Deliver, f.DeliverV2).chunk) for _ in range(3)]
+        assert got == [[b"a0", b"a1"], [b"b2", b"b3"], [b"c4", b"c5", b"c6"]]
+
+        _subscribe(c, name, f.OFFSET_TYPE_LAST, sub=2)
+        d = c.recv(f.Deliver, f.DeliverV2)
+        assert (d.subscription_id, chunk_bodies(d.chunk)) == (2, [b"c4", b"c5", b"c6"])
+
+        # an offset inside a chunk: the whole chunk comes, the client skips what is before
+        _subscribe(c, name, f.OFFSET_TYPE_OFFSET, 3, sub=3)
+        got = [c.recv(f.Deliver, f.DeliverV2) for _ in range(2)]
+        assert [(d.subscription_id, chunks.read_header(d.chunk).first_offset) for d in got] == [(3, 2), (3, 4)]
+
+        _subscribe(c, name, f.OFFSET_TYPE_TIMESTAMP, ts, sub=4)
+        d = c.recv(f.Deliver, f.DeliverV2)
+        assert (d.subscription_id, chunk_bodies(d.chunk)) == (4, [b"c4", b"c5", b"c6"])
+
+        _subscribe(c, name, f.OFFSET_TYPE_NEXT, sub=5)
+        assert c.sync() == []  # nothing for "next" until something is published
+        publish_chunks(c, name, [["d7"]])
+        seen = {}
+        while len(seen) < 5:
+            d = c.recv(f.Deliver, f.DeliverV2)
+            seen[d.subscription_id] = chunk_bodies(d.chunk)
+        assert seen == {i: [b"d7"] for i in range(1, 6)}
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_subscribe_errors(server):
+    name = unique()
+    with raw(server) as c:
+        assert c.call(f.Subscribe(c.cid(), 1, unique(), f.OFFSET_TYPE_FIRST, None, 1)).code == f.STREAM_DOES_NOT_EXIST
+        create(c, name)
+        _subscribe(c, name, f.OFFSET_TYPE_FIRST, sub=1)
+        assert c.call(f.Subscribe(c.cid(), 1, name, f.OFFSET_TYPE_FIRST, None, 1)).code == \
+            f.SUBSCRIPTION_ID_ALREADY_EXISTS
+        assert c.call(f.Unsubscribe(c.cid(), 1)).code == f.OK
+        assert c.call(f.Unsubscribe(c.cid(), 1)).code == f.SUBSCRIPTION_ID_DOES_NOT_EXIST
+        c.send(f.Credit(42, 1))
+        assert c.recv(f.CreditResponse) == f.CreditResponse(f.SUBSCRIPTION_ID_DOES_NOT_EXIST, 42)
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_credit_a_consumer_gets_as_many_chunks_as_it_grants(server):
+    name = unique()
+    with raw(server) as c:
+        create(c, name)
+        publish_chunks(c, name, [[f"m{i}"] for i in range(6)])
+        _subscribe(c, name, f.OFFSET_TYPE_FIRST, sub=1, credit=1)
+        first = c.recv(f.Deliver, f.DeliverV2)
+        assert chunk_bodies(first.chunk) == [b"m0"]
+        assert c.sync() == []  # no credit, no chunk
+        c.send(f.Credit(1, 2))
+        got = [chunk_bodies(c.recv(f.Deliver, f.DeliverV2).chunk) for _ in range(2)]
+        assert got == [[b"m1"], [b"m2"]]
+        assert c.sync() == []
+        c.send(f.Credit(1, 100))
+        got = [chunk_bodies(c.recv(f.Deliver, f.DeliverV2).chunk) for _ in range(3)]
+        assert got == [[b"m3"], [b"m4"], [b"m5"]]
+        # credit left over is used by chunks written later
+        publish_chunks(c, name, [["late"]])
+        assert chunk_bodies(c.recv(f.Deliver, f.DeliverV2).chunk) == [b"late"]
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_rstream_consumer_with_little_credit_gets_everything(server):
+    from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer, amqp_decoder
+
+    name = unique()
+    n = 30
+
+    async def go():
+        async with Producer("127.0.0.1", server.stream_port, username="guest", password="guest") as p:
+            await p.create_stream(name)
+            for i in range(n):
+                await p.send_wait(name, AMQPMessage(body=f"m{i}".encode()))
+            got: list[int] = []
+            done = asyncio.Event()
+
+            def on_message(msg, ctx):
+                got.append(ctx.offset)
+                if len(got) == n:
+                    done.set()
+            async with Consumer("127.0.0.1", server.stream_port, username="guest", password="guest") as c:
+                await c.subscribe(name, on_message, decoder=amqp_decoder, initial_credit=1,
+                                  offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+                await asyncio.wait_for(done.wait(), TIMEOUT_S)
+            assert got == list(range(n))
+            await p.delete_stream(name)
+    run(go())
+
+
+# ---------------------------------------------------------------- offsets kept by the server
+
+
+def test_store_and_query_offset_server_side_tracking(server):
+    from rstream import Consumer, Producer
+    from rstream.exceptions import OffsetNotFound
+
+    name = unique()
+
+    async def go():
+        async with Producer("127.0.0.1", server.stream_port, username="guest", password="guest") as p:
+            await p.create_stream(name)
+        async with Consumer("127.0.0.1", server.stream_port, username="guest", password="guest") as c:
+            with pytest.raises(OffsetNotFound):
+                await c.query_offset(name, "tracker")
+            await c.store_offset(name, "tracker", 41)
+            # a store has no answer: wait until a query sees it
+            deadline = time.monotonic() + TIMEOUT_S
+            while True:
+                with contextlib.suppress(OffsetNotFound):
+                    if await c.query_offset(name, "tracker") == 41:
+                        break
+                assert time.monotonic() < deadline, "the stored offset never showed"
+                await asyncio.sleep(0.02)
+            await c.store_offset(name, "tracker", 42)
+            await c.store_offset(name, "other", 7)
+        async with Consumer("127.0.0.1", server.stream_port, username="guest", password="guest") as c:
+            deadline = time.monotonic() + TIMEOUT_S
+            while await c.query_offset(name, "tracker") != 42:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            assert await c.query_offset(name, "other") == 7
+            await c.delete_stream(name)
+    run(go())
+
+
+def test_query_offset_codes(server):
+    with raw(server) as c:
+        r = c.call(f.QueryOffset(c.cid(), "nobody", unique()))
+        assert r.code == f.STREAM_DOES_NOT_EXIST
+        name = unique()
+        create(c, name)
+        assert c.call(f.QueryOffset(c.cid(), "nobody", name)).code == f.NO_OFFSET
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+# ---------------------------------------------------------------- metadata and stats
+
+
+def test_metadata_names_the_leader_at_its_advertised_address(server):
+    name = unique()
+    missing = unique()
+    with raw(server) as c:
+        assert c.open_properties["advertised_host"] == "localhost"
+        assert c.open_properties["advertised_port"] == str(server.stream_port)
+        create(c, name)
+        md = c.call(f.Metadata(c.cid(), [name, missing]))
+        assert md.brokers == [(0, "localhost", server.stream_port)]
+        assert sorted(md.streams) == sorted([(name, f.OK, 0, []), (missing, f.STREAM_DOES_NOT_EXIST, 0xFFFF, [])])
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_deleting_a_stream_tells_its_subscribers_with_a_metadata_update(server):
+    name = unique()
+    with raw(server) as c, raw(server) as other:
+        create(c, name)
+        _subscribe(c, name, f.OFFSET_TYPE_FIRST)
+        assert other.call(f.Delete(other.cid(), name)).code == f.OK
+        assert c.recv(f.MetadataUpdate) == f.MetadataUpdate(f.STREAM_NOT_AVAILABLE, name)
+
+
+def test_stream_stats_first_and_committed_chunk_ids(hutch_node):
+    """StreamStats came with RabbitMQ 3.11: hutch only."""
+    name = unique()
+    with raw(hutch_node) as c:
+        assert c.call(f.StreamStats(c.cid(), unique())).code == f.STREAM_DOES_NOT_EXIST
+        create(c, name)
+        publish_chunks(c, name, [["a", "b"], ["c"], ["d", "e", "f"]])
+        stats = c.call(f.StreamStats(c.cid(), name))
+        assert stats.code == f.OK
+        assert stats.stats == {"first_chunk_id": 0, "committed_chunk_id": 3}
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+# ---------------------------------------------------------------- filtering (RabbitMQ 3.13)
+
+
+def test_filtering_only_chunks_with_a_matching_value_come_and_the_client_filters_the_rest(hutch_node):
+    """Publish version 2 with filter values, a subscription with filter.N properties: hutch only
+    (RabbitMQ 3.10 has no filtering)."""
+    name = unique()
+    with raw(hutch_node) as c:
+        c.send(f.ExchangeCommandVersions(c.cid(), [(f.KEY_PUBLISH, 1, 2), (f.KEY_DELIVER, 1, 2)]))
+        c.recv(f.ExchangeCommandVersionsResponse)
+        create(c, name)
+        assert c.call(f.DeclarePublisher(c.cid(), 1, "", name)).code == f.OK
+        batches = [[("red", "r1"), ("red", "r2")], [("blue", "b1")], [("red", "r3"), ("green", "g1")]]
+        pid = 0
+        for batch in batches:
+            msgs = []
+            for fv, text in batch:
+                pid += 1
+                msgs.append((pid, fv, amqp_body(text)))
+            c.send(f.PublishV2(1, msgs))
+            c.recv(f.PublishConfirm)
+        c.send(f.Publish(1, [(pid + 1, amqp_body("plain"))]))  # version 1: a chunk with no filter
+        c.recv(f.PublishConfirm)
+        _subscribe(c, name, f.OFFSET_TYPE_FIRST, sub=1, credit=100)
+        c.send(f.Subscribe(c.cid(), 2, name, f.OFFSET_TYPE_FIRST, None, 100,
+                           {"filter.0": "red", "match-unfiltered": "false"}))
+        c.send(f.Subscribe(c.cid(), 3, name, f.OFFSET_TYPE_FIRST, None, 100,
+                           {"filter.0": "green", "match-unfiltered": "true"}))
+        seen = collections.defaultdict(list)
+        while len(seen[1]) < 4:
+            d = c.recv(f.Deliver, f.DeliverV2)
+            seen[d.subscription_id].append(chunk_bodies(d.chunk))
+        seen_after = c.sync()
+        for d in seen_after:
+            if type(d) in (f.Deliver, f.DeliverV2):
+                seen[d.subscription_id].append(chunk_bodies(d.chunk))
+        assert seen[2] == [[b"r1", b"r2"], [b"r3", b"g1"]]  # whole chunks: the client drops g1
+        assert seen[3] == [[b"r3", b"g1"], [b"plain"]]
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_rstream_filter_api(hutch_node):
+    from rstream import (
+        AMQPMessage,
+        Consumer,
+        ConsumerOffsetSpecification,
+        FilterConfiguration,
+        OffsetType,
+        Producer,
+        amqp_decoder,
+    )
+
+    name = unique()
+
+    async def region_of(m):
+        return m.application_properties["region"]
+
+    async def go():
+        async with Producer("127.0.0.1", hutch_node.stream_port, username="guest", password="guest",
+                            filter_value_extractor=region_of) as p:
+            await p.create_stream(name)
+            for region in ("emea", "apac", "emea", "amer"):
+                await p.send_batch(name, [AMQPMessage(body=f"{region}-{i}".encode(),
+                                                      application_properties={"region": region})
+                                          for i in range(3)])
+            # a batch of two regions: one chunk, both values in its filter
+            await p.send_wait(name, AMQPMessage(body=b"mixed-apac", application_properties={"region": "apac"}))
+        got: list[bytes] = []
+        done = asyncio.Event()
+
+        def on_message(msg, ctx):
+            got.append(b"".join(msg.body) if isinstance(msg.body, list) else msg.body)
+            if len(got) == 6:
+                done.set()
+        async with Consumer("127.0.0.1", hutch_node.stream_port, username="guest", password="guest") as c:
+            await c.subscribe(name, on_message, decoder=amqp_decoder,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+                              filter_input=FilterConfiguration(
+                                  values_to_filter=["emea"],
+                                  predicate=lambda m: m.application_properties[b"region"] == b"emea"))
+            await asyncio.wait_for(done.wait(), TIMEOUT_S)
+            await c.delete_stream(name)
+        assert got == [f"emea-{i}".encode() for i in range(3)] * 2
+    run(go())
+
+
+# ---------------------------------------------------------------- AMQP 0-9-1 and the stream protocol
+
+
+def _pika(node) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(host="127.0.0.1", port=node.amqp_port,
+                                                             credentials=pika.PlainCredentials("guest", "guest")))
+
+
+def _rstream_read(node, name: str, n: int):
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, amqp_decoder
+
+    async def go():
+        got = []
+        done = asyncio.Event()
+
+        def on_message(msg, ctx):
+            got.append(msg)
+            if len(got) == n:
+                done.set()
+        async with Consumer("127.0.0.1", node.stream_port, username="guest", password="guest") as c:
+            await c.subscribe(name, on_message, decoder=amqp_decoder,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+            await asyncio.wait_for(done.wait(), TIMEOUT_S)
+        return got
+    return run(go())
+
+
+def _as_plain(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, dict):
+        return {_as_plain(k): _as_plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_as_plain(x) for x in v]
+    return v
+
+
+def _seen_by_rstream(msg) -> dict:
+    props = msg.properties
+    return {
+        "body": b"".join(msg.body) if isinstance(msg.body, list) else msg.body,
+        "properties": {k: _as_plain(getattr(props, k)) for k in (
+            "message_id", "correlation_id", "content_type", "content_encoding", "reply_to", "subject",
+            "user_id") if props is not None and getattr(props, k) is not None},
+        "application_properties": _as_plain(msg.application_properties or {}),
+        "message_annotations": _as_plain(msg.message_annotations or {}),
+        "durable": bool(msg.header.durable) if msg.header is not None else None,
+        "priority": msg.header.priority if msg.header is not None else None,
+    }
+
+
+def test_pika_publishes_rstream_reads_amqp_1_0_as_rabbitmq_maps_it(hutch_node, rabbit_node):
+    """The same publish on both brokers, read back by rstream: the same AMQP 1.0 message."""
+    seen = {}
+    for label, node in (("hutch", hutch_node), ("rabbitmq", rabbit_node)):
+        name = unique()
+        conn = _pika(node)
+        try:
+            ch = conn.channel()
+            ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+            ch.confirm_delivery()
+            ch.basic_publish("", name, b"hello streams", pika.BasicProperties(
+                content_type="text/plain", content_encoding="utf-8", message_id="m-1", correlation_id="c-1",
+                reply_to="replies", delivery_mode=2, priority=3, user_id="guest",
+                headers={"region": "emea", "count": 7, "flag": True, "nested": {"a": 1}}))
+            ch.basic_publish("", name, b"bare")
+        finally:
+            conn.close()
+        msgs = _rstream_read(node, name, 2)
+        seen[label] = [_seen_by_rstream(m) for m in msgs]
+        with raw(node) as c:
+            c.call(f.Delete(c.cid(), name))
+    hutch, rabbit = seen["hutch"], seen["rabbitmq"]
+    assert hutch[0]["body"] == b"hello streams"
+    assert hutch[0]["application_properties"] == {"region": "emea", "count": 7, "flag": True}  # no nested table
+    # delivery mode and priority: RabbitMQ 3.10 keeps them as message annotations, 3.13 (and
+    # hutch) puts them in the header section; everything else is the same
+    assert [(m["durable"], m["priority"]) for m in hutch] == [(True, 3), (False, None)]
+    assert [(m["durable"], m["priority"]) for m in rabbit] == [(None, None), (None, None)]
+    assert rabbit[0]["message_annotations"].pop("x-basic-delivery-mode") == 2
+    assert rabbit[0]["message_annotations"].pop("x-basic-priority") == 3
+    for m in hutch + rabbit:
+        del m["durable"], m["priority"]
+        assert m["message_annotations"].pop("x-routing-key").startswith("s-")
+    assert hutch == rabbit
+
+
+def test_rstream_publishes_with_application_properties_pika_reads_headers(server):
+    from rstream import AMQPMessage, Producer
+
+    name = unique()
+
+    async def go():
+        async with Producer("127.0.0.1", server.stream_port, username="guest", password="guest") as p:
+            await p.create_stream(name)
+            await p.send_wait(name, AMQPMessage(body=b"from rstream",
+                                                application_properties={"region": "apac", "n": 5}))
+    run(go())
+    conn = _pika(server)
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        got = []
+        ch.basic_consume(name, lambda ch_, m, props, body: got.append((props, body)),
+                         arguments={"x-stream-offset": "first"})
+        deadline = time.monotonic() + TIMEOUT_S
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+        [(props, body)] = got
+        assert body == b"from rstream"
+        assert props.headers["region"] == "apac"
+        assert props.headers["n"] == 5
+        assert props.headers["x-stream-offset"] == 0
+        ch.queue_delete(name)
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- rbfly
+
+
+def test_rbfly_creates_publishes_reads_and_keeps_an_offset(server):
+    from rbfly.streams import Offset, PublisherBatchFast, streams_client
+
+    name = unique()
+
+    async def go():
+        client = streams_client(f"rabbitmq-stream://guest:guest@127.0.0.1:{server.stream_port}/")
+        try:
+            await client.create_stream(name)
+            async with client.publisher(name) as publisher:
+                for i in range(5):
+                    await publisher.send(f"rb{i}".encode())
+            async with client.publisher(name, cls=PublisherBatchFast) as batch:
+                for i in range(5, 10):
+                    batch.batch(f"rb{i}".encode())
+                await batch.flush()
+            got = []
+            async for msg in client.subscribe(name, offset=Offset.FIRST):
+                got.append(msg)
+                if len(got) == 10:
+                    break
+            assert got == [f"rb{i}".encode() for i in range(10)]
+            got = []
+            async for msg in client.subscribe(name, offset=Offset.offset(7)):
+                got.append(msg)
+                if len(got) == 3:
+                    break
+            assert got == [b"rb7", b"rb8", b"rb9"]
+            await client.delete_stream(name)
+        finally:
+            await client.disconnect()
+    run(go())
+
+
+# ---------------------------------------------------------------- malformed input
+
+
+def _still_serves(node) -> None:
+    with raw(node) as c:
+        name = unique()
+        create(c, name)
+        publish_chunks(c, name, [["alive"]])
+        assert read_all(c, name, 1) == [b"alive"]
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_garbage_before_the_handshake_closes_the_socket_with_nothing_sent(server):
+    with raw(server, handshake=False) as c:
+        c.send_bytes(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert c.until_closed() == []
+    _still_serves(server)
+
+
+def test_a_command_before_open_closes_the_socket_with_nothing_sent(server):
+    with raw(server, handshake=False) as c:
+        c.send(f.Create(1, unique(), {}))
+        assert c.until_closed() == []
+    with raw(server, handshake=False) as c:  # authenticated, not yet open
+        c.call(f.PeerProperties(c.cid(), {}))
+        c.call(f.SaslHandshake(c.cid()))
+        assert c.call(f.SaslAuthenticate(c.cid(), "PLAIN", b"\0guest\0guest")).code == f.OK
+        c.recv(f.Tune)
+        c.send(f.Metadata(c.cid(), ["x"]))
+        assert c.until_closed() == []
+    _still_serves(server)
+
+
+def test_a_truncated_frame_then_the_client_goes(server):
+    with raw(server) as c:
+        frame = f.encode(f.Create(c.cid(), unique(), {}))
+        c.send_bytes(frame[:len(frame) - 3])
+        c.sock.shutdown(socket.SHUT_WR)
+        assert c.until_closed() == []
+    _still_serves(server)
+
+
+def test_an_unknown_command_after_open_is_closed_with_unknown_frame(server):
+    with raw(server) as c:
+        c.send_bytes(struct.pack(">IHHI", 8, 0x0077, 1, 1))
+        close = c.recv(f.Close)
+        assert close.code == f.UNKNOWN_FRAME
+        c.send(f.CloseResponse(close.correlation_id, f.OK))
+        assert c.until_closed() == []
+    _still_serves(server)
+
+
+def test_a_malformed_command_after_open_is_closed_with_unknown_frame(server):
+    with raw(server) as c:
+        c.send_bytes(struct.pack(">IHHI", 9, f.KEY_CREATE, 1, 1) + b"\xff")  # a string cut short
+        close = c.recv(f.Close)
+        assert close.code == f.UNKNOWN_FRAME
+    _still_serves(server)
+
+
+def test_a_frame_over_frame_max_is_closed_with_frame_too_large(hutch_node):
+    """As RabbitMQ 3.13 closes it; 3.10 takes a frame of any size (2 MB over a frame_max of
+    64 KiB are answered)."""
+    server = hutch_node
+    with raw(server, handshake=False) as c:
+        c.call(f.PeerProperties(c.cid(), {}))
+        c.call(f.SaslHandshake(c.cid()))
+        assert c.call(f.SaslAuthenticate(c.cid(), "PLAIN", b"\0guest\0guest")).code == f.OK
+        c.recv(f.Tune)
+        c.send(f.Tune(65536, 0))
+        assert c.call(f.Open(c.cid(), "/")).code == f.OK
+        c.send(f.Create(c.cid(), unique(), {f"padding-{i}": "x" * 1000 for i in range(80)}))
+        close = c.recv(f.Close)
+        assert close.code == f.FRAME_TOO_LARGE
+    _still_serves(server)
+
+
+def test_a_frame_over_8192_bytes_before_open_closes_the_socket(hutch_node):
+    """hutch bounds frames before open by 8192 bytes (RabbitMQ 3.13's initial frame_max);
+    RabbitMQ 3.10 takes a 9000-byte peer properties frame."""
+    with raw(hutch_node, handshake=False) as c:
+        c.send_bytes(f.encode(f.PeerProperties(1, {"big": "x" * 9000})))
+        assert c.until_closed() == []
+    _still_serves(hutch_node)
+
+
+def test_wrong_password_and_unknown_vhost(server):
+    with raw(server, handshake=False) as c:
+        c.call(f.PeerProperties(c.cid(), {}))
+        c.call(f.SaslHandshake(c.cid()))
+        assert c.call(f.SaslAuthenticate(c.cid(), "PLAIN", b"\0guest\0wrong")).code == f.AUTHENTICATION_FAILURE
+        assert c.until_closed() == []
+    with raw(server, handshake=False) as c:
+        c.call(f.PeerProperties(c.cid(), {}))
+        c.call(f.SaslHandshake(c.cid()))
+        assert c.call(f.SaslAuthenticate(c.cid(), "PLAIN", b"\0guest\0guest")).code == f.OK
+        c.recv(f.Tune)
+        c.send(f.Tune(65536, 0))
+        assert c.call(f.Open(c.cid(), "no-such-vhost")).code == f.VIRTUAL_HOST_ACCESS_FAILURE
+        assert c.until_closed() == []
+    _still_serves(server)
+
+
+def test_many_clients_sending_garbage_do_not_take_the_node_down(server):
+    socks = []
+    try:
+        for i in range(20):
+            s = socket.create_connection(("127.0.0.1", server.stream_port), timeout=TIMEOUT_S)
+            s.sendall(bytes((i * 37 + k) % 256 for k in range(64 + i * 50)))
+            socks.append(s)
+        for s in socks:
+            with contextlib.suppress(OSError):
+                while s.recv(65536):
+                    pass
+    finally:
+        for s in socks:
+            s.close()
+    _still_serves(server)
