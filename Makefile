@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pyproject.toml declares version ranges, constraints.txt pins the exact versions: a change to either reinstalls.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-mirror conformance soak check-demo clean campaign
+.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror conformance soak check-demo clean campaign
 
 install: $(STAMP)
 
@@ -64,6 +64,11 @@ bench-cluster: install
 # Quorum queues on 3-node clusters (RabbitMQ and hutch): throughput, latency at 1,000 msg/s, leader failover.
 bench-quorum: install
 	$(BIN)/python bench/quorum_compare
+
+# Streams (RabbitMQ and hutch, 1 and 3 replicas): AMQP 0-9-1 and stream-protocol throughput, catch-up
+# from first (--catchup N, default 1,000,000), time to resume after kill -9 of the leader's node.
+bench-streams: install
+	$(BIN)/python bench/streams_compare.py
 
 # Classic mirrored queues on 3-node clusters (RabbitMQ and hutch): throughput, sync time and blocking, failover.
 bench-mirror: install

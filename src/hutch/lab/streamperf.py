@@ -261,6 +261,11 @@ class StreamClient(asyncio.Protocol):
 
     # -- sending
 
+    def grant_credit(self, subscription_id: int, n: int = 1) -> None:
+        """Credit for a subscription, sent in one Credit frame once the current read is handled."""
+        due = self.credit_due
+        due[subscription_id] = due.get(subscription_id, 0) + n
+
     def close_error(self) -> BaseException:
         return self.closed.result() if self.closed.done() else ConnectionResetError("not closed")
 
@@ -545,7 +550,7 @@ class StreamConsumer:
         clock = time.time_ns
         read_header = chunks.read_header
         limit = self.cfg.cmessages
-        credit_due = client.credit_due
+        grant_credit = client.grant_credit
         worker = self.worker
 
         def on_deliver(sid: int, chunk: memoryview) -> None:
@@ -567,7 +572,7 @@ class StreamConsumer:
                     self.done = True
                     worker.client_done()
                 return  # no more credit: the run is over for this consumer
-            credit_due[sid] = credit_due.get(sid, 0) + 1
+            grant_credit(sid)
 
         return on_deliver
 
