@@ -251,6 +251,21 @@ def test_settle_of_an_unknown_or_another_consumers_msg_id_is_ignored():
 # ---------------------------------------------------------------- returns, delivery count and delivery limit
 
 
+def test_a_new_leader_can_send_again_every_delivery_still_checked_out_as_it_was_made():
+    """The old leader may have stopped after a checkout was committed and before its delivery
+    left: the new leader sends the checked-out messages again, with the same msg_ids (the
+    consumer's node drops the ones it has) and the same delivery counts."""
+    s = queue()
+    fill(s, 4)
+    first = of(s.apply(Checkout("n1/c1", "t1", prefetch=3)), Deliver)
+    s.apply(Checkout("n2/c2", "t2", prefetch=5))
+    s.apply(Settle("n1/c1", [first[0].msg_id]))  # settled: not sent again
+    s.apply(Cancel("n2/c2", requeue=False, now_ms=0))  # a cancelled consumer gets nothing more
+    again = s.redeliveries()
+    assert [(d.consumer_id, d.msg_id, d.body, d.delivery_count, d.redelivered) for d in again] == [
+        (d.consumer_id, d.msg_id, d.body, d.delivery_count, d.redelivered) for d in first[1:]]
+
+
 def test_return_requeues_with_delivery_count_raised_and_redelivered_set():
     s = queue()
     s.apply(enq("a"))

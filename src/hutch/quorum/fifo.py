@@ -947,6 +947,16 @@ class QuorumQueueState:
         return [(c.consumer_id, msg_id, self.queue.unacked[seq])
                 for c in self.consumers.values() for msg_id, seq in c.checked_out.items()]
 
+    def redeliveries(self) -> list[Deliver]:
+        """The deliveries of every message checked out to a consumer that may still be waiting
+        for it, as they were made: a new leader sends them again, because the old one may have
+        stopped after the checkout was committed and before its delivery left (the consumer's
+        node drops the ones it has by msg_id). Cancelled consumers and getters are left out."""
+        unacked = self.queue.unacked
+        return [self._delivery(c.consumer_id, msg_id, unacked[seq])
+                for c in self.consumers.values() if c.status == UP
+                for msg_id, seq in c.checked_out.items()]
+
     def dead_letters_pending(self) -> DeadLetter | None:
         """At-least-once dead letters not yet settled, for a new leader to republish."""
         if not self.dlx_pending:

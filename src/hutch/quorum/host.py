@@ -320,6 +320,12 @@ class QuorumHost:
                 if not self.peers.is_up(n):
                     self.propose(q, fifo.NodeDown(n, now))
             self._cancel_stale(q)
+            if q.machine is not None:
+                for d in q.machine.redeliveries():  # lost with the old leader, maybe; repeats are dropped
+                    node = node_of(d.consumer_id)
+                    if self.peers.is_up(node):
+                        self._queue_out(node, ToConsumer(q.gid, d.consumer_id, d.msg_id, d.delivery_count,
+                                                         d.redelivered, d.exchange, d.routing_key, d.props, d.body))
             self.reconfigure(q)  # a policy may have changed while another member led
             pending = q.machine.dead_letters_pending() if q.machine is not None else None
             if pending is not None:
