@@ -728,6 +728,7 @@ def forget_conversions() -> None:
     amqp10._from_basic_cached.clear()
     amqp10._to_basic_cached.clear()
     amqp10._templates_cached.clear()
+    amqp10._headers_cached.clear()
 
 
 @FAST
@@ -756,3 +757,17 @@ def test_a_message_converts_the_same_whatever_was_converted_before(props, ap, ma
     to_basic(encoded)
     assert to_basic(m.encode()) == fresh
     assert cold[1] == b"".join(data)
+
+
+@FAST
+@given(st.dictionaries(st.text("xyzC-", min_size=1, max_size=6), HEADER_VALUES, max_size=4),
+       st.lists(SHORTSTR.filter(bool), min_size=1, max_size=3), st.sampled_from([None, "t", AMQP10_TYPE]))
+def test_a_publish_converts_the_same_whatever_was_converted_before(headers, ids, message_type):
+    forget_conversions()
+    from_basic(basic(message_id="first", headers=headers, message_type=message_type), b"b", "ex", "rk")
+    for message_id in ids:
+        raw = basic(message_id=message_id, headers=headers, message_type=message_type)
+        partly_remembered = from_basic(raw, b"b", "ex", "rk")  # the headers' sections were converted
+        remembered = from_basic(raw, b"b", "ex", "rk")  # all of it was
+        forget_conversions()
+        assert from_basic(raw, b"b", "ex", "rk") == partly_remembered == remembered

@@ -1212,7 +1212,8 @@ def _field_table(buf: bytes, off: int, end: int, depth: int) -> list[tuple[str, 
 
 
 def _basic_from_bytes(props: bytes) -> dict[str, Any]:
-    """Raw content properties as {name: value}; short strings as str, headers as typed entries."""
+    """Raw content properties as {name: value}; short strings as str, the headers table as its
+    bytes (without its length), read when it is converted."""
     flags = _H.unpack_from(props)[0]
     off = 2
     out: dict[str, Any] = {}
@@ -1230,7 +1231,7 @@ def _basic_from_bytes(props: bytes) -> dict[str, Any]:
             end = off + 4 + _I.unpack_from(props, off)[0]
             if end > len(props):
                 raise ValueError("truncated headers table")
-            out["headers"] = _field_table(props, off + 4, end, 0)
+            out["headers"] = props[off + 4:end]
             off = end
         elif kind == _OCTET:
             out[BASIC_PROPERTY_NAMES[i]] = props[off]
@@ -1274,7 +1275,7 @@ def _basic_from_mapping(props: Mapping[str, Any]) -> dict[str, Any]:
         out["message_type"] = props["type"]
     headers = out.get("headers")
     if headers is not None:
-        out["headers"] = [(str(k), *_typed_091(v)) for k, v in headers.items()]
+        out["headers"] = _table_body([(str(k), *_typed_091(v)) for k, v in headers.items()])
     return out
 
 
@@ -1358,17 +1359,11 @@ def from_basic(props: bytes | Mapping[str, Any], body: bytes, exchange: str, rou
         head = _from_basic_cached.get(key)
         if head is not None:
             return head + _data_header(len(body)) + body
-    if isinstance(props, (bytes, bytearray, memoryview)):
-        try:
-            p = _basic_from_bytes(bytes(props))
-        except (IndexError, struct.error, ValueError) as e:
-            raise ValueError(f"malformed content header properties: {e}") from None
-    else:
-        p = _basic_from_mapping(props)
     try:
+        p = _basic_from_mapping(props) if isinstance(props, Mapping) else _basic_from_bytes(bytes(props))
         head = _head_from_basic(p, exchange, routing_key)
-    except struct.error as e:
-        raise ValueError(f"content header property out of range: {e}") from None
+    except (IndexError, struct.error, ValueError) as e:
+        raise ValueError(f"malformed content header properties: {e}") from None
     if p.get("message_type") == AMQP10_TYPE and _is_body_sections(body):
         return head + body  # a body that is AMQP 1.0 body sections goes in as those sections
     if key is not None:
@@ -1395,14 +1390,36 @@ def _head_from_basic(p: dict[str, Any], exchange: str, routing_key: str) -> byte
     """The sections before the body: header, message-annotations, properties and
     application-properties."""
     get = p.get
-    out = [_header_from_basic(get("delivery_mode"), get("priority"), get("expiration"))]
+    message_type = get("message_type")
+    table = get("headers", b"")
+    key = (table, message_type, exchange, routing_key)
+    sections = _headers_cached.get(key)
+    if sections is None:
+        sections = _headers_sections(_field_table(table, 0, len(table), 0) if table else [],
+                                     message_type, exchange, routing_key)
+        if len(table) <= _CACHED_BYTES_MAX:
+            _remember(_headers_cached, key, sections)
+    annotations, application = sections
+    properties = _properties_from_basic(get("message_id"), get("user_id"), get("reply_to"),
+                                        get("correlation_id"), get("content_type"), get("content_encoding"),
+                                        get("timestamp"), get("app_id"))
+    return (_header_from_basic(get("delivery_mode"), get("priority"), get("expiration"))
+            + annotations + properties + application)
 
+
+# The headers, type and route of a publish -> its message-annotations and application-properties
+# sections: they repeat when the message id and timestamp do not.
+_headers_cached: dict[tuple[bytes, str | None, str, str], tuple[bytes, bytes]] = {}
+
+
+def _headers_sections(headers: list[tuple[str, str, Any]], message_type: str | None, exchange: str,
+                      routing_key: str) -> tuple[bytes, bytes]:
+    """(message-annotations section, application-properties section or b"") of a publish."""
     annotations: dict[str, bytes] = {}  # name -> the encoded entry; a later duplicate wins
     application: dict[str, bytes] = {}
-    message_type = get("message_type")
     if message_type is not None:
         annotations["x-basic-type"] = _SYM_X_BASIC_TYPE + _enc_string(message_type)
-    for name, t, v in get("headers", ()):
+    for name, t, v in headers:
         if name.startswith("x-"):
             if name != "x-exchange" and name != "x-routing-key":  # the route below replaces them
                 annotations[name] = _enc_symbol(name) + _encode(_from_091(t, v))
@@ -1417,17 +1434,10 @@ def _head_from_basic(p: dict[str, Any], exchange: str, routing_key: str) -> byte
             application[name] = _enc_string(name) + _encode(_from_091(t, v))
     entries = (b"".join(annotations.values()) + _SYM_X_EXCHANGE + _enc_string(exchange)
                + _SYM_X_ROUTING_KEY + _enc_string(routing_key))
-    out.append(b"\x00\x53\x72" + _compound(0xC1, 0xD1, 2 * len(annotations) + 4, entries))
-
-    properties = _properties_from_basic(get("message_id"), get("user_id"), get("reply_to"),
-                                        get("correlation_id"), get("content_type"), get("content_encoding"),
-                                        get("timestamp"), get("app_id"))
-    if properties:
-        out.append(properties)
-    if application:
-        out.append(b"\x00\x53\x74" + _compound(0xC1, 0xD1, 2 * len(application),
-                                                b"".join(application.values())))
-    return b"".join(out)
+    ma = b"\x00\x53\x72" + _compound(0xC1, 0xD1, 2 * len(annotations) + 4, entries)
+    ap = b"\x00\x53\x74" + _compound(0xC1, 0xD1, 2 * len(application), b"".join(application.values())) \
+        if application else b""
+    return ma, ap
 
 
 def _header_from_basic(delivery_mode: int | None, priority: int | None, expiration: str | None) -> bytes:
