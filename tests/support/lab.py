@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from hutch.lab.cluster import MGMT_PORT_OFFSET, PEER_PORT_OFFSET, port_in_use
+from hutch.lab.cluster import (
+    MGMT_PORT_OFFSET,
+    PEER_PORT_OFFSET,
+    PROMETHEUS_PORT_OFFSET,
+    STREAM_PORT_OFFSET,
+    port_in_use,
+)
 from tests.support.brokers import free_port
 
 
 def free_base_port(count: int) -> int:
-    """A base port P with P+i, P+10000+i and P+20000+i free for i < count, all below the kernel's
-    ephemeral range (so no outgoing connection can take one of them meanwhile)."""
+    """A base port P with P+i, P-120+i (streams), P+10000+i, P+10020+i and P+20000+i free for
+    i < count, all below the kernel's ephemeral range (so no outgoing connection can take one of
+    them meanwhile)."""
     for _ in range(200):
         base = free_port() - PEER_PORT_OFFSET  # free_port() hands out 20000..32000: P+20000 is free
-        if base < 1024 or base + PEER_PORT_OFFSET + count > 32768:
+        if base + STREAM_PORT_OFFSET < 1024 or base + PEER_PORT_OFFSET + count > 32768:
             continue
-        ports = [base + off + i for off in (0, MGMT_PORT_OFFSET, PEER_PORT_OFFSET) for i in range(count)]
+        ports = [base + off + i for off in (0, STREAM_PORT_OFFSET, MGMT_PORT_OFFSET, PROMETHEUS_PORT_OFFSET,
+                                            PEER_PORT_OFFSET) for i in range(count)]
         if not any(port_in_use(p) for p in ports):
             return base
     raise RuntimeError("no free base port")

@@ -22,6 +22,16 @@ from hutch.streams.config import StreamArgumentError, stream_config
 from hutch.streams.handle import STREAM
 
 
+def advertised_address(config: Any) -> tuple[str, int]:
+    """Where stream-protocol clients are told to reach this node (metadata): the configured
+    stream.advertised_host/port, else the listener's address when it is a specific one."""
+    host = config.stream_advertised_host
+    if not host:
+        bound = config.amqp_host or ""
+        host = bound if bound not in ("", "0.0.0.0", "::") else "localhost"
+    return host, config.stream_advertised_port or config.stream_port
+
+
 class BrokerStreamPort:
     """`hutch.streams.host.StreamPort` on a broker."""
 

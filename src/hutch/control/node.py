@@ -42,6 +42,7 @@ import psutil
 from aiohttp import web
 
 from hutch import __version__
+from hutch.broker.streamq import advertised_address
 from hutch.control import ops
 from hutch.control import stats as msg_stats
 from hutch.control.errors import ApiError, bad_request, not_authorised, not_found, service_unavailable
@@ -178,8 +179,7 @@ def node_info(api: Api) -> dict[str, Any]:
     return {
         "name": cfg.node_name,
         # where stream-protocol clients reach this node (peers put it in their metadata answers)
-        "stream_advertised": {"host": cfg.stream_advertised_host or "localhost",
-                              "port": cfg.stream_advertised_port or cfg.stream_port},
+        "stream_advertised": dict(zip(("host", "port"), advertised_address(cfg), strict=True)),
         "type": "disc",
         "running": app_running(api),
         "being_drained": False,

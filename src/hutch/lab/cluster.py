@@ -61,6 +61,7 @@ BASE_PORT_DEFAULT = 5672
 MGMT_PORT_OFFSET = 10000
 PROMETHEUS_PORT_OFFSET = 10020  # 5672 -> 15692, as RabbitMQ's rabbitmq_prometheus
 PEER_PORT_OFFSET = 20000
+STREAM_PORT_OFFSET = -120  # 5672 -> 5552, RabbitMQ's stream protocol port
 NODES_MAX = 16
 LAB_DIR_DEFAULT = "./var/lab"
 NET_TICKTIME_S_DEFAULT = 4.0
@@ -103,6 +104,7 @@ class NodeSpec:
     peer_port: int
     data_dir: str
     prometheus_port: int = 0  # 0: none (labs made before the metrics listener)
+    stream_port: int = 0  # 0: none (labs made before streams)
 
     @property
     def short_name(self) -> str:
@@ -129,6 +131,8 @@ class NodeSpec:
         ports = {"AMQP": self.amqp_port, "HTTP": self.mgmt_port, "peer": self.peer_port}
         if self.prometheus_port:
             ports["Prometheus"] = self.prometheus_port
+        if self.stream_port:
+            ports["stream"] = self.stream_port
         return ports
 
     @classmethod
@@ -140,12 +144,14 @@ class NodeSpec:
 def plan_nodes(count: int, base_port: int, lab_dir: str | os.PathLike) -> list[NodeSpec]:
     if not 1 <= count <= NODES_MAX:
         raise LabError(f"a lab has 1 to {NODES_MAX} nodes, not {count}")
-    if not 1 <= base_port or base_port + PEER_PORT_OFFSET + count - 1 > 65535:
-        raise LabError(f"base port {base_port}: P+{PEER_PORT_OFFSET}+{count - 1} must stay below 65536")
+    if base_port + STREAM_PORT_OFFSET < 1 or base_port + PEER_PORT_OFFSET + count - 1 > 65535:
+        raise LabError(f"base port {base_port}: P{STREAM_PORT_OFFSET} must be a port and P+{PEER_PORT_OFFSET}+"
+                       f"{count - 1} must stay below 65536")
     root = Path(lab_dir).resolve()
     return [NodeSpec(i, f"hutch-{i + 1}@{NODE_HOST}", base_port + i, base_port + MGMT_PORT_OFFSET + i,
                      base_port + PEER_PORT_OFFSET + i, str(root / f"hutch-{i + 1}"),
-                     base_port + PROMETHEUS_PORT_OFFSET + i) for i in range(count)]
+                     base_port + PROMETHEUS_PORT_OFFSET + i, base_port + STREAM_PORT_OFFSET + i)
+            for i in range(count)]
 
 
 def directed_links(nodes: Iterable[NodeSpec]) -> list[tuple[str, str]]:
@@ -191,7 +197,7 @@ def node_command(spec: NodeSpec, nodes: list[NodeSpec], proxy_ports: dict[tuple[
     cmd = [python or sys.executable, "-m", "hutch", "server",
            "--node-name", spec.name, "--amqp-host", LOOPBACK, "--amqp-port", str(spec.amqp_port),
            "--mgmt-port", str(spec.mgmt_port), "--peer-port", str(spec.peer_port),
-           "--prometheus-port", str(spec.prometheus_port),
+           "--prometheus-port", str(spec.prometheus_port), "--stream-port", str(spec.stream_port),
            "--data-dir", spec.data_dir, "--log-level", log_level,
            "--cluster-nodes", ",".join(f"{n.name}:{n.peer_port}" for n in nodes),
            "--cluster-secret-file", secret_file,
