@@ -53,7 +53,8 @@ from hutch.streamproto.amqp10 import (
 )
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FUZZ = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SOME = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---------------------------------------------------------------- values and their types
@@ -672,7 +673,7 @@ def test_0_9_1_properties_and_x_headers_survive_a_stream(kwargs, body):
         assert got == value, name
 
 
-@FAST
+@SOME
 @given(st.dictionaries(st.text(max_size=10), VALUES, max_size=4), st.dictionaries(
     st.text("x-abc", min_size=2, max_size=8).map(Symbol), VALUES, max_size=4))
 def test_any_application_properties_and_annotations_convert_to_0_9_1(ap, ma):
@@ -731,7 +732,7 @@ def forget_conversions() -> None:
     amqp10._headers_cached.clear()
 
 
-@FAST
+@SOME
 @given(st.fixed_dictionaries({}, optional={
     "message_id": st.one_of(LEAVES[str], LEAVES[ULong], LEAVES[uuid.UUID], LEAVES[bytes]),
     "correlation_id": st.one_of(LEAVES[str], LEAVES[uuid.UUID]),
@@ -759,7 +760,7 @@ def test_a_message_converts_the_same_whatever_was_converted_before(props, ap, ma
     assert cold[1] == b"".join(data)
 
 
-@FAST
+@SOME
 @given(st.dictionaries(st.text("xyzC-", min_size=1, max_size=6), HEADER_VALUES, max_size=4),
        st.lists(SHORTSTR.filter(bool), min_size=1, max_size=3), st.sampled_from([None, "t", AMQP10_TYPE]))
 def test_a_publish_converts_the_same_whatever_was_converted_before(headers, ids, message_type):
