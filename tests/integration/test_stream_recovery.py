@@ -9,6 +9,7 @@ import time
 import pika
 import pytest
 
+from hutch.store.stream_log import StreamLog
 from tests.support.brokers import HutchNode
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,6 +55,15 @@ def test_a_restarted_replica_goes_on_numbering_where_it_stopped(before):
         got = read_all(node, before + 10)
         assert [o for o, _b in got] == list(range(before + 10))
         assert [b for _o, b in got] == [f"m{i}".encode() for i in range(before + 10)]
+        node.stop()
+        (replica,) = (node.data_dir / "streams").iterdir()
+        log = StreamLog(replica, fsync=False)
+        try:
+            # each chunk carries the Raft term of its leader: the restart elected a new one
+            epochs = [e for e, _first in log.epochs()]
+            assert len(epochs) == 2 and 0 < epochs[0] < epochs[1]
+        finally:
+            log.close()
 
 
 def test_files_of_a_replica_the_catalogue_no_longer_has_are_removed_at_boot():

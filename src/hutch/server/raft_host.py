@@ -41,7 +41,8 @@ SNAPSHOT_RECORD_SLACK_BYTES = 64 << 10  # a snapshot record's meta (term, index,
 
 
 class GroupApp(Protocol):
-    """What a Raft group hosted by this node applies its committed entries to."""
+    """What a Raft group hosted by this node applies its committed entries to. An application
+    with a `term` attribute has it set to each entry's term before the entry is applied."""
 
     def apply(self, data: bytes, index: int) -> None: ...
 
@@ -140,9 +141,12 @@ class RaftHost:
             if rd.snapshot is not None and rd.snapshot.data:
                 app.restore(rd.snapshot.data)
             applied = g.applied
+            with_term = hasattr(app, "term")  # an application that records each entry's term (streams' epochs)
             for e in rd.committed_entries:
                 if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
                     try:
+                        if with_term:
+                            app.term = e.term
                         app.apply(e.data, e.index)
                     except Exception:
                         self._apply_failed(gid, e.index)

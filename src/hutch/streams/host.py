@@ -67,14 +67,15 @@ class StreamPort(Protocol):
 class _StreamApp:
     """The stream's replica as its Raft group's application."""
 
-    __slots__ = ("host", "q")
+    __slots__ = ("host", "q", "term")
 
     def __init__(self, host: StreamHost, q: StreamQueue):
         self.host = host
         self.q = q
+        self.term = 0  # the term of the entry being applied (set by the Raft host): the chunk's epoch
 
     def apply(self, data: bytes, index: int) -> None:
-        w = self.q.machine.apply(data)
+        w = self.q.machine.apply(data, self.term)
         if w is not None:
             self.host.written(self.q, w)
 

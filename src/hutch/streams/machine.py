@@ -107,9 +107,13 @@ class StreamMachine:
 
     # ------------------------------------------------------------ applying
 
-    def apply(self, data: bytes) -> Written | None:
+    def apply(self, data: bytes, epoch: int | None = None) -> Written | None:
+        """Apply one committed entry; `epoch`: the Raft term it was committed in (the chunk's
+        epoch; the entry's own field when not given)."""
         e = _dec.decode(data)
         if e[0] == WRITE:
+            if epoch is not None:
+                e[3] = epoch
             return self._write(e)
         if e[0] == TRACK:
             ref, offset = e[1], e[2]
