@@ -18,8 +18,9 @@ import uuid
 
 import pika
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.brokers import HutchNode
+from tests.support.brokers import HutchNode, free_port
 
 STREAM = {"x-queue-type": "stream"}
 
@@ -285,3 +286,22 @@ def test_a_group_that_does_not_exist_is_reported_as_rabbitmq_streams_does(node, 
     assert p.returncode == 70 and p.stderr == "Error:\nThe group does not exist\n"
     p = streams(node, "list_stream_group_consumers", "--stream", name)
     assert p.returncode == 64
+
+
+# ---------------------------------------------------------------- Prometheus
+
+def test_prometheus_reports_a_stream_with_its_figures_and_its_raft_group():
+    port = free_port()
+    with HutchNode(extra_args=["--prometheus-port", str(port)]) as n:
+        c = pika.BlockingConnection(pika.URLParameters(n.url))
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("prom.s", durable=True, arguments=STREAM)
+        publish(ch, "prom.s", 4)
+        c.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/per-object", timeout=10) as resp:
+            families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+        ready = {s.labels["queue"]: s.value for s in families["rabbitmq_queue_messages_ready"].samples}
+        assert ready["prom.s"] == 4
+        terms = {s.labels["queue"]: s.value for s in families["rabbitmq_raft_term"].samples}
+        assert terms["prom.s"] >= 1
