@@ -555,6 +555,15 @@ class ClusterRuntime:
         self._partition_check()
         self.cluster.broker.schedule()
 
+    def announce_info(self) -> None:
+        """Send this node's info (its stream-protocol address among it) to the peers up now: those
+        that came up before the runtime wired `local_info` would otherwise wait for the next
+        periodic send."""
+        if self.cluster.local_info is not None:
+            info = self.cluster.local_info()
+            for peer in self.transport.up_peers:
+                self.transport.send(peer, "q", ["NI", info])
+
     def _partition_check(self) -> None:
         members = self.members()
         up = {m for m in members if m == self.name or self.transport.is_up(m)}

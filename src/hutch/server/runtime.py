@@ -378,6 +378,8 @@ class Node:
             self.broker.cluster.local_info = lambda: node_info(api)
             self.broker.cluster.lister = lambda what, params: local_listing(api, what, params)
             self.broker.cluster.migrator = lambda args, reply: migrate.run_for_peer(api.broker, args, reply)
+            if self.clustering is not None:
+                self.clustering.announce_info()
 
     async def stop_app(self) -> None:
         """Stop the broker: listeners and client connections close, the node leaves its
