@@ -153,7 +153,7 @@ def queue(broker: Broker, q: ClassicQueue, details: bool = False) -> dict[str, A
         "message_bytes_ready": f.ready_bytes,
         "message_bytes_unacknowledged": f.unacked_bytes,
         "consumers": f.consumers,
-        **_memory_fields(f),
+        **(_memory_fields(f) if q.queue_type != "stream" else {}),  # a stream's messages are in its log
         "consumer_capacity": 1.0 if consumers else 0.0,
         "consumer_utilisation": 1.0 if consumers else 0.0,
         "exclusive_consumer_tag": next((c.tag for c in consumers if c.exclusive), None),

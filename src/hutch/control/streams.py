@@ -240,8 +240,6 @@ async def _change_replica(request: web.Request, op: str, node: str) -> web.Respo
     broker, q = _stream(request)
     if op == "remove" and q.members == (node,):
         raise bad_request("Cannot delete the last member of a stream")
-    if op == "add" and not broker.cluster.is_up(node) and node in broker.cluster.members:
-        raise bad_request(f"node {node} is not running")
     await quorum.change_member(broker, q, op, node)
     log.info("stream '%s' in vhost '%s': %s replica on node %s", q.name, q.vhost,
              "added a" if op == "add" else "removed the", node)
