@@ -1,0 +1,185 @@
+"""StreamMachine over a real StreamLog in a temporary directory: a member's replica of a stream as
+its Raft group's committed entries make it.
+
+Deduplication by writer and publishing id, the Raft log applied again over the log a member kept
+(a restart), a snapshot restored past the log's end (a gap) closed by chunks fetched from another
+member with the entries applied meanwhile written after them, a gap that starts below what any
+member still has, and a snapshot behind the log.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hutch.store.stream_log import StreamLog
+from hutch.streamproto import chunk
+from hutch.streams import machine as sm
+
+
+def write(req: int, records: list[bytes], writer: str = "w", pids: list[int] | None = None, ts: int = 1000) -> bytes:
+    return sm.write_entry("n1", req, 0, ts, writer, pids, records)
+
+
+def stored(log: StreamLog) -> list[tuple[int, bytes]]:
+    out = []
+    for info, data in log.read(log.first_offset, 1 << 30):
+        out += [(info.chunk_id + i, r) for i, r in enumerate(chunk.records(data))]
+    return out
+
+
+@pytest.fixture
+def log(tmp_path):
+    lg = StreamLog(tmp_path / "s", fsync=False)
+    yield lg
+    lg.close()
+
+
+def test_each_write_is_one_chunk_numbered_from_the_next_offset(log):
+    m = sm.StreamMachine(log)
+    w1 = m.apply(write(1, [b"a", b"b"], pids=[1, 2]))
+    w2 = m.apply(write(2, [b"c"], pids=[3]))
+    assert (w1.first, w1.written, w1.duplicates) == (0, 2, 0)
+    assert (w2.first, w2.written, w2.duplicates) == (2, 1, 0)
+    assert log.chunk_count == 2 and m.next_offset == m.committed == 3
+    assert stored(log) == [(0, b"a"), (1, b"b"), (2, b"c")]
+
+
+def test_a_writer_resending_gets_its_answer_and_the_stream_keeps_one_copy(log):
+    m = sm.StreamMachine(log)
+    m.apply(write(1, [b"a", b"b"], pids=[1, 2]))
+    again = m.apply(write(2, [b"a", b"b"], pids=[1, 2]))
+    assert (again.first, again.written, again.duplicates) == (None, 0, 2)
+    partly = m.apply(write(3, [b"b", b"c"], pids=[2, 3]))
+    assert (partly.first, partly.written, partly.duplicates) == (2, 1, 1)
+    other = m.apply(write(4, [b"x"], writer="other", pids=[1]))
+    assert other.written == 1
+    assert stored(log) == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"x")]
+    assert m.writer_sequence("w") == 3 and m.writer_sequence("other") == 1
+
+
+def test_without_publishing_ids_nothing_is_deduplicated(log):
+    m = sm.StreamMachine(log)
+    m.apply(write(1, [b"a"], writer="", pids=None))
+    m.apply(write(2, [b"a"], writer="", pids=None))
+    assert stored(log) == [(0, b"a"), (1, b"a")]
+
+
+def test_tracked_offsets_are_kept_by_reference(log):
+    m = sm.StreamMachine(log)
+    assert m.apply(sm.track_entry("app", 5)) is None
+    m.apply(sm.track_entry("app", 9))
+    assert m.stored_offset("app") == 9 and m.stored_offset("none") is None
+
+
+def test_a_restart_applies_the_raft_log_again_without_writing_twice(tmp_path):
+    entries = [write(i, [f"m{i}".encode()], pids=[i]) for i in range(1, 6)]
+    lg = StreamLog(tmp_path / "s", fsync=False)
+    m = sm.StreamMachine(lg)
+    for e in entries[:3]:
+        m.apply(e)
+    lg.close()
+    lg = StreamLog(tmp_path / "s", fsync=False)  # the member restarts with its log of 3 chunks
+    m = sm.StreamMachine(lg)
+    answers = [m.apply(e) for e in entries]  # its Raft log is applied again from the start
+    assert [a.first for a in answers] == [0, 1, 2, 3, 4]
+    assert stored(lg) == [(i, f"m{i + 1}".encode()) for i in range(5)]
+    assert lg.chunk_count == 5 and m.writer_sequence("w") == 5
+    lg.close()
+
+
+def test_a_restart_after_a_snapshot_numbers_on_from_it(tmp_path):
+    lg = StreamLog(tmp_path / "s", fsync=False)
+    m = sm.StreamMachine(lg)
+    m.apply(write(1, [b"a"], pids=[1]))
+    snap = m.snapshot()
+    m.apply(write(2, [b"b"], pids=[2]))
+    lg.close()
+    lg = StreamLog(tmp_path / "s", fsync=False)
+    m = sm.StreamMachine(lg)
+    m.restore(snap)  # the log runs past the snapshot: the entry after it is applied again
+    assert m.missing_from is None
+    m.apply(write(2, [b"b"], pids=[2]))
+    m.apply(write(3, [b"c"], pids=[3]))
+    assert stored(lg) == [(0, b"a"), (1, b"b"), (2, b"c")]
+    lg.close()
+
+
+def test_an_entry_that_would_split_a_chunk_of_the_log_is_refused(log):
+    m = sm.StreamMachine(log)
+    m.apply(write(1, [b"a", b"b"], pids=[1, 2]))
+    m2 = sm.StreamMachine(log)
+    m2.apply(write(1, [b"a"], writer="x", pids=[1]))  # offset 0 is in the log: the chunk is there
+    with pytest.raises(AssertionError):
+        m2.apply(write(2, [b"b", b"c"], writer="x", pids=[2, 3]))  # offsets 1..2: the log ends at 2
+
+
+def _source(tmp_path, n: int) -> tuple[StreamLog, sm.StreamMachine]:
+    lg = StreamLog(tmp_path / "src", fsync=False)
+    m = sm.StreamMachine(lg)
+    for i in range(n):
+        m.apply(write(i + 1, [f"m{i}".encode()], pids=[i + 1]))
+    return lg, m
+
+
+def test_a_snapshot_past_the_logs_end_leaves_a_gap_that_fill_closes(tmp_path):
+    src_log, src = _source(tmp_path, 4)
+    snap = src.snapshot()
+    lg = StreamLog(tmp_path / "s", fsync=False)
+    m = sm.StreamMachine(lg)
+    m.restore(snap)
+    assert m.missing_from == 0 and m.next_offset == 4 and m.committed == 0
+    # entries committed after the snapshot wait for the gap to close
+    w = m.apply(write(5, [b"m4"], pids=[5]))
+    assert w.first == 4 and lg.next_offset == 0 and len(m.pending) == 1
+    raw = [bytes(data) for _info, data in src_log.read(0, 1 << 30)]
+    m.fill(raw[:2])
+    assert m.missing_from == 2 and lg.next_offset == 2
+    m.fill(raw[1:])  # a chunk it has already is ignored
+    assert m.missing_from is None and not m.pending
+    assert stored(lg) == [(i, f"m{i}".encode()) for i in range(5)]
+    assert m.writer_sequence("w") == 5
+    src_log.close()
+    lg.close()
+
+
+def test_fill_ignores_chunks_out_of_order(tmp_path):
+    src_log, src = _source(tmp_path, 3)
+    snap = src.snapshot()
+    lg = StreamLog(tmp_path / "s", fsync=False)
+    m = sm.StreamMachine(lg)
+    m.restore(snap)
+    raw = [bytes(data) for _info, data in src_log.read(0, 1 << 30)]
+    m.fill([raw[2], raw[1]])
+    assert lg.next_offset == 0 and m.missing_from == 0
+    m.fill(raw)
+    assert m.missing_from is None and lg.next_offset == 3
+    src_log.close()
+    lg.close()
+
+
+def test_a_gap_below_what_any_member_has_restarts_the_log_there(tmp_path):
+    src_log, src = _source(tmp_path, 6)
+    snap = src.snapshot()
+    lg = StreamLog(tmp_path / "s", fsync=False)
+    m = sm.StreamMachine(lg)
+    m.restore(snap)
+    m.restart_at(4)  # retention removed offsets below 4 everywhere
+    assert lg.first_offset == 4 and m.missing_from == 4
+    raw = [bytes(data) for info, data in src_log.read(4, 1 << 30)]
+    m.fill(raw)
+    assert m.missing_from is None
+    assert stored(lg) == [(4, b"m4"), (5, b"m5")]
+    src_log.close()
+    lg.close()
+
+
+def test_a_snapshot_holds_the_writers_and_tracked_offsets(log, tmp_path):
+    m = sm.StreamMachine(log)
+    m.apply(write(1, [b"a"], pids=[7]))
+    m.apply(sm.track_entry("app", 0))
+    lg2 = StreamLog(tmp_path / "other", fsync=False)
+    m2 = sm.StreamMachine(lg2)
+    m2.restore(m.snapshot())
+    assert m2.writer_sequence("w") == 7 and m2.stored_offset("app") == 0
+    assert m2.apply(write(2, [b"a"], pids=[7])).duplicates == 1
+    lg2.close()
