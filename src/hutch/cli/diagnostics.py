@@ -196,7 +196,7 @@ def _critical_check(s: Session, check: str, what: str) -> None:
 # hutch-queues offers these two checks too (rabbitmq-queues has them as well): the same commands
 @command(cli, "check_if_node_is_quorum_critical")
 def check_if_node_is_quorum_critical(s: Session) -> None:
-    """Fail (exit 69) when stopping this node would leave a quorum queue without a majority."""
+    """Fail (exit 69) when stopping this node would leave a quorum queue or a stream without a majority."""
     _critical_check(s, "node-is-quorum-critical", "quorum of any quorum queues")
 
 

@@ -12,7 +12,7 @@
         fails (exit 69) when this node holds the only synchronised replica of a mirrored
         classic queue: stopping it would lose that queue's messages
     hutch-queues check_if_node_is_quorum_critical
-        fails when stopping this node would leave a quorum queue without a majority
+        fails when stopping this node would leave a quorum queue or a stream without a majority
 
 The two checks are hutch-diagnostics' commands of the same names (one implementation: the
 node's health check endpoints), as rabbitmq-queues and rabbitmq-diagnostics share them.
