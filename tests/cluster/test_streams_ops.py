@@ -153,3 +153,25 @@ def test_a_super_stream_made_on_one_node_is_there_on_every_node(cluster):
     assert tool(cluster, 2, "hutch.cli.streams", "delete_super_stream", "orders").returncode == 0
     names = {q["name"] for q in cluster.api(0, "/api/queues/%2F?columns=name")}
     assert not {"orders-0", "orders-1"} & names
+
+
+def test_a_member_that_is_down_shows_its_node_only_and_catches_up_when_it_returns(cluster):
+    """Last in this module: it stops a node. A stream of three keeps serving with two; the
+    remaining members become critical; the stopped member comes back and gets what it missed."""
+    declare_and_publish(cluster, "s.down", 10)
+    down = cluster.names[2]
+    cluster.kill(2)
+    try:
+        wait_until(lambda: down not in cluster.api(0, "/api/queues/%2F/s.down")["online"], 20, f"{down} offline")
+        declare_and_publish(cluster, "s.down", 15, start=10)  # two of three: still a majority
+        rows = {r["node"]: r for r in status(cluster, 0, "s.down")}
+        assert rows[down]["committed_offset"] is None and rows[down]["epoch"] is None
+        assert [rows[n]["committed_offset"] for n in cluster.names[:2]] == [24, 24]
+        p = tool(cluster, 1, "hutch.cli.diagnostics", "check_if_node_is_quorum_critical")
+        assert p.returncode == 69 and "'s.down' in vhost '/'" in p.stderr
+    finally:
+        cluster.start_node(2)
+    wait_until(lambda: {r["node"]: r["committed_offset"] for r in status(cluster, 0, "s.down")}.get(down) == 24,
+               30, f"{down} caught up")
+    p = tool(cluster, 1, "hutch.cli.diagnostics", "check_if_node_is_quorum_critical")
+    assert "'s.down'" not in p.stderr
