@@ -57,6 +57,7 @@ routes = web.RouteTableDef()
 
 PEER_WAIT_S = 2.0  # how long a status or listing waits for a member's answer
 SUPER_STREAM_PARTITIONS_MAX = 1000  # partitions (or binding keys) of one super stream
+EXTENTS_MAX = 16384  # streams one "stream_extents" call answers for
 PARTITION_ORDER = "x-stream-partition-order"
 SUPER_STREAM = "x-super-stream"
 # a super stream's (and the stream protocol's Create) arguments -> the streams' x- arguments
@@ -94,7 +95,7 @@ def local_extents(broker: Any, gids: list) -> list[list[int]]:
     replica here."""
     out = []
     host = broker.cluster.streams
-    for gid in gids[:SUPER_STREAM_PARTITIONS_MAX * 16]:
+    for gid in gids[:EXTENTS_MAX]:
         q = host.queues.get(gid) if isinstance(gid, int) else None
         if q is not None and q.machine is not None and q.machine.missing_from is None:
             first, end, size = q.extent()
@@ -263,9 +264,8 @@ async def delete_replica(request: web.Request) -> web.Response:
 async def group_consumers(request: web.Request) -> web.Response:
     broker, q = _stream(request)
     params = {"vhost": q.vhost, "stream": q.name, "reference": request.match_info["reference"]}
-    rows: list = []
-    for node in broker.cluster.running_nodes():
-        rows.extend(await _ask(broker, node, "stream_groups", params) or [])
+    answers = await asyncio.gather(*(_ask(broker, n, "stream_groups", params) for n in broker.cluster.running_nodes()))
+    rows = [row for answer in answers for row in answer or ()]
     if not rows:
         raise ApiError(404, "not_found", "The group does not exist")
     return web.json_response(rows)
@@ -439,9 +439,8 @@ async def _cluster_rows(request: web.Request, what: str, extra: dict | None = No
     if what == "stream_connections":
         return await sessions.cluster_listing(api, request, what, vhost)
     params = {"vhost": vhost, **(extra or {})}
-    rows: list[dict] = []
-    for node in api.broker.cluster.running_nodes():
-        rows.extend(await _ask(api.broker, node, what, params) or [])
+    answers = await asyncio.gather(*(_ask(api.broker, n, what, params) for n in api.broker.cluster.running_nodes()))
+    rows = [row for answer in answers for row in answer or ()]
     user = user_of(request)
     visible = set(api.visible_vhosts(user))
     return [r for r in rows if (r.get("queue") or {}).get("vhost") in visible
