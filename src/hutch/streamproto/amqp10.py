@@ -58,7 +58,7 @@ __all__ = [
     "AmqpDecodeError", "UByte", "UShort", "UInt", "ULong", "Byte", "Short", "Int", "Float",
     "Timestamp", "Char", "Symbol", "Decimal32", "Decimal64", "Decimal128", "Array", "Described",
     "encode_value", "decode_value", "Header", "Properties", "Message", "NO_VALUE",
-    "from_basic", "to_basic", "NO_PROPERTIES", "AMQP10_TYPE", "BASIC_PROPERTY_NAMES", "DEPTH_MAX",
+    "from_basic", "to_basic", "route", "NO_PROPERTIES", "AMQP10_TYPE", "BASIC_PROPERTY_NAMES", "DEPTH_MAX",
 ]
 
 DEPTH_MAX = 64  # lists, maps, arrays and described values nested deeper are refused
@@ -1625,6 +1625,40 @@ def to_basic(encoded: bytes) -> tuple[bytes, bytes]:
         body, message_type = m.body if m.data else b"", None
     return _basic_properties(_basic_template(m, message_type), m.properties), body
 
+
+
+def route(encoded: bytes) -> tuple[str, str] | None:
+    """The exchange and routing key a message was published with (the `x-exchange` and
+    `x-routing-key` message annotations `from_basic` writes, as RabbitMQ delivers them to an
+    AMQP 0-9-1 consumer), or None when it has not both. The sections other than the properties
+    are looked up among those read lately, as `to_basic` does. Raises AmqpDecodeError for a
+    malformed message."""
+    buf = bytes(encoded)
+    if _data_only(buf) is not None:
+        return None
+    shape = _data_shape(buf)
+    if shape is None:
+        m = _guarded(_decode_sections, buf, None)
+        return _route_of(m.message_annotations)
+    head_end, properties_span = shape[0], shape[1]
+    others = buf[:head_end] if properties_span is None else buf[:properties_span[0]] + buf[properties_span[1]:head_end]
+    r = _routes_cached.get(others, _NO_ROUTE)
+    if r is _NO_ROUTE:
+        r = _route_of(_guarded(_decode_sections, others, None).message_annotations)
+        if len(others) <= _CACHED_BYTES_MAX:
+            _remember(_routes_cached, others, r)
+    return r
+
+
+def _route_of(annotations: Mapping[Any, Any] | None) -> tuple[str, str] | None:
+    if not annotations:
+        return None
+    exchange, key = annotations.get("x-exchange"), annotations.get("x-routing-key")
+    return (str(exchange), str(key)) if isinstance(exchange, str) and isinstance(key, str) else None
+
+
+_routes_cached: dict[bytes, tuple[str, str] | None] = {}
+_NO_ROUTE = object()
 
 def _head_to_basic(head: bytes, properties_span: tuple[int, int] | None) -> bytes:
     """The 0-9-1 properties of the sections before a data body: the properties section
