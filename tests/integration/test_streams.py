@@ -304,6 +304,42 @@ def test_an_invalid_offset_is_refused_by_hutch_with_a_406_naming_it(hutch):
         conn.channel().queue_delete(name)
 
 
+def test_a_delivery_carries_the_exchange_and_routing_key_it_was_published_with(conn, stream):
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare(ch, stream)
+    ch.queue_bind(stream, "amq.direct", "rk")
+    ch.basic_publish("amq.direct", "rk", b"routed")
+    ch.basic_publish("", stream, b"direct")
+    got: list[tuple[str, str, bool, bytes]] = []
+    c = conn.channel()
+    c.basic_qos(prefetch_count=10)
+    c.basic_consume(stream, lambda ch_, m, _p, b: (got.append((m.exchange, m.routing_key, m.redelivered, b)),
+                                                   ch_.basic_ack(m.delivery_tag)), arguments={"x-stream-offset": "first"})
+    drain(conn, lambda: len(got) == 2, 10, "two deliveries")
+    assert got == [("amq.direct", "rk", False, b"routed"), ("", stream, False, b"direct")]
+
+
+def test_consuming_again_on_the_channel_starts_where_asked(conn, stream):
+    publish_five(conn, stream)
+    c = Consumer(conn, stream, **{"x-stream-offset": "first"}).wait(5)
+    c.ch.basic_cancel(c.tag)
+    c.got.clear()
+    c.tag = c.ch.basic_consume(stream, c._on, arguments={"x-stream-offset": 3})
+    c.wait(2)
+    assert [t for t, _b, _p in c.got] == [6, 7] and c.offsets == [3, 4]
+
+
+def test_deleting_a_stream_cancels_its_consumers(conn, stream):
+    publish_five(conn, stream)
+    c = Consumer(conn, stream, **{"x-stream-offset": "first"}).wait(5)
+    cancelled: list[str] = []
+    c.ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    conn.channel().queue_delete(stream)
+    drain(conn, lambda: cancelled, 10, "basic.cancel")
+    assert cancelled == [c.tag]
+
+
 # ----------------------------------------------------------------------------- consumers and credit
 
 

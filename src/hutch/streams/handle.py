@@ -31,6 +31,7 @@ STREAM = register(QueueType("stream", (REPLICATED,)))
 READ_BYTES = 1 << 20  # what a consumer reads from the log at a time
 PARK_S = 5.0  # how long a member holds another node's read at the stream's end before answering it empty
 PARKED_MAX = 4096  # such reads held per stream (past it the oldest is answered empty)
+ROUTES_CACHED_MAX = 256  # encoded delivery routes kept per stream
 POLL_S = 1.0  # how often a node without a whole replica looks again for readers whose read failed
 
 
@@ -121,6 +122,7 @@ class StreamQueue:
         # reads from other nodes at the end of this member's replica: (deadline s, offset, max bytes, answer)
         self._parked: deque[tuple[float, int, int, Callable[[Any], None]]] = deque()
         self._next_poll_s = 0.0
+        self._routes: dict[tuple[str, str], bytes] = {}  # (exchange, routing key) -> encoded, for deliveries
 
     def __repr__(self) -> str:
         return f"StreamQueue({self.vhost!r}, {self.name!r}, group {self.gid})"
@@ -252,17 +254,33 @@ class StreamQueue:
             offset, record = records.popleft()
             try:
                 props, body = amqp10.to_basic(record)
+                route = self._route_of(amqp10.route(record))
             except ValueError:
                 props, body = amqp10.NO_PROPERTIES, record  # not an AMQP 1.0 message: its bytes as the body
+                route = self._route
             props = codec.edit_properties(props, set_headers={"x-stream-offset": codec.typed_value(offset)})
-            deliver(c, self, offset, 1, False, self._route, props, body)
+            deliver(c, self, offset, 1, False, route, props, body)
             r.offset = offset + 1
             sent += 1
         return sent
 
     @property
     def _route(self) -> bytes:
+        """The route of a message that names none (a stream client's): the default exchange and
+        the stream's name."""
         return codec.route_encoding("", self.name)
+
+    def _route_of(self, route: tuple[str, str] | None) -> bytes:
+        """A delivery's exchange and routing key: those it was published with, as RabbitMQ gives them."""
+        if route is None:
+            return self._route
+        routes = self._routes
+        enc = routes.get(route)
+        if enc is None:
+            if len(routes) >= ROUTES_CACHED_MAX:
+                routes.clear()
+            enc = routes[route] = codec.route_encoding(*route)
+        return enc
 
     def _read(self, r: _Reader) -> None:
         start = r.start if r.offset < 0 else r.offset
