@@ -87,6 +87,7 @@ SETTLE_MAX_S = 20.0
 DRAIN_IDLE_S = 10.0
 PERF_TIMEOUT_S = 900.0
 RECONNECT_DELAY_S = 0.2
+INCIDENTS_MAX = 50
 PUBLISHER_REFERENCE = "streams-bench"
 RESULTS = ROOT / "bench" / "results"
 PYTHON = sys.executable
@@ -256,10 +257,17 @@ class Failover:
         self.t_kill_ns = 0
         self.first_confirm_after_ns = 0
         self.first_delivery_after_ns = 0
-        self.incidents: list[str] = []
+        self.incidents: list[list] = []  # [what, times in a row]
         self.consumer_offset = 0  # the next offset the consumer wants
         self.last_delivery_ns = 0
         self.room: asyncio.Future | None = None
+
+    def incident(self, what: str) -> None:
+        """Noted once; a repeat of the last one only counts (a consumer refused while no leader is known)."""
+        if self.incidents and self.incidents[-1][0] == what:
+            self.incidents[-1][1] += 1
+        elif len(self.incidents) < INCIDENTS_MAX:
+            self.incidents.append([what, 1])
 
     def ep(self, i: int) -> StreamEndpoint:
         return StreamEndpoint.from_uri(self.b.stream_url(i))
@@ -312,7 +320,7 @@ class Failover:
                 ep = await self.leader()
                 client = await StreamClient.connect(ep, "streams-bench-producer", timeout_s=5.0)
             except (OSError, TimeoutError, StreamError) as e:
-                self.incidents.append(f"producer connect: {e}")
+                self.incident(f"producer connect: {e}")
                 await asyncio.sleep(RECONNECT_DELAY_S)
                 continue
             try:
@@ -325,7 +333,7 @@ class Failover:
                         self.settle(pid, now)
                 again = sorted(self.outstanding)
                 if again:
-                    self.incidents.append(f"producer republishes {len(again)} unconfirmed messages to {ep}")
+                    self.incident(f"producer republishes {len(again)} unconfirmed messages to {ep}")
                     for k in range(0, len(again), 100):
                         pids = again[k:k + 100]
                         client.send(f.encode(f.Publish(0, self.template.batch_ids(time.time_ns(), pids, pids))))
@@ -337,7 +345,7 @@ class Failover:
                 if client.closed.done() and not final.done():
                     raise client.close_error()
             except (OSError, TimeoutError, StreamError, ConnectionError) as e:
-                self.incidents.append(f"producer lost its connection: {e}")
+                self.incident(f"producer lost its connection: {e}")
             finally:
                 client.abort()
 
@@ -386,7 +394,7 @@ class Failover:
             try:
                 client = await StreamClient.connect(self.ep(i), "streams-bench-consumer", timeout_s=5.0)
             except (OSError, TimeoutError, StreamError) as e:
-                self.incidents.append(f"consumer connect: {e}")
+                self.incident(f"consumer connect: {e}")
                 await asyncio.sleep(RECONNECT_DELAY_S)
                 continue
             try:
@@ -396,9 +404,9 @@ class Failover:
                     ready.set_result(None)
                 await asyncio.wait([stop, client.closed], return_when=asyncio.FIRST_COMPLETED)
                 if client.closed.done() and not stop.done():
-                    self.incidents.append(f"consumer lost its connection: {client.close_error()}")
+                    self.incident(f"consumer lost its connection: {client.close_error()}")
             except (OSError, TimeoutError, StreamError, ConnectionError) as e:
-                self.incidents.append(f"consumer: {e}")
+                self.incident(f"consumer: {e}")
             finally:
                 if stop.done():
                     await client.close()
@@ -450,7 +458,8 @@ class Failover:
                 "resume_ms": ms(self.first_delivery_after_ns), "first_confirm_ms": ms(self.first_confirm_after_ns),
                 "published": self.next_pid - 1, "confirmed": len(self.confirmed),
                 "unconfirmed": len(self.outstanding), "delivered": len(self.deliveries), "lost": len(lost),
-                "lost_ids": lost[:20], "duplicates": dups, "incidents": self.incidents[:50]}
+                "lost_ids": lost[:20], "duplicates": dups,
+                "incidents": [w if n == 1 else f"{w} (x{n})" for w, n in self.incidents]}
 
 
 # -- the run -----------------------------------------------------------------------------------------------
@@ -470,15 +479,15 @@ def fmt(v, digits: int = 0) -> str:
     return f"{v:,}"
 
 
-ROWS = [  # (label, path in a config's results, kind) kind: rate (higher is better) or time
+ROWS = [  # (label, path in a config's results, kind): a rate is better higher, a time lower
     ("AMQP 0-9-1 publish, confirmed msg/s", ("throughput_amqp", "publish_rate"), "rate"),
     ("AMQP 0-9-1 consume msg/s", ("throughput_amqp", "consume_rate"), "rate"),
     ("stream publish, confirmed msg/s", ("throughput_stream", "publish_rate"), "rate"),
     ("stream consume msg/s", ("throughput_stream", "consume_rate"), "rate"),
-    ("catch-up from first, s", ("catchup", "read_s"), "time"),
+    ("catch-up from first, s (lower is better)", ("catchup", "read_s"), "time"),
     ("catch-up msg/s", ("catchup", "read_rate"), "rate"),
-    ("failover: kill -9 to delivery, ms", ("failover", "resume_ms"), "time"),
-    ("failover: kill -9 to confirm, ms", ("failover", "first_confirm_ms"), "time"),
+    ("failover: kill -9 to delivery, ms (lower)", ("failover", "resume_ms"), "time"),
+    ("failover: kill -9 to confirm, ms (lower)", ("failover", "first_confirm_ms"), "time"),
     ("failover: confirmed", ("failover", "confirmed"), "count"),
     ("failover: lost / duplicates", ("failover", "lost"), "loss"),
 ]
@@ -494,7 +503,7 @@ def print_table(results: dict, replicas: list[int]) -> None:
         r = results.get("rabbitmq", {}).get(str(n), {})
         h = results.get("hutch", {}).get(str(n), {})
         print(f"\n{n} replica{'s' if n > 1 else ''} ({'single node' if n == 1 else f'{n}-node clusters'})")
-        print(f"  {'':42} {'RabbitMQ':>12} {'hutch':>12} {'hutch/RabbitMQ':>15}")
+        print(f"  {'':44} {'RabbitMQ':>12} {'hutch':>12} {'hutch/RabbitMQ':>15}")
         for label, path, kind in ROWS:
             rv, hv = _get(r, path), _get(h, path)
             if rv is None and hv is None:
@@ -502,10 +511,10 @@ def print_table(results: dict, replicas: list[int]) -> None:
             if kind == "loss":
                 rs = "-" if rv is None else f"{rv} / {r['failover']['duplicates']}"
                 hs = "-" if hv is None else f"{hv} / {h['failover']['duplicates']}"
-                print(f"  {label:42} {rs:>12} {hs:>12} {'':>15}")
+                print(f"  {label:44} {rs:>12} {hs:>12} {'':>15}")
                 continue
-            digits = 2 if kind == "time" and label.endswith(", s") else 0
-            print(f"  {label:42} {fmt(rv, digits):>12} {fmt(hv, digits):>12} "
+            digits = 2 if kind == "time" and ", s " in label else 0
+            print(f"  {label:44} {fmt(rv, digits):>12} {fmt(hv, digits):>12} "
                   f"{ratio(hv, rv) if kind != 'count' else '':>15}")
 
 
