@@ -117,7 +117,7 @@ def test_a_stream_of_three_replicates_to_every_member(cluster):
         assert read_all(cluster, i, name, 200) == list(enumerate(bodies))
 
 
-def test_a_node_that_is_not_a_member_reads_from_a_member_and_keeps_up(cluster):
+def test_a_node_that_is_not_a_member_reads_and_writes_through_the_members(cluster):
     name = unique("s2")
     declare(cluster, 0, name, **{"x-initial-cluster-size": 2})
     members = info(cluster, name, 0)["members"]
@@ -138,7 +138,7 @@ def test_a_node_that_is_not_a_member_reads_from_a_member_and_keeps_up(cluster):
         while len(got) < 50 and time.monotonic() < deadline:
             conn.process_data_events(0.1)
         assert got == list(range(50))
-        publish(cluster, 1, name, [f"b{i}".encode() for i in range(30)])
+        publish(cluster, outsider, name, [f"b{i}".encode() for i in range(30)])  # published there too
         deadline = time.monotonic() + 20
         while len(got) < 80 and time.monotonic() < deadline:
             conn.process_data_events(0.1)
