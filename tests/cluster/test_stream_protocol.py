@@ -100,6 +100,36 @@ def test_metadata_names_the_leader_and_the_replicas_with_each_nodes_stream_port(
         assert metadata(c, name)[0] == f.STREAM_DOES_NOT_EXIST
 
 
+def test_a_node_without_a_replica_publishes_consumes_tracks_offsets_and_answers_stats(cluster):
+    """A stream on two of the three nodes; the third has no replica and serves its clients from a
+    member's (as RabbitMQ's stream plugin does through the leader's and replicas' processes)."""
+    name = unique()
+    with connected(cluster, 0) as c:
+        create(c, name, **{"initial-cluster-size": "2"})
+        _code, leader, replicas = metadata(c, name)
+    assert len(replicas) == 1
+    members = {node_at(cluster, leader[1]), node_at(cluster, replicas[0][1])}
+    [outsider] = set(range(cluster.n)) - members
+    with connected(cluster, outsider) as c:
+        assert c.call(f.DeclarePublisher(c.cid(), 0, "outside-writer", name)).code == f.OK
+        publish(c, 0, 1, 25)
+        assert c.call(f.QueryPublisherSequence(c.cid(), "outside-writer", name)).sequence == 25
+        assert c.call(f.Subscribe(c.cid(), 1, name, f.OFFSET_TYPE_FIRST, None, 3)).code == f.OK
+        got: list[bytes] = []
+        consume(c, 1, 25, got)
+        assert got == [f"m{i}".encode() for i in range(1, 26)]
+        publish(c, 0, 26, 5)  # a subscription at the end gets what comes later
+        consume(c, 1, 30, got)
+        assert got[25:] == [f"m{i}".encode() for i in range(26, 31)]
+        c.send(f.StoreOffset("outside-reader", name, 29))
+        wait_until(lambda: c.call(f.QueryOffset(c.cid(), "outside-reader", name)).offset == 29, 20,
+                   "the stored offset")
+        stats = c.call(f.StreamStats(c.cid(), name))
+        assert stats.code == f.OK and stats.stats["first_chunk_id"] == 0
+        assert 0 < stats.stats["committed_chunk_id"] <= 29
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
 def test_a_consumer_on_a_replica_keeps_receiving_through_the_leaders_kill_and_publishing_resumes_on_the_new_leader(
         cluster):
     name = unique()

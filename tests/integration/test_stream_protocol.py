@@ -344,6 +344,73 @@ def test_rstream_consumer_with_little_credit_gets_everything(server):
     run(go())
 
 
+def test_rstream_sub_entry_batches_plain_and_gzip_are_read_as_single_messages_at_their_offsets(server):
+    from rstream import (
+        AMQPMessage,
+        CompressionType,
+        Consumer,
+        ConsumerOffsetSpecification,
+        OffsetType,
+        Producer,
+        amqp_decoder,
+    )
+
+    name = unique()
+
+    async def go():
+        confirmed = asyncio.Event()
+        count = 0
+
+        def on_confirm(status):
+            nonlocal count
+            count += 1
+            if count == 2:
+                confirmed.set()
+        async with Producer("127.0.0.1", server.stream_port, username="guest", password="guest") as p:
+            await p.create_stream(name)
+            await p.send_sub_entry(name, [AMQPMessage(body=f"plain{i}".encode()) for i in range(4)],
+                                   compression_type=CompressionType.No, on_publish_confirm=on_confirm)
+            await p.send_sub_entry(name, [AMQPMessage(body=f"gzip{i}".encode()) for i in range(5)],
+                                   compression_type=CompressionType.Gzip, on_publish_confirm=on_confirm)
+            await asyncio.wait_for(confirmed.wait(), TIMEOUT_S)
+            got = []
+            done = asyncio.Event()
+
+            def on_message(msg, ctx):
+                got.append((ctx.offset, b"".join(msg.body) if isinstance(msg.body, list) else msg.body))
+                if len(got) == 9:
+                    done.set()
+            async with Consumer("127.0.0.1", server.stream_port, username="guest", password="guest") as c:
+                await c.subscribe(name, on_message, decoder=amqp_decoder,
+                                  offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+                await asyncio.wait_for(done.wait(), TIMEOUT_S)
+            assert got == list(enumerate([f"plain{i}".encode() for i in range(4)] +
+                                         [f"gzip{i}".encode() for i in range(5)]))
+            await p.delete_stream(name)
+    run(go())
+
+
+def test_an_offset_past_the_end_waits_for_it_and_unsubscribe_stops_deliveries(server):
+    name = unique()
+    with raw(server) as c:
+        create(c, name)
+        publish_chunks(c, name, [["a0", "a1"]])
+        _subscribe(c, name, f.OFFSET_TYPE_OFFSET, 3, sub=1)
+        _subscribe(c, name, f.OFFSET_TYPE_TIMESTAMP, int(time.time() * 1000) + 3_600_000, sub=2)
+        _subscribe(c, name, f.OFFSET_TYPE_FIRST, sub=3)
+        assert chunk_bodies(c.recv(f.Deliver, f.DeliverV2).chunk) == [b"a0", b"a1"]
+        assert c.sync() == []
+        assert c.call(f.Unsubscribe(c.cid(), 3)).code == f.OK
+        publish_chunks(c, name, [["b2", "b3"]])  # offset 3 is in it: subscription 1 gets the chunk
+        seen = {}
+        while len(seen) < 2:
+            d = c.recv(f.Deliver, f.DeliverV2)
+            seen[d.subscription_id] = chunk_bodies(d.chunk)
+        assert seen == {1: [b"b2", b"b3"], 2: [b"b2", b"b3"]}
+        assert c.sync() == []  # and nothing for the subscription that went
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
 # ---------------------------------------------------------------- offsets kept by the server
 
 
@@ -466,6 +533,25 @@ def test_filtering_only_chunks_with_a_matching_value_come_and_the_client_filters
                 seen[d.subscription_id].append(chunk_bodies(d.chunk))
         assert seen[2] == [[b"r1", b"r2"], [b"r3", b"g1"]]  # whole chunks: the client drops g1
         assert seen[3] == [[b"r3", b"g1"], [b"plain"]]
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+def test_a_filter_reads_past_megabytes_of_chunks_it_skips(hutch_node):
+    name = unique()
+    with raw(hutch_node) as c:
+        c.send(f.ExchangeCommandVersions(c.cid(), [(f.KEY_PUBLISH, 1, 2), (f.KEY_DELIVER, 1, 2)]))
+        c.recv(f.ExchangeCommandVersionsResponse)
+        create(c, name)
+        assert c.call(f.DeclarePublisher(c.cid(), 1, "", name)).code == f.OK
+        filler = "x" * 60_000
+        for i in range(40):  # 2.4 MB the subscription does not want, one chunk each
+            c.send(f.PublishV2(1, [(i + 1, "blue", amqp_body(f"{i}{filler}"))]))
+            c.recv(f.PublishConfirm)
+        c.send(f.PublishV2(1, [(41, "red", amqp_body("wanted"))]))
+        c.recv(f.PublishConfirm)
+        c.send(f.Subscribe(c.cid(), 1, name, f.OFFSET_TYPE_FIRST, None, 10, {"filter.0": "red"}))
+        d = c.recv(f.Deliver, f.DeliverV2)
+        assert chunk_bodies(d.chunk) == [b"wanted"]
         assert c.call(f.Delete(c.cid(), name)).code == f.OK
 
 

@@ -60,7 +60,7 @@ class _Publisher:
 
 
 class _Subscription:
-    __slots__ = ("id", "q", "offset", "credit", "reading", "filters", "match_unfiltered", "properties")
+    __slots__ = ("id", "q", "offset", "credit", "reading", "idle", "filters", "match_unfiltered", "properties")
 
     def __init__(self, sid: int, q: Any, start: Any, credit: int, properties: dict):
         self.id = sid
@@ -68,6 +68,7 @@ class _Subscription:
         self.offset: Any = start  # the next offset to read from (a spec until the first read resolves it)
         self.credit = credit
         self.reading = False
+        self.idle = False  # its last read found nothing new: read again on the next tick
         self.properties = properties
         self.filters = [v.encode() for k, v in sorted(properties.items()) if k.startswith("filter.")]
         self.match_unfiltered = properties.get("match-unfiltered", "false") == "true"
@@ -299,36 +300,65 @@ class StreamSession:
             self._flush()
 
     def _read(self, s: _Subscription) -> None:
-        s.reading = True
+        """Deliver from `s.offset` while the subscription has credit and the stream has more. A
+        replica here answers at once (so this loops rather than recursing, however many chunks a
+        filter skips); a member's on another node answers later, and its answer reads on."""
+        while True:
+            s.reading = True
+            s.idle = False
+            now: list[Any] = []  # the answer, when it comes during the call
+            in_call = [True]
 
-        def got(answer: Any) -> None:
-            s.reading = False
-            if answer is None or self.closed or self.subscriptions.get(s.id) is not s:
-                return
-            start, raw, committed = answer
-            if not isinstance(s.offset, int):
-                s.offset = start
-            sent = 0
-            for c in raw:
-                h = chunks.read_header(c)
-                if h.next_offset <= s.offset:
-                    continue
-                s.offset = h.next_offset
-                if s.filters and h.bloom_size and not any(
-                        chunks.bloom_may_contain(chunks.bloom_of_chunk(c, h), v) for v in s.filters):
-                    continue  # no record of this chunk has one of the subscription's filter values
-                if s.filters and not h.bloom_size and not s.match_unfiltered:
-                    continue
-                self.conn.send_deliver(s.id, c if self.conn_filters() else chunks.without_bloom(c, h), committed)
-                s.credit -= 1
-                sent += 1
-                if s.credit <= 0:
-                    break
-            if sent:
-                self._flush()
-                if s.credit > 0:
+            def got(answer: Any, now: list[Any] = now, in_call: list[bool] = in_call) -> None:
+                if in_call[0]:
+                    now.append(answer)
+                    return
+                s.reading = False
+                if self._delivered(s, answer):
                     self._read(s)
-        self.streams.read_chunks(s.q, s.offset, CHUNK_READ_BYTES, got)
+            self.streams.read_chunks(s.q, s.offset, CHUNK_READ_BYTES, got)
+            in_call[0] = False
+            if not now:
+                return
+            s.reading = False
+            if not self._delivered(s, now[0]):
+                return
+
+    def _delivered(self, s: _Subscription, answer: Any) -> bool:
+        """Send what a read found that the subscription takes; whether to read on."""
+        if self.closed or self.subscriptions.get(s.id) is not s:
+            return False
+        if answer is None:  # no member answered (a leader change, say): again on the next tick
+            s.idle = True
+            return False
+        start, raw, committed = answer
+        if not isinstance(s.offset, int):
+            s.offset = start
+        before = s.offset
+        sent = 0
+        for c in raw:
+            h = chunks.read_header(c)
+            if h.next_offset <= s.offset:
+                continue
+            s.offset = h.next_offset
+            if s.filters and h.bloom_size and not any(
+                    chunks.bloom_may_contain(chunks.bloom_of_chunk(c, h), v) for v in s.filters):
+                continue  # no record of this chunk has one of the subscription's filter values
+            if s.filters and not h.bloom_size and not s.match_unfiltered:
+                continue
+            self.conn.send_deliver(s.id, c if self.conn_filters() else chunks.without_bloom(c, h), committed)
+            s.credit -= 1
+            sent += 1
+            if s.credit <= 0:
+                break
+        if sent:
+            self._flush()
+        if s.offset == before:
+            # at the end: a member's replica here wakes the session when more is written; a node
+            # without one is told nothing, so an idle subscription reads again on each tick
+            s.idle = True
+            return False
+        return s.credit > 0  # more may follow (or every chunk read was filtered out)
 
     def conn_filters(self) -> bool:
         """Whether the client takes chunks with their bloom filter (it speaks Deliver v2)."""
@@ -443,8 +473,13 @@ class StreamSession:
 
     def tick(self) -> None:
         """The runtime's timer, about once a second."""
-        if self._creating and not self.closed:
+        if self.closed:
+            return
+        if self._creating:
             self._answer_creates(tick=True)
+        for s in list(self.subscriptions.values()):
+            if s.idle and s.credit > 0 and not s.reading and not s.q.deleted:
+                self._read(s)
 
     def metadata(self, cmd: f.Metadata) -> None:
         cl = self.broker.cluster
