@@ -143,6 +143,7 @@ def test_a_node_that_is_not_a_member_reads_and_writes_through_the_members(cluste
         while len(got) < 80 and time.monotonic() < deadline:
             conn.process_data_events(0.1)
         assert got == list(range(80))
+        assert conn.channel().queue_declare(name, passive=True).method.message_count == 80  # asked of a member
     finally:
         conn.close()
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.cluster import catalogue as cat
-from hutch.queues.handle import REPLICATED, Figures, QueueType, register
+from hutch.queues.handle import PENDING, REPLICATED, Figures, QueueType, register
 from hutch.streamproto import amqp10
 from hutch.streams.config import StreamConfig, parse_age
 
@@ -44,6 +44,7 @@ class HostOps(Protocol):
     def read_local(self, q: StreamQueue, start: Any, max_bytes: int) -> Any: ...
     def now_ms(self) -> int: ...
     def owner_id(self) -> str: ...
+    def peers_call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None: ...
 
 
 def resolve_spec(value: Any, now_ms: int) -> Any:
@@ -308,8 +309,22 @@ class StreamQueue:
             return
 
     # -- client operations (hutch.queues.handle)
-    def stat(self, reply: Callable[[Any], None]) -> tuple[int, int]:
-        return self.message_count, self.consumer_count
+    def stat(self, reply: Callable[[Any], None]) -> Any:
+        """declare-ok's counts: from the replica here, or asked of a member (the leader first)."""
+        m = self.machine
+        up = [n for n in self.online() if n != self.host.peers.node]
+        if (m is not None and m.missing_from is None) or not up:
+            return self.message_count, self.consumer_count
+        leader = self.host.leader_of(self)
+        consumers = self.consumer_count
+
+        def got(answer: Any) -> None:
+            st = answer[1] if answer is not None and answer[0] == 200 else None
+            if isinstance(st, dict):
+                self.reported = (st["first_offset"], st["committed_offset"], st["bytes"])
+            reply((self.message_count, consumers))
+        self.host.peers_call(leader if leader in up else up[0], "sstatus", [self.gid], got)
+        return PENDING
 
     def purge(self, reply: Callable[[Any], None]) -> Any:
         raise self._unsupported("queue.purge")
