@@ -82,14 +82,11 @@ class _StreamApp:
     def restore(self, data: bytes) -> None:
         m = self.q.machine
         m.restore(data)
-        self.q.snapshotted = True
         if m.missing_from is not None:
             self.host.gap(self.q)
 
     def snapshot(self) -> bytes:
-        data = self.q.machine.snapshot()
-        self.q.snapshotted = True
-        return data
+        return self.q.machine.snapshot()
 
     def snapshot_due(self, entries_kept: int) -> bool:
         return entries_kept >= SNAPSHOT_ENTRIES
@@ -619,10 +616,9 @@ class StreamHost:
             for q in self.queues.values():
                 lg = q.log
                 cfg = q.config
-                # not before the first snapshot: until then the Raft log replays the stream from
-                # offset 0 after a restart, and the numbering must find every chunk still there
-                if lg is not None and getattr(q, "snapshotted", False) and (
-                        cfg.max_bytes is not None or cfg.max_age_ms is not None):
+                # also before the first snapshot: a restart applies the Raft log again from offset 0,
+                # and the machine numbers the entries whose chunks retention removed without writing them
+                if lg is not None and (cfg.max_bytes is not None or cfg.max_age_ms is not None):
                     try:
                         gone = lg.retain(cfg.max_bytes, cfg.max_age_ms, now_ms)
                     except (OSError, StreamLogError) as e:
