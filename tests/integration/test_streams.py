@@ -431,6 +431,9 @@ def _stream_dirs(node: HutchNode) -> list:
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
 
 
+N_RETAINED = 100
+
+
 def test_retention_by_size_removes_whole_old_segments(hutch):
     name = unique()
     with contextlib.closing(connect(hutch)) as conn:
@@ -438,17 +441,18 @@ def test_retention_by_size_removes_whole_old_segments(hutch):
         ch.confirm_delivery()
         declare(ch, name, **{"x-max-length-bytes": 3000, "x-stream-max-segment-size-bytes": 1000})
         body = b"x" * 200
-        for i in range(60):
-            ch.basic_publish("", name, body, pika.BasicProperties(headers={"i": i}))
         # the host runs retention every few seconds
-        wait_until(lambda: conn.channel().queue_declare(name, passive=True).method.message_count < 60, 20, "old segments removed")
+        for i in range(N_RETAINED):
+            ch.basic_publish("", name, body, pika.BasicProperties(headers={"i": i}))
+        wait_until(lambda: conn.channel().queue_declare(name, passive=True).method.message_count < N_RETAINED, 20,
+                   "old segments removed")
         c = Consumer(conn, name, prefetch=100, **{"x-stream-offset": "first"})
         left = conn.channel().queue_declare(name, passive=True).method.message_count
         c.wait(left)
         first = c.offsets[0]
         assert first > 0
-        assert c.offsets == list(range(first, 60))  # whole chunks went from the old end, nothing else
-        assert [p.headers["i"] for _t, _b, p in c.got] == list(range(first, 60))
+        assert c.offsets == list(range(first, N_RETAINED))  # whole chunks went from the old end, nothing else
+        assert [p.headers["i"] for _t, _b, p in c.got] == list(range(first, N_RETAINED))
         conn.channel().queue_delete(name)
 
 

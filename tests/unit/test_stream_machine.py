@@ -104,6 +104,24 @@ def test_a_restart_after_a_snapshot_numbers_on_from_it(tmp_path):
     lg.close()
 
 
+def test_a_restart_over_a_log_that_retention_shortened_numbers_as_before(tmp_path):
+    entries = [write(i, [b"r" * 300], pids=[i]) for i in range(1, 9)]
+    lg = StreamLog(tmp_path / "s", max_segment_bytes=1000, fsync=False)
+    m = sm.StreamMachine(lg)
+    for e in entries[:6]:
+        m.apply(e)
+    assert lg.retain(max_bytes=1000) > 0
+    first = lg.first_offset
+    assert first > 0
+    lg.close()
+    lg = StreamLog(tmp_path / "s", max_segment_bytes=1000, fsync=False)
+    m = sm.StreamMachine(lg)  # no snapshot: the Raft log is applied again from its first entry
+    answers = [m.apply(e) for e in entries]
+    assert [a.first for a in answers] == list(range(8))
+    assert [o for o, _r in stored(lg)] == list(range(first, 8))
+    lg.close()
+
+
 def test_an_entry_that_would_split_a_chunk_of_the_log_is_refused(log):
     m = sm.StreamMachine(log)
     m.apply(write(1, [b"a", b"b"], pids=[1, 2]))
