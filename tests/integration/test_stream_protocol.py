@@ -482,6 +482,17 @@ def test_deleting_a_stream_tells_its_subscribers_with_a_metadata_update(server):
         assert c.recv(f.MetadataUpdate) == f.MetadataUpdate(f.STREAM_NOT_AVAILABLE, name)
 
 
+def test_deleting_a_stream_tells_its_publishers_and_their_ids_go(server):
+    name = unique()
+    with raw(server) as c, raw(server) as other:
+        create(c, name)
+        assert c.call(f.DeclarePublisher(c.cid(), 4, "", name)).code == f.OK
+        assert other.call(f.Delete(other.cid(), name)).code == f.OK
+        assert c.recv(f.MetadataUpdate) == f.MetadataUpdate(f.STREAM_NOT_AVAILABLE, name)
+        c.send(f.Publish(4, [(1, amqp_body("too late"))]))
+        assert c.recv(f.PublishError).errors == [(1, f.PUBLISHER_DOES_NOT_EXIST)]
+
+
 def test_stream_stats_first_and_committed_chunk_ids(hutch_node):
     """StreamStats came with RabbitMQ 3.11: hutch only."""
     name = unique()

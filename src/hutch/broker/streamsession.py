@@ -162,6 +162,7 @@ class StreamSession:
             return
         writer = cmd.reference or f"{self.id}/{cmd.publisher_id}"
         self.publishers[cmd.publisher_id] = _Publisher(cmd.publisher_id, q, cmd.reference or "", writer)
+        self.streams.watchers.setdefault(self, None)  # to hear of the stream's deletion
         self.conn.respond(cmd, f.OK)
 
     def publish(self, cmd: Any) -> None:
@@ -287,16 +288,20 @@ class StreamSession:
             return
         if self._creating:
             self._answer_creates()
-        sent = False
+        gone: dict[str, None] = {}  # streams deleted under this connection's publishers and subscriptions
+        for p in list(self.publishers.values()):
+            if p.q.deleted:
+                del self.publishers[p.id]
+                gone[p.q.name] = None
         for s in list(self.subscriptions.values()):
             if s.q.deleted:
                 del self.subscriptions[s.id]
-                self.conn.send(f.MetadataUpdate(f.STREAM_NOT_AVAILABLE, s.q.name))
-                sent = True
-                continue
-            if s.credit > 0 and not s.reading:
+                gone[s.q.name] = None
+            elif s.credit > 0 and not s.reading:
                 self._read(s)
-        if sent:
+        if gone:
+            for name in gone:  # as RabbitMQ, once per stream: its publishers and subscriptions are gone
+                self.conn.send(f.MetadataUpdate(f.STREAM_NOT_AVAILABLE, name))
             self._flush()
 
     def _read(self, s: _Subscription) -> None:
