@@ -269,6 +269,23 @@ def test_a_numeric_offset_reads_from_there(conn, stream):
     assert c.bodies == [b"m2", b"m3", b"m4"] and c.offsets == [2, 3, 4]
 
 
+def test_an_offset_below_the_first_reads_from_the_first(conn, stream):
+    publish_five(conn, stream)
+    c = Consumer(conn, stream, **{"x-stream-offset": -1}).wait(5)
+    assert c.offsets == [0, 1, 2, 3, 4]
+
+
+def test_an_offset_beyond_the_end_waits_for_it(conn, stream):
+    publish_five(conn, stream)
+    far = Consumer(conn, stream, **{"x-stream-offset": 7})
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(5, 9):
+        ch.basic_publish("", stream, f"m{i}".encode())
+    far.wait(2)
+    assert far.offsets == [7, 8]
+
+
 def test_an_interval_reads_what_is_younger(conn, stream):
     publish_five(conn, stream)
     c = Consumer(conn, stream, **{"x-stream-offset": "10m"}).wait(5)

@@ -57,9 +57,7 @@ def resolve_spec(value: Any, now_ms: int) -> Any:
     if isinstance(value, bool):
         raise ValueError(value)
     if isinstance(value, int):
-        if value < 0:
-            raise ValueError(value)
-        return value
+        return max(value, 0)  # below the stream's first offset: from the first (RabbitMQ's reading)
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=_dt.UTC)
