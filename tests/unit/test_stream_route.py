@@ -1,6 +1,7 @@
-"""The route of a stored stream message (`hutch.streamproto.amqp10.route`): the exchange and
-routing key an AMQP 0-9-1 publish had, which RabbitMQ gives back to an AMQP 0-9-1 consumer of
-the stream, and None for a message that names none (a stream client's)."""
+"""What an AMQP 0-9-1 consumer of a stream gets besides the body: the route of a stored message
+(`hutch.streamproto.amqp10.route`), the exchange and routing key an AMQP 0-9-1 publish had, which
+RabbitMQ gives back (None for a message that names none, a stream client's); and the
+`x-stream-offset` header (`hutch.streams.handle.with_offset`)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,17 @@ def test_a_stream_clients_message_has_no_route():
 def test_malformed_bytes_raise_the_decode_error():
     with pytest.raises(amqp10.AmqpDecodeError):
         amqp10.route(b"\x00\x53\x72\xc1\xff")
+
+
+@pytest.mark.parametrize("props", [{}, {"headers": {"h": 1}, "delivery_mode": 2, "message_id": "m"},
+                                   {"headers": {"x-stream-offset": 99, "text": "x-stream-offsetl"}}],
+                         ids=["bare", "headers-and-more", "header-there-already"])
+@pytest.mark.parametrize("offset", [0, 5, 2**40])
+def test_a_delivery_carries_its_offset_as_the_header_edit_would_set_it(props, offset):
+    from hutch.amqp import codec
+    from hutch.streams.handle import with_offset
+
+    raw, _body = amqp10.to_basic(amqp10.from_basic(props, b"b", "", "s"))
+    expected = codec.edit_properties(raw, set_headers={"x-stream-offset": codec.typed_value(offset)})
+    assert with_offset(raw, offset) == expected
+    assert with_offset(raw, offset) == expected  # the second time from the properties made before

@@ -16,6 +16,7 @@ than through the host's reads, or import anything from `hutch.broker` or above.
 from __future__ import annotations
 
 import datetime as _dt
+import struct
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ from hutch.streamproto import amqp10
 from hutch.streams.config import StreamConfig, parse_age
 
 STREAM = register(QueueType("stream", (REPLICATED,)))
+_OFFSET = struct.Struct(">q")
 READ_BYTES = 1 << 20  # what a consumer reads from the log at a time
 PARK_S = 5.0  # how long a member holds another node's read at the stream's end before answering it empty
 PARKED_MAX = 4096  # such reads held per stream (past it the oldest is answered empty)
@@ -69,6 +71,28 @@ def resolve_spec(value: Any, now_ms: int) -> Any:
         if age is not None:
             return ("ts", now_ms - age)
     raise ValueError(value)
+
+
+_OFFSET_LOW = codec.typed_value(0)
+_OFFSET_HIGH = codec.typed_value(-1)
+_with_offset_cached: dict[bytes, tuple[bytes, bytes]] = {}
+WITH_OFFSET_CACHED_MAX = 1024  # property sets kept with the place of their x-stream-offset header
+
+
+def with_offset(props: bytes, offset: int) -> bytes:
+    """Content properties with the `x-stream-offset` header (a long) set to `offset`. The
+    properties with the header are made once per distinct set of properties (most messages
+    share theirs) and the offset's 8 bytes are put in their place."""
+    parts = _with_offset_cached.get(props)
+    if parts is None:
+        low = codec.edit_properties(props, set_headers={"x-stream-offset": _OFFSET_LOW})
+        high = codec.edit_properties(props, set_headers={"x-stream-offset": _OFFSET_HIGH})
+        at = next(i for i, (a, b) in enumerate(zip(low, high, strict=True)) if a != b)
+        parts = (low[:at], low[at + 8:])
+        if len(_with_offset_cached) >= WITH_OFFSET_CACHED_MAX:
+            _with_offset_cached.clear()
+        _with_offset_cached[props] = parts
+    return parts[0] + _OFFSET.pack(offset) + parts[1]
 
 
 class _Reader:
@@ -257,8 +281,7 @@ class StreamQueue:
             except ValueError:
                 props, body = amqp10.NO_PROPERTIES, record  # not an AMQP 1.0 message: its bytes as the body
                 route = self._route
-            props = codec.edit_properties(props, set_headers={"x-stream-offset": codec.typed_value(offset)})
-            deliver(c, self, offset, 1, False, route, props, body)
+            deliver(c, self, offset, 1, False, route, with_offset(props, offset), body)
             r.offset = offset + 1
             sent += 1
         return sent
