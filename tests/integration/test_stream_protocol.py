@@ -227,6 +227,33 @@ def test_rstream_named_producer_resumes_its_sequence_after_a_restart(server):
         assert c.call(f.Delete(c.cid(), name)).code == f.OK
 
 
+def test_publisher_id_and_reference_taken_twice(server):
+    name = unique()
+    with raw(server) as c:
+        create(c, name)
+        assert c.call(f.DeclarePublisher(c.cid(), 1, "ref-a", name)).code == f.OK
+        assert c.call(f.DeclarePublisher(c.cid(), 1, "ref-b", name)).code == f.PRECONDITION_FAILED
+        assert c.call(f.DeclarePublisher(c.cid(), 2, "ref-a", name)).code == f.PRECONDITION_FAILED
+        assert c.call(f.DeclarePublisher(c.cid(), 3, "", name)).code == f.OK
+        assert c.call(f.DeclarePublisher(c.cid(), 4, "", name)).code == f.OK
+        assert c.call(f.QueryPublisherSequence(c.cid(), "never-used", name)).sequence == 0
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
+@pytest.mark.parametrize("stream", ["", "amq.stream", "\n"])
+def test_create_with_a_name_rabbitmq_refuses_is_precondition_failed(server, stream):
+    with raw(server) as c:
+        assert c.call(f.Create(c.cid(), stream, {})).code == f.PRECONDITION_FAILED
+
+
+@pytest.mark.parametrize("stream", ["x" * 200, "a/b", "with space", "ünïcode"])
+def test_create_with_names_rabbitmq_takes(server, stream):
+    with raw(server) as c:
+        assert c.call(f.Create(c.cid(), stream, {})).code == f.OK
+        publish_chunks(c, stream, [["in " + stream[:10]]])
+        assert c.call(f.Delete(c.cid(), stream)).code == f.OK
+
+
 def test_query_publisher_sequence_of_an_unknown_stream(server):
     with raw(server) as c:
         assert c.call(f.QueryPublisherSequence(c.cid(), "w", unique())).code == f.STREAM_DOES_NOT_EXIST

@@ -157,7 +157,9 @@ class StreamSession:
 
     def declare_publisher(self, cmd: f.DeclarePublisher) -> None:
         q, code = self._stream(cmd.stream, "write")
-        if q is None or cmd.publisher_id in self.publishers:
+        if q is None or cmd.publisher_id in self.publishers or (cmd.reference and any(
+                p.reference == cmd.reference and p.q is q for p in self.publishers.values())):
+            # an id, or a reference on the stream, already taken on this connection
             self.conn.respond(cmd, code if q is None else f.PRECONDITION_FAILED)
             return
         writer = cmd.reference or f"{self.id}/{cmd.publisher_id}"
@@ -414,6 +416,11 @@ class StreamSession:
     # ---------------------------------------------------------------- streams
 
     def create(self, cmd: f.Create) -> None:
+        # rabbit_stream_utils:enforce_correct_name: line breaks go, no empty name, no amq. prefix
+        cmd.stream = cmd.stream.replace("\n", "").replace("\r", "")
+        if not cmd.stream or cmd.stream.startswith("amq."):
+            self.conn.respond(cmd, f.PRECONDITION_FAILED)
+            return
         args: dict[str, Any] = {"x-queue-type": "stream"}
         for k, v in (cmd.arguments or {}).items():
             spec_ = _CREATE_ARGS.get(k)
