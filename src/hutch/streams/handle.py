@@ -7,7 +7,13 @@ reads the stream from the offset its `x-stream-offset` names, on this node's rep
 node is a member, otherwise from a member over the peer protocol; it needs a prefetch, and its
 acks only give credit back (RabbitMQ 3.10's rules, with its error texts: a consumer without a
 prefetch 406, automatic acknowledgement, basic.get, queue.purge, nack and reject 540). Every
-delivery carries the `x-stream-offset` header; its delivery tag's sequence is the offset.
+delivery carries the `x-stream-offset` header and the exchange and routing key its message was
+published with; its delivery tag's sequence is the offset.
+
+A node without a whole replica reads from a member (`sread`); the member holds a read that is at
+its end until more is written (or `PARK_S` has passed), so such a consumer follows the stream
+without polling, and a read that failed (no member up) is tried again every `POLL_S`. The
+declare-ok counts there are asked of a member.
 
 Must never: touch a channel itself (deliveries go out through the host's port), do I/O other
 than through the host's reads, or import anything from `hutch.broker` or above.
@@ -98,7 +104,7 @@ def with_offset(props: bytes, offset: int) -> bytes:
 class _Reader:
     """An AMQP 0-9-1 consumer's place in the stream and what it has read ahead."""
 
-    __slots__ = ("c", "start", "offset", "records", "reading", "done_until")
+    __slots__ = ("c", "start", "offset", "records", "reading")
 
     def __init__(self, c: Any, start: Any):
         self.c = c
@@ -326,8 +332,6 @@ class StreamQueue:
                 self.host.port.dirty(self)
 
         self.host.read(self, start, READ_BYTES, got)
-        if r.records:
-            return
 
     # -- client operations (hutch.queues.handle)
     def stat(self, reply: Callable[[Any], None]) -> Any:
