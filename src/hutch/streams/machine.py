@@ -17,11 +17,14 @@ a consumer's offset under its reference (the stream protocol's store_offset).
 Snapshots hold only the numbers (next offset, writers, tracked offsets): the messages are in
 the member's log, made durable before the snapshot is taken. A member that restores a snapshot
 whose next offset is beyond its log's end has a gap; it fetches the missing chunks from
-another member (`missing`, `fill`) and writes the entries it applies meanwhile once the gap is
+another member (`missing_from`, `fill`) and writes the entries it applies meanwhile once the gap is
 closed. A member's log may run past what is applied: at a restart the Raft log is applied again
 from its snapshot (or its start) over the log the member kept, and a `WRITE` whose chunk is
 already in the log is applied to the state only (the log holds only committed entries, so the
 chunk there is the one the entry makes).
+
+Deduplication keeps the highest publishing id, so a writer's entries must be applied in the order
+of its ids: the proposing node resends what is unanswered in the order it first sent it.
 
 Must never: read a clock (times are in the entries), talk to peers, or import from
 `hutch.broker` or above.
@@ -52,8 +55,6 @@ class StreamLogLike(Protocol):
 
     def append(self, chunk: bytes, chunk_id: int, num_records: int, timestamp: int, epoch: int,
                chunk_type: int = 0) -> Any: ...
-
-    def truncate(self, next_offset: int) -> None: ...
 
     def sync(self) -> None: ...
 
