@@ -163,6 +163,26 @@ def test_segment_size_has_a_maximum(conn, stream):
     assert (code, text) == (406, "PRECONDITION_FAILED - Exceeded max value for x-stream-max-segment-size-bytes")
 
 
+@pytest.mark.parametrize("args,reason", [
+    ({"x-max-length-bytes": "10"}, "invalid arg 'x-max-length-bytes' for queue '{q}' in vhost '/': "
+                                   "\"expected integer, got longstr\""),
+    ({"x-max-length-bytes": True}, "invalid arg 'x-max-length-bytes' for queue '{q}' in vhost '/': "
+                                   "\"expected integer, got bool\""),
+    ({"x-stream-max-segment-size-bytes": -5}, "invalid arg 'x-stream-max-segment-size-bytes' for queue '{q}' in "
+                                              "vhost '/': {{value_negative,-5}}"),
+    ({"x-initial-cluster-size": 0}, "invalid arg 'x-initial-cluster-size' for queue '{q}' in vhost '/': "
+                                    "{{value_zero,0}}"),
+    ({"x-max-age": "0D"}, "invalid arg 'x-max-age' for queue '{q}' in vhost '/': invalid_max_age"),
+    ({"x-queue-leader-locator": "nope"}, "invalid arg 'x-queue-leader-locator' for queue '{q}' in vhost '/': "
+                                         "invalid_queue_locator_arg"),
+    ({"x-overflow": "drop-head"}, "invalid arg 'x-overflow' for queue '{q}' in vhost '/' of queue type "
+                                  "rabbit_stream_queue"),
+], ids=["bytes-text", "bytes-bool", "segment-negative", "cluster-size-zero", "age-zero", "locator", "overflow"])
+def test_stream_arguments_are_checked_as_rabbitmq_checks_them(conn, stream, args, reason):
+    code, text = channel_error(declare, conn.channel(), stream, **args)
+    assert (code, text) == (406, "PRECONDITION_FAILED - " + reason.format(q=stream))
+
+
 def counts(conn, name: str) -> tuple[int, int]:
     ok = conn.channel().queue_declare(name, passive=True).method
     return ok.message_count, ok.consumer_count

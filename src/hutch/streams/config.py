@@ -100,14 +100,15 @@ def stream_config(args: dict, name: str, vhost: str, *, durable: bool = True, ex
     if segment is not None and segment > SEGMENT_BYTES_MAX:
         raise StreamArgumentError("Exceeded max value for x-stream-max-segment-size-bytes")
     size = _int_arg(args, policy, "x-initial-cluster-size", "initial-cluster-size", rs)
+    if size == 0 and "x-initial-cluster-size" in args:
+        raise StreamArgumentError(f"invalid arg 'x-initial-cluster-size' for {rs}: {{value_zero,0}}")
     filter_size = _int_arg(args, policy, "x-stream-filter-size-bytes", "stream-filter-size-bytes", rs)
     if filter_size is not None and not BLOOM_SIZE_MIN <= filter_size <= BLOOM_SIZE_MAX:
         raise StreamArgumentError(f"invalid arg 'x-stream-filter-size-bytes' for {rs}: "
                                   f"must be between {BLOOM_SIZE_MIN} and {BLOOM_SIZE_MAX}")
     locator = _text(args.get("x-queue-leader-locator", policy.get("queue-leader-locator")))
     if locator is not None and locator not in LEADER_LOCATORS:
-        raise StreamArgumentError(f"invalid arg 'x-queue-leader-locator' for {rs}: "
-                                  f"unsupported_value: {locator}")
+        raise StreamArgumentError(f"invalid arg 'x-queue-leader-locator' for {rs}: invalid_queue_locator_arg")
     return StreamConfig(name, vhost, max_bytes, age_ms, segment or SEGMENT_BYTES_DEFAULT,
                         size if size and size > 0 else None, locator, filter_size or BLOOM_SIZE_DEFAULT)
 
