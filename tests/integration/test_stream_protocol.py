@@ -16,7 +16,9 @@ import contextlib
 import socket
 import struct
 import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 
 import pika
@@ -484,6 +486,44 @@ def test_query_offset_codes(server):
         assert c.call(f.Delete(c.cid(), name)).code == f.OK
 
 
+def _ctl(node, *args: str) -> None:
+    """rabbitmqctl on RabbitMQ, hutchctl (over the HTTP API) on hutch: the same command."""
+    if isinstance(node, HutchNode):
+        p = subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--url", node.mgmt_url, *args],
+                           capture_output=True, text=True, timeout=60)
+    else:
+        p = node.ctl(*args, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def reader_only(server):
+    """A user that may read every stream and neither write nor configure any."""
+    user = f"reader-{uuid.uuid4().hex[:6]}"
+    _ctl(server, "add_user", user, "secret")
+    _ctl(server, "set_permissions", "-p", "/", user, "^$", "^$", ".*")
+    yield user
+    _ctl(server, "delete_user", user)
+
+
+def test_permissions_a_reader_may_subscribe_and_not_create_delete_or_publish(server, reader_only):
+    name = unique()
+    with raw(server) as admin:
+        create(admin, name)
+        publish_chunks(admin, name, [["for readers"]])
+        c = Raw(server.stream_port)
+        try:
+            c.handshake(user=reader_only, password="secret")
+            assert c.call(f.Create(c.cid(), unique(), {})).code == f.ACCESS_REFUSED
+            assert c.call(f.Delete(c.cid(), name)).code == f.ACCESS_REFUSED
+            assert c.call(f.DeclarePublisher(c.cid(), 1, "", name)).code == f.ACCESS_REFUSED
+            assert read_all(c, name, 1) == [b"for readers"]
+            assert c.call(f.QueryOffset(c.cid(), "nobody", name)).code == f.NO_OFFSET
+        finally:
+            c.close()
+        assert admin.call(f.Delete(admin.cid(), name)).code == f.OK
+
+
 # ---------------------------------------------------------------- metadata and stats
 
 
@@ -776,17 +816,28 @@ def test_rbfly_creates_publishes_reads_and_keeps_an_offset(server):
                     batch.batch(f"rb{i}".encode())
                 await batch.flush()
             got = []
-            async for msg in client.subscribe(name, offset=Offset.FIRST):
-                got.append(msg)
-                if len(got) == 10:
-                    break
+            async with contextlib.aclosing(client.subscribe(name, offset=Offset.FIRST)) as sub:
+                async for msg in sub:
+                    got.append(msg)
+                    if len(got) == 10:
+                        break
             assert got == [f"rb{i}".encode() for i in range(10)]
             got = []
-            async for msg in client.subscribe(name, offset=Offset.offset(7)):
-                got.append(msg)
-                if len(got) == 3:
-                    break
+            async with contextlib.aclosing(client.subscribe(name, offset=Offset.offset(7))) as sub:
+                async for msg in sub:
+                    got.append(msg)
+                    if len(got) == 3:
+                        break
             assert got == [b"rb7", b"rb8", b"rb9"]
+            # server-side tracking: a stored offset, and a subscription that starts after it
+            await client.write_offset(name, "rb-ref", 4)
+            with raw(server) as c:
+                wait_until(lambda: c.call(f.QueryOffset(c.cid(), "rb-ref", name)).offset == 4, TIMEOUT_S,
+                           "rbfly's stored offset")
+            async with contextlib.aclosing(client.subscribe(name, offset=Offset.reference("rb-ref"))) as sub:
+                async for msg in sub:
+                    assert msg == b"rb5"
+                    break
             await client.delete_stream(name)
         finally:
             await client.disconnect()
