@@ -184,6 +184,41 @@ def test_a_consumer_on_a_replica_keeps_receiving_through_the_leaders_kill_and_pu
         assert c.call(f.Delete(c.cid(), name)).code == f.OK
 
 
+@pytest.mark.parametrize("reference", ["", "replica-writer"])
+def test_a_publisher_on_a_replicas_node_is_confirmed_through_the_leaders_kill_and_nothing_is_stored_twice(
+        cluster, reference):
+    """Its connection is not to the leader: batches in flight when the leader dies are written
+    through the new leader and confirmed, with or without a reference, each once."""
+    name = unique()
+    with connected(cluster, 0) as c:
+        create(c, name)
+        _code, leader, replicas = metadata(c, name)
+    old = node_at(cluster, leader[1])
+    replica = node_at(cluster, replicas[0][1])
+    total = 400
+    try:
+        with connected(cluster, replica) as pub:
+            assert pub.call(f.DeclarePublisher(pub.cid(), 0, reference, name)).code == f.OK
+            publish(pub, 0, 1, 100)
+            for start in range(101, total + 1, 20):  # 15 batches in flight
+                pub.send(f.Publish(0, [(i, amqp_body(f"m{i}")) for i in range(start, start + 20)]))
+            cluster.kill(old)
+            confirmed: set[int] = set()
+            while len(confirmed) < total - 100:
+                got = pub.recv(f.PublishConfirm, f.PublishError)
+                assert type(got) is f.PublishConfirm, got
+                confirmed.update(got.publishing_ids)
+            assert confirmed == set(range(101, total + 1))
+            assert pub.call(f.Subscribe(pub.cid(), 1, name, f.OFFSET_TYPE_FIRST, None, 10)).code == f.OK
+            got_bodies: list[bytes] = []
+            consume(pub, 1, total, got_bodies)
+            assert pub.sync() == []
+            assert got_bodies == [f"m{i}".encode() for i in range(1, total + 1)]
+            assert pub.call(f.Delete(pub.cid(), name)).code == f.OK
+    finally:
+        cluster.start_node(old)
+
+
 def test_rstream_producer_through_the_leaders_kill(cluster):
     """rstream 1.1.1's producer (connected first to a node that is not the leader): when the
     leader's node dies it reconnects by itself to the new leader the metadata names, and its
