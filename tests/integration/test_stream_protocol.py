@@ -930,6 +930,20 @@ def test_a_frame_over_8192_bytes_before_open_closes_the_socket(hutch_node):
     _still_serves(hutch_node)
 
 
+def test_heartbeats_come_and_a_silent_client_is_closed(server):
+    c = Raw(server.stream_port)
+    try:
+        c.handshake(heartbeat_s=1)
+        t0 = time.monotonic()
+        c.recv(f.Heartbeat)  # the server's, as nothing else goes out
+        c.recv(f.Heartbeat)
+        c.until_closed()  # the client sends nothing: the server gives up on it
+        assert 1.5 < time.monotonic() - t0 < 10
+    finally:
+        c.close()
+    _still_serves(server)
+
+
 def test_wrong_password_and_unknown_vhost(server):
     with raw(server, handshake=False) as c:
         c.call(f.PeerProperties(c.cid(), {}))

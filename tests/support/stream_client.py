@@ -94,13 +94,13 @@ class Raw:
         return out
 
     def handshake(self, vhost: str = "/", user: str = "guest", password: str = "guest",
-                  frame_max: int = 1048576) -> None:
+                  frame_max: int = 1048576, heartbeat_s: int = 0) -> None:
         self.call(f.PeerProperties(self.cid(), {"product": "hutch tests"}))
         assert self.call(f.SaslHandshake(self.cid())).code == f.OK
         auth = self.call(f.SaslAuthenticate(self.cid(), "PLAIN", f"\0{user}\0{password}".encode()))
         assert auth.code == f.OK, auth
         tune = self.recv(f.Tune)
-        self.send(f.Tune(min(frame_max, tune.frame_max) if tune.frame_max else frame_max, 0))
+        self.send(f.Tune(min(frame_max, tune.frame_max) if tune.frame_max else frame_max, heartbeat_s))
         opened = self.call(f.Open(self.cid(), vhost))
         assert opened.code == f.OK, opened
         self.open_properties = dict(opened.properties or {})
