@@ -7,6 +7,7 @@ message twice), and every confirmed message is read afterwards exactly once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import pytest
@@ -53,6 +54,19 @@ def metadata(c: Raw, name: str) -> tuple[int, tuple[str, int] | None, list[tuple
     if code != f.OK:
         return code, None, []
     return code, brokers[leader], [brokers[r] for r in replicas]
+
+
+def back(cluster: HutchCluster, i: int) -> None:
+    """Node i running again (after a test killed it), the cluster healthy."""
+    if not cluster.running(i):
+        cluster.start_node(i)
+
+
+def new_leader(cluster: HutchCluster, via: int, name: str, old: int) -> tuple[str, int] | None:
+    """The stream's leader as node `via` answers metadata, once it is not node `old`."""
+    with connected(cluster, via) as c:
+        code, leader, _r = metadata(c, name)
+    return leader if code == f.OK and leader is not None and leader[1] != cluster.nodes[old].stream_port else None
 
 
 def node_at(cluster: HutchCluster, port: int) -> int:
@@ -150,15 +164,8 @@ def test_a_consumer_on_a_replica_keeps_receiving_through_the_leaders_kill_and_pu
         consume(consumer, 1, n_before, got)
 
         cluster.kill(old)
-        survivor = replica
-
-        def new_leader():
-            with connected(cluster, survivor) as c:
-                code, leader, _r = metadata(c, name)
-            return leader if code == f.OK and leader is not None and leader[1] != cluster.nodes[old].stream_port \
-                else None
-        wait_until(lambda: new_leader() is not None, 60, "a new leader in the metadata")
-        new = node_at(cluster, new_leader()[1])
+        wait_until(lambda: new_leader(cluster, replica, name, old) is not None, 60, "a new leader in the metadata")
+        new = node_at(cluster, new_leader(cluster, replica, name, old)[1])
         with connected(cluster, new) as pub:
             seq = pub.call(f.QueryPublisherSequence(pub.cid(), ref, name))
             assert (seq.code, seq.sequence) == (f.OK, n_before)
@@ -170,7 +177,7 @@ def test_a_consumer_on_a_replica_keeps_receiving_through_the_leaders_kill_and_pu
         assert consumer.sync() == []  # the same connection, nothing more, nothing twice
     finally:
         consumer.close()
-        cluster.start_node(old)
+        back(cluster, old)
 
     # afterwards, on every node: each confirmed message exactly once
     for i in range(cluster.n):
@@ -216,14 +223,23 @@ def test_a_publisher_on_a_replicas_node_is_confirmed_through_the_leaders_kill_an
             assert got_bodies == [f"m{i}".encode() for i in range(1, total + 1)]
             assert pub.call(f.Delete(pub.cid(), name)).code == f.OK
     finally:
-        cluster.start_node(old)
+        back(cluster, old)
 
 
 def test_rstream_producer_through_the_leaders_kill(cluster):
-    """rstream 1.1.1's producer (connected first to a node that is not the leader): when the
-    leader's node dies it reconnects by itself to the new leader the metadata names, and its
-    named publisher's sequence carries over; each message is in the stream once."""
-    from rstream import AMQPMessage, Producer, ServerError
+    """rstream 1.1.1's producer and consumer (connected first to a node that is not the leader):
+    when the leader's node dies the producer reconnects by itself to the new leader the metadata
+    names, its named publisher's sequence carries over, each message is in the stream once and
+    the consumer gets each once."""
+    from rstream import (
+        AMQPMessage,
+        Consumer,
+        ConsumerOffsetSpecification,
+        OffsetType,
+        Producer,
+        ServerError,
+        amqp_decoder,
+    )
 
     name = unique()
     ref = "rstream-failover"
@@ -234,9 +250,20 @@ def test_rstream_producer_through_the_leaders_kill(cluster):
     locator = next(i for i in range(cluster.n) if i != old)
     sent: list[int] = []
 
+    consumed: list[tuple[int, bytes]] = []
+
     async def go():
+        all_in = asyncio.Event()
+
+        def on_message(msg, ctx):
+            consumed.append((ctx.offset, b"".join(msg.body) if isinstance(msg.body, list) else msg.body))
+            if len(consumed) >= 40:
+                all_in.set()
         async with Producer("127.0.0.1", cluster.nodes[locator].stream_port, username="guest",
-                            password="guest") as p:
+                            password="guest") as p, \
+                Consumer("127.0.0.1", cluster.nodes[locator].stream_port, username="guest", password="guest") as c:
+            await c.subscribe(name, on_message, decoder=amqp_decoder,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
             for i in range(20):
                 sent.append(await p.send_wait(name, AMQPMessage(body=f"r{i}".encode()), publisher_name=ref))
             cluster.kill(old)
@@ -248,13 +275,16 @@ def test_rstream_producer_through_the_leaders_kill(cluster):
                 try:
                     sent.append(await p.send_wait(name, AMQPMessage(body=f"r{i}".encode()), publisher_name=ref))
                     i += 1
-                except ServerError:
+                except ServerError:  # StreamNotAvailable too, while no leader is elected
                     failures += 1
                     assert failures <= 3, "rstream does not publish again"
+                    await asyncio.to_thread(wait_until, lambda: new_leader(cluster, locator, name, old) is not None,
+                                            60, "a new leader in the metadata")
+            await asyncio.wait_for(all_in.wait(), 60)
     try:
         run(go())
     finally:
-        cluster.start_node(old)
+        back(cluster, old)
     with connected(cluster, old) as c:
         seq = c.call(f.QueryPublisherSequence(c.cid(), ref, name))
         assert (seq.code, seq.sequence) == (f.OK, max(sent))
@@ -265,3 +295,6 @@ def test_rstream_producer_through_the_leaders_kill(cluster):
         assert sorted(set(got)) == sorted(got)  # nothing twice
         assert got == [f"r{i}".encode() for i in range(40)]
         assert c.call(f.Delete(c.cid(), name)).code == f.OK
+    # rstream's consumer (on a replica's node, or resubscribed from its offset when its node
+    # was the one killed) saw each message once
+    assert consumed == list(enumerate(got))
