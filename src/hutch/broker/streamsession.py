@@ -121,7 +121,13 @@ class StreamSession:
                 self.conn.open_ok({"advertised_host": host, "advertised_port": str(port)})
                 log.info("stream connection %s: user '%s' authenticated and granted access to vhost '%s'",
                          self.peer, self.user.name, ev.vhost)
-        elif t in (sc.ConnectionClosed, sc.ConnectionTimedOut, sc.ProtocolError):
+        elif t is sc.ProtocolError:
+            log.warning("stream connection %s: %s", self.peer, ev.detail)
+            self.close()
+        elif t is sc.ConnectionTimedOut:
+            log.warning("stream connection %s: %s", self.peer, ev.reason)
+            self.close()
+        elif t is sc.ConnectionClosed:
             self.close()
         else:
             handler = _HANDLERS.get(t)
