@@ -148,6 +148,43 @@ def test_a_node_that_is_not_a_member_reads_and_writes_through_the_members(cluste
         conn.close()
 
 
+def test_a_reader_on_a_node_without_a_replica_moves_to_another_member_when_its_member_dies(cluster):
+    name = unique("sr")
+    declare(cluster, 0, name, **{"x-initial-cluster-size": 2})
+    members = info(cluster, name, 0)["members"]
+    outsider = next(i for i, n in enumerate(cluster.names) if n not in members)
+    total = 3000  # about 3 MB: more than one read (1 MiB) from a member
+    body = b"x" * 1000
+    conn = connect(cluster, next(i for i in range(3) if cluster.names[i] in members))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for _ in range(total):
+            ch.basic_publish("", name, body)
+    finally:
+        conn.close()
+    leader = node_index(cluster, info(cluster, name, outsider)["leader"])  # a reader asks the leader first
+    conn = connect(cluster, outsider)
+    killed = False
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=100)
+        got: list[int] = []
+        ch.basic_consume(name, lambda c, m, p, b: (got.append(p.headers["x-stream-offset"]), c.basic_ack(m.delivery_tag)),
+                         arguments={"x-stream-offset": "first"})
+        deadline = time.monotonic() + 60
+        while len(got) < total and time.monotonic() < deadline:
+            conn.process_data_events(0.05)
+            if not killed and len(got) >= 500:
+                cluster.kill(leader)
+                killed = True
+        assert killed and got == list(range(total))
+    finally:
+        conn.close()
+        if killed:
+            cluster.start_node(leader)
+
+
 async def _publish_through_kill(url: str, name: str, count: int, in_flight_max: int, kill_after: int,
                                 kill) -> dict[bytes, bool]:
     """Publish `count` messages with at most `in_flight_max` unconfirmed, calling `kill()` once
