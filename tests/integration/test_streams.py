@@ -241,6 +241,21 @@ def test_nack_and_reject_are_not_implemented(conn, stream, how):
                                  f"queue '{stream}' in vhost '/'")
 
 
+def test_recover_is_refused_by_hutch_as_a_requeue(hutch):
+    """RabbitMQ 3.10.8 closes the connection with 541 INTERNAL_ERROR on basic.recover with a
+    stream's deliveries unacknowledged; hutch refuses it as the requeue it is, with the 540 of
+    nack and reject."""
+    name = unique()
+    with contextlib.closing(connect(hutch)) as conn:
+        publish_five(conn, name)
+        c = Consumer(conn, name, ack=False, **{"x-stream-offset": "first"}).wait(5)
+        code, text = connection_error(c.ch.basic_recover, requeue=True)
+        assert (code, text) == (540, f"NOT_IMPLEMENTED - basic.nack and basic.reject not supported by stream "
+                                     f"queues queue '{name}' in vhost '/'")
+    with contextlib.closing(connect(hutch)) as conn:
+        conn.channel().queue_delete(name)
+
+
 def test_closing_a_channel_with_unacknowledged_deliveries_is_quiet(conn, stream):
     """Deliveries of a stream only took credit: closing their channel returns nothing and the
     connection stays open."""
