@@ -246,12 +246,12 @@ def test_recover_is_refused_by_hutch_as_a_requeue(hutch):
     stream's deliveries unacknowledged; hutch refuses it as the requeue it is, with the 540 of
     nack and reject."""
     name = unique()
-    with contextlib.closing(connect(hutch)) as conn:
-        publish_five(conn, name)
-        c = Consumer(conn, name, ack=False, **{"x-stream-offset": "first"}).wait(5)
-        code, text = connection_error(c.ch.basic_recover, requeue=True)
-        assert (code, text) == (540, f"NOT_IMPLEMENTED - basic.nack and basic.reject not supported by stream "
-                                     f"queues queue '{name}' in vhost '/'")
+    conn = connect(hutch)
+    publish_five(conn, name)
+    c = Consumer(conn, name, ack=False, **{"x-stream-offset": "first"}).wait(5)
+    code, text = connection_error(c.ch.basic_recover, requeue=True)
+    assert (code, text) == (540, f"NOT_IMPLEMENTED - basic.nack and basic.reject not supported by stream "
+                                 f"queues queue '{name}' in vhost '/'")
     with contextlib.closing(connect(hutch)) as conn:
         conn.channel().queue_delete(name)
 
