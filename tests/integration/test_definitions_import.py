@@ -27,6 +27,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.integration.helpers import drain
 from tests.support.brokers import HutchNode, RabbitMQNode, wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "definitions"
@@ -34,14 +35,14 @@ HTTP_EXPORT = FIXTURES / "rabbitmq-3.10.8.json"  # GET /api/definitions
 CTL_EXPORT = FIXTURES / "rabbitmq-3.10.8-rabbitmqctl.json"  # rabbitmqctl export_definitions (vhost metadata)
 BIN = Path(sys.executable).parent
 
-# What hutch never honours in the fixtures (no stream queues, no federation plugin).
+# What hutch never honours in the fixtures (no federation plugin). Their stream, events-log, is
+# imported as a stream.
 ALWAYS_REFUSED = [
-    "queue 'events-log' in vhost 'shop': queue type 'stream' is not supported",
     "runtime parameter 'origin' of component 'federation-upstream' in vhost 'shop': component "
-    "'federation-upstream' is not supported",
-    "binding from exchange 'events' to queue 'events-log' in vhost 'shop': its destination queue 'events-log' "
-    "is not imported",
+    "'federation-upstream' is not supported (hutch has no federation-upstream plugin)",
 ]
+FEDERATION_UPSTREAM = ALWAYS_REFUSED[0]
+STREAM_ARGUMENTS = {"x-max-age": "7D", "x-queue-type": "stream"}  # events-log's, in both fixtures
 INTERNAL_FAN = ("binding from exchange 'events' to exchange 'internal-fan' in vhost 'shop': no exchange 'internal-fan' "
                 "in vhost 'shop' (neither in the definitions nor on the node)")
 
@@ -95,6 +96,30 @@ def refused_items(reason: str) -> str:
     return reason.split(": ", 1)[1] if ": " in reason else reason
 
 
+def read_stream(conn: pika.BlockingConnection, name: str, n: int) -> list[bytes]:
+    """The first `n` messages of stream `name`, read from its first offset."""
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=100)  # a stream consumer needs a prefetch
+    got: list[bytes] = []
+
+    def on(ch, method, _props, body):
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+
+    tag = ch.basic_consume(name, on, arguments={"x-stream-offset": "first"})
+    drain(conn, lambda: len(got) >= n, 10, f"{n} messages from stream '{name}'")
+    ch.basic_cancel(tag)
+    ch.close()
+    return got[:n]
+
+
+def assert_is_the_fixtures_stream(node, vhost: str = "shop", name: str = "events-log") -> None:
+    got = get(node, f"/api/queues/{q(vhost)}/{q(name)}")
+    assert (got["type"], got["durable"], got["auto_delete"], got["arguments"]) == \
+        ("stream", True, False, STREAM_ARGUMENTS), got
+    assert got["members"] and got["leader"] in got["members"], got  # a Raft group, as a declare makes it
+
+
 # ---- RabbitMQ's export, imported ---------------------------------------------------------------
 
 
@@ -103,9 +128,10 @@ def test_rabbitmq_export_is_refused_whole_naming_every_item_hutch_cannot_honour(
     status, out = call(node.mgmt_url, "POST", "/api/definitions", load(HTTP_EXPORT))
     assert status == 400, out
     reason = out["reason"]
-    assert reason.startswith("definitions refused, nothing was imported")
+    assert reason.startswith("definitions refused, nothing was imported: 1 item(s) hutch cannot honour")
     for item in ALWAYS_REFUSED:
         assert item in reason
+    assert "events-log" not in reason  # a stream is imported, not refused
     assert "skip_unsupported=true" in reason
     # all or nothing: not one of the many items it could have imported is there
     assert get(node, "/api/definitions") == before
@@ -122,7 +148,7 @@ def test_rabbitmq_export_with_skip_unsupported_is_imported_without_loss(node):
     skipped = report["skipped"]
     for item in ALWAYS_REFUSED:
         assert any(item in s for s in skipped), item
-    assert report["imported"]["queues"] == 6
+    assert report["imported"]["queues"] == 7  # the stream among them
 
     # vhosts with their metadata
     shop = get(node, "/api/vhosts/shop")
@@ -156,34 +182,35 @@ def test_rabbitmq_export_with_skip_unsupported_is_imported_without_loss(node):
     params = {p["name"]: p["value"] for p in get(node, "/api/global-parameters")}
     for p in doc["global_parameters"]:
         assert params[p["name"]] == p["value"]
-    # exchanges, queues (classic and quorum, with their arguments), bindings
+    # exchanges, queues (classic, quorum and stream, with their arguments), bindings
     for x in doc["exchanges"]:
         got = get(node, f"/api/exchanges/{q(x['vhost'])}/{q(x['name'])}")
         assert (got["type"], got["durable"], got["auto_delete"], got["internal"]) == \
             (x["type"], x["durable"], x["auto_delete"], x.get("internal", False))
     for qd in doc["queues"]:
-        if qd["arguments"].get("x-queue-type") == "stream":
-            assert call(node.mgmt_url, "GET", f"/api/queues/shop/{q(qd['name'])}")[0] == 404
-            continue
         got = get(node, f"/api/queues/{q(qd['vhost'])}/{q(qd['name'])}")
         assert got["durable"] == qd["durable"] and got["arguments"] == qd["arguments"]
-        assert got["type"] == qd["arguments"].get("x-queue-type", "classic")
+        assert got["type"] == qd["type"] == qd["arguments"].get("x-queue-type", "classic")
+    assert_is_the_fixtures_stream(node)
     bindings = {(b["vhost"], b["source"], b["destination_type"], b["destination"], b["routing_key"])
                 for b in get(node, "/api/bindings") if b["source"]}
     for b in doc["bindings"]:
         key = (b["vhost"], b["source"], b["destination_type"], b["destination"], b["routing_key"])
-        assert (key in bindings) == (b["destination"] not in ("events-log", "internal-fan")), key
+        assert (key in bindings) == (b["destination"] != "internal-fan"), key
     # rabbitmqctl's export leaves internal exchanges out, but not the bindings to them
     assert INTERNAL_FAN in skipped
-    # the imported topology carries messages: a topic exchange to a quorum and a classic queue
+    # the imported topology carries messages: a topic exchange to a quorum queue, a classic
+    # queue and the stream (bound with '#')
     conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{node.amqp_port}/shop"))
     try:
         ch = conn.channel()
         ch.confirm_delivery()
         ch.basic_publish("events", "orders.eu.42", b"order 42")
+        ch.basic_publish("events", "audit.login", b"alice logged in")
         for queue in ("orders", "orders.eu"):
             method, _props, body = ch.basic_get(queue, auto_ack=True)
             assert method is not None and body == b"order 42", queue
+        assert read_stream(conn, "events-log", 2) == [b"order 42", b"alice logged in"]
     finally:
         conn.close()
     # topic permissions, user limits and vhost limits
@@ -202,6 +229,8 @@ def test_the_http_export_of_rabbitmq_imports_too(node):
     assert status == 200, report
     assert {v["name"] for v in get(node, "/api/vhosts")} == {"/", "shop", "lab", "billing"}
     assert get(node, "/api/queues/shop/orders")["type"] == "quorum"
+    assert_is_the_fixtures_stream(node)
+    assert report["imported"]["queues"] == 7 and report["skipped"] == [FEDERATION_UPSTREAM]
 
 
 # ---- all or nothing ------------------------------------------------------------------------------
@@ -213,20 +242,24 @@ def test_an_import_is_all_or_nothing_and_names_every_refused_item(node):
         "users": [{"name": "aon-user", "password_hash": "", "tags": []}],
         "queues": [{"name": "good", "vhost": "aon", "durable": True, "auto_delete": False, "arguments": {}},
                    {"name": "events", "vhost": "/", "durable": True, "auto_delete": False,
-                    "arguments": {"x-queue-type": "stream"}}],
+                    "arguments": {"x-queue-type": "jms"}}],
         "exchanges": [{"name": "delayed", "vhost": "/", "type": "x-delayed-message", "durable": True,
                        "auto_delete": False, "internal": False, "arguments": {"x-delayed-type": "direct"}}],
         "parameters": [{"component": "shovel", "vhost": "/", "name": "move", "value": {"src-uri": "amqp://"}}],
         "bindings": [{"source": "delayed", "vhost": "/", "destination": "good", "destination_type": "queue",
-                      "routing_key": "", "arguments": {}}],
+                      "routing_key": "", "arguments": {}},
+                     {"source": "amq.direct", "vhost": "/", "destination": "events", "destination_type": "queue",
+                      "routing_key": "events", "arguments": {}}],
     }
     status, out = call(node.mgmt_url, "POST", "/api/definitions", doc)
     assert status == 400
-    for item in ("queue 'events' in vhost '/': queue type 'stream' is not supported",
+    for item in ("queue 'events' in vhost '/': queue type 'jms' is not supported",
                  "exchange 'delayed' in vhost '/': exchange type 'x-delayed-message' is not supported",
                  "runtime parameter 'move' of component 'shovel' in vhost '/': component 'shovel' is not supported",
                  "binding from exchange 'delayed' to queue 'good' in vhost '/': its source exchange 'delayed' is "
-                 "not imported"):
+                 "not imported",
+                 "binding from exchange 'amq.direct' to queue 'events' in vhost '/': its destination queue 'events' "
+                 "is not imported"):
         assert item in out["reason"]
     assert call(node.mgmt_url, "GET", "/api/vhosts/aon")[0] == 404
     assert call(node.mgmt_url, "GET", "/api/users/aon-user")[0] == 404
@@ -246,7 +279,7 @@ def test_an_import_is_all_or_nothing_and_names_every_refused_item(node):
 
     # skipping: the rest is imported, the answer names what was not
     status, report = call(node.mgmt_url, "POST", "/api/definitions?skip_unsupported=true", doc)
-    assert status == 200 and len(report["skipped"]) == 4, report
+    assert status == 200 and len(report["skipped"]) == 5, report
     assert get(node, "/api/queues/aon/good")["durable"] is True
     assert call(node.mgmt_url, "GET", "/api/exchanges/%2F/delayed")[0] == 404
     assert "Skipped exchange 'delayed' in vhost '/'" in node.log()
@@ -266,7 +299,9 @@ def test_an_import_is_all_or_nothing_and_names_every_refused_item(node):
 def test_per_vhost_import_and_export(node):
     assert call(node.mgmt_url, "PUT", "/api/vhosts/pv", {"description": "per vhost"})[0] == 201
     doc = {"queues": [{"name": "a", "durable": True, "auto_delete": False, "arguments": {}},
-                      {"name": "s", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "stream"}}],
+                      {"name": "j", "durable": True, "auto_delete": False, "arguments": {"x-queue-type": "jms"}},
+                      {"name": "s", "durable": True, "auto_delete": False,
+                       "arguments": {"x-queue-type": "stream", "x-max-length-bytes": 1000000}}],
            "exchanges": [{"name": "x", "type": "fanout", "durable": True, "auto_delete": False, "internal": False,
                           "arguments": {}}],
            "bindings": [{"source": "x", "destination": "a", "destination_type": "queue", "routing_key": "",
@@ -274,12 +309,16 @@ def test_per_vhost_import_and_export(node):
            "policies": [{"name": "p", "pattern": "^a$", "apply-to": "queues", "definition": {"max-length": 3},
                          "priority": 0}]}
     status, out = call(node.mgmt_url, "POST", "/api/definitions/pv", doc)
-    assert status == 400 and "queue 's' in vhost 'pv': queue type 'stream' is not supported" in out["reason"]
+    assert status == 400 and "queue 'j' in vhost 'pv': queue type 'jms' is not supported" in out["reason"]
     assert call(node.mgmt_url, "GET", "/api/queues/pv/a")[0] == 404
+    assert call(node.mgmt_url, "GET", "/api/queues/pv/s")[0] == 404
     status, report = call(node.mgmt_url, "POST", "/api/definitions/pv?skip_unsupported=true", doc)
-    assert status == 200 and report["skipped"] == ["queue 's' in vhost 'pv': queue type 'stream' is not supported"]
+    assert status == 200 and report["skipped"] == ["queue 'j' in vhost 'pv': queue type 'jms' is not supported"]
+    assert report["imported"]["queues"] == 2
     exported = get(node, "/api/definitions/pv")
-    assert [x["name"] for x in exported["queues"]] == ["a"]
+    assert [(x["name"], x["arguments"]) for x in exported["queues"]] == [
+        ("a", {}), ("s", {"x-queue-type": "stream", "x-max-length-bytes": 1000000})]
+    assert get(node, "/api/queues/pv/s")["type"] == "stream"
     assert [(b["source"], b["destination"]) for b in exported["bindings"]] == [("x", "a")]
     assert exported["policies"][0]["definition"] == {"max-length": 3} and "vhost" not in exported["policies"][0]
     assert call(node.mgmt_url, "POST", "/api/definitions/nope", doc)[0] == 404
@@ -349,20 +388,30 @@ def test_hutchctl_import_refuses_or_skips_and_add_vhost_takes_metadata(node, tmp
     path.write_text(CTL_EXPORT.read_text())
     r = ctl(node, "import_definitions", str(path))
     assert r.returncode == 69  # rabbitmqctl 3.10.8's code for an import it refuses
-    assert "queue 'events-log' in vhost 'shop': queue type 'stream' is not supported" in r.stderr
+    assert FEDERATION_UPSTREAM in r.stderr
     assert call(node.mgmt_url, "GET", "/api/vhosts/shop")[0] == 404
     r = ctl(node, "import_definitions", "--skip-unsupported", str(path))
     assert r.returncode == 0, r.stderr
-    assert "Skipped queue 'events-log' in vhost 'shop': queue type 'stream' is not supported" in r.stdout
+    assert f"Skipped {FEDERATION_UPSTREAM}" in r.stdout
+    assert "events-log" not in r.stdout
     assert get(node, "/api/vhosts/shop")["description"] == "orders and payments"
+    assert_is_the_fixtures_stream(node)
 
     r = ctl(node, "add_vhost", "cli-vh", "--description", "from the CLI", "--tags", "x,y",
             "--default-queue-type", "quorum")
     assert r.returncode == 0, r.stderr
     vh = get(node, "/api/vhosts/cli-vh")
     assert (vh["description"], vh["tags"], vh["default_queue_type"]) == ("from the CLI", ["x", "y"], "quorum")
+    # a vhost's default queue type may be classic, quorum or stream, as rabbitmqctl 3.10.8's add_vhost
+    # takes them; another is refused (rabbitmqctl: invalid_queue_type)
     r = ctl(node, "add_vhost", "cli-st", "--default-queue-type", "stream")
-    assert r.returncode != 0 and "default_queue_type must be one of classic, quorum" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert get(node, "/api/vhosts/cli-st")["default_queue_type"] == "stream"
+    r = ctl(node, "add_vhost", "cli-jms", "--default-queue-type", "jms")
+    assert r.returncode == 64 and "'jms' is not one of 'quorum', 'classic', 'stream'" in r.stderr
+    status, out = call(node.mgmt_url, "PUT", "/api/vhosts/cli-jms", {"default_queue_type": "jms"})
+    assert status == 400 and out["reason"] == "default_queue_type must be one of classic, quorum, stream, got 'jms'"
+    assert call(node.mgmt_url, "GET", "/api/vhosts/cli-jms")[0] == 404
 
     out = tmp_path / "out.json"
     r = ctl(node, "export_definitions", str(out))
@@ -397,7 +446,8 @@ def test_load_definitions_at_boot(tmp_path):
         assert sorted(u["name"] for u in get(n, "/api/users")) == ["alice", "bob", "guest", "svc"]
         log = n.log()
         assert f"Importing definitions from file at '{path}'" in log
-        assert "Importing 4 users..." in log and "Importing 6 queues..." in log
+        assert "Importing 4 users..." in log and "Importing 7 queues..." in log
+        assert_is_the_fixtures_stream(n)
         # imported again at the next boot (as RabbitMQ does): the non-durable queue is declared
         # anew, and a durable queue keeps its messages
         conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{n.amqp_port}/shop"))
@@ -405,6 +455,7 @@ def test_load_definitions_at_boot(tmp_path):
             ch = conn.channel()
             ch.confirm_delivery()
             ch.basic_publish("", "orders.eu", b"kept", pika.BasicProperties(delivery_mode=2))
+            ch.basic_publish("", "events-log", b"logged")
         finally:
             conn.close()
         n.restart()
@@ -413,6 +464,7 @@ def test_load_definitions_at_boot(tmp_path):
         conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{n.amqp_port}/shop"))
         try:
             assert conn.channel().basic_get("orders.eu", auto_ack=True)[2] == b"kept"
+            assert read_stream(conn, "events-log", 1) == [b"logged"]  # the same stream, not a new one
         finally:
             conn.close()
         assert n.log().count(f"Importing definitions from file at '{path}'") == 2
@@ -441,7 +493,7 @@ def test_a_bad_definitions_file_fails_the_boot(tmp_path, case):
         assert "boot failed: definitions could not be imported" in log
         if case in ("unsupported", "older-key", "newer-keys"):
             assert f"definitions file '{path}' was not imported" in log
-            assert "queue 'events-log' in vhost 'shop': queue type 'stream' is not supported" in log
+            assert FEDERATION_UPSTREAM in log
         elif case == "bad-json":
             assert f"definitions file '{path}' is not valid JSON" in log
         else:
@@ -482,13 +534,13 @@ def test_global_and_vhost_runtime_parameters_over_http(node):
 
 def test_load_definitions_on_every_node_of_a_cluster(tmp_path):
     """Each node imports the file at its boot; the cluster ends with one copy of everything, a
-    working quorum queue, and a node that restarts imports it again without changing anything."""
+    working quorum queue and stream, and a node that restarts imports it again without changing
+    anything."""
     from tests.support.hutch_cluster import HutchCluster
 
     doc = load(CTL_EXPORT)
-    doc["queues"] = [x for x in doc["queues"] if x["arguments"].get("x-queue-type") != "stream"]
     doc["parameters"] = [p for p in doc["parameters"] if p["component"] != "federation-upstream"]
-    doc["bindings"] = [b for b in doc["bindings"] if b["destination"] not in ("events-log", "internal-fan")]
+    doc["bindings"] = [b for b in doc["bindings"] if b["destination"] != "internal-fan"]
     path = tmp_path / "defs.json"
     path.write_text(json.dumps(doc))
     conf = tmp_path / "hutch.conf"
@@ -499,6 +551,7 @@ def test_load_definitions_on_every_node_of_a_cluster(tmp_path):
         assert {q["name"] for q in exports[0]["queues"]} == {x["name"] for x in doc["queues"]}
         for n in cluster.nodes:
             assert f"Importing definitions from file at '{path}'" in n.log()
+            assert_is_the_fixtures_stream(n)
         conn = pika.BlockingConnection(pika.URLParameters(
             f"amqp://guest:guest@127.0.0.1:{cluster.nodes[2].amqp_port}/shop"))
         try:
@@ -506,6 +559,12 @@ def test_load_definitions_on_every_node_of_a_cluster(tmp_path):
             ch.confirm_delivery()
             ch.basic_publish("events", "orders.1", b"one")
             assert ch.basic_get("orders", auto_ack=True)[2] == b"one"
+        finally:
+            conn.close()
+        conn = pika.BlockingConnection(pika.URLParameters(
+            f"amqp://guest:guest@127.0.0.1:{cluster.nodes[0].amqp_port}/shop"))
+        try:
+            assert read_stream(conn, "events-log", 1) == [b"one"]
         finally:
             conn.close()
         cluster.stop(1)

@@ -199,7 +199,10 @@ def test_diagnostics_and_queue_checks_on_a_single_node(node):
     r = run(node, "hutch-diagnostics", "check_running")
     assert r.returncode == 0 and "hutch on node hutch@localhost is fully booted and running" in r.stdout
     r = run(node, "hutch-diagnostics", "check_port_connectivity")
-    assert r.returncode == 0 and f"{node.amqp_port}, {node.mgmt_port}" in r.stdout
+    assert r.returncode == 0, r.stderr
+    # every listener: AMQP, the stream protocol, HTTP
+    assert r.stdout.splitlines()[-1] == (f"Successfully connected to ports {node.amqp_port}, {node.stream_port}, "
+                                         f"{node.mgmt_port} on node hutch@localhost.")
     for check in ("check_if_node_is_mirror_sync_critical", "check_if_node_is_quorum_critical"):
         r = run(node, "hutch-queues", check)
         assert r.returncode == 0 and "reported no queues for which it is critical" in r.stdout

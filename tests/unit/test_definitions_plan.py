@@ -61,6 +61,40 @@ def test_a_part_of_an_item_is_left_out_and_named_the_rest_imported():
     assert p.unsupported == ["vhost 'v': default queue type 'jms' is not supported"]
 
 
+def test_a_vhost_default_queue_type_may_be_classic_quorum_or_stream():
+    types = ("classic", "quorum", "stream")
+    p = defs.plan({"vhosts": [{"name": t, "metadata": {"default_queue_type": t}} for t in types]})
+    assert p.commands == [cat.AddVhost(t, "", (), t) for t in types]
+    assert p.problems == []
+
+
+def test_a_stream_in_rabbitmqs_export_is_planned_as_a_stream_with_its_arguments():
+    p = defs.plan(json.loads(CTL_EXPORT.read_text()))
+    streams = [c for c in p.commands if isinstance(c, cat.DeclareQueue) and c.type == cat.STREAM]
+    assert [(c.vhost, c.name, c.durable, c.auto_delete, c.arguments) for c in streams] == [
+        ("shop", "events-log", True, False, {"x-max-age": "7D", "x-queue-type": "stream"})]
+    assert ("shop", "events", "queue", "events-log") in {
+        (c.vhost, c.source, c.destination_type, c.destination) for c in p.commands if isinstance(c, cat.Bind)}
+    assert p.counts["queues"] == 7
+    assert p.unsupported == ["runtime parameter 'origin' of component 'federation-upstream' in vhost 'shop': "
+                             "component 'federation-upstream' is not supported (hutch has no federation-upstream "
+                             "plugin)"]
+
+
+def test_a_stream_a_declare_would_refuse_is_malformed_with_rabbitmqs_text():
+    def stream(name, durable=True, **args):
+        return {"name": name, "vhost": "/", "durable": durable, "arguments": {"x-queue-type": "stream", **args}}
+
+    p = defs.plan({"queues": [stream("age", **{"x-max-age": "7X"}), stream("len", **{"x-max-length": 5}),
+                              stream("transient", durable=False), stream("ok", **{"x-max-age": "1h"})]})
+    assert p.malformed == [
+        "queue 'age' in vhost '/': invalid arg 'x-max-age' for queue 'age' in vhost '/': invalid_max_age",
+        "queue 'len' in vhost '/': invalid arg 'x-max-length' for queue 'len' in vhost '/' of queue type "
+        "rabbit_stream_queue",
+        "queue 'transient' in vhost '/': invalid property 'non-durable' for queue 'transient' in vhost '/'"]
+    assert [(c.name, c.type) for c in p.commands] == [("ok", cat.STREAM)]
+
+
 def test_a_limit_hutch_does_not_enforce_is_left_out_of_its_user_by_name():
     p = defs.plan({"users": [{"name": "u", "password_hash": "h", "limits": {"max-connections": 3, "max-bogus": 1}}],
                    "permissions": [{"user": "u", "vhost": "/", "configure": "", "write": "", "read": ""}]})

@@ -6,15 +6,15 @@ between RabbitMQ and hutch in both directions.
 
 Importing is done in two steps. `plan(doc, ...)` reads the whole document and turns every item
 into the catalogue commands that create it, or into a *refusal* that names the item and says
-why hutch cannot honour it ("queue 'events-log' in vhost 'shop': queue type 'stream' is not
-supported"). Each kind of item (a top-level key: users, vhosts, queues, ...) is one `Kind` in
-`KINDS`, and each vhost-scoped runtime parameter component one entry in `COMPONENTS`; a kind
-or component that hutch does not keep refuses its items by name. Adding a kind is adding an
-entry. A malformed item (a field missing or of the wrong type) is a problem too, listed with
-the others. The caller decides: any problem refuses the whole import, and nothing is changed;
-with `skip_unsupported` only malformed items refuse it, and what hutch cannot honour is left
-out and reported. Items that depend on a skipped one (bindings to a skipped queue) are skipped
-with it, by name.
+why hutch cannot honour it ("exchange 'delayed' in vhost 'shop': exchange type
+'x-delayed-message' is not supported"). Each kind of item (a top-level key: users, vhosts,
+queues, ...) is one `Kind` in `KINDS`, and each vhost-scoped runtime parameter component one
+entry in `COMPONENTS`; a kind or component that hutch does not keep refuses its items by name.
+Adding a kind is adding an entry. A malformed item (a field missing or of the wrong type) is a
+problem too, listed with the others. The caller decides: any problem refuses the whole import,
+and nothing is changed; with `skip_unsupported` only malformed items refuse it, and what hutch
+cannot honour is left out and reported. Items that depend on a skipped one (bindings to a
+skipped queue) are skipped with it, by name.
 
 `export(catalogue, ...)` writes the catalogue back as RabbitMQ's document, in the key order
 RabbitMQ's management plugin uses, with vhosts in `rabbitmqctl`'s form (name, limits,
@@ -35,6 +35,7 @@ from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
 from hutch.cluster import catalogue as cat
 from hutch.quorum import fifo
+from hutch.streams.config import StreamArgumentError, stream_config
 
 RABBITMQ_VERSION = "3.10.8"
 HASHING_SHA256 = cat.HASHING_SHA256
@@ -350,13 +351,15 @@ def _plan_queue(q: dict, ctx: Context) -> list[cat.Command]:
         ctx.skipped_queues.add((vhost, name))
         raise Unsupported(f"queue type '{qtype}' is not supported")
     durable, auto_delete = bool(_get(q, "durable", bool, True)), bool(_get(q, "auto_delete", bool, False))
-    try:
+    try:  # the declare's own checks, with RabbitMQ's texts
         qargs.queue_settings(args, name, vhost)
         if qtype == cat.QUORUM:
             fifo.quorum_config(args, name, vhost, durable=durable, exclusive=False, auto_delete=auto_delete)
+        elif qtype == cat.STREAM:
+            stream_config(args, name, vhost, durable=durable, exclusive=False, auto_delete=auto_delete)
     except AMQPError as e:
         raise Malformed(e.text) from None
-    except fifo.QuorumArgumentError as e:
+    except (fifo.QuorumArgumentError, StreamArgumentError) as e:
         raise Malformed(e.text) from None
     jid = _get(q, "hutch_id", int, 0)
     return [cat.DeclareQueue(vhost, name, str(qtype), durable, auto_delete, None, args, "", (), jid)]

@@ -52,7 +52,7 @@ USER_LIMITS = ("max-connections", "max-channels")
 VHOST_LIMITS = ("max-connections", "max-queues")
 
 NAME_BYTES_MAX = 255
-VHOST_DEFAULT_QUEUE_TYPES = ("classic", "quorum")  # a stream default: no stream queues here
+VHOST_DEFAULT_QUEUE_TYPES = ("classic", "quorum", "stream")  # as rabbitmqctl 3.10.8 add_vhost takes them
 HASHING = "rabbit_password_hashing_sha256"
 
 

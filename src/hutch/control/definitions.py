@@ -10,20 +10,22 @@
 
 An import is planned whole first (`hutch.broker.definitions.plan`): every item becomes
 catalogue commands or a refusal that names it. A document with a malformed item, or with an
-item hutch cannot honour (a stream queue, an `x-delayed-message` exchange, a runtime parameter
-of a plugin's component, ...), is answered 400 with every such item named in the reason, and
-nothing is changed. With `skip_unsupported=true` only malformed items refuse it; the answer
-lists what was skipped. A binding whose exchange or queue is neither in the document nor on
-the node is skipped as RabbitMQ skips it, with a warning in the log naming it (and in the
-`skipped` list of a `skip_unsupported` answer). The planned commands are then tried on a scratch copy of the catalogue,
-so whatever the catalogue would refuse (permissions for a user that does not exist, a policy
-for a vhost that does not) is a 400 before anything is proposed, and then committed in
-dependency order. As in RabbitMQ, existing exchanges and queues are left as they are, users,
-permissions, policies and parameters are set to the document's, and a vhost that items refer
-to but the document does not define is created. Queues are homed where the
-queue-master-locator puts them; a durable one keeps the document's `hutch_id` as journal id or
-gets a new random one. Imports are logged as RabbitMQ logs them ("Importing definitions from
-...", then one line per kind with its count).
+item hutch cannot honour (an `x-delayed-message` exchange, a runtime parameter of a plugin's
+component such as a federation upstream or a shovel, ...), is answered 400 with every such
+item named in the reason, and nothing is changed. With `skip_unsupported=true` only malformed
+items refuse it; the answer lists what was skipped. A binding whose exchange or queue is
+neither in the document nor on the node is skipped as RabbitMQ skips it, with a warning in the
+log naming it (and in the `skipped` list of a `skip_unsupported` answer). The planned commands
+are then tried on a scratch copy of the catalogue, so whatever the catalogue would refuse
+(permissions for a user that does not exist, a policy for a vhost that does not) is a 400
+before anything is proposed, and then committed in dependency order. As in RabbitMQ, existing
+exchanges and queues are left as they are, users, permissions, policies and parameters are set
+to the document's, and a vhost that items refer to but the document does not define is
+created. Classic queues are homed where the queue-master-locator puts them; quorum queues and
+streams are declared as a client declares them (their own argument checks, their members
+placed). A durable queue keeps the document's `hutch_id` as journal id (a quorum queue's or a
+stream's Raft group) or gets a new random one. Imports are logged as RabbitMQ logs them
+("Importing definitions from ...", then one line per kind with its count).
 
 What it must never do: change anything when it refuses an import, or answer success for an
 import that left something out without saying so.
@@ -41,9 +43,10 @@ import msgspec
 from aiohttp import web
 
 from hutch import __version__
+from hutch.amqp.spec import AMQPError
 from hutch.broker import definitions as defs
+from hutch.broker import kinds
 from hutch.broker.broker import hash_password
-from hutch.broker.quorumq import place_members
 from hutch.cluster import catalogue as cat
 from hutch.control import changes
 from hutch.control.errors import ApiError, bad_request, not_found
@@ -192,17 +195,11 @@ def cluster_commands(broker, proposed: list[cat.Command]) -> tuple[list[cat.Comm
             take(cat.AddVhost(vhost))
         if isinstance(cmd, cat.DeclareExchange) and scratch.exchange(cmd.vhost, cmd.name) is not None:
             continue
-        if isinstance(cmd, cat.DeclareQueue) and cmd.type == cat.QUORUM:
-            if scratch.queue(cmd.vhost, cmd.name) is not None:
-                continue
-            # as a client's declare: its members placed now, a Raft group id (the document's
-            # hutch_id when a node's own export gives one)
-            leader, members = place_members(cl, dict(cmd.arguments), cmd.name, cmd.vhost)
-            cmd = msgspec.structs.replace(cmd, leader_node=leader, member_nodes=members,
-                                          journal_id=cmd.journal_id or changes.new_journal_id())
+        if isinstance(cmd, cat.DeclareQueue) and scratch.queue(cmd.vhost, cmd.name) is not None:
+            continue  # an existing queue is left as it is
+        if isinstance(cmd, cat.DeclareQueue) and cmd.type != cat.CLASSIC:
+            cmd = _replicated_queue(cl, cmd)
         elif isinstance(cmd, cat.DeclareQueue):
-            if scratch.queue(cmd.vhost, cmd.name) is not None:
-                continue
             home = cl.choose_home(dict(cmd.arguments), False, cmd.vhost, cmd.name)
             # a non-durable queue lives as long as its home node's run (as one a client declares)
             cmd = msgspec.structs.replace(
@@ -210,6 +207,18 @@ def cluster_commands(broker, proposed: list[cat.Command]) -> tuple[list[cat.Comm
                 home_incarnation=cl.incarnation if home == cl.node and not cmd.durable else 0)
         take(cmd)
     return out, dangling
+
+
+def _replicated_queue(cl, cmd: cat.DeclareQueue) -> cat.DeclareQueue:
+    """A quorum queue or a stream as a client's declare makes it (its type's `Kind`): the type's
+    own checks against the node's policies, its members placed now, and a Raft group id (the
+    document's hutch_id when a node's own export gives one)."""
+    try:
+        return kinds.kind(cmd.type).declare_command(
+            cl, cmd.vhost, cmd.name, durable=cmd.durable, exclusive=False, auto_delete=cmd.auto_delete,
+            args=dict(cmd.arguments), owner=None, node=None, journal_id=cmd.journal_id or changes.new_journal_id())
+    except AMQPError as e:
+        raise bad_request(f"invalid definitions, nothing was imported: {_what(cmd)}: {e.text}") from None
 
 
 def _what(cmd: cat.Command) -> str:
