@@ -20,6 +20,7 @@ from typing import Any
 
 from hutch.amqp.spec import AMQPError
 from hutch.broker import operations as ops
+from hutch.broker.exchanges import QUEUE
 from hutch.cluster import catalogue as cat
 from hutch.streamproto import chunk as chunks
 from hutch.streamproto import connection as sc
@@ -31,6 +32,7 @@ log = logging.getLogger("hutch.stream")
 CHUNK_READ_BYTES = 1 << 20  # what a subscription reads from the log at a time
 PUBLISH_WINDOW = 10_000  # messages a connection may have unconfirmed before it is not read from
 SUB_BATCH_RECORDS_MAX = 65535
+PARTITION_ORDER = "x-stream-partition-order"  # a super stream's binding argument
 CREATE_WAIT_TICKS = 10  # timer ticks a create waits for its stream's leader before it is answered anyway
 
 # stream arguments of a Create command -> queue.declare arguments
@@ -536,31 +538,36 @@ class StreamSession:
 
     # ---------------------------------------------------------------- super streams
 
-    def _partitions(self, name: str) -> list[tuple[int, str, str]] | None:
-        x = self.vhost.exchanges.get(name) if self.vhost is not None else None
-        if x is None:
-            return None
-        out = []
-        for b in self.vhost.bindings_from(name) if hasattr(self.vhost, "bindings_from") else []:
-            order = (b.arguments or {}).get("x-stream-partition-order", 0)
-            out.append((order if isinstance(order, int) else 0, b.destination, b.routing_key))
-        return sorted(out)
+    def _super_stream(self, name: str) -> Any:
+        return self.vhost.exchanges.get(name) if self.vhost is not None and name else None
+
+    def _streams_of(self, bindings: Any) -> list[str]:
+        """The stream queues `bindings` lead to, in partition order (x-stream-partition-order;
+        bindings without one last), each once: rabbit_stream_manager's partitions and route."""
+        bound = []
+        for b in bindings:
+            q = self.vhost.queues.get(b.destination) if b.kind == QUEUE else None
+            if q is None or q.deleted or q.queue_type != STREAM.name:
+                continue
+            order = (b.arguments or {}).get(PARTITION_ORDER)
+            bound.append(((0, order) if type(order) is int else (1, 0), b.destination))
+        bound.sort()
+        return list(dict.fromkeys(name for _k, name in bound))
 
     def route(self, cmd: f.Route) -> None:
-        parts = self._partitions(cmd.super_stream)
-        if parts is None:
+        x = self._super_stream(cmd.super_stream)
+        if x is None:
             self.conn.send(f.RouteResponse(cmd.correlation_id, f.STREAM_DOES_NOT_EXIST, []))
-        else:
-            self.conn.send(f.RouteResponse(cmd.correlation_id, f.OK,
-                                           [d for _o, d, rk in parts if rk == cmd.routing_key]))
+        else:  # the exchange routes the key, as a message published to it would go
+            self.conn.send(f.RouteResponse(cmd.correlation_id, f.OK, self._streams_of(x.route(cmd.routing_key, None))))
         self._flush()
 
     def partitions(self, cmd: f.Partitions) -> None:
-        parts = self._partitions(cmd.super_stream)
-        if parts is None:
+        x = self._super_stream(cmd.super_stream)
+        if x is None:
             self.conn.send(f.PartitionsResponse(cmd.correlation_id, f.STREAM_DOES_NOT_EXIST, []))
         else:
-            self.conn.send(f.PartitionsResponse(cmd.correlation_id, f.OK, list(dict.fromkeys(d for _o, d, _r in parts))))
+            self.conn.send(f.PartitionsResponse(cmd.correlation_id, f.OK, self._streams_of(x.bindings.values())))
         self._flush()
 
     def ignore(self, cmd: Any) -> None:
