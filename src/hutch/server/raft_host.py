@@ -22,6 +22,7 @@ the entries mean (that is each `GroupApp`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -281,10 +282,12 @@ class RaftHost:
         return self.multi.add_group(self.main_gid, storage_of_group)
 
     def ensure_group(self, gid: Any, member_ids: dict[int, str], app: GroupApp, campaign: bool,
-                     joining: bool) -> None:
+                     joining: bool, log_entries: tuple[int, int] | None = None) -> None:
         """Host group `gid` here. A new group's first members start from the same bootstrap
         entry; a member added later (`joining`) starts empty and learns everything from the
-        leader. `campaign`: this node stands for election at once (alone, it wins at once)."""
+        leader. `campaign`: this node stands for election at once (alone, it wins at once).
+        `log_entries`: (snapshot after, entries kept after a snapshot) for a group whose
+        application keeps its own data and compacts sooner than the node's default."""
         if gid in self.multi.groups:
             return
         self.names.update(member_ids)
@@ -296,6 +299,9 @@ class RaftHost:
             app.restore(snap.data)
         self.apps[gid] = app
         g = self.multi.add_group(gid, storage)
+        if log_entries is not None:
+            g.cfg = dataclasses.replace(g.cfg, snapshot_after_entries=log_entries[0],
+                                        snapshot_trailing_entries=log_entries[1])
         if campaign or tuple(g.voters) == (self.id,):
             for _ in range(g.cfg.election_timeout_ticks * 2):
                 if g.role == LEADER:
@@ -321,12 +327,12 @@ class QueueGroups:
         self.node_id = node_id
 
     def ensure_group(self, gid: int, members: tuple[str, ...], app: GroupApp, leader_hint: str = "",
-                     joining: bool = False) -> None:
+                     joining: bool = False, log_entries: tuple[int, int] | None = None) -> None:
         """Host the group here. A new group's first members start from the same bootstrap entry;
         a member added later (`joining`) starts empty and learns everything from the leader. The
         node the queue was placed on (`leader_hint`) campaigns at once."""
         self.host.ensure_group(gid, {self.node_id(m): m for m in members}, app, leader_hint == self.host.name,
-                               joining)
+                               joining, log_entries)
 
     def drop_group(self, gid: int) -> None:
         self.host.drop_group(gid)

@@ -44,6 +44,13 @@ log = logging.getLogger("hutch.streams")
 RETRY_S = 1.0
 RETENTION_S = 5.0
 SNAPSHOT_ENTRIES = 64  # compact a stream's Raft log behind a snapshot this often
+# A stream's Raft log holds its batches only until every member has written them to its own
+# chunk log: it is compacted behind a snapshot of numbers every RAFT_SNAPSHOT_AFTER entries,
+# keeping RAFT_TRAILING of them for a follower a little behind (one further behind gets the
+# snapshot and reads the chunks it lacks from another member). The node's default (8192) would
+# keep thousands of batches of messages in memory per stream.
+RAFT_SNAPSHOT_AFTER = 256
+RAFT_TRAILING = 64
 READ_BYTES_MAX = 8 << 20  # what one read call returns at most
 S_REQUEST = "s"
 STATUS_S = 1.0  # how often a member reports a stream's extent to the nodes without a replica
@@ -185,7 +192,8 @@ class StreamHost:
             # its start, so what the log holds is written again
             q.log.truncate(q.log.first_offset)
         q.machine = sm.StreamMachine(q.log, q.config.filter_size)
-        self.raft.ensure_group(q.gid, q.members, _StreamApp(self, q), leader_hint=leader_hint, joining=joining)
+        self.raft.ensure_group(q.gid, q.members, _StreamApp(self, q), leader_hint=leader_hint, joining=joining,
+                               log_entries=(RAFT_SNAPSHOT_AFTER, RAFT_TRAILING))
 
     def _close_replica(self, q: StreamQueue, delete: bool) -> None:
         if self.raft is not None and q.machine is not None:
