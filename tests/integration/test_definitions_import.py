@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pika
+import pika.exceptions
 import pytest
 
 from tests.integration.helpers import drain
@@ -420,6 +421,33 @@ def test_hutchctl_import_refuses_or_skips_and_add_vhost_takes_metadata(node, tmp
     assert {"name": "cli-vh", "limits": [], "metadata": {"default_queue_type": "quorum",
                                                          "description": "from the CLI",
                                                          "tags": ["x", "y"]}} in exported["vhosts"]
+
+
+def test_a_vhost_whose_default_queue_type_is_stream(node):
+    """A vhost imported with default queue type stream behaves as RabbitMQ 3.10.8's (measured
+    side by side): a durable queue declared there without x-queue-type is a stream, a
+    non-durable one stays classic, and a server-named one is refused."""
+    doc = {"vhosts": [{"name": "logs", "metadata": {"description": "", "tags": [], "default_queue_type": "stream"}}],
+           "permissions": [{"user": "guest", "vhost": "logs", "configure": ".*", "write": ".*", "read": ".*"}]}
+    assert call(node.mgmt_url, "POST", "/api/definitions", doc)[0] == 204
+    assert get(node, "/api/vhosts/logs")["default_queue_type"] == "stream"
+    conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{node.amqp_port}/logs"))
+    try:
+        ch = conn.channel()
+        ch.queue_declare("audit", durable=True)
+        ch.queue_declare("scratch", durable=False)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch.queue_declare("", durable=True)
+        assert (e.value.reply_code, e.value.reply_text) == (
+            406, "PRECONDITION_FAILED - Cannot declare a server-named queue for type rabbit_stream_queue")
+    finally:
+        conn.close()
+    audit, scratch = get(node, "/api/queues/logs/audit"), get(node, "/api/queues/logs/scratch")
+    assert (audit["type"], audit["arguments"]) == ("stream", {"x-queue-type": "stream"})
+    assert (scratch["type"], scratch["arguments"]) == ("classic", {})
+    exported = get(node, "/api/definitions")
+    assert {"name": "logs", "limits": [], "metadata": {"description": "", "tags": [],
+                                                      "default_queue_type": "stream"}} in exported["vhosts"]
 
 
 # ---- load_definitions at boot --------------------------------------------------------------------
