@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from hutch.broker.streamreg import StreamRegistry, registry_of
+from hutch.broker.superstreams import partition_names
 from hutch.cli.http import CliError
 from hutch.cli.streams import duration_s, information_unit, super_stream_arguments
 from hutch.control.errors import ApiError
-from hutch.control.streams import partition_names, stream_arguments
+from hutch.control.streams import stream_arguments
 
 
 def test_a_closed_connection_takes_its_publishers_and_consumers_with_it():

@@ -41,8 +41,7 @@ from typing import Any
 from aiohttp import web
 
 from hutch.amqp.spec import AMQPError
-from hutch.broker import operations
-from hutch.broker.exchanges import QUEUE
+from hutch.broker import superstreams
 from hutch.broker.streamreg import registry_of
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, listing, ops, quorum, sessions, stats
@@ -50,22 +49,13 @@ from hutch.control.errors import ApiError, bad_request, not_found
 from hutch.control.http import api_of, has_tag, read_json, requires, user_of
 from hutch.control.node import node_name_arg
 from hutch.control.topology import vhost_for_read, vhost_for_write
-from hutch.streams.config import StreamArgumentError, stream_config
+from hutch.streams.config import NAMED_ARGUMENTS
 
 log = logging.getLogger("hutch.streams")
 routes = web.RouteTableDef()
 
 PEER_WAIT_S = 2.0  # how long a status or listing waits for a member's answer
-SUPER_STREAM_PARTITIONS_MAX = 1000  # partitions (or binding keys) of one super stream
 EXTENTS_MAX = 16384  # streams one "stream_extents" call answers for
-PARTITION_ORDER = "x-stream-partition-order"
-SUPER_STREAM = "x-super-stream"
-# a super stream's (and the stream protocol's Create) arguments -> the streams' x- arguments
-STREAM_ARGUMENTS = {"max-length-bytes": ("x-max-length-bytes", int), "max-age": ("x-max-age", str),
-                    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
-                    "initial-cluster-size": ("x-initial-cluster-size", int),
-                    "queue-leader-locator": ("x-queue-leader-locator", str),
-                    "stream-filter-size-bytes": ("x-stream-filter-size-bytes", int)}
 
 
 # ---------------------------------------------------------------- what a node says of itself
@@ -273,15 +263,6 @@ async def group_consumers(request: web.Request) -> web.Response:
 
 # ---------------------------------------------------------------- super streams
 
-def partition_names(name: str, partitions: int | None, binding_keys: str | None) -> tuple[list[str], list[str]]:
-    """(streams, routing keys) of a super stream: `NAME-0`.. with keys "0".. for a number of
-    partitions, `NAME-<key>` for binding keys (comma-separated, trimmed, empty ones dropped)."""
-    if partitions is not None:
-        return [f"{name}-{i}" for i in range(partitions)], [str(i) for i in range(partitions)]
-    keys = [k.strip() for k in (binding_keys or "").split(",") if k.strip()]
-    return [f"{name}-{k}" for k in keys], keys
-
-
 def stream_arguments(arguments: Any) -> dict[str, Any]:
     """A super stream's `arguments` (RabbitMQ's names, values as text or numbers) as the
     partitions' declare arguments; 400 for an unknown name or a value of the wrong kind."""
@@ -289,10 +270,10 @@ def stream_arguments(arguments: Any) -> dict[str, Any]:
         raise bad_request("arguments must be a JSON object")
     out: dict[str, Any] = {"x-queue-type": "stream"}
     for key, value in arguments.items():
-        if key not in STREAM_ARGUMENTS:
+        if key not in NAMED_ARGUMENTS:
             raise bad_request(f"unknown stream argument '{key}' (expected one of "
-                              f"{', '.join(sorted(STREAM_ARGUMENTS))})")
-        xkey, kind = STREAM_ARGUMENTS[key]
+                              f"{', '.join(sorted(NAMED_ARGUMENTS))})")
+        xkey, kind = NAMED_ARGUMENTS[key]
         if kind is int:
             try:
                 value = int(value)
@@ -316,8 +297,8 @@ def _super_stream_request(body: dict) -> tuple[int | None, str | None]:
             keys = ",".join(str(k) for k in keys)
         if not isinstance(keys, str):
             raise bad_request("binding-keys must be a comma-separated string")
-        if keys.count(",") + 1 > SUPER_STREAM_PARTITIONS_MAX:
-            raise bad_request(f"The number of binding keys must not exceed {SUPER_STREAM_PARTITIONS_MAX}")
+        if keys.count(",") + 1 > superstreams.PARTITIONS_MAX:
+            raise bad_request(f"The number of binding keys must not exceed {superstreams.PARTITIONS_MAX}")
         if not [k for k in keys.split(",") if k.strip()]:
             raise bad_request("The number of binding keys must be greater than 0")
         return None, keys
@@ -327,8 +308,8 @@ def _super_stream_request(body: dict) -> tuple[int | None, str | None]:
         raise bad_request("The partitions must be a number") from None
     if n < 1:
         raise bad_request("The partition number must be greater than 0")
-    if n > SUPER_STREAM_PARTITIONS_MAX:
-        raise bad_request(f"The partition number must not exceed {SUPER_STREAM_PARTITIONS_MAX}")
+    if n > superstreams.PARTITIONS_MAX:
+        raise bad_request(f"The partition number must not exceed {superstreams.PARTITIONS_MAX}")
     return n, None
 
 
@@ -341,35 +322,18 @@ async def put_super_stream(request: web.Request) -> web.Response:
     body = await read_json(request, required=True)
     partitions, keys = _super_stream_request(body)
     args = stream_arguments(body.get("arguments") or {})
-    streams, routing_keys = partition_names(name, partitions, keys)
-    if len(set(streams)) != len(streams):
-        raise bad_request("binding keys must be distinct")
-    if name in v.exchanges:
-        raise bad_request(f"there is already an exchange named {name}")
-    for s in streams:
-        if s in v.queues:
-            raise bad_request(f"there is already a queue named {s}")
+    streams, routing_keys = superstreams.partition_names(name, partitions, keys)
     try:
-        stream_config(args, streams[0], v.name, policy=broker.cluster.streams.port.policy_of(v.name, streams[0]))
-    except StreamArgumentError as e:
+        steps = superstreams.creation(broker, v, user, name, streams, routing_keys, args, body.get("node"))
+    except AMQPError as e:
+        if e.code == 403:
+            raise
         raise bad_request(e.text) from None
-    for s in streams:
-        broker.check_permission(user, v.name, "configure", "queue", s)
-        broker.check_permission(user, v.name, "write", "queue", s)
-    broker.check_permission(user, v.name, "read", "exchange", name)
     done: list[cat.Command] = []  # what to undo if a later step fails
     try:
-        cmd = operations.declare_exchange(broker, v, user, name, "direct", True, False, False, {SUPER_STREAM: True})
-        await changes.commit(broker, cmd)
-        done.append(cat.DeleteExchange(v.name, name, False))
-        for s in streams:
-            _q, cmd = operations.declare_queue(broker, v, user, s, durable=True, exclusive=False, auto_delete=False,
-                                               args=dict(args), owner=None, node=body.get("node"))
+        for cmd, undo in steps:
             await changes.commit(broker, cmd)
-            done.append(cat.DeleteQueue(v.name, s))
-        for order, (s, key) in enumerate(zip(streams, routing_keys, strict=True)):
-            operations.check_binding(broker, v, user, name, QUEUE, s, key, None)
-            await changes.commit(broker, cat.Bind(v.name, name, cat.QUEUE, s, key, {PARTITION_ORDER: order}))
+            done.append(undo)
     except (ApiError, AMQPError):
         for undo in reversed(done):
             with contextlib.suppress(ApiError):
@@ -379,48 +343,23 @@ async def put_super_stream(request: web.Request) -> web.Response:
     return web.Response(status=201)
 
 
-def super_stream_partitions(v: Any, name: str) -> list[str]:
-    """The streams of super stream `name`, in partition order (bindings without an order last)."""
-    x = v.exchanges.get(name)
-    if x is None:
-        return []
-    bound = []
-    for b in x.bindings.values():
-        q = v.queues.get(b.destination) if b.kind == QUEUE else None
-        if q is None or q.queue_type != "stream":
-            continue
-        order = (b.arguments or {}).get(PARTITION_ORDER)
-        try:
-            key = (0, int(order))
-        except (TypeError, ValueError):
-            key = (1, 0)
-        bound.append((key, b.destination))
-    bound.sort()
-    out: list[str] = []
-    for _k, s in bound:
-        if s not in out:
-            out.append(s)
-    return out
-
-
 @routes.delete("/api/stream/super-streams/{vhost}/{name}")
 async def delete_super_stream(request: web.Request) -> web.Response:
     broker = api_of(request).broker
     user = user_of(request)
     v = vhost_for_write(request)
     name = request.match_info["name"]
-    if name not in v.exchanges:
+    streams = superstreams.partitions(v, name)
+    cmds = superstreams.deletion(broker, v, user, name)
+    if not cmds:
         raise not_found()
-    streams = super_stream_partitions(v, name)
-    cmd = operations.delete_exchange(broker, v, user, name, False)
-    for s in streams:
-        operations.check_delete_queue(broker, v, user, s, None, False, False)
-    if cmd is not None:
-        await changes.commit(broker, cmd)
-    for s in streams:
-        res = await changes.change(broker, cat.DeleteQueue(v.name, s))
-        if res.code != cat.OK:
-            log.warning("Error while deleting partition %s of super stream %s: %s", s, name, res.text)
+    for cmd in cmds:
+        if isinstance(cmd, cat.DeleteQueue):
+            res = await changes.change(broker, cmd)
+            if res.code != cat.OK:
+                log.warning("Error while deleting partition %s of super stream %s: %s", cmd.name, name, res.text)
+        else:
+            await changes.commit(broker, cmd)
     log.info("super stream '%s' in vhost '%s' deleted with %d partition(s)", name, v.name, len(streams))
     return web.Response(status=204)
 
@@ -521,5 +460,4 @@ async def complete(broker: Any, rows: list[dict]) -> None:
 stats.QUEUE_ROWS_COMPLETERS.append(complete)
 
 
-__all__ = ["routes", "member_status", "complete", "partition_names", "stream_arguments",
-           "super_stream_partitions", "STREAM_ARGUMENTS", "PARTITION_ORDER", "SUPER_STREAM"]
+__all__ = ["routes", "member_status", "complete", "stream_arguments"]

@@ -22,6 +22,13 @@ UNSUPPORTED_ARGUMENTS = ("x-max-length", "x-message-ttl", "x-max-priority", "x-d
 SEGMENT_BYTES_DEFAULT = 500_000_000  # x-stream-max-segment-size-bytes
 SEGMENT_BYTES_MAX = 3_000_000_000
 LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders")
+# A stream's arguments as RabbitMQ names them outside AMQP 0-9-1 (the stream protocol's Create,
+# a super stream over HTTP) -> the queue.declare argument and the type of its value
+NAMED_ARGUMENTS: dict[str, tuple[str, type]] = {
+    "max-length-bytes": ("x-max-length-bytes", int), "max-age": ("x-max-age", str),
+    "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
+    "initial-cluster-size": ("x-initial-cluster-size", int), "queue-leader-locator": ("x-queue-leader-locator", str),
+    "stream-filter-size-bytes": ("x-stream-filter-size-bytes", int)}
 _AGE = re.compile(r"^([0-9]+)([YMDhms])$")
 _AGE_UNIT_S = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 
