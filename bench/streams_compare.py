@@ -161,6 +161,11 @@ class Broker:
             os.killpg(node.proc.pid, signal.SIGKILL)
         node.proc.wait(10)
 
+    def peak_rss_mb(self) -> list[int | None]:
+        """Each node's peak resident memory so far (VmHWM of the largest process in its process
+        group: hutch's server, RabbitMQ's beam.smp)."""
+        return [_group_peak_rss_kb(node.proc.pid) // 1024 if node.proc is not None else None for node in self.nodes]
+
     def version(self) -> str:
         if self.kind == "hutch":
             return "hutch"
@@ -173,6 +178,25 @@ class Broker:
         else:
             for node in self.nodes:
                 node.cleanup()
+
+
+def _group_peak_rss_kb(pgid: int) -> int:
+    peak = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                stat = fh.read()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:  # the fields after the name: state, ppid, pgrp
+                continue
+            with open(f"/proc/{d}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return peak
 
 
 # -- throughput and catch-up through hutch perf ----------------------------------------------------
@@ -490,11 +514,14 @@ ROWS = [  # (label, path in a config's results, kind): a rate is better higher, 
     ("failover: kill -9 to confirm, ms (lower)", ("failover", "first_confirm_ms"), "time"),
     ("failover: confirmed", ("failover", "confirmed"), "count"),
     ("failover: lost / duplicates", ("failover", "lost"), "loss"),
+    ("peak RSS of a node, MB (lower)", ("peak_rss_mb", None), "time"),
 ]
 
 
-def _get(res: dict, path: tuple[str, str]):
+def _get(res: dict, path: tuple[str, str | None]):
     part = res.get(path[0])
+    if path[1] is None:
+        return part
     return part.get(path[1]) if isinstance(part, dict) else None
 
 
@@ -527,6 +554,7 @@ def measure_broker(b: Broker, res: dict, parts: list[str], a: argparse.Namespace
     if "catchup" in parts:
         res["catchup"] = _attempt(lambda: measure_catchup(b, a.catchup))
         print(f"   catch-up: {res['catchup']}", flush=True)
+    res["peak_rss_mb"] = max(x for x in b.peak_rss_mb() if x is not None)  # before a node is killed
     if "failover" in parts and b.n > 1:
         res["failover"] = _attempt(lambda: _run(Failover(b, a.failover_rate).run()))
         print(f"   failover: {res['failover']}", flush=True)

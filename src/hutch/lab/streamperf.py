@@ -178,7 +178,8 @@ class StreamClient(asyncio.Protocol):
         self.pending: dict[int, asyncio.Future] = {}
         self.next_correlation = 1
         self.tune: asyncio.Future = self.loop.create_future()
-        self.properties: dict[str, str] = {}
+        self.properties: dict[str, str] = {}  # the open response's (advertised host and port)
+        self.frame_max = FRAME_MAX  # as tuned with the server
         self.on_confirm: Callable[[int, list[int]], None] | None = None
         self.on_publish_error: Callable[[int, list[tuple[int, int]]], None] | None = None
         self.on_deliver: Callable[[int, memoryview], None] | None = None
