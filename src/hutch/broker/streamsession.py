@@ -62,7 +62,8 @@ class _Publisher:
 
 
 class _Subscription:
-    __slots__ = ("id", "q", "offset", "credit", "reading", "idle", "filters", "match_unfiltered", "properties")
+    __slots__ = ("id", "q", "offset", "credit", "reading", "idle", "waiting", "filters", "match_unfiltered",
+                 "properties")
 
     def __init__(self, sid: int, q: Any, start: Any, credit: int, properties: dict):
         self.id = sid
@@ -71,6 +72,7 @@ class _Subscription:
         self.credit = credit
         self.reading = False
         self.idle = False  # its last read found nothing new: read again on the next tick
+        self.waiting = False  # a read held at a member's end, to hear of more (no replica here)
         self.properties = properties
         self.filters = [v.encode() for k, v in sorted(properties.items()) if k.startswith("filter.")]
         self.match_unfiltered = properties.get("match-unfiltered", "false") == "true"
@@ -369,11 +371,31 @@ class StreamSession:
         if sent:
             self._flush()
         if s.offset == before:
-            # at the end: a member's replica here wakes the session when more is written; a node
-            # without one is told nothing, so an idle subscription reads again on each tick
+            # at the end: a member's replica here wakes the session when more is written; on a
+            # node without one, a read held at a member's end says when more is (and the tick
+            # reads again if no member answers)
             s.idle = True
+            if self.broker.cluster.node not in s.q.members:
+                self._await_more(s)
             return False
         return s.credit > 0  # more may follow (or every chunk read was filtered out)
+
+    def _await_more(self, s: _Subscription) -> None:
+        """On a node without a replica: a read at the subscription's offset that a member holds
+        until more is written there (or answers empty after a while, then again)."""
+        if s.waiting or not isinstance(s.offset, int):
+            return
+        s.waiting = True
+
+        def got(answer: Any) -> None:
+            s.waiting = False
+            if self.closed or self.subscriptions.get(s.id) is not s or answer is None:
+                return  # gone, or no member answered: the tick reads again
+            if not answer[1]:
+                self._await_more(s)  # held long enough with nothing new: hold again
+            elif s.credit > 0 and not s.reading:
+                self._read(s)
+        self.streams.read(s.q, s.offset, 1, got)
 
     def conn_filters(self) -> bool:
         """Whether the client takes chunks with their bloom filter (it speaks Deliver v2)."""
@@ -498,7 +520,7 @@ class StreamSession:
         if self._creating:
             self._answer_creates(tick=True)
         for s in list(self.subscriptions.values()):
-            if s.idle and s.credit > 0 and not s.reading and not s.q.deleted:
+            if s.idle and s.credit > 0 and not s.reading and not s.waiting and not s.q.deleted:
                 self._read(s)
 
     def metadata(self, cmd: f.Metadata) -> None:
