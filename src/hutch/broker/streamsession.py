@@ -8,8 +8,15 @@ filtering by bloom filter), stored offsets, streams created and deleted through 
 metadata (each member's advertised host and port), super stream routes and partitions, and
 stream statistics. Streams themselves are `hutch.streams` (through `cluster.streams`).
 
-The runtime (`hutch.server.stream_listener`) feeds it bytes and writes what it returns; it
-never decides anything here.
+A subscription reads whole chunks as stored, from the replica here or a member's, while it has
+credit; at the end of the stream it waits: a member's replica here wakes the session when more
+is written, a node without one holds a read at a member's end, and the runtime's tick (about a
+second) reads again after a member did not answer. A create is answered once the stream has a
+leader (RabbitMQ answers once its writer runs); a stream deleted under a publisher or a
+subscription gets one metadata update, and they go.
+
+The runtime (`hutch.server.stream_listener`) feeds it bytes and events, calls `tick()` on its
+timer and writes what it returns; it never decides anything here.
 """
 
 from __future__ import annotations
