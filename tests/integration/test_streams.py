@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 
 STREAM = {"x-queue-type": "stream"}
 RABBITMQ_PLUGINS = "/usr/lib/rabbitmq/bin/rabbitmq-plugins"
+RABBITMQ_START_S = 180.0
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +43,10 @@ def rabbitmq():
     """One RabbitMQ node with the rabbitmq_stream plugin for the module."""
     node = RabbitMQNode(management=False)
     try:
-        node.start()
-        subprocess.run([RABBITMQ_PLUGINS, "-n", node.nodename, "enable", "rabbitmq_stream"], env=node._env(),
-                       check=True, capture_output=True, timeout=120)
+        node.start(timeout_s=RABBITMQ_START_S)  # a loaded machine can take a while
+        enabled = subprocess.run([RABBITMQ_PLUGINS, "-n", node.nodename, "enable", "rabbitmq_stream"],
+                                 env=node._env(), capture_output=True, text=True, timeout=RABBITMQ_START_S)
+        assert enabled.returncode == 0, f"rabbitmq_stream not enabled: {enabled.stdout}{enabled.stderr}"
         yield node
     finally:
         node.cleanup()
