@@ -102,3 +102,11 @@ def test_stream_mode_confirms_with_a_default_window_and_refuses_amqp_only_option
                 {"credit": 0}, {"batch_size": 0}, {"uris": ["amqp://127.0.0.1"]}):
         with pytest.raises(ValueError):
             PerfConfig(**{"uris": ["rabbitmq-stream://127.0.0.1"], "protocol": "stream", **bad}).validate()
+
+
+def test_errors_name_the_response_code_as_the_protocol_does():
+    from hutch.lab.streamperf import StreamError
+
+    e = StreamError(f.STREAM_DOES_NOT_EXIST, "Subscribe refused for stream 's'")
+    assert str(e) == "Subscribe refused for stream 's': stream_does_not_exist (0x02)"
+    assert "response code (0x7f)" in str(StreamError(0x7F, "Close"))

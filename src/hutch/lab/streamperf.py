@@ -53,11 +53,20 @@ STAMP = struct.Struct(">QQ")  # publish time (ns), message id: the first 16 byte
 _stamp_ts = struct.Struct(">Q")
 
 
+# response codes by name, as the protocol document names them
+CODE_NAMES = {getattr(f, name): name.lower() for name in (
+    "OK", "STREAM_DOES_NOT_EXIST", "SUBSCRIPTION_ID_ALREADY_EXISTS", "SUBSCRIPTION_ID_DOES_NOT_EXIST",
+    "STREAM_ALREADY_EXISTS", "STREAM_NOT_AVAILABLE", "SASL_MECHANISM_NOT_SUPPORTED", "AUTHENTICATION_FAILURE",
+    "SASL_ERROR", "SASL_CHALLENGE", "SASL_AUTHENTICATION_FAILURE_LOOPBACK", "VIRTUAL_HOST_ACCESS_FAILURE",
+    "UNKNOWN_FRAME", "FRAME_TOO_LARGE", "INTERNAL_ERROR", "ACCESS_REFUSED", "PRECONDITION_FAILED",
+    "PUBLISHER_DOES_NOT_EXIST", "NO_OFFSET")}
+
+
 class StreamError(Exception):
     """The server refused a request or closed the connection: its response code and what for."""
 
     def __init__(self, code: int, text: str):
-        super().__init__(f"{text} (stream protocol response code {code:#04x})")
+        super().__init__(f"{text}: {CODE_NAMES.get(code, 'response code')} ({code:#04x})")
         self.code = code
         self.text = text
 
@@ -302,7 +311,8 @@ class StreamClient(asyncio.Protocol):
             self.pending.pop(cid, None)
         code = getattr(resp, "code", f.OK)
         if code not in ok:
-            raise StreamError(code, f"{type(cmd).__name__} refused")
+            what = getattr(cmd, "stream", None)
+            raise StreamError(code, f"{type(cmd).__name__} refused" + (f" for stream '{what}'" if what else ""))
         return resp
 
     # -- life cycle
