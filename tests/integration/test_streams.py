@@ -190,6 +190,17 @@ def counts(conn, name: str) -> tuple[int, int]:
     return ok.message_count, ok.consumer_count
 
 
+def test_a_transaction_publishes_to_a_stream_on_commit(conn, stream):
+    declare(conn.channel(), stream)
+    ch = conn.channel()
+    ch.tx_select()
+    for i in range(3):
+        ch.basic_publish("", stream, f"t{i}".encode())
+    ch.tx_commit()
+    c = Consumer(conn, stream, **{"x-stream-offset": "first"}).wait(3)
+    assert c.bodies == [b"t0", b"t1", b"t2"]
+
+
 def test_declare_ok_counts_the_messages(conn, stream):
     """RabbitMQ's counts come from the stream's statistics, a moment behind: wait for them."""
     publish_five(conn, stream)
