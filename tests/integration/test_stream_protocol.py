@@ -440,6 +440,37 @@ def test_an_offset_past_the_end_waits_for_it_and_unsubscribe_stops_deliveries(se
         assert c.call(f.Delete(c.cid(), name)).code == f.OK
 
 
+def test_a_consumer_that_does_not_read_its_socket_does_not_fill_the_nodes_memory(hutch_node):
+    """Credit for every chunk of 64 MB and a client that reads nothing: the node sends as the
+    socket drains, so its memory stays put (without that it would hold the whole backlog)."""
+    import psutil
+
+    name = unique()
+    body = amqp_body("x" * 100_000)
+    with raw(hutch_node) as c:
+        create(c, name)
+        assert c.call(f.DeclarePublisher(c.cid(), 1, "", name)).code == f.OK
+        for batch in range(64):
+            c.send(f.Publish(1, [(batch * 10 + i, body) for i in range(10)]))  # a chunk of 1 MB
+            c.recv(f.PublishConfirm)
+        node = psutil.Process(hutch_node.proc.pid)
+        before = node.memory_info().rss
+        slow = Raw(hutch_node.stream_port)
+        try:
+            slow.handshake()
+            slow.send(f.Subscribe(slow.cid(), 1, name, f.OFFSET_TYPE_FIRST, None, 65535))
+            c.sync()  # the node has taken the subscription and done what it does with it
+            c.sync()
+            grown = node.memory_info().rss - before
+            assert grown < 24 << 20, f"the node grew by {grown >> 20} MB"
+            got = 0
+            while got < 640:  # and everything comes once the client reads
+                got += len(chunk_bodies(slow.recv(f.Deliver, f.DeliverV2).chunk))
+        finally:
+            slow.close()
+        assert c.call(f.Delete(c.cid(), name)).code == f.OK
+
+
 # ---------------------------------------------------------------- offsets kept by the server
 
 

@@ -104,6 +104,7 @@ class StreamSession:
         self.paused = False
         self._pump_due = False
         self._creating: dict[str, tuple[f.Create, int]] = {}  # created streams waiting for a leader
+        self.write_blocked = False  # the socket's buffer is full: no chunk is read until it drains
         self.id = broker.cluster.peers.owner_id() if broker.cluster is not None else peer
 
     @property
@@ -328,6 +329,8 @@ class StreamSession:
         replica here answers at once (so this loops rather than recursing, however many chunks a
         filter skips); a member's on another node answers later, and its answer reads on."""
         while True:
+            if self.write_blocked:
+                return  # `writable` pumps again once the socket drains
             s.reading = True
             s.idle = False
             now: list[Any] = []  # the answer, when it comes during the call
@@ -519,6 +522,13 @@ class StreamSession:
                 self._creating[name] = (cmd, ticks - 1)
         if answered:
             self._flush()
+
+    def writable(self, on: bool) -> None:
+        """The runtime's socket buffer went over its high-water mark (False) or drained (True):
+        deliveries follow what the client reads, however much credit it gave."""
+        self.write_blocked = not on
+        if on:
+            self.pump()
 
     def tick(self) -> None:
         """The runtime's timer, about once a second."""

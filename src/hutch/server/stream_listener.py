@@ -86,6 +86,15 @@ class StreamProtocol(asyncio.Protocol):
         else:
             t.resume_reading()
 
+    def pause_writing(self) -> None:
+        if self.session is not None:
+            self.session.writable(False)
+
+    def resume_writing(self) -> None:
+        if self.session is not None:
+            self.session.writable(True)
+            self.flush()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
