@@ -571,6 +571,29 @@ def test_metadata_names_the_leader_at_its_advertised_address(server):
         assert c.call(f.Delete(c.cid(), name)).code == f.OK
 
 
+def test_advertised_address_frame_max_and_heartbeat_from_the_configuration(tmp_path):
+    """rabbitmq.conf's stream.* keys, as the stream plugin reads them."""
+    conf = tmp_path / "hutch.conf"
+    conf.write_text("stream.advertised_host = streams.example.com\nstream.advertised_port = 5999\n"
+                    "stream.frame_max = 65536\nstream.heartbeat = 7\n")
+    with HutchNode(extra_args=["--config", str(conf)]) as node:
+        c = Raw(node.stream_port)
+        try:
+            c.call(f.PeerProperties(c.cid(), {}))
+            c.call(f.SaslHandshake(c.cid()))
+            assert c.call(f.SaslAuthenticate(c.cid(), "PLAIN", b"\0guest\0guest")).code == f.OK
+            assert c.recv(f.Tune) == f.Tune(65536, 7)
+            c.send(f.Tune(65536, 7))
+            opened = c.call(f.Open(c.cid(), "/"))
+            assert opened.properties == {"advertised_host": "streams.example.com", "advertised_port": "5999"}
+            name = unique()
+            create(c, name)
+            md = c.call(f.Metadata(c.cid(), [name]))
+            assert md.brokers == [(0, "streams.example.com", 5999)]
+        finally:
+            c.close()
+
+
 def test_deleting_a_stream_tells_its_subscribers_with_a_metadata_update(server):
     name = unique()
     with raw(server) as c, raw(server) as other:
