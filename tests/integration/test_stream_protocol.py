@@ -923,6 +923,44 @@ def test_rstream_publishes_with_application_properties_pika_reads_headers(server
         conn.close()
 
 
+def test_rstream_publishes_amqp_1_0_properties_pika_reads_them_as_rabbitmq_maps_them(hutch_node, rabbit_node):
+    from rstream import AMQPMessage, Producer, Properties
+
+    seen = {}
+    for label, node in (("hutch", hutch_node), ("rabbitmq", rabbit_node)):
+        name = unique()
+
+        async def go(node=node, name=name):
+            async with Producer("127.0.0.1", node.stream_port, username="guest", password="guest") as p:
+                await p.create_stream(name)
+                await p.send_wait(name, AMQPMessage(
+                    body=b"typed", application_properties={"region": "apac", "n": 5, "ok": True},
+                    properties=Properties(message_id="m-9", correlation_id="c-9", content_type="application/json",
+                                          content_encoding="gzip", reply_to="back", subject="s",
+                                          creation_time=1700000000000)))
+        run(go())
+        conn = _pika(node)
+        try:
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=10)
+            got = []
+            ch.basic_consume(name, lambda ch_, m, props, body, got=got: got.append((props, body)),
+                             arguments={"x-stream-offset": "first"})
+            deadline = time.monotonic() + TIMEOUT_S
+            while not got and time.monotonic() < deadline:
+                conn.process_data_events(time_limit=0.1)
+            [(props, body)] = got
+            seen[label] = (body, {k: v for k, v in vars(props).items() if v is not None})
+            ch.queue_delete(name)
+        finally:
+            conn.close()
+    assert seen["hutch"][0] == b"typed"
+    hutch, rabbit = seen["hutch"][1], seen["rabbitmq"][1]
+    assert hutch["message_id"] == "m-9" and hutch["content_type"] == "application/json"
+    assert hutch["headers"]["region"] == "apac"
+    assert hutch == rabbit
+
+
 # ---------------------------------------------------------------- rbfly
 
 
