@@ -166,6 +166,9 @@ def test_a_consumer_on_a_replica_keeps_receiving_through_the_leaders_kill_and_pu
         cluster.kill(old)
         wait_until(lambda: new_leader(cluster, replica, name, old) is not None, 60, "a new leader in the metadata")
         new = node_at(cluster, new_leader(cluster, replica, name, old)[1])
+        with connected(cluster, replica) as c:  # the dead node is no replica in the metadata either
+            _code, _leader, replicas_now = metadata(c, name)
+        assert ("localhost", cluster.nodes[old].stream_port) not in replicas_now
         with connected(cluster, new) as pub:
             seq = pub.call(f.QueryPublisherSequence(pub.cid(), ref, name))
             assert (seq.code, seq.sequence) == (f.OK, n_before)
