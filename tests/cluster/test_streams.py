@@ -21,6 +21,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from hutch.streams.host import RAFT_SNAPSHOT_AFTER, RAFT_TRAILING
 from tests.support.brokers import wait_until
 from tests.support.hutch_cluster import HutchCluster
 
@@ -283,7 +284,7 @@ def test_a_stopped_member_catches_up_when_it_restarts(cluster):
     assert read_all(cluster, 2, name, 400) == list(enumerate(expected))
 
 
-SNAPSHOT_AFTER_ENTRIES = 8192  # hutch.raft.group's default: a group's log is compacted behind a snapshot then
+SNAPSHOT_AFTER_ENTRIES = RAFT_SNAPSHOT_AFTER + RAFT_TRAILING  # a stream's Raft log is compacted behind a snapshot then
 
 
 def test_a_member_that_missed_a_snapshots_worth_fills_its_gap_from_another_member(cluster):
