@@ -57,6 +57,53 @@ def test_a_writer_resending_gets_its_answer_and_the_stream_keeps_one_copy(log):
     assert m.writer_sequence("w") == 3 and m.writer_sequence("other") == 1
 
 
+def test_an_entry_that_an_earlier_one_overtook_is_written_not_taken_for_a_duplicate(log):
+    """A writer's entry lost with a leader and resent after its next entry was committed."""
+    m = sm.StreamMachine(log)
+    m.apply(write(1, [b"a1", b"a2"], pids=[1, 2]))
+    m.apply(write(3, [b"a5", b"a6"], pids=[5, 6]))  # ids 3 and 4 were lost with the old leader
+    late = m.apply(write(2, [b"a3", b"a4"], pids=[3, 4]))
+    assert (late.first, late.written, late.duplicates) == (4, 2, 0)
+    again = m.apply(write(2, [b"a3", b"a4"], pids=[3, 4]))  # and resent once more
+    assert (again.written, again.duplicates) == (0, 2)
+    assert [r for _o, r in stored(log)] == [b"a1", b"a2", b"a5", b"a6", b"a3", b"a4"]
+    assert m.writer_sequence("w") == 6 and not m.holes
+
+
+def test_a_resend_that_straddles_a_hole_writes_only_the_missing_ids(log):
+    m = sm.StreamMachine(log)
+    m.apply(write(1, [b"1"], pids=[1]))
+    m.apply(write(2, [b"4"], pids=[4]))
+    w = m.apply(write(3, [b"2", b"3", b"4", b"5"], pids=[2, 3, 4, 5]))
+    assert (w.written, w.duplicates) == (3, 1)
+    assert [r for _o, r in stored(log)] == [b"1", b"4", b"2", b"3", b"5"]
+    assert not m.holes
+
+
+def test_a_writers_holes_are_bounded_and_kept_in_snapshots(log, tmp_path):
+    m = sm.StreamMachine(log)
+    m.apply(write(1, [b"x"], pids=[1]))
+    for i in range(sm.HOLES_MAX + 5):
+        m.apply(write(i + 2, [b"x"], pids=[3 + 2 * i]))  # every other id skipped
+    assert len(m.holes["w"]) == sm.HOLES_MAX
+    assert m.holes["w"][0] == [2 + 2 * 5, 2 + 2 * 5]  # the lowest were forgotten
+    lg2 = StreamLog(tmp_path / "other", fsync=False)
+    m2 = sm.StreamMachine(lg2)
+    m2.restore(m.snapshot())
+    assert m2.holes == m.holes
+    top = m.writer_sequence("w")
+    assert m2.apply(write(99, [b"late"], pids=[top - 1])).written == 1
+    assert m2.apply(write(99, [b"old"], pids=[2])).duplicates == 1  # a forgotten hole: a duplicate
+    lg2.close()
+
+
+def test_a_snapshot_without_holes_restores(log, tmp_path):
+    """Snapshots taken before holes were kept have five fields."""
+    m = sm.StreamMachine(log)
+    m.restore(sm._enc.encode([3, [["w", 3]], [], 0, 0]))
+    assert m.writer_sequence("w") == 3 and m.holes == {}
+
+
 def test_without_publishing_ids_nothing_is_deduplicated(log):
     m = sm.StreamMachine(log)
     m.apply(write(1, [b"a"], writer="", pids=None))

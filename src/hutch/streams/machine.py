@@ -23,8 +23,10 @@ from its snapshot (or its start) over the log the member kept, and a `WRITE` who
 already in the log is applied to the state only (the log holds only committed entries, so the
 chunk there is the one the entry makes).
 
-Deduplication keeps the highest publishing id, so a writer's entries must be applied in the order
-of its ids: the proposing node resends what is unanswered in the order it first sent it.
+Deduplication keeps the highest publishing id and, besides it, the ids a writer skipped (a
+bounded list of ranges): an entry that overtook an earlier one of the same writer (the earlier
+one was lost with a leader and resent after the later one was committed) leaves the earlier ids
+as a hole, and when they come they are written, not taken for duplicates.
 
 Must never: read a clock (times are in the entries), talk to peers, or import from
 `hutch.broker` or above.
@@ -32,6 +34,7 @@ Must never: read a clock (times are in the entries), talk to peers, or import fr
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -43,6 +46,7 @@ WRITE = 0
 TRACK = 1
 WRITERS_MAX = 4096  # writers remembered per stream (least recently written forgotten first)
 TRACKED_MAX = 16384  # consumer references with a stored offset per stream
+HOLES_MAX = 64  # ranges of publishing ids skipped, remembered per writer (the lowest forgotten first)
 REFERENCE_BYTES_MAX = 256  # the stream protocol's publisher and consumer references
 
 _enc = msgspec.msgpack.Encoder()
@@ -98,6 +102,7 @@ class StreamMachine:
         self.filter_size = filter_size
         self.next_offset = 0  # the applied state starts empty: the Raft log (or a snapshot) rebuilds it
         self.writers: dict[str, int] = {}  # writer -> highest publishing id applied (insertion = recency)
+        self.holes: dict[str, list[list[int]]] = {}  # writer -> [[first, last], ...] ids skipped, ascending
         self.tracking: dict[str, int] = {}  # consumer reference -> stored offset
         self.last_epoch = 0
         self.last_timestamp = 0
@@ -132,14 +137,24 @@ class StreamMachine:
         if writer and pids is not None:
             last = self.writers.pop(writer, -1)
             if len(self.writers) >= WRITERS_MAX:
-                del self.writers[next(iter(self.writers))]
+                gone = next(iter(self.writers))
+                del self.writers[gone]
+                self.holes.pop(gone, None)
             if pids and pids[0] <= last:
-                keep = [i for i, p in enumerate(pids) if p > last]
+                holes = self.holes.get(writer)
+                keep = [i for i, p in enumerate(pids) if p > last or (holes is not None and _take(holes, p))]
+                if holes == []:
+                    del self.holes[writer]
                 dups = len(records) - len(keep)
                 records = [records[i] for i in keep]
                 if filters is not None:
                     filters = [filters[i] for i in keep]
-            self.writers[writer] = max(last, pids[-1]) if pids else last
+                pids = [pids[i] for i in keep]
+            if pids:
+                if last >= 0:
+                    self._skipped(writer, last, pids)
+                last = max(last, pids[-1])
+            self.writers[writer] = last
         if not records:
             return Written(origin, req, None, 0, dups)
         first = self.next_offset
@@ -161,17 +176,31 @@ class StreamMachine:
             self.pending.append((data, first, n, ts, epoch))
         return Written(origin, req, first, n, dups)
 
+    def _skipped(self, writer: str, last: int, pids: list[int]) -> None:
+        """Remember the ids above `last` that the ascending new ids `pids` skip."""
+        if pids[-1] - last == len(pids) and pids[0] == last + 1:
+            return  # the usual case: the ids follow on without a gap
+        prev = last
+        for p in pids:
+            if p > prev + 1:
+                holes = self.holes.setdefault(writer, [])
+                holes.append([prev + 1, p - 1])
+                if len(holes) > HOLES_MAX:
+                    del holes[0]
+            prev = max(prev, p)
+
     # ------------------------------------------------------------ snapshots
 
     def snapshot(self) -> bytes:
         if self.missing_from is None:
             self.log.sync()
         return _enc.encode([self.next_offset, list(self.writers.items()), list(self.tracking.items()),
-                            self.last_epoch, self.last_timestamp])
+                            self.last_epoch, self.last_timestamp, list(self.holes.items())])
 
     def restore(self, data: bytes) -> None:
-        n, writers, tracking, epoch, ts = _dec.decode(data)
+        n, writers, tracking, epoch, ts, *more = _dec.decode(data)
         self.writers = {w: p for w, p in writers}
+        self.holes = {w: [list(r) for r in ranges] for w, ranges in more[0]} if more else {}
         self.tracking = {r: o for r, o in tracking}
         self.last_epoch = epoch
         self.last_timestamp = ts
@@ -234,5 +263,24 @@ class StreamMachine:
     def writer_sequence(self, writer: str) -> int:
         return self.writers.get(writer, 0)
 
+
+def _take(holes: list[list[int]], p: int) -> bool:
+    """Whether `p` is in one of the ascending ranges `holes`; if so it is taken out of it."""
+    i = bisect.bisect_right(holes, [p, _ID_MAX]) - 1
+    if i < 0 or holes[i][1] < p:
+        return False
+    lo, hi = holes[i]
+    if lo == hi:
+        del holes[i]
+    elif p == lo:
+        holes[i][0] = p + 1
+    elif p == hi:
+        holes[i][1] = p - 1
+    else:
+        holes[i:i + 1] = [[lo, p - 1], [p + 1, hi]]
+    return True
+
+
+_ID_MAX = (1 << 64) - 1
 
 __all__ = ["StreamMachine", "Written", "write_entry", "track_entry", "decode_entry", "WRITE", "TRACK"]
