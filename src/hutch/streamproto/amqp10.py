@@ -1441,12 +1441,17 @@ def _headers_sections(headers: list[tuple[str, str, Any]], message_type: str | N
 
 
 def _header_from_basic(delivery_mode: int | None, priority: int | None, expiration: str | None) -> bytes:
+    """The header section; none for a publish without delivery mode, priority or expiration, so
+    that a 0-9-1 consumer gets no delivery mode back for it (as RabbitMQ 3.10 gives it)."""
     if priority is None and expiration is None:
+        if delivery_mode is None:
+            return b""
         return _PERSISTENT_HEADER if delivery_mode == 2 else _TRANSIENT_HEADER
     ttl = None
     if expiration is not None and expiration.isdigit() and int(expiration) <= 0xFFFFFFFF:
         ttl = UInt(int(expiration))  # the channel has refused a publish with another expiration
-    return Header(durable=delivery_mode == 2, ttl=ttl, priority=None if priority is None else UByte(priority)).encode()
+    return Header(durable=None if delivery_mode is None else delivery_mode == 2, ttl=ttl,
+                  priority=None if priority is None else UByte(priority)).encode()
 
 
 def _message_id_from_basic(v: str | None) -> bytes:
