@@ -110,3 +110,15 @@ def test_errors_name_the_response_code_as_the_protocol_does():
     e = StreamError(f.STREAM_DOES_NOT_EXIST, "Subscribe refused for stream 's'")
     assert str(e) == "Subscribe refused for stream 's': stream_does_not_exist (0x02)"
     assert "response code (0x7f)" in str(StreamError(0x7F, "Close"))
+
+
+def test_a_publish_frame_stays_within_frame_max():
+    from hutch.lab.streamperf import batch_max
+
+    t = MessageTemplate(1024)
+    assert batch_max(1048576, t.record_size, 100) == 100
+    n = batch_max(65536, t.record_size, 100)
+    assert n == 62
+    assert len(f.encode(f.Publish(0, t.batch(1, 1, 0, n)))) <= 65536
+    assert len(f.encode(f.Publish(0, t.batch(1, 1, 0, n + 1)))) > 65536
+    assert batch_max(100, t.record_size, 100) == 1  # never nothing: the server says what it takes

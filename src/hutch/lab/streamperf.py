@@ -149,6 +149,12 @@ class MessageTemplate:
         return [(p, b"".join((head, pack(ts_ns, i), tail))) for p, i in zip(pids, ids, strict=True)]
 
 
+def batch_max(frame_max: int, record_size: int, batch_size: int) -> int:
+    """Messages per Publish frame: `batch_size`, fewer when the frame would pass frame_max."""
+    per_frame = (frame_max - PUBLISH_FRAME_OVERHEAD) // (record_size + MESSAGE_OVERHEAD)
+    return max(1, min(batch_size, per_frame))
+
+
 def first_stamp(chunk: bytes | memoryview, h: chunks.ChunkHeader) -> tuple[int, int] | None:
     """The (publish time ns, message id) of a chunk's first record when it is a message this
     tool wrote (a simple entry holding one data section), else None; nothing else is decoded."""
@@ -415,8 +421,7 @@ class StreamProducer:
         self.ready = False
         self.done = False
         self.client: StreamClient | None = None
-        per_frame = (FRAME_MAX - PUBLISH_FRAME_OVERHEAD) // (self.template.record_size + MESSAGE_OVERHEAD)
-        self.batch_max = max(1, min(self.cfg.batch_size, per_frame))
+        self.batch_max = batch_max(FRAME_MAX, self.template.record_size, self.cfg.batch_size)
 
     @property
     def name(self) -> str:
@@ -467,6 +472,7 @@ class StreamProducer:
             await first.close()
             first = await StreamClient.connect(leader, self.name)
         self.client = client = first
+        self.batch_max = batch_max(client.frame_max, self.template.record_size, self.cfg.batch_size)
         try:
             client.on_confirm = self.on_confirm
             client.on_publish_error = self.on_publish_error
