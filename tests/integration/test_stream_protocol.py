@@ -700,6 +700,29 @@ def test_super_stream_partitions_and_routes_of_one_declared_over_amqp(hutch_node
         conn.close()
 
 
+def test_a_super_stream_created_and_deleted_over_the_protocol(hutch_node):
+    """CreateSuperStream and DeleteSuperStream (RabbitMQ 3.13; 3.10 has neither): the exchange,
+    its partitions bound in order, and all of them gone again; the codes for what exists or
+    does not. The same layout as hutch-streams add_super_stream (hutch.broker.superstreams)."""
+    name = unique("orders")
+    parts = [f"{name}-{k}" for k in ("amer", "emea", "apac")]
+    with raw(hutch_node) as c:
+        got = c.call(f.CreateSuperStream(c.cid(), name, parts, ["amer", "emea", "apac"], {"max-age": "1h"}))
+        assert got.code == f.OK
+        assert c.call(f.Partitions(c.cid(), name)).streams == parts
+        assert c.call(f.Route(c.cid(), "emea", name)).streams == [parts[1]]
+        assert c.call(f.CreateSuperStream(c.cid(), name, parts, ["amer", "emea", "apac"], {})).code == \
+            f.STREAM_ALREADY_EXISTS
+        bad = c.call(f.CreateSuperStream(c.cid(), unique("bad"), ["x-0"], ["0"], {"max-age": "7X"}))
+        assert bad.code == f.PRECONDITION_FAILED
+        wait_until(lambda: all(st[1] == f.OK for st in c.call(f.Metadata(c.cid(), parts)).streams), 20,
+                   "the partitions' leaders")
+        assert c.call(f.DeleteSuperStream(c.cid(), name)).code == f.OK
+        assert c.call(f.Partitions(c.cid(), name)).code == f.STREAM_DOES_NOT_EXIST
+        assert c.call(f.Metadata(c.cid(), parts)).streams == [(p, f.STREAM_DOES_NOT_EXIST, 0xFFFF, []) for p in parts]
+        assert c.call(f.DeleteSuperStream(c.cid(), name)).code == f.STREAM_DOES_NOT_EXIST
+
+
 # ---------------------------------------------------------------- filtering (RabbitMQ 3.13)
 
 

@@ -27,11 +27,12 @@ from typing import Any
 
 from hutch.amqp.spec import AMQPError
 from hutch.broker import operations as ops
-from hutch.broker.exchanges import QUEUE
+from hutch.broker import superstreams
 from hutch.cluster import catalogue as cat
 from hutch.streamproto import chunk as chunks
 from hutch.streamproto import connection as sc
 from hutch.streamproto import frames as f
+from hutch.streams.config import NAMED_ARGUMENTS
 from hutch.streams.handle import STREAM
 
 log = logging.getLogger("hutch.stream")
@@ -39,16 +40,9 @@ log = logging.getLogger("hutch.stream")
 CHUNK_READ_BYTES = 1 << 20  # what a subscription reads from the log at a time
 PUBLISH_WINDOW = 10_000  # messages a connection may have unconfirmed before it is not read from
 SUB_BATCH_RECORDS_MAX = 65535
-PARTITION_ORDER = "x-stream-partition-order"  # a super stream's binding argument
 CREATE_WAIT_TICKS = 10  # timer ticks a create waits for its stream's leader before it is answered anyway
 
 # stream arguments of a Create command -> queue.declare arguments
-_CREATE_ARGS = {"max-length-bytes": ("x-max-length-bytes", int), "max-age": ("x-max-age", str),
-                "stream-max-segment-size-bytes": ("x-stream-max-segment-size-bytes", int),
-                "initial-cluster-size": ("x-initial-cluster-size", int),
-                "queue-leader-locator": ("x-queue-leader-locator", str),
-                "stream-filter-size-bytes": ("x-stream-filter-size-bytes", int)}
-
 
 def _code_of(e: AMQPError) -> int:
     if e.code == 403:
@@ -463,7 +457,7 @@ class StreamSession:
             return
         args: dict[str, Any] = {"x-queue-type": "stream"}
         for k, v in (cmd.arguments or {}).items():
-            spec_ = _CREATE_ARGS.get(k)
+            spec_ = NAMED_ARGUMENTS.get(k)
             if spec_ is None:
                 continue  # RabbitMQ ignores an argument it does not know
             try:
@@ -577,37 +571,89 @@ class StreamSession:
 
     # ---------------------------------------------------------------- super streams
 
-    def _super_stream(self, name: str) -> Any:
-        return self.vhost.exchanges.get(name) if self.vhost is not None and name else None
-
-    def _streams_of(self, bindings: Any) -> list[str]:
-        """The stream queues `bindings` lead to, in partition order (x-stream-partition-order;
-        bindings without one last), each once: rabbit_stream_manager's partitions and route."""
-        bound = []
-        for b in bindings:
-            q = self.vhost.queues.get(b.destination) if b.kind == QUEUE else None
-            if q is None or q.deleted or q.queue_type != STREAM.name:
-                continue
-            order = (b.arguments or {}).get(PARTITION_ORDER)
-            bound.append(((0, order) if type(order) is int else (1, 0), b.destination))
-        bound.sort()
-        return list(dict.fromkeys(name for _k, name in bound))
-
     def route(self, cmd: f.Route) -> None:
-        x = self._super_stream(cmd.super_stream)
-        if x is None:
-            self.conn.send(f.RouteResponse(cmd.correlation_id, f.STREAM_DOES_NOT_EXIST, []))
-        else:  # the exchange routes the key, as a message published to it would go
-            self.conn.send(f.RouteResponse(cmd.correlation_id, f.OK, self._streams_of(x.route(cmd.routing_key, None))))
+        streams = superstreams.route(self.vhost, cmd.super_stream, cmd.routing_key)
+        self.conn.send(f.RouteResponse(cmd.correlation_id, f.STREAM_DOES_NOT_EXIST if streams is None else f.OK,
+                                       streams or []))
         self._flush()
 
     def partitions(self, cmd: f.Partitions) -> None:
-        x = self._super_stream(cmd.super_stream)
-        if x is None:
-            self.conn.send(f.PartitionsResponse(cmd.correlation_id, f.STREAM_DOES_NOT_EXIST, []))
-        else:
-            self.conn.send(f.PartitionsResponse(cmd.correlation_id, f.OK, self._streams_of(x.bindings.values())))
+        streams = superstreams.partitions(self.vhost, cmd.super_stream)
+        self.conn.send(f.PartitionsResponse(cmd.correlation_id, f.STREAM_DOES_NOT_EXIST if streams is None
+                                            else f.OK, streams or []))
         self._flush()
+
+    def create_super_stream(self, cmd: f.CreateSuperStream) -> None:
+        """The exchange, the partitions and their bindings, one catalogue change after the other;
+        what was done is undone when a step fails (hutch.broker.superstreams)."""
+        if not cmd.name or cmd.name.startswith("amq.") or len(cmd.partitions) != len(cmd.binding_keys):
+            self.conn.respond(cmd, f.PRECONDITION_FAILED)
+            return
+        if cmd.name in self.vhost.exchanges:
+            self.conn.respond(cmd, f.STREAM_ALREADY_EXISTS)
+            return
+        args: dict[str, Any] = {"x-queue-type": "stream"}
+        for k, v in (cmd.arguments or {}).items():
+            spec_ = NAMED_ARGUMENTS.get(k)
+            if spec_ is not None:
+                try:
+                    args[spec_[0]] = spec_[1](v)
+                except ValueError:
+                    self.conn.respond(cmd, f.PRECONDITION_FAILED)
+                    return
+        try:
+            steps = superstreams.creation(self.broker, self.vhost, self.user, cmd.name, list(cmd.partitions),
+                                          list(cmd.binding_keys), args)
+        except AMQPError as e:
+            self.conn.respond(cmd, _code_of(e))
+            return
+        done: list[cat.Command] = []
+
+        def undo(code: int) -> None:
+            for c in reversed(done):
+                self.broker.cluster.submit(c, lambda _r: None)
+            if not self.closed:
+                self.conn.respond(cmd, code)
+                self._flush()
+
+        def step(res: cat.Result | None) -> None:
+            if res is not None and not res.ok:
+                done.pop()  # this change did not happen
+                undo(f.PRECONDITION_FAILED)
+                return
+            try:
+                command, back = next(steps)
+            except StopIteration:
+                log.info("super stream '%s' in vhost '%s' created with %d partition(s)", cmd.name,
+                         self.vhost.name, len(cmd.partitions))
+                if not self.closed:
+                    self.conn.respond(cmd, f.OK)
+                    self._flush()
+                return
+            except AMQPError as e:
+                undo(_code_of(e))
+                return
+            done.append(back)
+            self.broker.cluster.submit(command, step)
+        step(None)
+
+    def delete_super_stream(self, cmd: f.DeleteSuperStream) -> None:
+        try:
+            commands = superstreams.deletion(self.broker, self.vhost, self.user, cmd.name)
+        except AMQPError as e:
+            self.conn.respond(cmd, _code_of(e))
+            return
+        if not commands:
+            self.conn.respond(cmd, f.STREAM_DOES_NOT_EXIST)
+            return
+
+        def step(_res: cat.Result | None) -> None:
+            if commands:
+                self.broker.cluster.submit(commands.pop(0), step)
+            elif not self.closed:
+                self.conn.respond(cmd, f.OK)
+                self._flush()
+        step(None)
 
     def ignore(self, cmd: Any) -> None:
         return None
@@ -630,5 +676,7 @@ _HANDLERS: dict[type, Callable[[StreamSession, Any], None]] = {
     f.Metadata: StreamSession.metadata,
     f.Route: StreamSession.route,
     f.Partitions: StreamSession.partitions,
+    f.CreateSuperStream: StreamSession.create_super_stream,
+    f.DeleteSuperStream: StreamSession.delete_super_stream,
     f.ConsumerUpdateResponse: StreamSession.ignore,
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from hutch.amqp.spec import AMQPError, precondition_failed
+from hutch.amqp.spec import precondition_failed
 from hutch.broker import operations
 from hutch.broker.exchanges import QUEUE
 from hutch.cluster import catalogue as cat
@@ -38,39 +38,32 @@ def partition_names(name: str, partitions: int | None,
     return [f"{name}-{k}" for k in keys], keys
 
 
-def partitions(v: Any, name: str) -> list[str]:
-    """The streams of super stream `name` in vhost `v`, in partition order (bindings without an
-    order last); [] when there is no such exchange."""
-    x = v.exchanges.get(name)
-    if x is None:
-        return []
+def ordered(v: Any, bindings: Any) -> list[str]:
+    """The streams `bindings` lead to, in partition order (bindings without an order last),
+    each once (rabbit_stream_manager's partitions and route)."""
     bound = []
-    for b in x.bindings.values():
+    for b in bindings:
         q = v.queues.get(b.destination) if b.kind == QUEUE else None
-        if q is None or q.queue_type != "stream":
+        if q is None or q.deleted or q.queue_type != "stream":
             continue
         order = (b.arguments or {}).get(PARTITION_ORDER)
-        try:
-            key = (0, int(order))
-        except (TypeError, ValueError):
-            key = (1, 0)
-        bound.append((key, b.destination))
+        bound.append(((0, order) if type(order) is int else (1, 0), b.destination))
     bound.sort()
-    return list(dict.fromkeys(s for _k, s in bound))
+    return list(dict.fromkeys(name for _k, name in bound))
+
+
+def partitions(v: Any, name: str) -> list[str] | None:
+    """The streams of super stream `name` in vhost `v`, in partition order (None: no such
+    exchange)."""
+    x = v.exchanges.get(name) if name else None
+    return None if x is None else ordered(v, x.bindings.values())
 
 
 def route(v: Any, name: str, routing_key: str) -> list[str] | None:
-    """The partitions a routing key goes to (None: no such super stream)."""
-    x = v.exchanges.get(name)
-    if x is None:
-        return None
-    out = []
-    for b in x.bindings.values():
-        if b.kind == QUEUE and b.routing_key == routing_key and b.destination not in out:
-            q = v.queues.get(b.destination)
-            if q is not None and q.queue_type == "stream":
-                out.append(b.destination)
-    return out
+    """The partitions a message published to the super stream with `routing_key` goes to, as
+    its exchange routes it (None: no such exchange)."""
+    x = v.exchanges.get(name) if name else None
+    return None if x is None else ordered(v, x.route(routing_key, None))
 
 
 def creation(broker: Any, v: Any, user: Any, name: str, streams: list[str], routing_keys: list[str],
@@ -118,9 +111,9 @@ def _steps(broker: Any, v: Any, user: Any, name: str, streams: list[str], routin
 def deletion(broker: Any, v: Any, user: Any, name: str) -> list[cat.Command]:
     """The changes that delete super stream `name` (the exchange, then its partitions), after the
     checks; [] when there is no such exchange."""
-    if name not in v.exchanges:
-        return []
     streams = partitions(v, name)
+    if streams is None:
+        return []
     cmd = operations.delete_exchange(broker, v, user, name, False)
     for s in streams:
         operations.check_delete_queue(broker, v, user, s, None, False, False)
@@ -128,4 +121,4 @@ def deletion(broker: Any, v: Any, user: Any, name: str) -> list[cat.Command]:
 
 
 __all__ = ["SUPER_STREAM", "PARTITION_ORDER", "PARTITIONS_MAX", "partition_names", "partitions", "route",
-           "creation", "deletion", "AMQPError"]
+           "creation", "deletion", "ordered"]

@@ -349,7 +349,7 @@ async def delete_super_stream(request: web.Request) -> web.Response:
     user = user_of(request)
     v = vhost_for_write(request)
     name = request.match_info["name"]
-    streams = superstreams.partitions(v, name)
+    streams = superstreams.partitions(v, name) or []
     cmds = superstreams.deletion(broker, v, user, name)
     if not cmds:
         raise not_found()
