@@ -20,7 +20,9 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.brokers import HutchNode, free_port
+from hutch.streamproto import frames as f
+from tests.support.brokers import HutchNode, free_port, wait_until
+from tests.support.stream_client import amqp_body, raw
 
 STREAM = {"x-queue-type": "stream"}
 
@@ -272,6 +274,31 @@ def test_the_stream_listings_answer_empty_lists_without_stream_connections(node)
         assert (p.returncode, p.stdout) == (0, banner + "\n"), cmd
     p = streams(node, "--formatter", "json", "list_stream_consumers", "stream", "offset_lag")
     assert (p.returncode, json.loads(p.stdout)) == (0, [])
+
+
+def test_the_stream_listings_show_a_connection_its_publisher_and_its_consumer(node, name):
+    """What a stream-protocol client does shows in the listings while it is connected: the
+    connection (user, vhost, client properties), its publisher's published and confirmed counts,
+    its subscription's consumed messages and offset; nothing once it has gone."""
+    with raw(node) as c:
+        assert c.call(f.Create(c.cid(), name, {})).code == f.OK
+        assert c.call(f.DeclarePublisher(c.cid(), 7, "listed", name)).code == f.OK
+        c.send(f.Publish(7, [(i, amqp_body(f"m{i}")) for i in range(1, 6)]))
+        assert sorted(c.recv(f.PublishConfirm).publishing_ids) == [1, 2, 3, 4, 5]
+        assert c.call(f.Subscribe(c.cid(), 3, name, f.OFFSET_TYPE_FIRST, None, 10, {})).code == f.OK
+        c.recv(f.Deliver, f.DeliverV2)
+        (conn,) = [x for x in api(node, "/api/stream/connections") if x["user"] == "guest"]
+        assert conn["vhost"] == "/" and conn["protocol"] == "stream" and conn["subscriptions"] == 1
+        assert conn["client_properties"].get("product") == "hutch tests"
+        (pub,) = api(node, "/api/stream/publishers/%2F")
+        assert (pub["publisher_id"], pub["reference"], pub["published"], pub["confirmed"]) == (7, "listed", 5, 5)
+        assert pub["queue"] == {"name": name, "vhost": "/"}
+        (sub,) = api(node, "/api/stream/consumers/%2F")
+        assert (sub["subscription_id"], sub["consumed"], sub["offset"]) == (3, 5, 4)
+        p = streams(node, "list_stream_connections", "user", "vhost")
+        assert p.returncode == 0 and "guest" in p.stdout
+    wait_until(lambda: api(node, "/api/stream/connections") == [], 10, "the connection gone from the listing")
+    assert api(node, "/api/stream/consumers") == [] and api(node, "/api/stream/publishers") == []
 
 
 def test_the_stream_listings_check_their_columns(node):

@@ -22,12 +22,14 @@ timer and writes what it returns; it never decides anything here.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from hutch.amqp.spec import AMQPError
 from hutch.broker import operations as ops
 from hutch.broker import superstreams
+from hutch.broker.streamreg import registry_of
 from hutch.cluster import catalogue as cat
 from hutch.streamproto import chunk as chunks
 from hutch.streamproto import connection as sc
@@ -53,18 +55,19 @@ def _code_of(e: AMQPError) -> int:
 
 
 class _Publisher:
-    __slots__ = ("id", "q", "reference", "writer")
+    __slots__ = ("id", "q", "reference", "writer", "record")
 
     def __init__(self, pid: int, q: Any, reference: str, writer: str):
         self.id = pid
         self.q = q
         self.reference = reference
         self.writer = writer
+        self.record: dict[str, Any] = {}  # its row in the node's StreamRegistry (listings)
 
 
 class _Subscription:
     __slots__ = ("id", "q", "offset", "credit", "reading", "idle", "waiting", "filters", "match_unfiltered",
-                 "properties")
+                 "properties", "ahead", "record")
 
     def __init__(self, sid: int, q: Any, start: Any, credit: int, properties: dict):
         self.id = sid
@@ -77,6 +80,10 @@ class _Subscription:
         self.properties = properties
         self.filters = [v.encode() for k, v in sorted(properties.items()) if k.startswith("filter.")]
         self.match_unfiltered = properties.get("match-unfiltered", "false") == "true"
+        # chunks read and not yet delivered (no credit left): the next credit takes them first,
+        # instead of reading the log again
+        self.ahead: list[tuple[Any, int, int, int]] = []  # (chunk, committed chunk id, records, end offset)
+        self.record: dict[str, Any] = {}  # its row in the node's StreamRegistry (listings)
 
 
 class StreamSession:
@@ -100,6 +107,10 @@ class StreamSession:
         self._creating: dict[str, tuple[f.Create, int]] = {}  # created streams waiting for a leader
         self.write_blocked = False  # the socket's buffer is full: no chunk is read until it drains
         self.id = broker.cluster.peers.owner_id() if broker.cluster is not None else peer
+        self.name = peer  # the connection's name in listings ("client:port -> server:port"; set by the runtime)
+        self.addresses: tuple[str, int, str, int] = (peer, 0, "", 0)  # peer host/port, host/port
+        self.registry = registry_of(broker)
+        self.record: dict[str, Any] | None = None
 
     @property
     def streams(self) -> Any:
@@ -125,6 +136,14 @@ class StreamSession:
                 self.vhost = v
                 host, port = self.advertised()
                 self.conn.open_ok({"advertised_host": host, "advertised_port": str(port)})
+                peer_host, peer_port, local_host, local_port = self.addresses
+                self.record = self.registry.add_connection(self.name, {
+                    "vhost": ev.vhost, "user": self.user.name, "host": local_host, "port": local_port,
+                    "peer_host": peer_host, "peer_port": peer_port, "connection_state": "running",
+                    "auth_mechanism": self.conn.mechanism, "heartbeat": self.conn.heartbeat_s,
+                    "frame_max": self.conn.frame_max, "client_properties": dict(self.conn.client_properties),
+                    "connected_at": int(time.time() * 1000), "subscriptions": 0, "ssl": False,
+                    "node": self.broker.config.node_name})
                 log.info("stream connection %s: user '%s' authenticated and granted access to vhost '%s'",
                          self.peer, self.user.name, ev.vhost)
         elif t is sc.ProtocolError:
@@ -150,6 +169,8 @@ class StreamSession:
         self.closed = True
         self.subscriptions.clear()
         self.publishers.clear()
+        if self.record is not None:
+            self.registry.remove_connection(self.name)
         streams = self.streams if self.broker.cluster is not None else None
         if streams is not None:
             streams.watchers.pop(self, None)
@@ -175,7 +196,9 @@ class StreamSession:
             self.conn.respond(cmd, code if q is None else f.PRECONDITION_FAILED)
             return
         writer = cmd.reference or f"{self.id}/{cmd.publisher_id}"
-        self.publishers[cmd.publisher_id] = _Publisher(cmd.publisher_id, q, cmd.reference or "", writer)
+        p = self.publishers[cmd.publisher_id] = _Publisher(cmd.publisher_id, q, cmd.reference or "", writer)
+        p.record = self.registry.add_publisher(self.name, cmd.publisher_id, {
+            "stream": q.name, "vhost": q.vhost, "reference": cmd.reference or ""})
         self.streams.watchers.setdefault(self, None)  # to hear of the stream's deletion
         self.conn.respond(cmd, f.OK)
 
@@ -225,6 +248,8 @@ class StreamSession:
             self._pause(True)
         dedup = bool(p.reference)
         pub_id = cmd.publisher_id
+        rec = p.record
+        rec["messages_published"] = rec.get("messages_published", 0) + len(confirm)
 
         def written(w: Any) -> None:
             self.unconfirmed -= len(confirm)
@@ -234,8 +259,10 @@ class StreamSession:
             if self.closed:
                 return
             if w is None:
+                rec["messages_errored"] = rec.get("messages_errored", 0) + len(confirm)
                 self.conn.send(f.PublishError(pub_id, [(pid, f.STREAM_NOT_AVAILABLE) for pid in confirm]))
             else:
+                rec["messages_confirmed"] = rec.get("messages_confirmed", 0) + len(confirm)
                 self.conn.send(f.PublishConfirm(pub_id, confirm))
             self._flush()
         self.streams.write(p.q, p.writer, pids if dedup else None, records, filters, written)
@@ -258,6 +285,7 @@ class StreamSession:
 
     def delete_publisher(self, cmd: f.DeletePublisher) -> None:
         code = f.OK if self.publishers.pop(cmd.publisher_id, None) is not None else f.PUBLISHER_DOES_NOT_EXIST
+        self.registry.remove_publisher(self.name, cmd.publisher_id)
         self.conn.respond(cmd, code)
 
     # ---------------------------------------------------------------- subscriptions
@@ -278,6 +306,10 @@ class StreamSession:
             start = ("ts", int(cmd.offset))
         s = _Subscription(cmd.subscription_id, q, start, cmd.credit, dict(cmd.properties or {}))
         self.subscriptions[s.id] = s
+        s.record = self.registry.add_consumer(self.name, s.id, {
+            "stream": q.name, "vhost": q.vhost, "properties": dict(s.properties), "credits": s.credit})
+        if self.record is not None:
+            self.record["subscriptions"] = len(self.subscriptions)
         self.streams.watchers.setdefault(self, None)
         self.conn.respond(cmd, f.OK)
         self.pump()
@@ -293,6 +325,9 @@ class StreamSession:
 
     def unsubscribe(self, cmd: f.Unsubscribe) -> None:
         s = self.subscriptions.pop(cmd.subscription_id, None)
+        self.registry.remove_consumer(self.name, cmd.subscription_id)
+        if self.record is not None:
+            self.record["subscriptions"] = len(self.subscriptions)
         self.conn.respond(cmd, f.OK if s is not None else f.SUBSCRIPTION_ID_DOES_NOT_EXIST)
 
     def pump(self) -> None:
@@ -325,6 +360,10 @@ class StreamSession:
         while True:
             if self.write_blocked:
                 return  # `writable` pumps again once the socket drains
+            if s.ahead:
+                self._send_ahead(s)
+                if s.ahead or s.credit <= 0:
+                    return
             s.reading = True
             s.idle = False
             now: list[Any] = []  # the answer, when it comes during the call
@@ -356,7 +395,6 @@ class StreamSession:
         if not isinstance(s.offset, int):
             s.offset = start
         before = s.offset
-        sent = 0
         for c in raw:
             h = chunks.read_header(c)
             if h.next_offset <= s.offset:
@@ -367,13 +405,9 @@ class StreamSession:
                 continue  # no record of this chunk has one of the subscription's filter values
             if s.filters and not h.bloom_size and not s.match_unfiltered:
                 continue
-            self.conn.send_deliver(s.id, c if self.conn_filters() else chunks.without_bloom(c, h), committed)
-            s.credit -= 1
-            sent += 1
-            if s.credit <= 0:
-                break
-        if sent:
-            self._flush()
+            s.ahead.append((c if self.conn_filters() else chunks.without_bloom(c, h), committed, h.num_records,
+                            h.next_offset))
+        self._send_ahead(s)
         if s.offset == before:
             # at the end: a member's replica here wakes the session when more is written; on a
             # node without one, a read held at a member's end says when more is (and the tick
@@ -382,7 +416,29 @@ class StreamSession:
             if self.broker.cluster.node not in s.q.members:
                 self._await_more(s)
             return False
-        return s.credit > 0  # more may follow (or every chunk read was filtered out)
+        return s.credit > 0 and not s.ahead  # more may follow (or every chunk read was filtered out)
+
+    def _send_ahead(self, s: _Subscription) -> None:
+        """Deliver the chunks read for `s` while it has credit; the rest wait for more credit."""
+        ahead = s.ahead
+        n = 0
+        records = 0
+        while ahead and s.credit > 0:
+            c, committed, num, end = ahead[n]
+            self.conn.send_deliver(s.id, c, committed)
+            s.credit -= 1
+            records += num
+            n += 1
+            if n == len(ahead):
+                break
+        if n:
+            last_end = ahead[n - 1][3]
+            del ahead[:n]
+            rec = s.record
+            rec["messages_consumed"] = rec.get("messages_consumed", 0) + records
+            rec["offset"] = last_end - 1
+            rec["credits"] = s.credit
+            self._flush()
 
     def _await_more(self, s: _Subscription) -> None:
         """On a node without a replica: a read at the subscription's offset that a member holds

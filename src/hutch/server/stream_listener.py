@@ -38,6 +38,8 @@ class StreamProtocol(asyncio.Protocol):
         self.conn = sc.StreamConnection(sc.server_properties(__version__, cfg.cluster_name or cfg.node_name),
                                         frame_max=cfg.stream_frame_max, heartbeat_s=cfg.stream_heartbeat_s)
         self.session = StreamSession(b, self.conn, str(peer[0]), self.flush, self.pause)
+        self.session.name = self.peer
+        self.session.addresses = (str(peer[0]), int(peer[1]), str(local[0]), int(local[1]))
         self.listener.protocols.add(self)
         log.info("accepting stream connection (%s)", self.peer)
         self._arm()
@@ -62,8 +64,18 @@ class StreamProtocol(asyncio.Protocol):
         session = self.session
         if conn is None or session is None:
             return
-        for ev in conn.receive_data(data):
-            session.handle(ev)
+        try:
+            for ev in conn.receive_data(data):
+                session.handle(ev)
+        except Exception:  # a defect in handling one client: that connection ends, the node goes on
+            log.exception("stream connection %s: error while handling a command; closing the connection",
+                          self.peer)
+            session.close()
+            conn.close(0x0F, "internal error")  # INTERNAL_ERROR
+            self.flush()
+            if self.transport is not None:
+                self.transport.close()
+            return
         self.flush()
 
     def flush(self) -> None:
