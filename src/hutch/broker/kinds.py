@@ -62,6 +62,37 @@ def _ignore(_result: cat.Result) -> None:
     return None
 
 
+class GroupKind:
+    """A type whose queues each have a Raft group (quorum queues, streams): a handle on every
+    node, made and dropped by the type's host (`host(cl)`: `make_handle`, `members_changed`,
+    `drop_handle`), the group's id in the record's `journal_id`."""
+
+    name = ""
+
+    def host(self, cl: Any) -> Any:
+        raise NotImplementedError
+
+    def apply_record(self, topo: Any, v: Any, rec: cat.QueueRecord, cur: Any, declared: bool) -> None:
+        host = self.host(topo.cl)
+        if cur is not None and cur.gid == rec.journal_id:
+            if tuple(rec.member_nodes) != cur.members:
+                host.members_changed(cur, tuple(rec.member_nodes))
+            return
+        if cur is not None:  # the same name declared again: another group
+            topo.drop_queue(cur)
+        handle = host.make_handle(rec, declared)
+        if handle is not None:
+            v.queues[rec.name] = handle
+            v.topology_changed()
+
+    def drop(self, topo: Any, q: Any, keep_bindings: bool) -> None:
+        v = topo.cl.broker.vhosts.get(q.vhost)
+        if v is not None and v.queues.get(q.name) is q:
+            del v.queues[q.name]
+            v.remove_bindings_of_queue(q.name)
+        self.host(topo.cl).drop_handle(q)
+
+
 class ClassicKind:
     """Classic queues: a `ClassicQueue` on the home node (its mirrors and leader side attached by
     the mirroring host), a `RemoteQueue` on every other node."""

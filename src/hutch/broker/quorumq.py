@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from hutch.amqp.spec import precondition_failed
 from hutch.broker import msgstats
 from hutch.broker.channel import ChannelConsumer
-from hutch.broker.kinds import register_kind
+from hutch.broker.kinds import GroupKind, register_kind
 from hutch.cluster import catalogue as cat
 from hutch.quorum import fifo, placement
 from hutch.quorum.handle import QUORUM, QuorumQueue
@@ -92,7 +92,7 @@ def place_members(cl: ClusterSide, args: dict, name: str, vhost: str) -> tuple[s
                                    leader_of=cl.quorum_leader)
 
 
-class QuorumKind:
+class QuorumKind(GroupKind):
     """Quorum queues: a `QuorumQueue` handle on every node, made and dropped by the quorum host."""
 
     name = QUORUM.name
@@ -109,25 +109,8 @@ class QuorumKind:
             leader = node  # an HTTP PUT's "node": the member that starts as leader
         return cat.DeclareQueue(vhost, name, cat.QUORUM, True, False, None, dict(args), leader, members, journal_id)
 
-    def apply_record(self, topo: Any, v: Any, rec: cat.QueueRecord, cur: Any, declared: bool) -> None:
-        host = topo.cl.quorum
-        if cur is not None and cur.gid == rec.journal_id:
-            if tuple(rec.member_nodes) != cur.members:
-                host.members_changed(cur, tuple(rec.member_nodes))
-            return
-        if cur is not None:  # the same name declared again: another group
-            topo.drop_queue(cur)
-        handle = host.make_handle(rec, declared)
-        if handle is not None:
-            v.queues[rec.name] = handle
-            v.topology_changed()
-
-    def drop(self, topo: Any, q: Any, keep_bindings: bool) -> None:
-        v = topo.cl.broker.vhosts.get(q.vhost)
-        if v is not None and v.queues.get(q.name) is q:
-            del v.queues[q.name]
-            v.remove_bindings_of_queue(q.name)
-        topo.cl.quorum.drop_handle(q)
+    def host(self, cl: Any) -> Any:
+        return cl.quorum
 
 
 register_kind(QuorumKind())

@@ -13,7 +13,7 @@ from typing import Any
 
 from hutch.amqp.spec import precondition_failed
 from hutch.broker import msgstats
-from hutch.broker.kinds import register_kind
+from hutch.broker.kinds import GroupKind, register_kind
 from hutch.broker.quorumq import ClusterSide
 from hutch.cluster import catalogue as cat
 from hutch.queues import effective
@@ -79,7 +79,7 @@ class BrokerStreamPort:
         self.cl.output(ch.session)
 
 
-class StreamKind:
+class StreamKind(GroupKind):
     """Streams: a `StreamQueue` handle on every node, made and dropped by the stream host."""
 
     name = STREAM.name
@@ -101,25 +101,8 @@ class StreamKind:
             leader = node
         return cat.DeclareQueue(vhost, name, cat.STREAM, True, False, None, dict(args), leader, members, journal_id)
 
-    def apply_record(self, topo: Any, v: Any, rec: cat.QueueRecord, cur: Any, declared: bool) -> None:
-        host = topo.cl.streams
-        if cur is not None and cur.gid == rec.journal_id:
-            if tuple(rec.member_nodes) != cur.members:
-                host.members_changed(cur, tuple(rec.member_nodes))
-            return
-        if cur is not None:
-            topo.drop_queue(cur)
-        handle = host.make_handle(rec, declared)
-        if handle is not None:
-            v.queues[rec.name] = handle
-            v.topology_changed()
-
-    def drop(self, topo: Any, q: Any, keep_bindings: bool) -> None:
-        v = topo.cl.broker.vhosts.get(q.vhost)
-        if v is not None and v.queues.get(q.name) is q:
-            del v.queues[q.name]
-            v.remove_bindings_of_queue(q.name)
-        topo.cl.streams.drop_handle(q)
+    def host(self, cl: Any) -> Any:
+        return cl.streams
 
 
 register_kind(StreamKind())

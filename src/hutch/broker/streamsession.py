@@ -46,6 +46,21 @@ CREATE_WAIT_TICKS = 10  # timer ticks a create waits for its stream's leader bef
 
 # stream arguments of a Create command -> queue.declare arguments
 
+def _declare_arguments(arguments: dict[str, str] | None) -> dict[str, Any] | None:
+    """A Create's (or CreateSuperStream's) arguments as the streams' declare arguments; an
+    argument RabbitMQ does not know is ignored, as RabbitMQ ignores it; None for a value that is
+    not of its argument's kind."""
+    args: dict[str, Any] = {"x-queue-type": "stream"}
+    for k, v in (arguments or {}).items():
+        spec_ = NAMED_ARGUMENTS.get(k)
+        if spec_ is not None:
+            try:
+                args[spec_[0]] = spec_[1](v)
+            except ValueError:
+                return None
+    return args
+
+
 def _code_of(e: AMQPError) -> int:
     if e.code == 403:
         return f.ACCESS_REFUSED
@@ -511,16 +526,10 @@ class StreamSession:
         if not cmd.stream or cmd.stream.startswith("amq."):
             self.conn.respond(cmd, f.PRECONDITION_FAILED)
             return
-        args: dict[str, Any] = {"x-queue-type": "stream"}
-        for k, v in (cmd.arguments or {}).items():
-            spec_ = NAMED_ARGUMENTS.get(k)
-            if spec_ is None:
-                continue  # RabbitMQ ignores an argument it does not know
-            try:
-                args[spec_[0]] = spec_[1](v)
-            except ValueError:
-                self.conn.respond(cmd, f.PRECONDITION_FAILED)
-                return
+        args = _declare_arguments(cmd.arguments)
+        if args is None:
+            self.conn.respond(cmd, f.PRECONDITION_FAILED)
+            return
         if cmd.stream in self.vhost.queues:
             self.conn.respond(cmd, f.STREAM_ALREADY_EXISTS)
             return
@@ -648,15 +657,10 @@ class StreamSession:
         if cmd.name in self.vhost.exchanges:
             self.conn.respond(cmd, f.STREAM_ALREADY_EXISTS)
             return
-        args: dict[str, Any] = {"x-queue-type": "stream"}
-        for k, v in (cmd.arguments or {}).items():
-            spec_ = NAMED_ARGUMENTS.get(k)
-            if spec_ is not None:
-                try:
-                    args[spec_[0]] = spec_[1](v)
-                except ValueError:
-                    self.conn.respond(cmd, f.PRECONDITION_FAILED)
-                    return
+        args = _declare_arguments(cmd.arguments)
+        if args is None:
+            self.conn.respond(cmd, f.PRECONDITION_FAILED)
+            return
         try:
             steps = superstreams.creation(self.broker, self.vhost, self.user, cmd.name, list(cmd.partitions),
                                           list(cmd.binding_keys), args)
