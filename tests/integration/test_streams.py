@@ -23,7 +23,7 @@ import pika.exceptions
 import pytest
 
 from tests.integration.helpers import channel_error, connection_error, drain, wait_until
-from tests.support.brokers import HutchNode, RabbitMQNode
+from tests.support.brokers import HutchNode, RabbitMQNode, free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,7 +41,8 @@ def hutch():
 @pytest.fixture(scope="module")
 def rabbitmq():
     """One RabbitMQ node with the rabbitmq_stream plugin for the module."""
-    node = RabbitMQNode(management=False)
+    # its stream listener on a free port: the default 5552 may be taken by another node
+    node = RabbitMQNode(management=False, config_extra=f"stream.listeners.tcp.default = {free_port()}")
     try:
         node.start(timeout_s=RABBITMQ_START_S)  # a loaded machine can take a while
         enabled = subprocess.run([RABBITMQ_PLUGINS, "-n", node.nodename, "enable", "rabbitmq_stream"],

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from hutch.amqp import spec
+from hutch.amqp import codec, spec
 from hutch.broker import msgstats
 from hutch.broker.broker import priority_and_expiration
 from hutch.broker.channel import Channel, ChannelConsumer
@@ -86,6 +86,17 @@ INIT_PARAM = "hutch_initialised"
 # each queue-traffic message: its kind, then fields of these types (anything else is malformed)
 _LIST_MESSAGES = {REMOTE: (bytes,), "ST": (bytes,), "QP": (int, bytes), "QE": (bytes,), "G": (str, str, bytes),
                   "NI": (dict,), "CC": (dict,), "SP": (int, bytes), "SE": (list,)}
+
+
+def _stream_filter_value(props: bytes) -> bytes | None:
+    """A publish's `x-stream-filter-value` header (stream filtering, RabbitMQ 3.13): the value
+    the chunk's bloom filter records for it."""
+    if b"x-stream-filter-value" not in props:
+        return None
+    v = codec.decode_headers(props, codec.summarize_properties(props).headers_span).get("x-stream-filter-value")
+    if isinstance(v, bytes):
+        return v or None
+    return v.encode() if isinstance(v, str) and v else None
 
 
 class _Stale:
@@ -309,7 +320,7 @@ class ClusterBroker:
                 waits += 1
             elif q.queue_type == STREAM.name:
                 self.streams.publish(q, amqp10.from_basic(msg.props, msg.body, msg.exchange, msg.routing_key),
-                                     channel, seq)
+                                     channel, seq, _stream_filter_value(msg.props))
                 waits += 1
             else:
                 classic.append(q)

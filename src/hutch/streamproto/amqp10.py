@@ -58,7 +58,7 @@ __all__ = [
     "AmqpDecodeError", "UByte", "UShort", "UInt", "ULong", "Byte", "Short", "Int", "Float",
     "Timestamp", "Char", "Symbol", "Decimal32", "Decimal64", "Decimal128", "Array", "Described",
     "encode_value", "decode_value", "Header", "Properties", "Message", "NO_VALUE",
-    "from_basic", "to_basic", "route", "NO_PROPERTIES", "AMQP10_TYPE", "BASIC_PROPERTY_NAMES", "DEPTH_MAX",
+    "from_basic", "to_basic", "route", "filter_value", "NO_PROPERTIES", "AMQP10_TYPE", "BASIC_PROPERTY_NAMES", "DEPTH_MAX",
 ]
 
 DEPTH_MAX = 64  # lists, maps, arrays and described values nested deeper are refused
@@ -1653,6 +1653,17 @@ def route(encoded: bytes) -> tuple[str, str] | None:
         if len(others) <= _CACHED_BYTES_MAX:
             _remember(_routes_cached, others, r)
     return r
+
+
+def filter_value(encoded: bytes) -> str | None:
+    """A message's stream filter value: the `x-stream-filter-value` message annotation an AMQP
+    0-9-1 publisher's header of that name becomes (None when it has none). Raises
+    AmqpDecodeError for a malformed message."""
+    buf = bytes(encoded)
+    if _data_only(buf) is not None or b"x-stream-filter-value" not in buf:
+        return None
+    v = (_guarded(_decode_sections, buf, None).message_annotations or {}).get("x-stream-filter-value")
+    return v if isinstance(v, str) else None
 
 
 def _route_of(annotations: Mapping[Any, Any] | None) -> tuple[str, str] | None:

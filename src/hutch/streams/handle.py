@@ -104,14 +104,16 @@ def with_offset(props: bytes, offset: int) -> bytes:
 class _Reader:
     """An AMQP 0-9-1 consumer's place in the stream and what it has read ahead."""
 
-    __slots__ = ("c", "start", "offset", "records", "reading")
+    __slots__ = ("c", "start", "offset", "records", "reading", "filters", "match_unfiltered")
 
-    def __init__(self, c: Any, start: Any):
+    def __init__(self, c: Any, start: Any, filters: frozenset[str] | None = None, match_unfiltered: bool = False):
         self.c = c
         self.start = start  # the spec until the first read resolves it
         self.offset = -1  # the next offset to deliver (-1: not resolved yet)
         self.records: deque[tuple[int, bytes]] = deque()
         self.reading = False
+        self.filters = filters  # x-stream-filter: only messages with one of these filter values
+        self.match_unfiltered = match_unfiltered  # x-stream-match-unfiltered: and those with none
 
 
 class StreamQueue:
@@ -322,14 +324,21 @@ class StreamQueue:
             if r.offset < 0:
                 r.offset = first
             want = r.offset
+            filters = r.filters
+            end = want
             for records_first, recs in chunks:
                 for i, rec in enumerate(recs):
                     o = records_first + i
                     if o >= want:
-                        r.records.append((o, rec))
-            if r.records:
-                r.offset = r.records[-1][0] + 1
-                self.host.port.dirty(self)
+                        end = o + 1
+                        if filters is None or _passes(rec, filters, r.match_unfiltered):
+                            r.records.append((o, rec))
+            if end > want:
+                r.offset = end
+                if r.records:
+                    self.host.port.dirty(self)
+                else:  # every message read was filtered out: read on
+                    self._read(r)
 
         self.host.read(self, start, READ_BYTES, got)
 
@@ -371,11 +380,31 @@ class StreamQueue:
                 value = value.decode("utf-8", "replace")
             raise AMQPError(spec.PRECONDITION_FAILED, f"invalid x-stream-offset for queue '{self.name}' in vhost "
                                                        f"'{self.vhost}': {value}") from None
+        filters, match_unfiltered = _filter_arguments(c.arguments or {})
         c.ref = self.host.owner_id()
         self.add_consumer(c)
-        self._readers[c.ref] = _Reader(c, start)
+        self._readers[c.ref] = _Reader(c, start, filters, match_unfiltered)
         self.host.port.dirty(self)
         return None
+
+
+def _filter_arguments(args: dict) -> tuple[frozenset[str] | None, bool]:
+    """x-stream-filter (a string or a list of strings) and x-stream-match-unfiltered (RabbitMQ
+    3.13's stream filtering over AMQP 0-9-1)."""
+    value = args.get("x-stream-filter")
+    if value is None:
+        return None, False
+    values = value if isinstance(value, list) else [value]
+    filters = frozenset(v.decode() if isinstance(v, bytes) else str(v) for v in values)
+    return filters, args.get("x-stream-match-unfiltered") is True
+
+
+def _passes(record: bytes, filters: frozenset[str], match_unfiltered: bool) -> bool:
+    """Whether a message goes to a filtering consumer: its filter value is one of the consumer's,
+    or it has none and the consumer takes those. RabbitMQ skips whole chunks by their bloom
+    filter and leaves the rest to the client; hutch delivers exactly the messages that match."""
+    value = amqp10.filter_value(record)
+    return value in filters if value is not None else match_unfiltered
 
 
 __all__ = ["STREAM", "StreamQueue", "resolve_spec"]

@@ -114,11 +114,12 @@ class _Outgoing:
 class _Batch:
     """AMQP 0-9-1 publishes to one stream from one channel in this loop iteration."""
 
-    __slots__ = ("records", "pids", "confirms")
+    __slots__ = ("records", "pids", "confirms", "filters")
 
     def __init__(self) -> None:
         self.records: list[bytes] = []
         self.pids: list[int] = []
+        self.filters: list[bytes | None] | None = None  # each record's filter value, once one has one
         self.confirms: list[tuple[Any, Any, int]] = []  # (channel, session, seq)
 
 
@@ -289,7 +290,7 @@ class StreamHost:
                 self._send(q, o.entry)
 
     # -- writing
-    def publish(self, q: StreamQueue, record: bytes, channel: Any, seq: int) -> None:
+    def publish(self, q: StreamQueue, record: bytes, channel: Any, seq: int, filter_value: bytes | None = None) -> None:
         """An AMQP 0-9-1 publish (already the stored AMQP 1.0 message): batched with the
         channel's others to the stream this loop iteration; its confirm follows the write."""
         key = (q.gid, channel)
@@ -301,8 +302,12 @@ class StreamHost:
             writer = self._writer_ids[channel] = self.peers.owner_id()
         pid = self._writer_seqs.get((writer, q.gid), 0) + 1
         self._writer_seqs[(writer, q.gid)] = pid
+        if filter_value is not None and b.filters is None:
+            b.filters = [None] * len(b.records)
         b.records.append(record)
         b.pids.append(pid)
+        if b.filters is not None:
+            b.filters.append(filter_value)
         session = channel.session if channel is not None else None
         b.confirms.append((channel, session, seq))
         if session is not None:
@@ -394,7 +399,7 @@ class StreamHost:
                     self._confirm(confirms, False)
                     continue
                 writer = self._writer_ids.get(channel) or self.peers.owner_id()
-                self._propose(q, writer, b.pids, b.records, None,
+                self._propose(q, writer, b.pids, b.records, b.filters,
                               lambda w, confirms=confirms: self._confirm(confirms, w is not None))
         if self._answers:
             answers, self._answers = self._answers, {}
