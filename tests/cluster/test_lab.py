@@ -22,8 +22,8 @@ import pytest
 
 from hutch.cluster.wire import HandshakeFailed, PeerCodec
 from hutch.lab.cluster import (
-    ClockSkew,
     MGMT_PORT_OFFSET,
+    ClockSkew,
     Lab,
     LabError,
     fault_history_rows,

@@ -295,6 +295,16 @@ def test_peer_silent_for_two_intervals_times_out():
     assert type(timed_out) is ConnectionTimedOut and conn.closed
 
 
+def test_a_late_tick_sends_the_heartbeat_that_was_due_before_it_times_out():
+    """A busy event loop ticks late: the heartbeat that came due goes out all the same, then the
+    silent client is timed out (a timer of its own would have sent it in between)."""
+    conn = open_connection(heartbeat_s=1)
+    conn.tick(100.0)
+    [timed_out] = conn.tick(102.5)  # one tick missed: due to speak, and silent for 2.5 intervals
+    assert sent(conn)[:1] == [f.Heartbeat()]
+    assert type(timed_out) is ConnectionTimedOut and conn.closed
+
+
 def test_no_heartbeats_when_the_client_answers_0():
     conn = open_connection(heartbeat_s=0)  # the server proposed 60
     assert conn.heartbeat_s == 0

@@ -381,11 +381,13 @@ class StreamConnection:
                                    "likely due to lack of client action.")]
         if not (self._tuned and self.heartbeat_s):
             return []
-        if now_s - self._heard_at >= 2 * self.heartbeat_s:
-            return [self._time_out(f"missed heartbeats from client, timeout: {self.heartbeat_s}s")]
+        # the heartbeat first: a tick that comes late (a busy loop) still sends the one that was
+        # due, as a timer of its own would have, before it finds the client silent too long
         if now_s - self._spoke_at >= self.heartbeat_s / 2:
             self._out.append(_HEARTBEAT)
             self._spoke_at = now_s
+        if now_s - self._heard_at >= 2 * self.heartbeat_s:
+            return [self._time_out(f"missed heartbeats from client, timeout: {self.heartbeat_s}s")]
         return []
 
     def _time_out(self, reason: str) -> Event:
