@@ -70,3 +70,25 @@ def test_a_filtering_stream_protocol_subscriber_finds_the_chunks_of_its_value(no
         d = c.recv(f.Deliver, f.DeliverV2)
         assert chunk_bodies(d.chunk) == [b"g1"]  # each confirmed publish was a chunk of its own
         assert c.sync() == []  # the other chunks have no green
+
+
+def test_a_filter_that_matches_little_reads_on_through_reads_it_empties(node):
+    """About 90 reads of 1 MiB whose messages the filter drops, one after the other on the
+    replica here, then the one message that matches."""
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    ch = conn.channel()
+    ch.queue_declare("sparse", durable=True, arguments=STREAM)
+    ch.confirm_delivery()
+    body = b"x" * 60_000  # a read takes 1 MiB: about 17 messages
+    for _ in range(1_500):  # about 90 reads of nothing but unmatched messages
+        ch.basic_publish("", "sparse", body, pika.BasicProperties(headers={"x-stream-filter-value": "blue"}))
+    ch.basic_publish("", "sparse", b"the one", pika.BasicProperties(headers={"x-stream-filter-value": "red"}))
+    got: list[bytes] = []
+    ch.basic_qos(prefetch_count=10)
+    ch.basic_consume("sparse", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)),
+                     arguments={"x-stream-offset": "first", "x-stream-filter": "red"})
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    conn.close()
+    assert got == [b"the one"]

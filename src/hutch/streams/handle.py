@@ -313,34 +313,56 @@ class StreamQueue:
         return enc
 
     def _read(self, r: _Reader) -> None:
-        start = r.start if r.offset < 0 else r.offset
-        r.reading = True
+        """Read on from the reader's place. A replica here answers during the call, so this loops
+        (however many messages a filter drops) rather than recursing; a member on another node
+        answers later, and that answer reads on."""
+        while True:
+            start = r.start if r.offset < 0 else r.offset
+            r.reading = True
+            now: list[Any] = []  # the answer, when it came during the call
+            in_call = [True]
 
-        def got(answer: Any) -> None:
-            r.reading = False
-            if answer is None or self.deleted or self._readers.get(r.c.ref) is not r:
-                return
-            first, chunks = answer
-            if r.offset < 0:
-                r.offset = first
-            want = r.offset
-            filters = r.filters
-            end = want
-            for records_first, recs in chunks:
-                for i, rec in enumerate(recs):
-                    o = records_first + i
-                    if o >= want:
-                        end = o + 1
-                        if filters is None or _passes(rec, filters, r.match_unfiltered):
-                            r.records.append((o, rec))
-            if end > want:
-                r.offset = end
-                if r.records:
-                    self.host.port.dirty(self)
-                else:  # every message read was filtered out: read on
+            def got(answer: Any, now: list[Any] = now, in_call: list[bool] = in_call) -> None:
+                if in_call[0]:
+                    now.append(answer)
+                    return
+                r.reading = False
+                if self._took(r, answer):
                     self._read(r)
 
-        self.host.read(self, start, READ_BYTES, got)
+            self.host.read(self, start, READ_BYTES, got)
+            in_call[0] = False
+            if not now:
+                return
+            r.reading = False
+            if not self._took(r, now[0]):
+                return
+
+    def _took(self, r: _Reader, answer: Any) -> bool:
+        """Keep what a read found for the reader; whether to read on at once (everything read
+        was filtered out)."""
+        if answer is None or self.deleted or self._readers.get(r.c.ref) is not r:
+            return False
+        first, chunks = answer
+        if r.offset < 0:
+            r.offset = first
+        want = r.offset
+        filters = r.filters
+        end = want
+        for records_first, recs in chunks:
+            for i, rec in enumerate(recs):
+                o = records_first + i
+                if o >= want:
+                    end = o + 1
+                    if filters is None or _passes(rec, filters, r.match_unfiltered):
+                        r.records.append((o, rec))
+        if end <= want:
+            return False
+        r.offset = end
+        if r.records:
+            self.host.port.dirty(self)
+            return False
+        return True
 
     # -- client operations (hutch.queues.handle)
     def stat(self, reply: Callable[[Any], None]) -> Any:
