@@ -337,10 +337,6 @@ class QueueGroups:
     def drop_group(self, gid: int) -> None:
         self.host.drop_group(gid)
 
-    def snapshot_data(self, gid: int) -> bytes:
-        """The application data of the group's latest snapshot on this node (b"": none yet)."""
-        return self.host.storage.group(gid).snapshot().data or b""
-
     def leader(self, gid: int) -> str | None:
         g = self.host.multi.groups.get(gid)
         if g is None or g.leader is None:

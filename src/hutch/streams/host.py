@@ -188,10 +188,6 @@ class StreamHost:
             return
         if not q.log.recovery.clean:
             log.warning("stream '%s' in vhost '%s': %s", q.name, q.vhost, q.log.recovery)
-        if not self.raft.snapshot_data(q.gid) and q.log.next_offset > q.log.first_offset:
-            # no snapshot yet: every entry is still in the Raft log and is applied again from
-            # its start, so what the log holds is written again
-            q.log.truncate(q.log.first_offset)
         q.machine = sm.StreamMachine(q.log, q.config.filter_size)
         self.raft.ensure_group(q.gid, q.members, _StreamApp(self, q), leader_hint=leader_hint, joining=joining,
                                log_entries=(RAFT_SNAPSHOT_AFTER, RAFT_TRAILING))
