@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from hutch.amqp.spec import precondition_failed
-from hutch.broker import msgstats
 from hutch.broker.kinds import GroupKind, register_kind
-from hutch.broker.quorumq import ClusterSide
+from hutch.broker.quorumq import BrokerQuorumPort
 from hutch.cluster import catalogue as cat
 from hutch.queues import effective
 from hutch.quorum import placement
@@ -32,20 +31,9 @@ def advertised_address(config: Any) -> tuple[str, int]:
     return host, config.stream_advertised_port or config.stream_port
 
 
-class BrokerStreamPort:
-    """`hutch.streams.host.StreamPort` on a broker."""
-
-    def __init__(self, cl: ClusterSide):
-        self.cl = cl
-        b = cl.broker
-        self.broker = b
-        self.now_ms = b.now_ms
-        self.schedule = b.schedule
-        self.window_add = cl.window_add
-        self.new_stats = msgstats.new
-
-    def dirty(self, q: Any) -> None:
-        self.broker.dirty_queues.add(q)
+class BrokerStreamPort(BrokerQuorumPort):
+    """`hutch.streams.host.StreamPort` on a broker: the quorum host's port (time, the loop,
+    publisher windows and confirms, consumers) with what streams need besides."""
 
     def data_dir(self) -> Path | None:
         d = getattr(self.broker, "data_dir", None) or self.broker.config.data_dir
@@ -57,26 +45,6 @@ class BrokerStreamPort:
     def policy_of(self, vhost: str, name: str) -> dict:
         pol = effective.match(self.broker.policies, vhost, name, "queue", STREAM.name)
         return dict(pol["definition"]) if pol else {}
-
-    def cancel_local(self, consumer: Any) -> None:
-        self.cl._cancel_local(consumer)
-
-    def publish_answered(self, ch: Any, session: Any, seq: int, accepted: bool) -> None:
-        cl = self.cl
-        if session is not None:
-            cl.window_done(session)
-        if seq and ch is not None and not ch.closed:
-            if accepted:
-                ch.accepted(seq)
-            else:
-                ch.nack_publish(seq)
-            cl.output(session)
-
-    def deliver(self, c: Any, q: Any, msg_id: int, delivery_count: int, redelivered: bool, route: bytes,
-                props: bytes, body: bytes) -> None:
-        ch = c.channel
-        ch.deliver_held(c, q, msg_id, delivery_count, redelivered, route, props, body)
-        self.cl.output(ch.session)
 
 
 class StreamKind(GroupKind):

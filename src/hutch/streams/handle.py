@@ -289,7 +289,7 @@ class StreamQueue:
             except ValueError:
                 props, body = amqp10.NO_PROPERTIES, record  # not an AMQP 1.0 message: its bytes as the body
                 route = self._route
-            deliver(c, self, offset, 1, False, route, with_offset(props, offset), body)
+            deliver(c, self, offset, 0, False, route, with_offset(props, offset), body)  # 0 earlier deliveries
             r.offset = offset + 1
             sent += 1
         return sent
