@@ -387,32 +387,20 @@ async def _cluster_rows(request: web.Request, what: str, extra: dict | None = No
 
 
 @routes.get("/api/stream/connections")
+@routes.get("/api/stream/connections/{vhost}")
 async def stream_connections(request: web.Request) -> web.Response:
     return listing.respond(request, await _cluster_rows(request, "stream_connections"))
 
 
-@routes.get("/api/stream/connections/{vhost}")
-async def stream_vhost_connections(request: web.Request) -> web.Response:
-    return listing.respond(request, await _cluster_rows(request, "stream_connections"))
-
-
 @routes.get("/api/stream/consumers")
+@routes.get("/api/stream/consumers/{vhost}")
 async def stream_consumers(request: web.Request) -> web.Response:
     return listing.respond(request, await _cluster_rows(request, "stream_consumers"))
 
 
-@routes.get("/api/stream/consumers/{vhost}")
-async def stream_vhost_consumers(request: web.Request) -> web.Response:
-    return listing.respond(request, await _cluster_rows(request, "stream_consumers"))
-
-
 @routes.get("/api/stream/publishers")
-async def stream_publishers(request: web.Request) -> web.Response:
-    return listing.respond(request, await _cluster_rows(request, "stream_publishers"))
-
-
 @routes.get("/api/stream/publishers/{vhost}")
-async def stream_vhost_publishers(request: web.Request) -> web.Response:
+async def stream_publishers(request: web.Request) -> web.Response:
     return listing.respond(request, await _cluster_rows(request, "stream_publishers"))
 
 

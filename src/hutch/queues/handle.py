@@ -188,6 +188,27 @@ class QueueHandle(Protocol):
         closed or the queue went meanwhile, calls `remove_consumer(c)`."""
 
 
+class GroupHandle:
+    """What the handles of queues kept by a Raft group (quorum queues, streams) share: the
+    group's leader is the queue's home, and operations wait for a leader rather than failing
+    at once. The handle has `host` (with `leader_of` and `peers`), `members` and
+    `declared_leader`."""
+
+    host: Any
+    members: tuple[str, ...]
+    declared_leader: str
+
+    @property
+    def home_node(self) -> str:
+        return self.host.leader_of(self) or self.declared_leader
+
+    def online(self) -> list[str]:
+        return [n for n in self.members if self.host.peers.is_up(n)]
+
+    def check_up(self) -> None:
+        return None  # operations wait for a leader (and time out) rather than failing at once
+
+
 # ---------------------------------------------------------------- the registry
 
 class QueueType:

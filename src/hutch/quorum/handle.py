@@ -41,6 +41,7 @@ from hutch.queues.handle import (
     SINGLE_ACTIVE_CONSUMER,
     Figures,
     Got,
+    GroupHandle,
     HeldEntry,
     QueueType,
     register,
@@ -84,7 +85,7 @@ class HostOps(Protocol):
     def propose(self, q: QuorumQueue, cmd: Any, callback: Callable[[Any], None] | None = None) -> None: ...
 
 
-class QuorumQueue:
+class QuorumQueue(GroupHandle):
     """A quorum queue's handle in a vhost, on every node."""
 
     local = False  # its messages are in the Raft group, not in a classic queue homed here
@@ -126,17 +127,6 @@ class QuorumQueue:
 
     def __repr__(self) -> str:
         return f"QuorumQueue({self.vhost!r}, {self.name!r}, group {self.gid})"
-
-    # -- who leads
-    @property
-    def home_node(self) -> str:
-        return self.host.leader_of(self) or self.declared_leader
-
-    def online(self) -> list[str]:
-        return [n for n in self.members if self.host.peers.is_up(n)]
-
-    def check_up(self) -> None:
-        return None  # operations wait for a leader (and time out) rather than failing at once
 
     # -- figures
     def _counts(self) -> tuple[int, int, int]:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.cluster import catalogue as cat
-from hutch.queues.handle import PENDING, REPLICATED, Figures, QueueType, register
+from hutch.queues.handle import PENDING, REPLICATED, Figures, GroupHandle, QueueType, register
 from hutch.streamproto import amqp10
 from hutch.streams.config import StreamConfig, parse_age
 
@@ -116,7 +116,7 @@ class _Reader:
         self.match_unfiltered = match_unfiltered  # x-stream-match-unfiltered: and those with none
 
 
-class StreamQueue:
+class StreamQueue(GroupHandle):
     """A stream's handle in a vhost, on every node."""
 
     local = False
@@ -157,17 +157,6 @@ class StreamQueue:
 
     def __repr__(self) -> str:
         return f"StreamQueue({self.vhost!r}, {self.name!r}, group {self.gid})"
-
-    # -- who leads
-    @property
-    def home_node(self) -> str:
-        return self.host.leader_of(self) or self.declared_leader
-
-    def online(self) -> list[str]:
-        return [n for n in self.members if self.host.peers.is_up(n)]
-
-    def check_up(self) -> None:
-        return None
 
     # -- figures
     def extent(self) -> tuple[int, int, int]:
