@@ -67,7 +67,19 @@ def test_an_entry_that_an_earlier_one_overtook_is_written_not_taken_for_a_duplic
     again = m.apply(write(2, [b"a3", b"a4"], pids=[3, 4]))  # and resent once more
     assert (again.written, again.duplicates) == (0, 2)
     assert [r for _o, r in stored(log)] == [b"a1", b"a2", b"a5", b"a6", b"a3", b"a4"]
-    assert m.writer_sequence("w") == 6 and not m.holes
+    assert m.writer_sequence("w") == 6 and m.holes == {"w": [[0, 0]]}  # its ids began at 1
+
+
+def test_a_new_writers_first_entry_committed_after_its_second_is_written(log):
+    """The first batch of a writer proposed before a leader was known and sent again after
+    its second batch was committed."""
+    m = sm.StreamMachine(log)
+    m.apply(write(2, [b"c", b"d"], pids=[2, 3]))
+    late = m.apply(write(1, [b"a", b"b"], pids=[0, 1]))
+    assert (late.first, late.written, late.duplicates) == (2, 2, 0)
+    assert m.apply(write(1, [b"a", b"b"], pids=[0, 1])).duplicates == 2
+    assert [r for _o, r in stored(log)] == [b"c", b"d", b"a", b"b"]
+    assert not m.holes
 
 
 def test_a_resend_that_straddles_a_hole_writes_only_the_missing_ids(log):
@@ -77,7 +89,7 @@ def test_a_resend_that_straddles_a_hole_writes_only_the_missing_ids(log):
     w = m.apply(write(3, [b"2", b"3", b"4", b"5"], pids=[2, 3, 4, 5]))
     assert (w.written, w.duplicates) == (3, 1)
     assert [r for _o, r in stored(log)] == [b"1", b"4", b"2", b"3", b"5"]
-    assert not m.holes
+    assert m.holes == {"w": [[0, 0]]}
 
 
 def test_a_writers_holes_are_bounded_and_kept_in_snapshots(log, tmp_path):

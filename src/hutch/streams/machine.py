@@ -24,9 +24,10 @@ already in the log is applied to the state only (the log holds only committed en
 chunk there is the one the entry makes).
 
 Deduplication keeps the highest publishing id and, besides it, the ids a writer skipped (a
-bounded list of ranges): an entry that overtook an earlier one of the same writer (the earlier
-one was lost with a leader and resent after the later one was committed) leaves the earlier ids
-as a hole, and when they come they are written, not taken for duplicates.
+bounded list of ranges, counted from 0 for a writer's first entry): an entry that overtook an
+earlier one of the same writer (the earlier one was lost with a leader, or proposed before a
+leader was known, and resent after the later one was committed) leaves the earlier ids as a
+hole, and when they come they are written, not taken for duplicates.
 
 Must never: read a clock (times are in the entries), talk to peers, or import from
 `hutch.broker` or above.
@@ -151,8 +152,10 @@ class StreamMachine:
                     filters = [filters[i] for i in keep]
                 pids = [pids[i] for i in keep]
             if pids:
-                if last >= 0:
-                    self._skipped(writer, last, pids)
+                # a new writer's ids below its first are holes too: its first entry may be
+                # committed after its second (lost with a leader, or proposed before the
+                # leader was known, and sent again)
+                self._skipped(writer, last, pids)
                 last = max(last, pids[-1])
             self.writers[writer] = last
         if not records:
