@@ -1,7 +1,7 @@
 """`hutch perf --protocol stream`: producers and consumers on RabbitMQ's stream protocol.
 
-A Python stream client library would be the bottleneck of a throughput test, so this is a
-small client of its own on `hutch.streamproto` (the frames codec and the chunk header), shaped
+A Python stream client library would be the bottleneck of a throughput test, so this runs on
+hutch's own client (`hutch.streamclient`, over the frames codec and the chunk header), shaped
 like RabbitMQ's stream-perf-test:
 
 - a producer looks the stream's leader up (Metadata) and connects to it, declares a publisher
@@ -24,26 +24,26 @@ The progress lines, the worker processes and the summary are `hutch.lab.perf`'s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
+from hutch.streamclient import (
+    DEFAULT_URI,
+    FRAME_MAX,
+    StreamClient,
+    StreamEndpoint,
+    StreamError,
+    create_streams,
+    delete_streams,
+    offset_spec,
+)
 from hutch.streamproto import amqp10
 from hutch.streamproto import chunk as chunks
 from hutch.streamproto import frames as f
 
-DEFAULT_PORT = 5552
-DEFAULT_URI = "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2F"
 CONFIRM_WINDOW_DEFAULT = 10_000  # stream-perf-test's default of unconfirmed messages per producer
 BATCH_SIZE_DEFAULT = 100  # messages per Publish frame
 CREDIT_DEFAULT = 10  # chunks a subscription may have in flight
-FRAME_MAX = 1048576  # what the client proposes (RabbitMQ's default)
-HEARTBEAT_S = 60
-REQUEST_TIMEOUT_S = 10.0
-METADATA_RETRY_S = 0.1
 RATE_SLEEP_MIN_S = 0.001
 PUBLISHER_SHIFT = 32  # msg_id = producer << 32 | seq, as in the AMQP mode
 PUBLISH_FRAME_OVERHEAD = 9  # size, key, version, publisher id, message count
@@ -51,66 +51,6 @@ MESSAGE_OVERHEAD = 12  # publishing id, size
 
 STAMP = struct.Struct(">QQ")  # publish time (ns), message id: the first 16 bytes of every body
 _stamp_ts = struct.Struct(">Q")
-
-
-# response codes by name, as the protocol document names them
-CODE_NAMES = {getattr(f, name): name.lower() for name in (
-    "OK", "STREAM_DOES_NOT_EXIST", "SUBSCRIPTION_ID_ALREADY_EXISTS", "SUBSCRIPTION_ID_DOES_NOT_EXIST",
-    "STREAM_ALREADY_EXISTS", "STREAM_NOT_AVAILABLE", "SASL_MECHANISM_NOT_SUPPORTED", "AUTHENTICATION_FAILURE",
-    "SASL_ERROR", "SASL_CHALLENGE", "SASL_AUTHENTICATION_FAILURE_LOOPBACK", "VIRTUAL_HOST_ACCESS_FAILURE",
-    "UNKNOWN_FRAME", "FRAME_TOO_LARGE", "INTERNAL_ERROR", "ACCESS_REFUSED", "PRECONDITION_FAILED",
-    "PUBLISHER_DOES_NOT_EXIST", "NO_OFFSET")}
-
-
-class StreamError(Exception):
-    """The server refused a request or closed the connection: its response code and what for."""
-
-    def __init__(self, code: int, text: str):
-        super().__init__(f"{text}: {CODE_NAMES.get(code, 'response code')} ({code:#04x})")
-        self.code = code
-        self.text = text
-
-
-@dataclass(frozen=True)
-class StreamEndpoint:
-    """Where to connect, parsed from a rabbitmq-stream:// URI (RabbitMQ's stream clients' form)."""
-
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    user: str = "guest"
-    password: str = "guest"
-    vhost: str = "/"
-
-    @classmethod
-    def from_uri(cls, uri: str) -> StreamEndpoint:
-        parts = urlsplit(uri)
-        if parts.scheme not in ("rabbitmq-stream", ""):
-            raise ValueError(f"unsupported URI scheme {parts.scheme!r} (rabbitmq-stream:// only)")
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        return cls(host=parts.hostname or "127.0.0.1", port=parts.port or DEFAULT_PORT,
-                   user=unquote(parts.username or "guest"), password=unquote(parts.password or "guest"),
-                   vhost=unquote(path) if path else "/")
-
-    def at(self, host: str, port: int) -> StreamEndpoint:
-        """The same credentials and vhost on another node (an advertised host and port)."""
-        return StreamEndpoint(host, port, self.user, self.password, self.vhost)
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def offset_spec(text: str) -> tuple[int, int | None]:
-    """`first`, `last`, `next` or an offset number, as a Subscribe's offset type and value."""
-    named = {"first": f.OFFSET_TYPE_FIRST, "last": f.OFFSET_TYPE_LAST, "next": f.OFFSET_TYPE_NEXT}
-    if text in named:
-        return named[text], None
-    try:
-        n = int(text)
-    except ValueError:
-        raise ValueError(f"offset {text!r}: first, last, next or a number") from None
-    if n < 0:
-        raise ValueError(f"offset {text!r}: not below 0")
-    return f.OFFSET_TYPE_OFFSET, n
 
 
 def create_arguments(queue_args: dict) -> dict[str, str]:
@@ -175,226 +115,6 @@ def first_stamp(chunk: bytes | memoryview, h: chunks.ChunkHeader) -> tuple[int, 
 def record_stamps(chunk: bytes | memoryview) -> list[tuple[int, int]]:
     """Every record's (publish time ns, message id): for checks that each message is there once."""
     return [STAMP.unpack_from(amqp10.Message.decode(rec).body) for rec in chunks.records(chunk)]
-
-
-# ---------------------------------------------------------------- the connection
-
-
-class StreamClient(asyncio.Protocol):
-    """One client connection: the handshake, requests matched to responses by correlation id,
-    and callbacks for what the server sends unasked (confirms, publish errors, deliveries)."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.loop = asyncio.get_running_loop()
-        self.decoder = f.FrameDecoder()
-        self.transport: asyncio.Transport | None = None
-        self.closed: asyncio.Future = self.loop.create_future()
-        self.pending: dict[int, asyncio.Future] = {}
-        self.next_correlation = 1
-        self.tune: asyncio.Future = self.loop.create_future()
-        self.properties: dict[str, str] = {}  # the open response's (advertised host and port)
-        self.frame_max = FRAME_MAX  # as tuned with the server
-        self.on_confirm: Callable[[int, list[int]], None] | None = None
-        self.on_publish_error: Callable[[int, list[tuple[int, int]]], None] | None = None
-        self.on_deliver: Callable[[int, memoryview], None] | None = None
-        self.credit_due: dict[int, int] = {}  # subscription -> credit to grant after this read
-        self._writable: asyncio.Future | None = None
-
-    # -- asyncio.Protocol
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._close(exc or ConnectionResetError(f"stream connection {self.name} closed by the server"))
-
-    def pause_writing(self) -> None:
-        if self._writable is None or self._writable.done():
-            self._writable = self.loop.create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        self.decoder.feed(data)
-        try:
-            for cmd in self.decoder:
-                self._dispatch(cmd)
-        except f.FrameError as e:
-            self._close(StreamError(e.code, f"malformed frame from the server: {e.detail}"))
-            self.transport.abort()
-            return
-        due = self.credit_due
-        if due:  # one Credit per subscription for all the chunks of this read
-            self.transport.writelines([f.encode(f.Credit(sid, n)) for sid, n in due.items()])
-            due.clear()
-
-    def _dispatch(self, cmd: f.Command) -> None:
-        t = type(cmd)
-        if t is f.PublishConfirm:
-            if self.on_confirm is not None:
-                self.on_confirm(cmd.publisher_id, cmd.publishing_ids)
-        elif t is f.Deliver or t is f.DeliverV2:
-            if self.on_deliver is not None:
-                self.on_deliver(cmd.subscription_id, cmd.chunk)
-        elif t is f.PublishError:
-            if self.on_publish_error is not None:
-                self.on_publish_error(cmd.publisher_id, cmd.errors)
-        elif t is f.Heartbeat:
-            self.transport.write(f.encode(f.Heartbeat()))
-        elif t is f.Tune:
-            if not self.tune.done():
-                self.tune.set_result(cmd)
-        elif t is f.Close:
-            self.transport.write(f.encode(f.CloseResponse(cmd.correlation_id, f.OK)))
-            self._close(StreamError(cmd.code, f"connection closed by the server: {cmd.reason}"))
-            self.transport.close()
-        elif t is f.MetadataUpdate:
-            self._close(StreamError(cmd.code, f"stream '{cmd.stream}' is no longer available"))
-            self.transport.close()
-        elif t is f.CreditResponse:
-            self._close(StreamError(cmd.code, f"credit for unknown subscription {cmd.subscription_id}"))
-            self.transport.close()
-        else:
-            fut = self.pending.pop(getattr(cmd, "correlation_id", -1), None)
-            if fut is not None and not fut.done():
-                fut.set_result(cmd)
-
-    def _close(self, exc: BaseException) -> None:
-        if not self.closed.done():
-            self.closed.set_result(exc)
-        for fut in self.pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
-        self.pending.clear()
-        if not self.tune.done():
-            self.tune.set_exception(exc)
-            self.tune.exception()  # retrieved: nobody may be waiting for it
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-
-    # -- sending
-
-    def grant_credit(self, subscription_id: int, n: int = 1) -> None:
-        """Credit for a subscription, sent in one Credit frame once the current read is handled."""
-        due = self.credit_due
-        due[subscription_id] = due.get(subscription_id, 0) + n
-
-    def close_error(self) -> BaseException:
-        return self.closed.result() if self.closed.done() else ConnectionResetError("not closed")
-
-    def send(self, frame: bytes) -> None:
-        if self.closed.done():
-            raise self.close_error()
-        self.transport.write(frame)
-
-    @property
-    def writable(self) -> bool:
-        return self._writable is None or self._writable.done()
-
-    async def drain(self) -> None:
-        if not self.writable:
-            await self._writable
-        if self.closed.done():
-            raise self.close_error()
-
-    async def request(self, cmd: f.Command, ok: tuple[int, ...] = (f.OK,),
-                      timeout_s: float = REQUEST_TIMEOUT_S) -> f.Command:
-        """Send a request with the next correlation id and wait for its response; a response
-        code outside `ok` raises StreamError."""
-        cid = self.next_correlation
-        self.next_correlation += 1
-        cmd.correlation_id = cid
-        fut = self.loop.create_future()
-        self.pending[cid] = fut
-        self.send(f.encode(cmd))
-        try:
-            async with asyncio.timeout(timeout_s):
-                resp = await fut
-        finally:
-            self.pending.pop(cid, None)
-        code = getattr(resp, "code", f.OK)
-        if code not in ok:
-            what = getattr(cmd, "stream", None)
-            raise StreamError(code, f"{type(cmd).__name__} refused" + (f" for stream '{what}'" if what else ""))
-        return resp
-
-    # -- life cycle
-
-    @classmethod
-    async def connect(cls, ep: StreamEndpoint, name: str, timeout_s: float = REQUEST_TIMEOUT_S) -> StreamClient:
-        """Connect and go through the handshake (peer properties, SASL PLAIN, tune, open)."""
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(timeout_s):
-            _, client = await loop.create_connection(lambda: cls(name), ep.host, ep.port)
-        try:
-            await client.request(f.PeerProperties(0, {"product": "hutch-perf", "connection_name": name}))
-            await client.request(f.SaslHandshake(0))
-            await client.request(f.SaslAuthenticate(0, "PLAIN", f"\0{ep.user}\0{ep.password}".encode()))
-            async with asyncio.timeout(timeout_s):
-                tune = await client.tune
-            frame_max = min(x for x in (tune.frame_max, FRAME_MAX) if x) if tune.frame_max else FRAME_MAX
-            heartbeat = min(x for x in (tune.heartbeat, HEARTBEAT_S) if x) if tune.heartbeat else 0
-            client.frame_max = frame_max
-            client.send(f.encode(f.Tune(frame_max, heartbeat)))
-            opened = await client.request(f.Open(0, ep.vhost))
-            client.properties = dict(opened.properties or {})
-        except BaseException:
-            client.abort()
-            raise
-        return client
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    async def close(self, timeout_s: float = 5.0) -> None:
-        """A clean close (Close, wait for its response), else abort."""
-        if self.closed.done():
-            return
-        with contextlib.suppress(Exception):
-            await self.request(f.Close(0, f.OK, "OK"), timeout_s=timeout_s)
-        self.abort()
-
-    async def leader_of(self, ep: StreamEndpoint, stream: str, timeout_s: float = REQUEST_TIMEOUT_S,
-                        avoid: tuple[str, int] | None = None) -> StreamEndpoint:
-        """The advertised address of the stream's leader (Metadata), asked again every
-        METADATA_RETRY_S while the stream has none (just created, or electing one) or while its
-        leader is `avoid` (a node known to be gone), for at most `timeout_s`."""
-        deadline = self.loop.time() + timeout_s
-        while True:
-            resp = await self.request(f.Metadata(0, [stream]))
-            brokers = {ref: (host, port) for ref, host, port in resp.brokers}
-            code, leader = f.STREAM_DOES_NOT_EXIST, None
-            for name, c, ref, _replicas in resp.streams:
-                if name == stream:
-                    code, leader = c, brokers.get(ref)
-            if code == f.OK and leader is not None and leader != avoid:
-                return ep.at(*leader)
-            if code == f.STREAM_DOES_NOT_EXIST or self.loop.time() >= deadline:
-                raise StreamError(code if code != f.OK else f.STREAM_NOT_AVAILABLE, f"no leader for stream '{stream}'")
-            await asyncio.sleep(METADATA_RETRY_S)
-
-
-async def create_streams(uri: str, names: list[str], arguments: dict[str, str], client_name: str) -> None:
-    """Create each stream (one that exists already is fine, as PerfTest takes it)."""
-    client = await StreamClient.connect(StreamEndpoint.from_uri(uri), client_name)
-    try:
-        for name in names:
-            await client.request(f.Create(0, name, arguments), ok=(f.OK, f.STREAM_ALREADY_EXISTS))
-    finally:
-        await client.close()
-
-
-async def delete_streams(uri: str, names: list[str], client_name: str) -> None:
-    client = await StreamClient.connect(StreamEndpoint.from_uri(uri), client_name)
-    try:
-        for name in names:
-            await client.request(f.Delete(0, name), ok=(f.OK, f.STREAM_DOES_NOT_EXIST))
-    finally:
-        await client.close()
 
 
 # ---------------------------------------------------------------- producers and consumers
