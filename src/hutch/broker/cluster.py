@@ -60,6 +60,7 @@ from hutch.broker.channel import Channel, ChannelConsumer
 from hutch.broker.exchanges import EXCHANGE, QUEUE
 from hutch.broker.quorumq import BrokerQuorumPort
 from hutch.broker.streamq import BrokerStreamPort
+from hutch.broker.streamsac import sac_of
 from hutch.broker.topology import NODE_PARAM, Topology
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
@@ -85,7 +86,8 @@ INIT_PARAM = "hutch_initialised"
 # the messages of group "q" (lists tagged by a string), and how long each is
 # each queue-traffic message: its kind, then fields of these types (anything else is malformed)
 _LIST_MESSAGES = {REMOTE: (bytes,), "ST": (bytes,), "QP": (int, bytes), "QE": (bytes,), "G": (str, str, bytes),
-                  "NI": (dict,), "CC": (dict,), "SP": (int, bytes), "SE": (list,)}
+                  "NI": (dict,), "CC": (dict,), "SP": (int, bytes), "SE": (list,),
+                  "SAC": (list,)}
 
 
 def _stream_filter_value(props: bytes) -> bytes | None:
@@ -332,6 +334,7 @@ class ClusterBroker:
     def tick(self, now_s: float) -> None:
         self.mirroring.tick(now_s)
         self.streams.tick(now_s)
+        sac_of(self.broker).tick(now_s)
         self.remote.retry_orphans()
         self.failover.tick(now_s)
 
@@ -454,6 +457,8 @@ class ClusterBroker:
             self.streams.on_forwarded(payload[1], payload[2])
         elif kind == "SE":
             self.streams.on_answers(payload[1])
+        elif kind == "SAC":
+            sac_of(self.broker).on_peer(peer, payload[1])
         elif kind == "G":
             self.mirroring.on_gm(peer, payload[1], payload[2], payload[3])
         elif kind == "NI":
@@ -487,6 +492,7 @@ class ClusterBroker:
         self.quorum.peer_down(peer)
         self.mirroring.peer_down(peer)
         self.remote.peer_down(peer)  # its publishes, calls and consumers
+        sac_of(self.broker).peer_down(peer)  # its single active consumers
         self.broker.schedule()
 
     def _drop_unacked_of(self, c: ChannelConsumer) -> None:

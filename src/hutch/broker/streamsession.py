@@ -4,7 +4,8 @@
 heartbeats); this session answers the events it hands over: credentials and the vhost, then
 publishers (declare, publish with confirms and deduplication by publisher reference, query
 sequence, delete), subscriptions (offset specifications, credit, chunks delivered as stored,
-filtering by bloom filter), stored offsets, streams created and deleted through the catalogue,
+filtering by bloom filter; a single active consumer is delivered to only while its group has it
+active, `hutch.broker.streamsac`), stored offsets, streams created and deleted through the catalogue,
 metadata (each member's advertised host and port), super stream routes and partitions, and
 stream statistics. Streams themselves are `hutch.streams` (through `cluster.streams`).
 
@@ -30,6 +31,7 @@ from hutch.amqp.spec import AMQPError
 from hutch.broker import operations as ops
 from hutch.broker import superstreams
 from hutch.broker.streamreg import registry_of
+from hutch.broker.streamsac import offset_start, sac_of
 from hutch.cluster import catalogue as cat
 from hutch.streamproto import chunk as chunks
 from hutch.streamproto import connection as sc
@@ -82,7 +84,7 @@ class _Publisher:
 
 class _Subscription:
     __slots__ = ("id", "q", "offset", "credit", "reading", "idle", "waiting", "filters", "match_unfiltered",
-                 "properties", "ahead", "record")
+                 "properties", "ahead", "record", "sac")
 
     def __init__(self, sid: int, q: Any, start: Any, credit: int, properties: dict):
         self.id = sid
@@ -99,6 +101,7 @@ class _Subscription:
         # instead of reading the log again
         self.ahead: list[tuple[Any, int, int, int]] = []  # (chunk, committed chunk id, records, end offset)
         self.record: dict[str, Any] = {}  # its row in the node's StreamRegistry (listings)
+        self.sac: Any = None  # its place in a single-active-consumer group (hutch.broker.streamsac)
 
 
 class StreamSession:
@@ -125,6 +128,7 @@ class StreamSession:
         self.name = peer  # the connection's name in listings ("client:port -> server:port"; set by the runtime)
         self.addresses: tuple[str, int, str, int] = (peer, 0, "", 0)  # peer host/port, host/port
         self.registry = registry_of(broker)
+        self.sac = sac_of(broker)
         self.record: dict[str, Any] | None = None
 
     @property
@@ -182,6 +186,8 @@ class StreamSession:
         if self.closed:
             return
         self.closed = True
+        for s in self.subscriptions.values():
+            self.sac.gone(s)
         self.subscriptions.clear()
         self.publishers.clear()
         if self.record is not None:
@@ -313,16 +319,16 @@ class StreamSession:
         if cmd.subscription_id in self.subscriptions:
             self.conn.respond(cmd, f.SUBSCRIPTION_ID_ALREADY_EXISTS)
             return
-        t = cmd.offset_type
-        start: Any = {f.OFFSET_TYPE_FIRST: "first", f.OFFSET_TYPE_LAST: "last", f.OFFSET_TYPE_NEXT: "next"}.get(t)
-        if t == f.OFFSET_TYPE_OFFSET:
-            start = int(cmd.offset)
-        elif t == f.OFFSET_TYPE_TIMESTAMP:
-            start = ("ts", int(cmd.offset))
-        s = _Subscription(cmd.subscription_id, q, start, cmd.credit, dict(cmd.properties or {}))
+        s = _Subscription(cmd.subscription_id, q, offset_start(cmd.offset_type, cmd.offset), cmd.credit,
+                          dict(cmd.properties or {}))
+        s.record = {}
+        code = self.sac.subscribe(self, s, q)  # a single active consumer waits to be activated
+        if code != f.OK:
+            self.conn.respond(cmd, code)
+            return
         self.subscriptions[s.id] = s
         s.record = self.registry.add_consumer(self.name, s.id, {
-            "stream": q.name, "vhost": q.vhost, "properties": dict(s.properties), "credits": s.credit})
+            "stream": q.name, "vhost": q.vhost, "properties": dict(s.properties), "credits": s.credit, **s.record})
         if self.record is not None:
             self.record["subscriptions"] = len(self.subscriptions)
         self.streams.watchers.setdefault(self, None)
@@ -340,6 +346,8 @@ class StreamSession:
 
     def unsubscribe(self, cmd: f.Unsubscribe) -> None:
         s = self.subscriptions.pop(cmd.subscription_id, None)
+        if s is not None:
+            self.sac.gone(s)
         self.registry.remove_consumer(self.name, cmd.subscription_id)
         if self.record is not None:
             self.record["subscriptions"] = len(self.subscriptions)
@@ -360,6 +368,7 @@ class StreamSession:
         for s in list(self.subscriptions.values()):
             if s.q.deleted:
                 del self.subscriptions[s.id]
+                self.sac.gone(s)
                 gone[s.q.name] = None
             elif s.credit > 0 and not s.reading:
                 self._read(s)
@@ -372,6 +381,8 @@ class StreamSession:
         """Deliver from `s.offset` while the subscription has credit and the stream has more. A
         replica here answers at once (so this loops rather than recursing, however many chunks a
         filter skips); a member's on another node answers later, and its answer reads on."""
+        if s.sac is not None and not s.sac.delivering:
+            return  # a single active consumer that is not (yet) active gets nothing
         while True:
             if self.write_blocked:
                 return  # `writable` pumps again once the socket drains
@@ -401,7 +412,7 @@ class StreamSession:
 
     def _delivered(self, s: _Subscription, answer: Any) -> bool:
         """Send what a read found that the subscription takes; whether to read on."""
-        if self.closed or self.subscriptions.get(s.id) is not s:
+        if self.closed or self.subscriptions.get(s.id) is not s or (s.sac is not None and not s.sac.delivering):
             return False
         if answer is None:  # no member answered (a leader change, say): again on the next tick
             s.idle = True
@@ -715,8 +726,8 @@ class StreamSession:
                 self._flush()
         step(None)
 
-    def ignore(self, cmd: Any) -> None:
-        return None
+    def consumer_update_response(self, cmd: f.ConsumerUpdateResponse) -> None:
+        self.sac.answered(self, cmd)
 
 
 _HANDLERS: dict[type, Callable[[StreamSession, Any], None]] = {
@@ -738,5 +749,5 @@ _HANDLERS: dict[type, Callable[[StreamSession, Any], None]] = {
     f.Partitions: StreamSession.partitions,
     f.CreateSuperStream: StreamSession.create_super_stream,
     f.DeleteSuperStream: StreamSession.delete_super_stream,
-    f.ConsumerUpdateResponse: StreamSession.ignore,
+    f.ConsumerUpdateResponse: StreamSession.consumer_update_response,
 }

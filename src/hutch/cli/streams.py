@@ -14,6 +14,9 @@
     hutch-streams list_stream_consumers [-p VHOST] [COLUMN ...]
     hutch-streams list_stream_publishers [-p VHOST] [COLUMN ...]
     hutch-streams list_stream_group_consumers --stream S --reference R [-p VHOST] [COLUMN ...]
+    hutch-streams list_stream_tracking STREAM [--all | --offset | --writer] [-p VHOST]
+        type (offset or writer), name, tracking_value: the stored consumer offsets and the
+        publishers' last publishing ids
 
 Banners, messages, columns and errors are rabbitmq-streams' (RabbitMQ 3.13). This module never
 imports the broker: it knows a node only through its API (hutch.control.streams).
@@ -313,6 +316,34 @@ def list_stream_group_consumers(s: Session, vhost: str, verbose: bool, stream: s
     cols, out = select(rows, tuple(GROUP_CONSUMER_COLUMNS) if verbose else columns, GROUP_CONSUMER_COLUMNS,
                        tuple(GROUP_CONSUMER_COLUMNS))
     s.printer.rows(cols, out, ["Listing group consumers ..."])
+
+
+TRACKING_LIST_COLUMNS = ("type", "name", "tracking_value")
+
+
+@command(cli, "list_stream_tracking")
+@_vhost_option
+@click.option("--all", "all_", is_flag=True, help="List offset and writer tracking information.")
+@click.option("--offset", is_flag=True, help="List only offset tracking information.")
+@click.option("--writer", is_flag=True, help="List only writer deduplication tracking information.")
+@click.argument("stream")
+def list_stream_tracking(s: Session, vhost: str, all_: bool, offset: bool, writer: bool, stream: str) -> None:
+    """Lists tracking information for a stream."""
+    if all_ + offset + writer > 1:
+        raise usage_error("Specify only one of --all, --offset, --writer.")
+    kinds = ("offset",) if offset else ("writer",) if writer else ("writer", "offset")
+    s.info(f"Listing tracking information for stream {stream} ...")
+    try:
+        rows = s.client.get(f"/api/hutch/streams/{q(vhost)}/{q(stream)}/status?tracking=true")
+    except CliError as e:
+        if e.status == 404:
+            raise CliError("The stream does not exist.", EX_SOFTWARE, 404) from None
+        if e.status == 503:
+            raise CliError("The stream is not available.", EX_SOFTWARE, 503) from None
+        raise
+    out = [{"type": kind, "name": r.get("reference"), "tracking_value": r.get("value")}
+           for kind in kinds for r in rows if ("writer" if r.get("type") == "sequence" else r.get("type")) == kind]
+    s.printer.rows(TRACKING_LIST_COLUMNS, out)
 
 
 def main() -> None:

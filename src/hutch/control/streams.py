@@ -5,7 +5,8 @@ routes of RabbitMQ's stream management plugin.
                                                                the stored offsets and writer sequences)
     POST   /api/hutch/streams/{vhost}/{name}/replicas          {"node": N}: add_replica
     DELETE /api/hutch/streams/{vhost}/{name}/replicas/{node}   delete_replica
-    GET    /api/hutch/streams/{vhost}/{name}/groups/{reference}  a single-active-consumer group
+    GET    /api/hutch/streams/{vhost}/{name}/groups/{reference}  a single-active-consumer group: its
+                                                               members in order, active or waiting
     PUT    /api/stream/super-streams/{vhost}/{name}   {"partitions": N | "binding-keys": "a,b",
                                                        "arguments": {"max-age": "7D", ...}}
     DELETE /api/stream/super-streams/{vhost}/{name}
@@ -43,6 +44,7 @@ from aiohttp import web
 from hutch.amqp.spec import AMQPError
 from hutch.broker import superstreams
 from hutch.broker.streamreg import registry_of
+from hutch.broker.streamsac import sac_of
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, listing, ops, quorum, sessions, stats
 from hutch.control.errors import ApiError, bad_request, not_found
@@ -147,8 +149,13 @@ def _list_publishers(broker: Any, params: dict) -> list[dict]:
 
 
 def _list_groups(broker: Any, params: dict) -> list[dict]:
-    return registry_of(broker).group_consumers(params.get("vhost", "/"), params.get("stream", ""),
-                                               params.get("reference", "")) or []
+    """A single-active-consumer group: in order with each member's state when the stream
+    coordinator is here (rows marked `coordinator`), else this node's members of it."""
+    key = (params.get("vhost", "/"), params.get("stream", ""), params.get("reference", ""))
+    rows = sac_of(broker).group_rows(*key)
+    if rows is not None:
+        return [{**r, "coordinator": True} for r in rows]
+    return registry_of(broker).group_consumers(*key) or []
 
 
 def _list_member(broker: Any, params: dict) -> list[dict]:
@@ -256,6 +263,10 @@ async def group_consumers(request: web.Request) -> web.Response:
     params = {"vhost": q.vhost, "stream": q.name, "reference": request.match_info["reference"]}
     answers = await asyncio.gather(*(_ask(broker, n, "stream_groups", params) for n in broker.cluster.running_nodes()))
     rows = [row for answer in answers for row in answer or ()]
+    # the coordinator's rows are the whole group in order; without them (a coordinator
+    # changing), every node's own members
+    ordered = [r for r in rows if r.pop("coordinator", False)]
+    rows = ordered or rows
     if not rows:
         raise ApiError(404, "not_found", "The group does not exist")
     return web.json_response(rows)

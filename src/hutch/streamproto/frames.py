@@ -311,8 +311,11 @@ class _OffsetSpec:
 
     size = 2
 
-    def __init__(self, allow_none: bool):
+    def __init__(self, allow_none: bool, trailing_offset: bool = False):
         self.low = OFFSET_TYPE_NONE if allow_none else OFFSET_TYPE_FIRST
+        # the last field of its frame: a uint64 after a type that has none is skipped, as
+        # RabbitMQ skips it (rstream sends one with every ConsumerUpdateResponse)
+        self.trailing_offset = trailing_offset
 
     def get(self, buf, pos: int, end: int) -> tuple[tuple[int, int | None], int]:
         t, pos = U16.get(buf, pos, end)
@@ -322,6 +325,8 @@ class _OffsetSpec:
             v, pos = I64.get(buf, pos, end)
         elif self.low <= t <= OFFSET_TYPE_NEXT:
             v = None
+            if self.trailing_offset and end - pos == 8:
+                pos = end
         else:
             raise _malformed(f"offset type {t}")
         return (t, v), pos
@@ -349,6 +354,7 @@ OPT_STR_MAP = _Map(STR, optional=True)
 INT_MAP = _Map(I64)
 OFFSET = _OffsetSpec(allow_none=False)
 OFFSET_OR_NONE = _OffsetSpec(allow_none=True)
+OFFSET_OR_NONE_LAST = _OffsetSpec(allow_none=True, trailing_offset=True)
 COMMAND_VERSIONS = _Array((U16, U16, U16))  # (key, min version, max version)
 
 
@@ -953,7 +959,7 @@ class ConsumerUpdateResponse(Command):
 
     __slots__ = ("correlation_id", "code", "offset_type", "offset")
     KEY = KEY_CONSUMER_UPDATE | RESPONSE
-    FIELDS = (("correlation_id", U32), ("code", U16), (("offset_type", "offset"), OFFSET_OR_NONE))
+    FIELDS = (("correlation_id", U32), ("code", U16), (("offset_type", "offset"), OFFSET_OR_NONE_LAST))
 
     def _default(self, name: str) -> Any:
         return None if name == "offset" else super()._default(name)

@@ -1,0 +1,80 @@
+"""The single-active-consumer groups of streams as the coordinator keeps them
+(hutch.streams.sac), against RabbitMQ 3.11+'s rules: on a plain stream the first registered is
+active until it goes; on a super stream partition i's active member is member (i mod n), the
+old one stepping down (and answering, or timing out) before the new one is activated; a new
+coordinator keeps what the nodes say is active."""
+
+from __future__ import annotations
+
+from hutch.streams.sac import DEACTIVATE_TIMEOUT_S, MemberId, SacGroups
+
+KEY = ("/", "s", "app")
+
+
+def m(node: str, sub: int = 1) -> MemberId:
+    return MemberId(node, f"{node}/conn", sub)
+
+
+def test_plain_stream_first_registered_is_active_and_the_next_takes_over_when_it_goes():
+    g = SacGroups()
+    assert g.register(KEY, -1, m("a"), "a", 0) == [(KEY, m("a"), True)]
+    assert g.register(KEY, -1, m("b"), "b", 0) == []
+    assert g.register(KEY, -1, m("c"), "c", 0) == []
+    assert g.unregister(KEY, m("b"), 0) == []  # a waiting one going changes nothing
+    assert g.unregister(KEY, m("a"), 0) == [(KEY, m("c"), True)]
+    assert g.unregister(KEY, m("c"), 0) == []
+    assert KEY not in g.groups  # an empty group goes
+
+
+def test_a_node_going_down_takes_its_members_out_of_every_group():
+    g = SacGroups()
+    other = ("/", "t", "app")
+    g.register(KEY, -1, m("a"), "a", 0)
+    g.register(KEY, -1, m("b"), "b", 0)
+    g.register(other, -1, m("a", 2), "a", 0)
+    assert sorted(g.node_gone("a", 0)) == [(KEY, m("b"), True)]
+    assert other not in g.groups
+
+
+def test_super_stream_partition_goes_to_member_index_mod_n_after_the_old_one_steps_down():
+    g = SacGroups()
+    assert g.register(KEY, 1, m("a"), "a", 0) == [(KEY, m("a"), True)]
+    assert g.register(KEY, 1, m("b"), "b", 0) == [(KEY, m("a"), False)]  # 1 mod 2: b; a steps down first
+    assert g.register(KEY, 1, m("c"), "c", 0) == []  # 1 mod 3 is b too; a's answer still awaited
+    assert g.responded(KEY, m("a"), 1) == [(KEY, m("b"), True)]
+    assert g.unregister(KEY, m("a"), 2) == [(KEY, m("b"), False)]  # [b, c]: 1 mod 2 is c now
+    assert g.tick(2 + DEACTIVATE_TIMEOUT_S - 0.1) == []
+    assert g.tick(2 + DEACTIVATE_TIMEOUT_S) == [(KEY, m("c"), True)]  # b did not answer in time
+
+
+def test_partition_zero_keeps_its_first_member_when_others_join():
+    g = SacGroups()
+    g.register(KEY, 0, m("a"), "a", 0)
+    assert g.register(KEY, 0, m("b"), "b", 0) == []
+    assert g.register(KEY, 0, m("c"), "c", 0) == []
+
+
+def test_a_new_coordinator_keeps_the_active_member_its_node_reports_and_holds_until_released():
+    g = SacGroups()
+    g.holding = True
+    assert g.sync(KEY, -1, "b", [(m("b"), "b", False)], 0) == []
+    assert g.sync(KEY, -1, "a", [(m("a"), "a", True)], 0) == []  # active already on its node
+    assert g.release(0) == []
+    assert [(x.id, x.state) for x in g.members_of(KEY)] == [(m("b"), "waiting"), (m("a"), "active")]
+    # a second claim is refused; a node that missed its activation is told again
+    assert g.sync(KEY, -1, "c", [(m("c"), "c", True)], 0) == [(KEY, m("c"), False)]
+    assert g.sync(KEY, -1, "a", [(m("a"), "a", False)], 0) == [(KEY, m("a"), True)]
+
+
+def test_a_sync_drops_the_members_its_node_no_longer_has():
+    g = SacGroups()
+    g.register(KEY, -1, m("a"), "a", 0)
+    g.register(KEY, -1, m("b"), "b", 0)
+    assert g.sync(KEY, -1, "a", [], 0) == [(KEY, m("b"), True)]
+
+
+def test_while_holding_nobody_is_activated_and_release_activates():
+    g = SacGroups()
+    g.holding = True
+    assert g.register(KEY, -1, m("a"), "a", 0) == []
+    assert g.release(0) == [(KEY, m("a"), True)]
