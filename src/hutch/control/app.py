@@ -30,6 +30,7 @@ from hutch.broker.broker import Broker, User
 from hutch.control import (
     access,
     definitions,
+    digest,
     migrate,
     node,
     policies,
@@ -96,6 +97,7 @@ def make_app(broker: Broker) -> web.Application:
     for module in (node, access, topology, sessions, policies, definitions, quorum, streams, migrate):
         for r in module.routes:  # RabbitMQ also answers "/api/queues/" and the like
             app.router.add_route(r.method, r.path + "/", r.handler)
+    app.add_routes(digest.routes)
     ui.register(app)  # the web UI at / and its assets under /ui/
     return app
 

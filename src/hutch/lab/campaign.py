@@ -1,5 +1,6 @@
 """A randomized fault campaign against quorum queues, in the style of RabbitMQ's Jepsen test,
-and against classic queues mirrored the way that promises the same (`--queue-type mirrored`).
+against classic queues mirrored the way that promises the same (`--queue-type mirrored`, on
+every node or on exactly two), and against streams (`--queue-type stream`).
 
 RabbitMQ tests its quorum queues with Jepsen (rabbitmq/jepsen): clients publish numbered
 messages with publisher confirms and consume them by basic.consume, basic.get or both, while
@@ -19,9 +20,23 @@ reported, not forbidden. This module runs the same experiment on a `hutch lab`:
   of the two at each (re)connection, connected to random nodes, reconnecting on failure;
 - a **nemesis** that draws faults from a seeded RNG (`plan_fault`), holds each for a few
   seconds and undoes it: a node isolated, the queue leader isolated, a majority/minority
-  split, kill -9 + restart, SIGSTOP + SIGCONT, a slow link; then everything is healed;
+  split, kill -9 + restart, SIGSTOP + SIGCONT, a slow link; and disk faults through the
+  nodes' fault switches (`hutch.server.faults`, one file per node under the lab's
+  ``fault-switches/``): a node's fsyncs fail (it must stop at the next one, the fsyncgate
+  rule; it counts as a kill and is started again), or its disk reads as full (the disk alarm
+  blocks its publishers until it clears); then everything is healed;
 - a **drain**: publishers stop and finish their republishing, the lab is healed, consumers
-  read until every queue is empty and nothing has arrived for ``drain_quiet_s``.
+  read until every queue is empty and nothing has arrived for ``drain_quiet_s``;
+- a **comparison of the copies**: every node's digest of its copy of each queue
+  (GET /api/hutch/digest, `hutch.control.digest`) once they have reached the same point;
+  copies at the same point that differ fail the run.
+
+On a stream, consumers read from the first offset and, after a reconnection, from the one
+after the last they read; a stream keeps its messages, so every consumer reads every one. The
+history records each offset once, as its first reader saw it: a message's deliveries are the
+copies the stream stores, so a duplicate is a second copy (allowed only when its publisher sent
+it twice), and an offset read as two different messages (two replicas that disagree) fails the
+run.
 
 Everything clients attempt and observe is recorded as a history
 (`hutch.pipeline.history.HistoryWriter`) with the lab's faults (faults.jsonl) as fault
@@ -75,16 +90,24 @@ from hutch.lab.cluster import (
     NodeSpec,
     fault_history_rows,
     http_get_json,
+    plan_nodes,
 )
 
 log = logging.getLogger("hutch.lab.campaign")
 
 FAULT_KINDS = ("partition-node", "partition-leader", "partition-halves", "kill", "suspend", "delay")
+# disk faults, through hutch.server.faults' switches on the nodes the campaign starts: the next fsync
+# fails (the node must stop: the fsyncgate rule), or the disk monitor reads a full disk (the disk
+# alarm blocks publishers until it clears)
+DISK_FAULT_KINDS = ("fsync-error", "disk-full")
+ALL_FAULT_KINDS = FAULT_KINDS + DISK_FAULT_KINDS
 CONSUMER_MODES = ("push", "poll", "mixed")
 DELAYS_MS = (50, 200, 500, 1500)
 BODY = struct.Struct(">QQ")  # msg_id, first publish time (ns)
 QUEUE_ARGS = {"x-queue-type": "quorum"}
-QUEUE_TYPES = ("quorum", "mirrored")
+QUEUE_TYPES = ("quorum", "mirrored", "stream")
+HA_MODES = ("all", "exactly")
+HA_EXACTLY_COPIES = 2  # ha-params of `--ha-mode exactly`: the leader and one mirror
 # the mirroring that promises what a quorum queue does: every node, synchronised automatically, and
 # only a synchronised mirror promoted; a node cut off from the majority pauses (seed 000, 002)
 MIRROR_POLICY = {"ha-mode": "all", "ha-sync-mode": "automatic", "ha-promote-on-failure": "when-synced",
@@ -104,6 +127,8 @@ POLL_EMPTY_SLEEP_S = 0.05
 NACK_BACKOFF_S = 0.1
 WATCH_INTERVAL_S = 0.25
 HEARTBEAT_S = 2
+FSYNC_STOP_WAIT_S = 30.0  # how long a node with failing fsyncs may take to stop (it stops at its next fsync)
+DIGEST_SETTLE_S = 30.0  # after the drain, how long replicas may take to reach the same point
 LAB_CALL_RETRIES = 3
 EXAMPLES_MAX = 20
 
@@ -138,13 +163,19 @@ class CampaignConfig:
     drain_timeout_s: float = 180.0
     net_ticktime_s: float = 4.0
     group_size: int | None = None  # x-quorum-initial-group-size; None: every node (Jepsen's "all")
-    queue_type: str = "quorum"  # or "mirrored": classic queues under MIRROR_POLICY
+    queue_type: str = "quorum"  # or "mirrored": classic queues under MIRROR_POLICY; or "stream"
+    ha_mode: str = "all"  # mirrored: on every node, or on exactly HA_EXACTLY_COPIES nodes
 
     def __post_init__(self) -> None:
         if self.queue_type not in QUEUE_TYPES:
             raise CampaignError(f"queue type is one of {', '.join(QUEUE_TYPES)}")
         if self.queue_type == "mirrored" and self.group_size is not None:
-            raise CampaignError("a group size is for quorum queues; a mirrored queue has a mirror on every node")
+            raise CampaignError("a group size is for quorum queues and streams; a mirrored queue's copies "
+                                "follow its ha-mode")
+        if self.ha_mode not in HA_MODES:
+            raise CampaignError(f"ha-mode is one of {', '.join(HA_MODES)}")
+        if self.ha_mode != "all" and self.queue_type != "mirrored":
+            raise CampaignError("an ha-mode is for mirrored queues")
         if self.nodes not in (3, 5):
             raise CampaignError("a campaign runs on 3 or 5 nodes")
         if not 1 <= self.queues <= QUEUES_MAX:
@@ -159,9 +190,9 @@ class CampaignConfig:
             raise CampaignError(f"rate per publisher in (0, {RATE_MAX:g}] msg/s")
         if not 1 <= self.in_flight_max <= IN_FLIGHT_MAX:
             raise CampaignError(f"in-flight limit 1..{IN_FLIGHT_MAX}")
-        unknown = set(self.faults) - set(FAULT_KINDS)
+        unknown = set(self.faults) - set(ALL_FAULT_KINDS)
         if unknown:
-            raise CampaignError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+            raise CampaignError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(ALL_FAULT_KINDS)}")
         if self.group_size is not None and not 1 <= self.group_size <= self.nodes:
             raise CampaignError(f"group size 1..{self.nodes}")
         if self.duration_s <= 0 or self.drain_timeout_s <= 0:
@@ -210,7 +241,7 @@ def plan_fault(rng: random.Random, kinds: tuple[str, ...], names: list[str], lea
     if kind == "partition-halves":
         side = tuple(sorted(shuffled[:minority], key=names.index))
         return FaultPlan(kind, side, hold, mode=mode, target=f"{minority}|{len(names) - minority}")
-    if kind in ("kill", "suspend"):
+    if kind in ("kill", "suspend", "fsync-error", "disk-full"):
         node = leader if (aim_at_leader and leader) else shuffled[0]
         return FaultPlan(kind, (node,), hold, target=f"leader of {queue}" if node == leader else "random")
     if kind == "delay":
@@ -249,6 +280,21 @@ class Tally:
     malformed: int = 0
     last_delivery_mono: float = 0.0
     queue_of: dict[int, str] = field(default_factory=dict)
+    # streams: what each offset was read as (by any consumer); a message's "deliveries" are the
+    # offsets it is stored at, so a duplicate is a second copy in the stream, not a second reader
+    stream_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    offset_conflicts: int = 0  # an offset read as two different messages (from two replicas)
+    offset_gaps: int = 0  # a consumer's next delivery skipped offsets
+
+    def stream_read(self, queue: str, offset: int, msg_id: int) -> bool:
+        """Note that `offset` of `queue` holds `msg_id`; True when no consumer had read it before."""
+        seen = self.stream_offsets.get((queue, offset))
+        if seen is None:
+            self.stream_offsets[(queue, offset)] = msg_id
+            return True
+        if seen != msg_id:
+            self.offset_conflicts += 1
+        return False
 
     def check(self) -> dict[str, Any]:
         lost = sorted(m for m in self.confirmed if m not in self.deliveries)
@@ -269,6 +315,8 @@ class Tally:
             "duplicates": duplicates,
             "lost": len(lost),
             "unexpected": len(unexpected) + self.malformed,
+            "offset_conflicts": self.offset_conflicts,
+            "offset_gaps": self.offset_gaps,
             "lost_examples": [_id_text(m, self.queue_of.get(m)) for m in lost[:EXAMPLES_MAX]],
             "unexpected_examples": [_id_text(m, None) for m in unexpected[:EXAMPLES_MAX]],
             "confirm_latency_ms": percentiles_ms([self.confirmed[m] - self.published[m] for m in self.confirmed
@@ -296,6 +344,7 @@ class _Shared:
         self.reconnects: dict[str, int] = {}
         self.errors: dict[str, int] = {}
         self.confirms_for_settled_tags = 0  # basic.ack/nack frames whose tag was already settled
+        self.stream_next: dict[str, int] = {}  # streams: consumer -> the offset it reads next
 
     def writer(self, client_id: str):
         if self.history_dir is None:
@@ -533,10 +582,42 @@ class _Publisher(_Client):
 
 
 class _Consumer(_Client):
+    """Push-consumes (basic.consume + ack), polls (basic.get + ack) or picks one of the two at each
+    connection. On a stream it push-consumes from an offset (x-stream-offset), as a stream
+    reader does: from the first at the start, and after a reconnection from the offset after
+    the last it read; a stream keeps its messages, so every consumer reads all of them."""
+
     kind = "consumer"
+
+    def __init__(self, shared: _Shared, index: int, queue: str):
+        super().__init__(shared, index, queue)
+        self.next_offset = 0  # streams: the offset to read next
 
     def done(self) -> bool:
         return self.s.stop_consuming.is_set()
+
+    def _deliver_stream(self, body: bytes, offset: int | None) -> int | None:
+        """A delivery from a stream, recorded in the history only by the first consumer to read
+        its offset (the history's deliveries are the stream's stored copies)."""
+        tally = self.s.tally
+        tally.last_delivery_mono = time.monotonic()
+        tally.deliveries_total += 1
+        if len(body) != BODY.size or offset is None:
+            tally.malformed += 1
+            self.history.record("deliver", self.queue, msg_id=None,
+                                detail=f"malformed: body of {len(body)} bytes, x-stream-offset {offset}")
+            return None
+        mid, _ = BODY.unpack(body)
+        if offset < self.next_offset:
+            return mid  # read before this reconnection
+        if offset > self.next_offset:
+            tally.offset_gaps += 1
+        self.next_offset = offset + 1
+        self.s.stream_next[self.client_id] = self.next_offset
+        if tally.stream_read(self.queue, offset, mid):
+            tally.deliveries[mid] = tally.deliveries.get(mid, 0) + 1
+            self.history.record("deliver", self.queue, msg_id=mid, detail=f"offset {offset}")
+        return mid
 
     def _deliver(self, body: bytes, redelivered: bool) -> int | None:
         tally = self.s.tally
@@ -555,23 +636,34 @@ class _Consumer(_Client):
 
     async def _session(self, conn) -> None:
         mode = self.s.cfg.consumer_mode
-        if mode == "mixed":
+        if self.s.cfg.queue_type == "stream":
+            mode = "stream"
+        elif mode == "mixed":
             mode = self.rng.choice(("push", "poll"))
         channel = await asyncio.wait_for(conn.channel(), RPC_TIMEOUT_S)
-        if mode == "push":
+        if mode == "stream":
+            await self._push(conn, channel, stream=True)
+        elif mode == "push":
             await self._push(conn, channel)
         else:
             await self._poll(conn, channel)
 
-    async def _push(self, conn, channel) -> None:
+    async def _push(self, conn, channel, stream: bool = False) -> None:
         await asyncio.wait_for(channel.basic_qos(prefetch_count=self.s.cfg.prefetch), RPC_TIMEOUT_S)
 
         async def on_message(message) -> None:
+            if stream:
+                headers = message.header.properties.headers or {}
+                offset = headers.get("x-stream-offset")
+                self._deliver_stream(message.body, offset if isinstance(offset, int) else None)
+                await channel.basic_ack(message.delivery.delivery_tag)
+                return
             mid = self._deliver(message.body, bool(message.delivery.redelivered))
             await channel.basic_ack(message.delivery.delivery_tag)
             self.history.record("ack", self.queue, msg_id=mid)
 
-        ok = await asyncio.wait_for(channel.basic_consume(self.queue, on_message), RPC_TIMEOUT_S)
+        args = {"x-stream-offset": self.next_offset} if stream else None
+        ok = await asyncio.wait_for(channel.basic_consume(self.queue, on_message, arguments=args), RPC_TIMEOUT_S)
         tag = ok.consumer_tag
         while not self.done():
             if conn.is_closed or channel.is_closed:
@@ -683,6 +775,21 @@ async def _sweep(shared: _Shared, nodes: list[NodeSpec], per_node_max: int = 100
     return got
 
 
+FAULT_SWITCH_DIR = "fault-switches"
+FAULT_SWITCH_VARS = {"fsync": "HUTCH_FAULT_FSYNC_FILE", "disk-free": "HUTCH_FAULT_DISK_FREE_FILE"}
+
+
+def fault_switch(lab_dir: Path, node: str, kind: str) -> Path:
+    """The file that turns a `hutch.server.faults` switch of one lab node on while it exists."""
+    return Path(lab_dir).resolve() / FAULT_SWITCH_DIR / f"{node.split('@', 1)[0]}.{kind}"
+
+
+def fault_switch_env(lab_dir: Path, names: list[str]) -> dict[str, dict[str, str]]:
+    """Per node, the environment that points its fault switches at `fault_switch` files."""
+    (Path(lab_dir) / FAULT_SWITCH_DIR).mkdir(parents=True, exist_ok=True)
+    return {n: {var: str(fault_switch(lab_dir, n, kind)) for kind, var in FAULT_SWITCH_VARS.items()} for n in names}
+
+
 class Nemesis:
     """Applies faults drawn by `plan_fault` one at a time, holding each, then undoing it."""
 
@@ -723,12 +830,16 @@ class Nemesis:
             started = time.time_ns()
             rec = await self.apply(plan)
             log.info("nemesis: %s%s", plan.describe(), "" if rec is not None else " (failed)")
-            await asyncio.sleep(plan.hold_s)
+            # a failing fsync stops its node only at the node's next fsync: the hold counts from the start
+            held_s = (time.time_ns() - started) / 1e9 if plan.kind == "fsync-error" else 0.0
+            await asyncio.sleep(max(0.0, plan.hold_s - held_s))
             await self.undo(plan)
             self.applied.append({"kind": plan.kind, "nodes": list(plan.nodes), "hold_s": plan.hold_s,
                                  "mode": plan.mode, "delay_ms": plan.delay_ms, "target": plan.target,
                                  "leaders": leaders, "applied": rec is not None, "ts_ns": started,
-                                 "undone_ns": time.time_ns()})
+                                 "undone_ns": time.time_ns(),
+                                 **({"stopped_node": rec.get("stopped"), "stop_s": rec.get("stop_s")}
+                                    if plan.kind == "fsync-error" and rec is not None else {})})
 
     async def apply(self, plan: FaultPlan) -> dict | None:
         if plan.kind.startswith("partition"):
@@ -739,7 +850,26 @@ class Nemesis:
             return await self._lab("suspend", plan.nodes[0])
         if plan.kind == "delay":
             return await self._lab("delay", plan.nodes[0], plan.nodes[1], plan.delay_ms)
+        if plan.kind == "fsync-error":
+            return await self._fsync_error(plan.nodes[0], plan.hold_s)
+        if plan.kind == "disk-full":
+            fault_switch(self.lab.dir, plan.nodes[0], "disk-free").write_text("0\n")
+            return {"node": plan.nodes[0]}
         raise CampaignError(f"unknown fault kind {plan.kind!r}")
+
+    async def _fsync_error(self, node: str, hold_s: float) -> dict:
+        """Make the node's fsyncs fail, and wait (up to the hold, at least FSYNC_STOP_WAIT_S) for it
+        to stop, as it must at its next fsync; a node that did not fsync meanwhile runs on."""
+        fault_switch(self.lab.dir, node, "fsync").write_text("")
+        t0 = time.monotonic()
+        stopped = False
+        while time.monotonic() - t0 < max(hold_s, FSYNC_STOP_WAIT_S) and not stopped:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            rows = await asyncio.to_thread(self.lab.status)
+            stopped = any(r["name"] == node and r["state"] == "stopped" for r in rows)
+        stop_s = round(time.monotonic() - t0, 1)
+        log.info("nemesis: fsync fails on %s: %s", node, f"stopped in {stop_s} s" if stopped else "still running")
+        return {"node": node, "stopped": stopped, "stop_s": stop_s if stopped else None}
 
     async def undo(self, plan: FaultPlan) -> None:
         if plan.kind.startswith("partition") or plan.kind == "delay":
@@ -748,9 +878,18 @@ class Nemesis:
             await self._lab("start", plan.nodes[0])
         elif plan.kind == "suspend":
             await self._lab("resume", plan.nodes[0])
+        elif plan.kind == "fsync-error":
+            fault_switch(self.lab.dir, plan.nodes[0], "fsync").unlink(missing_ok=True)
+            rows = await asyncio.to_thread(self.lab.status)
+            if any(r["name"] == plan.nodes[0] and r["state"] == "stopped" for r in rows):
+                await self._lab("start", plan.nodes[0])
+        elif plan.kind == "disk-full":
+            fault_switch(self.lab.dir, plan.nodes[0], "disk-free").unlink(missing_ok=True)
 
     async def heal_all(self) -> None:
-        """Every link open, every node running: the state a drain needs."""
+        """Every link open, every disk healthy, every node running: the state a drain needs."""
+        for path in (self.lab.dir / FAULT_SWITCH_DIR).glob("*"):
+            path.unlink(missing_ok=True)
         await self._lab("heal")
         for row in await asyncio.to_thread(self.lab.status):
             if row["state"] == "suspended":
@@ -786,6 +925,7 @@ class CampaignResult:
     queue_depths_after: dict[str, int | None]
     queue_views_after: dict[str, dict] = field(default_factory=dict)  # when not drained: per queue, per node
     swept_after: dict[str, list[str]] = field(default_factory=dict)  # when not drained: what basic.get still got
+    replicas: dict[str, dict] = field(default_factory=dict)  # per queue: its copies' digests compared
     confirms_for_settled_tags: int = 0
     nack_only_channels: int = 0
 
@@ -793,10 +933,27 @@ class CampaignResult:
         return asdict(self)
 
 
+def queue_arguments(queue_type: str, group_size: int) -> dict:
+    """The x-arguments of the campaign's queues: a quorum queue or stream on `group_size` nodes,
+    or a classic queue (mirrored by policy)."""
+    if queue_type == "quorum":
+        return {**QUEUE_ARGS, "x-quorum-initial-group-size": group_size}
+    if queue_type == "stream":
+        return {"x-queue-type": "stream", "x-initial-cluster-size": group_size}
+    return {}
+
+
+def mirror_policy(ha_mode: str) -> dict:
+    """MIRROR_POLICY on every node (`all`) or on HA_EXACTLY_COPIES nodes (`exactly`)."""
+    if ha_mode == "exactly":
+        return {**MIRROR_POLICY, "ha-mode": "exactly", "ha-params": HA_EXACTLY_COPIES}
+    return dict(MIRROR_POLICY)
+
+
 async def _declare(nodes: list[NodeSpec], queues: list[str], group_size: int, queue_type: str = "quorum",
-                   deadline_s: float = 60.0) -> None:
+                   deadline_s: float = 60.0, ha_mode: str = "all") -> None:
     """Declare the queues through any node that will (the catalogue needs a leader): quorum
-    queues, or classic queues that a policy (MIRROR_POLICY) mirrors on every node."""
+    queues, streams, or classic queues that a policy (`mirror_policy`) mirrors."""
     from pamqp.commands import Basic  # noqa: F401 - aiormq needs pamqp; fail early and clearly
 
     end = time.monotonic() + deadline_s
@@ -808,9 +965,9 @@ async def _declare(nodes: list[NodeSpec], queues: list[str], group_size: int, qu
                 conn = await _connect(node, "campaign-setup")
                 ch = await asyncio.wait_for(conn.channel(), RPC_TIMEOUT_S)
                 if queue_type == "mirrored":
-                    await asyncio.to_thread(_put_mirror_policy, node, queues)
+                    await asyncio.to_thread(_put_mirror_policy, node, queues, ha_mode)
                 for q in queues:
-                    args = {**QUEUE_ARGS, "x-quorum-initial-group-size": group_size} if queue_type == "quorum" else {}
+                    args = queue_arguments(queue_type, group_size)
                     await asyncio.wait_for(ch.queue_declare(q, durable=True, arguments=args), RPC_TIMEOUT_S * 2)
                 return
             except Exception as e:  # noqa: BLE001 - try the next node
@@ -821,9 +978,9 @@ async def _declare(nodes: list[NodeSpec], queues: list[str], group_size: int, qu
     raise CampaignError(f"could not declare the {queue_type} queues {queues}: {last!r}")
 
 
-def _put_mirror_policy(node: NodeSpec, queues: list[str]) -> None:
+def _put_mirror_policy(node: NodeSpec, queues: list[str], ha_mode: str = "all") -> None:
     pattern = "^(" + "|".join(re.escape(q) for q in queues) + ")$"
-    body = json.dumps({"pattern": pattern, "definition": MIRROR_POLICY, "apply-to": "queues"}).encode()
+    body = json.dumps({"pattern": pattern, "definition": mirror_policy(ha_mode), "apply-to": "queues"}).encode()
     token = base64.b64encode(b"guest:guest").decode()
     req = urllib.request.Request(f"{node.http_url}/api/policies/%2F/campaign-mirroring", data=body, method="PUT",
                                  headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"})
@@ -839,10 +996,86 @@ async def _drain(shared: _Shared, nodes: list[NodeSpec], deadline_mono: float) -
         await asyncio.sleep(0.5)
         if time.monotonic() - shared.tally.last_delivery_mono < quiet_s:
             continue
+        if shared.cfg.queue_type == "stream":
+            if await asyncio.to_thread(_streams_read, shared):
+                return True
+            continue
         depths = await asyncio.to_thread(queue_depths, nodes, shared.queues)
         if all(d == 0 for d in depths.values()):
             return True
     return False
+
+
+def _streams_read(shared: _Shared) -> bool:
+    """A stream is drained when every consumer of it has read to the end of its longest replica."""
+    ends = stream_ends(shared.nodes, shared.queues)
+    for i in range(shared.cfg.consumers):
+        q = shared.queues[i % shared.cfg.queues]
+        if ends.get(q) is None or shared.stream_next.get(f"consumer-{i}", 0) < ends[q]:
+            return False
+    return True
+
+
+def stream_ends(nodes: list[NodeSpec], queues: list[str]) -> dict[str, int | None]:
+    """Per stream, the committed end (next offset) of its longest replica, as the first node that
+    answers GET /api/hutch/streams/%2F/STREAM/status says."""
+    out: dict[str, int | None] = {}
+    for q in queues:
+        out[q] = None
+        for node in nodes:
+            try:
+                rows = http_get_json(f"{node.http_url}/api/hutch/streams/%2F/{urllib.parse.quote(q, safe='')}/status",
+                                     timeout_s=RPC_TIMEOUT_S)
+            except (OSError, ValueError, urllib.error.HTTPError):
+                continue
+            ends = [r["committed_offset"] + 1 for r in rows if r.get("committed_offset") is not None]
+            if ends:
+                out[q] = max(ends)
+                break
+    return out
+
+
+def replica_digests(nodes: list[NodeSpec], queue: str, query: str = "") -> dict[str, dict]:
+    """Every answering node's digest of its copy of `queue` (GET /api/hutch/digest/%2F/QUEUE);
+    nodes without a copy, or not answering, are left out."""
+    out: dict[str, dict] = {}
+    for node in nodes:
+        try:
+            d = http_get_json(f"{node.http_url}/api/hutch/digest/%2F/{urllib.parse.quote(queue, safe='')}{query}",
+                              timeout_s=RPC_TIMEOUT_S)
+        except (OSError, ValueError, urllib.error.HTTPError):
+            continue
+        if d.get("replica"):
+            out[node.name] = d
+    return out
+
+
+async def compare_replicas(nodes: list[NodeSpec], queues: list[str], queue_type: str,
+                           settle_s: float = DIGEST_SETTLE_S) -> dict[str, dict]:
+    """After the drain: wait (up to `settle_s`) until every copy of each queue has reached the same
+    point (applied index, last sequence number, committed end), then compare their digests
+    (`hutch.control.digest.compare`). A stream's copies are compared over their common range."""
+    from hutch.control.digest import compare
+
+    out: dict[str, dict] = {}
+    for q in queues:
+        t0 = time.monotonic()
+        while True:
+            digests = await asyncio.to_thread(replica_digests, nodes, q)
+            points = {d["applied"] for d in digests.values()}
+            if len(points) <= 1 or time.monotonic() - t0 > settle_s:
+                break
+            await asyncio.sleep(0.5)
+        key = "applied"
+        if queue_type == "stream" and digests:
+            lo = max(d["first_offset"] for d in digests.values())
+            hi = min(d["applied"] for d in digests.values())
+            digests = await asyncio.to_thread(replica_digests, nodes, q, f"?from={lo}&to={hi}")
+            key = "range"
+        out[q] = {"copies": len(digests), "points": sorted({str(d[key]) for d in digests.values()}),
+                  "settle_s": round(time.monotonic() - t0, 1), "problems": compare(digests, key=key),
+                  "digests": digests}
+    return out
 
 
 async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, record: bool = True) -> CampaignResult:
@@ -853,7 +1086,7 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
     queues = [f"jepsen.{run_id}.q{i}" for i in range(cfg.queues)]
     out_dir.mkdir(parents=True, exist_ok=True)
     history_dir = out_dir / "history" if record else None
-    await _declare(nodes, queues, cfg.group_size or cfg.nodes, cfg.queue_type)
+    await _declare(nodes, queues, cfg.group_size or cfg.nodes, cfg.queue_type, ha_mode=cfg.ha_mode)
     shared = _Shared(cfg, nodes, run_id, history_dir, queues)
     publishers = [_Publisher(shared, i, queues[i % cfg.queues]) for i in range(cfg.publishers)]
     consumers = [_Consumer(shared, i, queues[i % cfg.queues]) for i in range(cfg.consumers)]
@@ -876,10 +1109,13 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
         drained = await _drain(shared, nodes, drain_started + cfg.drain_timeout_s)
         drain_s = time.monotonic() - drain_started
         shared.stop_consuming.set()
-    depths = await asyncio.to_thread(queue_depths, nodes, queues)
+    stream = cfg.queue_type == "stream"
+    # a stream keeps what was read: its depth is no measure of the drain
+    depths = {q: None for q in queues} if stream else await asyncio.to_thread(queue_depths, nodes, queues)
+    replicas = await compare_replicas(nodes, queues, cfg.queue_type)
     views: dict[str, dict] = {}
     swept: dict[str, list[str]] = {}
-    if not drained:
+    if not drained and not stream:
         # what is stuck, as each node sees it, and what a fresh basic.get through each node still gets
         views = await asyncio.to_thread(queue_views, nodes, queues)
         swept = await _sweep(shared, nodes)
@@ -890,6 +1126,12 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
             for ts_ns, detail in fault_history_rows(lab.dir / "faults.jsonl"):
                 if ts_ns >= started_ns:
                     w.record("fault", "", ts_ns=ts_ns, detail=detail)
+            for f in nemesis.applied:  # the controller does not see disk faults: their windows from here
+                if f["kind"] in DISK_FAULT_KINDS and f["applied"]:
+                    name = f"{f['kind']}-{f['nodes'][0].split('@', 1)[0]}"
+                    w.fault_start(name, f"{f['kind']} on {f['nodes'][0]}", ts_ns=f["ts_ns"])
+                    w.fault_end(name, "stopped, started again" if f.get("stopped_node") else "switched off",
+                                ts_ns=f["undone_ns"])
             for q in queues:  # the checker calls a missing message lost only on a drained queue
                 w.record("drain", q, detail=drain_detail(drained, f"depth {depths.get(q)} after "
                                                                    f"{cfg.drain_timeout_s:g} s"))
@@ -898,13 +1140,21 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
     counts: dict[str, int] = {}
     for f in nemesis.applied:
         counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+        if f.get("stopped_node"):  # a node that stopped on a failed fsync went down as a killed one does
+            counts["kill"] = counts.get("kill", 0) + 1
     problems = []
     if check["lost"]:
         problems.append(f"{check['lost']} confirmed message(s) lost")
     if check["unexpected"]:
         problems.append(f"{check['unexpected']} unexpected message(s)")
     if not drained:
-        problems.append(f"the queues did not drain in {cfg.drain_timeout_s:g} s (depths {depths})")
+        what = "the streams were not read to their end" if stream else f"the queues did not drain (depths {depths})"
+        problems.append(f"{what} in {cfg.drain_timeout_s:g} s")
+    if check["offset_conflicts"]:
+        problems.append(f"{check['offset_conflicts']} stream offset(s) read as two different messages")
+    for q, r in replicas.items():
+        if r["problems"]:
+            problems.append(f"the copies of {q} disagree: {'; '.join(r['problems'])}")
     if reference is not None and (reference["lost"] != check["lost"] or reference["unexpected"] != check["unexpected"]):
         problems.append(f"the reference checker disagrees: lost {reference['lost']}, "
                         f"unexpected {reference['unexpected']}")
@@ -924,7 +1174,8 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
         drain_s=round(drain_s, 1), drained=drained, faults=nemesis.applied, fault_counts=counts,
         fault_failures=nemesis.failures, check=check, reference=reference, gaps=gaps,
         reconnects=dict(shared.reconnects), client_errors=dict(shared.errors), queue_depths_after=depths,
-        queue_views_after=views, swept_after=swept, confirms_for_settled_tags=shared.confirms_for_settled_tags,
+        queue_views_after=views, swept_after=swept, replicas=replicas,
+        confirms_for_settled_tags=shared.confirms_for_settled_tags,
         nack_only_channels=shared.errors.get("ConnectionRefusedError", 0))
     (out_dir / "campaign.json").write_text(json.dumps(result.as_json(), indent=2) + "\n")
     return result
@@ -963,10 +1214,16 @@ def run_campaign(cfg: CampaignConfig, out_dir: str | os.PathLike, lab_dir: str |
         shutil.rmtree(out / "history")
     if ours and lab_dir is None and (lab_path / "lab.json").exists():
         lab.down(wipe=True)
+    disk_faults = sorted(set(cfg.faults) & set(DISK_FAULT_KINDS))
+    if disk_faults and not ours:
+        raise CampaignError(f"{', '.join(disk_faults)} need the fault switches of nodes the campaign starts; "
+                            f"leave out --dir, or these fault kinds")
     if ours:
+        names = [s.name for s in plan_nodes(cfg.nodes, base_port, lab_path)]
         lab = Lab.up(cfg.nodes, lab_path, base_port=base_port, net_ticktime_s=cfg.net_ticktime_s,
                      metadata_timeout_ms=4000, tied_to_caller=tied_to_caller,
-                     node_args=list(MIRRORED_NODE_ARGS) if cfg.queue_type == "mirrored" else None)
+                     node_args=list(MIRRORED_NODE_ARGS) if cfg.queue_type == "mirrored" else None,
+                     node_env=fault_switch_env(lab_path, names))
     try:
         return run_loop(run_campaign_async(lab, cfg, out, record))
     finally:
@@ -997,6 +1254,13 @@ def summary_lines(r: CampaignResult) -> list[str]:
                      f"{ref['duplicates']} ({ref['duplicates_without_redelivered']} unflagged, "
                      f"{ref['duplicates_unexplained']} not explained by a second publish), reordered "
                      f"{ref['reordered']} ({ref['reordered_unexplained']} not explained), longest stall {ref['max_gap_ms']} ms, {len(r.gaps)} stall(s) > 1 s")
+    for q, rep in r.replicas.items():
+        state = "agree" if not rep["problems"] else "DISAGREE"
+        lines.append(f"  copies of {q}: {rep['copies']} {state} at {', '.join(rep['points']) or 'nothing'} "
+                     f"(settled in {rep['settle_s']:g} s)")
+        lines += [f"    {p}" for p in rep["problems"][:5]]
+    if c.get("offset_gaps"):
+        lines.append(f"  stream reads that skipped offsets: {c['offset_gaps']}")
     for g in r.gaps[:8]:
         lines.append(f"    stall: {g['kind']} on {g['queue']} for {g['gap_ms']} ms, cause {g['cause']}, "
                      f"recovered {g['recovered']}")
@@ -1035,12 +1299,17 @@ def _pair(text: str) -> tuple[float, float]:
 @click.option("--consumer-mode", type=click.Choice(CONSUMER_MODES), default="mixed", show_default=True,
               help="push: basic.consume; poll: basic.get; mixed: one of the two at each connection.")
 @click.option("--queue-type", type=click.Choice(QUEUE_TYPES), default="quorum", show_default=True,
-              help="quorum, or mirrored: classic queues mirrored on every node, synchronised automatically, "
-                   "promoted only when synchronised, on nodes with pause_minority.")
+              help="quorum; mirrored: classic queues mirrored (see --ha-mode), synchronised automatically, "
+                   "promoted only when synchronised, on nodes with pause_minority; or stream: consumers read "
+                   "from the first offset (x-stream-offset) and on from where they were after a reconnection.")
+@click.option("--ha-mode", type=click.Choice(HA_MODES), default="all", show_default=True,
+              help=f"Mirrored queues: a mirror on every node, or exactly {HA_EXACTLY_COPIES} copies.")
 @click.option("--group-size", type=click.IntRange(1, 5), default=None,
               help="Members per queue (x-quorum-initial-group-size) [default: every node].")
 @click.option("--rate", type=float, default=40.0, show_default=True, help="Messages per second per publisher.")
-@click.option("--faults", default=",".join(FAULT_KINDS), show_default=True, help="Fault kinds to draw from.")
+@click.option("--faults", default=",".join(FAULT_KINDS), show_default=True,
+              help=f"Fault kinds to draw from, of: {', '.join(ALL_FAULT_KINDS)} (the disk faults need nodes the "
+                   "campaign starts).")
 @click.option("--healthy", default="2-5", show_default=True, help="Seconds between faults, MIN-MAX.")
 @click.option("--hold", default="4-10", show_default=True, help="Seconds a fault lasts, MIN-MAX.")
 @click.option("--confirm-timeout", type=float, default=5.0, show_default=True,
@@ -1054,7 +1323,7 @@ def _pair(text: str) -> tuple[float, float]:
               help="Base port of the labs the campaign starts.")
 @click.option("--no-record", is_flag=True, help="Do not record a history.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every fault as it is applied.")
-def campaign_cli(seeds, nodes, duration_s, queues, publishers, consumers, consumer_mode, queue_type, group_size, rate,
+def campaign_cli(seeds, nodes, duration_s, queues, publishers, consumers, consumer_mode, queue_type, ha_mode, group_size, rate,
                  faults, healthy, hold, confirm_timeout, drain_timeout, out_dir, lab_dir, base_port, no_record, verbose):
     """Jepsen-style fault campaign on quorum (or mirrored) queues: publishers with confirms and consumers
     (push, poll or both) on random nodes while a seeded nemesis partitions, kills, suspends and
@@ -1070,7 +1339,8 @@ def campaign_cli(seeds, nodes, duration_s, queues, publishers, consumers, consum
         try:
             cfg = CampaignConfig(seed=seed, nodes=int(nodes), duration_s=duration_s, queues=queues,
                                  publishers=publishers, consumers=consumers, consumer_mode=consumer_mode,
-                                 group_size=group_size, queue_type=queue_type, rate_per_publisher=rate, faults=kinds, healthy_s=_pair(healthy),
+                                 group_size=group_size, queue_type=queue_type, ha_mode=ha_mode, rate_per_publisher=rate,
+                                 faults=kinds, healthy_s=_pair(healthy),
                                  fault_hold_s=_pair(hold), confirm_timeout_s=confirm_timeout,
                                  drain_timeout_s=drain_timeout)
             result = run_campaign(cfg, Path(out_dir) / f"seed-{seed}", lab_dir=lab_dir, base_port=base_port,

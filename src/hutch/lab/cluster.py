@@ -793,12 +793,15 @@ class Lab:
            net_ticktime_s: float = NET_TICKTIME_S_DEFAULT, secret: str | None = None,
            metadata_timeout_ms: int = METADATA_TIMEOUT_MS_DEFAULT, log_level: str = "info",
            wait: str = "healthy", timeout_s: float = UP_TIMEOUT_S_DEFAULT, tied_to_caller: bool = False,
-           node_args: list[str] | None = None, clocks: dict[str | int, ClockSkew] | None = None) -> Lab:
+           node_args: list[str] | None = None, clocks: dict[str | int, ClockSkew] | None = None,
+           node_env: dict[str | int, dict[str, str]] | None = None) -> Lab:
         """Start a lab of `count` nodes and wait until it is `healthy` (every node sees every member
         running and a leader), until every node's HTTP API answers (`http`), or not at all (`none`).
         On failure everything started is stopped again and LabError says which node is not up and
         where its log is. `node_args` are added to every node's `hutch server` command line.
         `clocks` gives nodes (by name or number) another host's clock: see `ClockSkew`.
+        `node_env` adds environment variables to nodes (by name or number), such as the fault
+        switches of `hutch.server.faults`.
 
         The lab outlives the calling process unless `tied_to_caller` (for tests): then the
         controller is stopped when the caller dies, however it dies, and the nodes with it."""
@@ -813,6 +816,8 @@ class Lab:
             raise LabError(f"a lab is already running in {lab.dir} (controller pid {pid}); "
                            f"stop it with `hutch lab down --dir {lab_dir}`")
         skews = {resolve_node(specs, ref).name: skew.env() for ref, skew in (clocks or {}).items()}
+        for ref, env in (node_env or {}).items():
+            skews.setdefault(resolve_node(specs, ref).name, {}).update(env)
         problem = size_mismatch(lab.dir, specs)
         if problem:
             raise LabError(problem)

@@ -479,7 +479,7 @@ class Node:
         except OSError as e:  # pragma: no cover - the data directory vanished
             log.error("cannot read free disk space of %s: %s", self.config.data_dir, e)
             free = 0
-        self.broker.disk_check(free)
+        self.broker.disk_check(faults.disk_free(free))
         self._disk_task = self.loop.call_later(self.config.disk_check_interval_ms / 1000, self._disk_check)
 
     def _memory_check(self) -> None:
