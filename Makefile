@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pyproject.toml declares version ranges, constraints.txt pins the exact versions: a change to either reinstalls.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror conformance soak check-demo clean campaign
+.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror conformance soak check-demo clean campaign campaign-long
 
 install: $(STAMP)
 
@@ -85,6 +85,16 @@ campaign: install
 	  --base-port 7672 || rc=$$?; \
 	for s in 1 2 3; do $(BIN)/hutch check ./var/campaign/seed-$$s/history --out ./var/campaign/seed-$$s/check \
 	  --expect drained=1 --expect lost=0 --expect unexpected=0 || rc=1; done; exit $$rc
+
+# 100 randomised fault campaigns of 60 s (docs/reliability.md): quorum, mirrored (ha-mode all /
+# exactly 2, when-synced), streams in turn, every fault kind including fsync errors and a full disk,
+# on fresh 3-node labs (base port 8672); resumable (runs in ./var/campaign-long/runs.jsonl are
+# skipped). The table goes into docs/reliability.md; then the Spark checker reads every history.
+campaign-long: install
+	rc=0; $(BIN)/hutch lab campaign-long --runs 100 --duration 60 --out ./var/campaign-long --base-port 8672 \
+	  --table docs/reliability.md || rc=$$?; \
+	$(BIN)/hutch check ./var/campaign-long --out ./var/campaign-long/_check --expect drained=1 --expect lost=0 \
+	  --expect unexpected=0 || rc=1; exit $$rc
 
 soak: install
 	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000

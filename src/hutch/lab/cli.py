@@ -14,6 +14,7 @@ import json
 import click
 
 from hutch.lab.campaign import campaign_cli
+from hutch.lab.campaign_long import campaign_long_cli
 from hutch.lab.cluster import (
     BASE_PORT_DEFAULT,
     LAB_DIR_DEFAULT,
@@ -264,3 +265,4 @@ def scenario(name, list_only, lab_dir, base_port, messages, net_ticktime):
 
 
 cli.add_command(campaign_cli)
+cli.add_command(campaign_long_cli)
