@@ -165,18 +165,23 @@ class StreamSac:
 
     # ------------------------------------------------------------ the runtime's
 
-    def tick(self, now_s: float) -> None:
-        self.now_s = now_s
+    def _coordinating(self) -> str | None:
+        """The coordinator now; this node takes the part up or lays it down as it changes."""
         c = self.coordinator()
         me = self.cluster.node
         if c == me and self.groups is None:
             self.groups = SacGroups()
             self.groups.holding = True
-            self.hold_until_s = now_s + HOLD_S
+            self.hold_until_s = self.now_s + HOLD_S
             self.waiting_for = set(self.cluster.running_nodes())
             log.info("stream coordinator: single active consumer groups are coordinated on this node")
         elif c is not None and c != me and self.groups is not None:
             self.groups = None  # another node coordinates now; it learns the groups from every node
+        return c
+
+    def tick(self, now_s: float) -> None:
+        self.now_s = now_s
+        c = self._coordinating()
         if self.groups is not None:
             if self.groups.holding and (not self.waiting_for or now_s >= self.hold_until_s):
                 self._notify(self.groups.release(now_s))
@@ -206,6 +211,7 @@ class StreamSac:
         if op == "act":
             self._activation((msg[1], msg[2], msg[3]), MemberId(self.cluster.node, msg[4], int(msg[5])), bool(msg[6]))
             return
+        self._coordinating()  # the sender may have heard of this node's leadership first
         g = self.groups
         if g is None:
             return  # not the coordinator (any more): the sender syncs with the next one
