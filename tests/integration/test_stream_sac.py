@@ -274,6 +274,60 @@ def test_rstream_consumers_of_a_group_take_over_from_the_stored_offset(node):
     run(scenario())
 
 
+def test_rstream_super_stream_consumers_split_the_partitions(node):
+    """Two rstream SuperStreamConsumers of one group on a super stream of three partitions:
+    alone, the first has them all; once the second comes, partition 1 moves to it (1 mod 2),
+    its old consumer stepping down first, and each reads only its own partitions."""
+    from rstream import OffsetSpecification, OffsetType, SuperStreamConsumer, amqp_decoder
+    name, group_name = unique("ss"), unique("app")
+    parts = [f"{name}-{i}" for i in range(3)]
+    with raw(node) as p:
+        assert p.call(f.CreateSuperStream(p.cid(), name, parts, ["0", "1", "2"], {})).code == f.OK
+
+        async def scenario() -> None:
+            got: dict[str, list[tuple[str, bytes]]] = {"one": [], "two": []}
+            active: dict[str, set[str]] = {"one": set(), "two": set()}
+            changed = asyncio.Event()
+
+            def consumer(key: str) -> tuple[SuperStreamConsumer, object, object]:
+                c = SuperStreamConsumer(host="127.0.0.1", port=node.stream_port, username="guest", password="guest",
+                                        super_stream=name)
+
+                async def on_message(msg, ctx) -> None:
+                    got[key].append((ctx.stream, bytes(msg.body if isinstance(msg.body, bytes) else msg.body[0])))
+                    changed.set()
+
+                async def on_update(is_active: bool, ctx) -> OffsetSpecification:
+                    (active[key].add if is_active else active[key].discard)(ctx.stream)
+                    changed.set()
+                    return OffsetSpecification(OffsetType.NEXT, 0)
+                return c, on_message, on_update
+
+            async def until(cond) -> None:
+                async with asyncio.timeout(30):
+                    while not cond():
+                        changed.clear()
+                        await changed.wait()
+
+            consumers = []
+            for key in ("one", "two"):
+                c, on_message, on_update = consumer(key)
+                await c.start()
+                await c.subscribe(on_message, decoder=amqp_decoder, properties=sac(group_name, name),
+                                  consumer_update_listener=on_update)
+                consumers.append(c)
+                if key == "one":
+                    await until(lambda: active["one"] == set(parts))
+            await until(lambda: active == {"one": {parts[0], parts[2]}, "two": {parts[1]}})
+            await asyncio.to_thread(lambda: [publish_chunks(p, s, [[f"to-{s}"]]) for s in parts])
+            await until(lambda: len(got["one"]) + len(got["two"]) == 3)
+            assert sorted(got["one"]) == [(parts[0], f"to-{parts[0]}".encode()), (parts[2], f"to-{parts[2]}".encode())]
+            assert got["two"] == [(parts[1], f"to-{parts[1]}".encode())]
+            for c in consumers:
+                await c.close()
+        run(scenario())
+
+
 # ---------------------------------------------------------------- list_stream_tracking
 
 
