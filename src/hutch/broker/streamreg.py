@@ -8,7 +8,8 @@ management API (`/api/stream/...`) and `hutch-streams list_stream_*` read it, ea
 Records are plain dicts with the field names of RabbitMQ's stream plugin (its CLI's info items:
 `conn_name`, `subscriptions`, `connection_state`, ...; `publisher_id`, `reference`,
 `messages_published`, ...; `subscription_id`, `offset`, `offset_lag`, `credits`, `properties`,
-...). A publisher's and a consumer's record also carry `connection` (the connection's name),
+`active`, `activity_status` (`up`, or `single_active` / `waiting` for a single active
+consumer), ...). A publisher's and a consumer's record also carry `connection` (the connection's name),
 `stream` and `vhost`. Must never: decide anything about a connection, or hold more than
 `RECORDS_MAX` records of a kind.
 """
@@ -78,9 +79,11 @@ class StreamRegistry:
         return [dict(c) for c in self.consumers.values() if _matches(c, vhost, stream, connection)]
 
     def group_consumers(self, vhost: str, stream: str, reference: str) -> list[dict[str, Any]] | None:
-        """The consumers of a single-active-consumer group (its name is the subscriptions'
-        `name` property) on a stream: subscription_id, connection_name, state; None when this
-        node has none of the group."""
+        """This node's consumers of a single-active-consumer group (its name is the
+        subscriptions' `name` property) on a stream: subscription_id, connection_name, state
+        (`active` as the group's coordinator last told this node, else `waiting`); None when
+        this node has none of the group. The whole group, in order, is the coordinator's
+        (`hutch.broker.streamsac`); this is what a listing shows while the coordinator changes."""
         rows = []
         for c in self.consumers.values():
             props = c.get("properties") or {}
