@@ -5,8 +5,9 @@ The stream's record is in the catalogue (type `stream`, its members in `member_n
 group id in `journal_id`). Every node has a `StreamQueue` handle; a member also hosts the Raft
 group and a `StreamMachine` over its `StreamLog` (under `<data dir>/streams/`).
 
-Writing. A batch of messages (one AMQP 0-9-1 channel's publishes to the stream in one loop
-iteration, or one stream-protocol Publish frame) becomes one entry, proposed to the group's
+Writing. A batch of messages (one writer's publishes to the stream in one loop iteration: an
+AMQP 0-9-1 channel's, or a stream-protocol publisher's Publish frames, up to `BATCH_BYTES_MAX`)
+becomes one entry, proposed to the group's
 leader (from another node it travels as `["SP", gid, entry]`). When the entry is committed
 every member writes it as one chunk; the leader tells the proposing node (`["SE", answers]`),
 which confirms. Unanswered entries are sent again every `RETRY_S` and when a new leader is
@@ -52,6 +53,9 @@ SNAPSHOT_ENTRIES = 64  # compact a stream's Raft log behind a snapshot this ofte
 RAFT_SNAPSHOT_AFTER = 256
 RAFT_TRAILING = 64
 READ_BYTES_MAX = 8 << 20  # what one read call returns at most
+# the records of one writer's batch (so one entry, one chunk): a chunk is delivered in one frame,
+# and 1 MiB is the stream protocol's default frame_max
+BATCH_BYTES_MAX = 1000 << 10
 S_REQUEST = "s"
 STATUS_S = 1.0  # how often a member reports a stream's extent to the nodes without a replica
 
@@ -112,15 +116,30 @@ class _Outgoing:
 
 
 class _Batch:
-    """AMQP 0-9-1 publishes to one stream from one channel in this loop iteration."""
+    """One writer's publishes to one stream in this loop iteration: an AMQP 0-9-1 channel's
+    (confirmed message by message) or a stream-protocol publisher's Publish frames (answered
+    frame by frame). They become one entry, so one chunk."""
 
-    __slots__ = ("records", "pids", "confirms", "filters")
+    __slots__ = ("writer", "records", "pids", "confirms", "answers", "filters", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, writer: str, dedup: bool) -> None:
+        self.writer = writer
         self.records: list[bytes] = []
-        self.pids: list[int] = []
+        self.pids: list[int] | None = [] if dedup else None  # None: the writer is not deduplicated
         self.filters: list[bytes | None] | None = None  # each record's filter value, once one has one
         self.confirms: list[tuple[Any, Any, int]] = []  # (channel, session, seq)
+        self.answers: list[Callable[[sm.Written | None], None]] = []
+        self.size = 0  # bytes of records
+
+    def add(self, pids: list[int] | None, records: list[bytes], filters: list[bytes | None] | None) -> None:
+        if filters is not None and self.filters is None:
+            self.filters = [None] * len(self.records)
+        self.records += records
+        if self.pids is not None and pids is not None:
+            self.pids += pids
+        if self.filters is not None:
+            self.filters += filters if filters is not None else [None] * len(records)
+        self.size += sum(map(len, records))
 
 
 class StreamHost:
@@ -133,7 +152,7 @@ class StreamHost:
         self.queues: dict[int, StreamQueue] = {}  # gid -> handle
         self._out: dict[int, _Outgoing] = {}  # req -> entry in flight from here
         self._answers: dict[str, list] = {}  # node -> [req, first, written, duplicates] to send it
-        self._batches: dict[tuple[int, Any], _Batch] = {}  # (gid, channel) -> this iteration's publishes
+        self._batches: dict[tuple[int, str], _Batch] = {}  # (gid, writer) -> this iteration's publishes
         self._writer_ids: dict[Any, str] = {}  # channel -> its writer id (a cluster-wide owner id)
         self._writer_seqs: dict[tuple[str, int], int] = {}  # (writer, gid) -> last publishing id
         self._gaps: set[int] = set()
@@ -289,21 +308,13 @@ class StreamHost:
     def publish(self, q: StreamQueue, record: bytes, channel: Any, seq: int, filter_value: bytes | None = None) -> None:
         """An AMQP 0-9-1 publish (already the stored AMQP 1.0 message): batched with the
         channel's others to the stream this loop iteration; its confirm follows the write."""
-        key = (q.gid, channel)
-        b = self._batches.get(key)
-        if b is None:
-            b = self._batches[key] = _Batch()
         writer = self._writer_ids.get(channel)
         if writer is None:
             writer = self._writer_ids[channel] = self.peers.owner_id()
         pid = self._writer_seqs.get((writer, q.gid), 0) + 1
         self._writer_seqs[(writer, q.gid)] = pid
-        if filter_value is not None and b.filters is None:
-            b.filters = [None] * len(b.records)
-        b.records.append(record)
-        b.pids.append(pid)
-        if b.filters is not None:
-            b.filters.append(filter_value)
+        b = self._batch(q, writer, [pid], len(record))
+        b.add([pid], [record], None if filter_value is None else [filter_value])
         session = channel.session if channel is not None else None
         b.confirms.append((channel, session, seq))
         if session is not None:
@@ -319,8 +330,42 @@ class StreamHost:
     def write(self, q: StreamQueue, writer: str, pids: list[int] | None, records: list[bytes],
               filters: list[bytes | None] | None, answer: Callable[[sm.Written | None], None]) -> None:
         """A batch from a stream-protocol publisher: `answer(Written)` once the stream has it
-        (or None when the stream went). `writer` "" with pids None: no deduplication."""
-        self._propose(q, writer, pids, records, filters, answer)
+        (or None when the stream went). `writer` "" with pids None: no deduplication. It joins
+        the writer's other batches of this loop iteration in one entry."""
+        b = self._batch(q, writer, pids, sum(map(len, records)))
+        b.add(pids, records, filters)
+        b.answers.append(answer)
+        self.port.schedule()
+
+    def _batch(self, q: StreamQueue, writer: str, pids: list[int] | None, size: int) -> _Batch:
+        """The writer's batch to the stream in this loop iteration that `size` more bytes with
+        publishing ids `pids` may join. A batch is proposed now, and a new one started, when it
+        would grow past `BATCH_BYTES_MAX`, or when the ids do not follow its own (a client
+        sending ids again): the machine deduplicates an entry's ids in ascending order."""
+        key = (q.gid, writer)
+        b = self._batches.get(key)
+        if b is not None and b.records and (
+                b.size + size > BATCH_BYTES_MAX or (b.pids is None) != (pids is None)
+                or (pids and b.pids and pids[0] <= b.pids[-1])):
+            self._propose_batch(q, self._batches.pop(key))
+            b = None
+        if b is None:
+            b = self._batches[key] = _Batch(writer, pids is not None)
+        return b
+
+    def _propose_batch(self, q: StreamQueue | None, b: _Batch) -> None:
+        confirms = b.confirms
+        answers = b.answers
+
+        def written(w: sm.Written | None) -> None:
+            if confirms:
+                self._confirm(confirms, w is not None)
+            for answer in answers:
+                answer(w)
+        if q is None or q.deleted:
+            written(None)
+        else:
+            self._propose(q, b.writer, b.pids, b.records, b.filters, written)
 
     def store_offset(self, q: StreamQueue, reference: str, offset: int) -> None:
         self._propose_raw(q, sm.track_entry(reference, offset), _ignore)
@@ -388,15 +433,8 @@ class StreamHost:
                 session.pump()
         if self._batches:
             batches, self._batches = self._batches, {}
-            for (gid, channel), b in batches.items():
-                q = self.queues.get(gid)
-                confirms = b.confirms
-                if q is None or q.deleted:
-                    self._confirm(confirms, False)
-                    continue
-                writer = self._writer_ids.get(channel) or self.peers.owner_id()
-                self._propose(q, writer, b.pids, b.records, b.filters,
-                              lambda w, confirms=confirms: self._confirm(confirms, w is not None))
+            for (gid, _writer), b in batches.items():
+                self._propose_batch(self.queues.get(gid), b)
         if self._answers:
             answers, self._answers = self._answers, {}
             for node, items in answers.items():
