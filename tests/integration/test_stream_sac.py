@@ -111,6 +111,10 @@ def test_first_registered_is_active_the_others_wait_and_the_next_takes_over_from
                      if c["queue"]["name"] == stream}
         assert (consumers[1]["active"], consumers[1]["activity_status"]) == (True, "single_active")
         assert (consumers[7]["active"], consumers[7]["activity_status"]) == (False, "waiting")
+        cli = streams_cli(node, "--formatter", "json", "list_stream_group_consumers", "--stream", stream,
+                          "--reference", name)
+        assert cli.returncode == 0, cli.stderr
+        assert [(r["subscription_id"], r["state"]) for r in json.loads(cli.stdout)] == [(1, "active"), (7, "waiting")]
 
         assert a.call(f.Unsubscribe(a.cid(), 1)).code == f.OK
         u = update(b)
