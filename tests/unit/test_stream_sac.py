@@ -78,3 +78,50 @@ def test_while_holding_nobody_is_activated_and_release_activates():
     g.holding = True
     assert g.register(KEY, -1, m("a"), "a", 0) == []
     assert g.release(0) == [(KEY, m("a"), True)]
+
+
+def test_random_histories_keep_one_active_member_and_end_on_the_rule():
+    """Seeded random registrations, departures, nodes going down, answers and timeouts: a
+    group never has two members active or stepping down, a member is told only what changes
+    its state, and once every step-down is answered the active member is the rule's."""
+    import random
+
+    for seed in range(100):
+        rnd = random.Random(seed)
+        g = SacGroups()
+        index = rnd.choice([-1, 0, 1, 2])
+        told: dict[MemberId, bool] = {}
+        now = 0.0
+        for _ in range(60):
+            now += rnd.choice([0.0, 1.0, DEACTIVATE_TIMEOUT_S])
+            members = g.members_of(KEY)
+            op = rnd.random()
+            if op < 0.4 or not members:
+                notices = g.register(KEY, index, m(rnd.choice("abc"), rnd.randrange(4)), "x", now)
+            elif op < 0.6:
+                notices = g.unregister(KEY, rnd.choice(members).id, now)
+            elif op < 0.7:
+                notices = g.node_gone(rnd.choice("abc"), now)
+            elif op < 0.9:
+                stepping = [x.id for x in members if x.state == "deactivating"]
+                notices = g.responded(KEY, stepping[0], now) if stepping else []
+            else:
+                notices = g.tick(now)
+            for _k, mid, active in notices:
+                assert told.get(mid, False) != active, (seed, mid, active)
+                told[mid] = active
+            members = g.members_of(KEY)
+            for gone in set(told) - {x.id for x in members}:
+                del told[gone]  # its subscription is over: an id used again is a new member
+            assert sum(x.state != "waiting" for x in members) <= 1, seed
+            for x in members:
+                assert told.get(x.id, False) == (x.state == "active"), (seed, x.id, x.state)
+        while any(x.state == "deactivating" for x in g.members_of(KEY)):
+            stepping = next(x.id for x in g.members_of(KEY) if x.state == "deactivating")
+            for _k, mid, active in g.responded(KEY, stepping, now):
+                told[mid] = active
+        members = g.members_of(KEY)
+        if members:
+            want = members[0] if index < 0 else members[index % len(members)]
+            active = [x for x in members if x.state == "active"]
+            assert len(active) == 1 and (index < 0 or active[0] is want), seed
