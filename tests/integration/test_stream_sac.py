@@ -259,6 +259,12 @@ def test_rstream_consumers_of_a_group_take_over_from_the_stored_offset(node):
             c._sac = (on_message, on_update)  # kept with the consumer for its subscribe below
             return c
 
+        async def stored_offset(c: Consumer) -> int | None:
+            try:
+                return await c.query_offset(stream, name)
+            except Exception:  # none stored yet
+                return None
+
         first, second = consumer("first", 4), consumer("second", 2)
         for c in (first, second):
             await c.start()
@@ -270,6 +276,9 @@ def test_rstream_consumers_of_a_group_take_over_from_the_stored_offset(node):
             await done["first"].wait()
         assert [b for _o, b in got["first"]] == [b"m0", b"m1", b"m2", b"m3"]
         assert got["second"] == []
+        async with asyncio.timeout(30):  # the stored offset is committed (it is written like a publish)
+            while await stored_offset(first) != 1:
+                await asyncio.sleep(0.05)
         await first.close()
         async with asyncio.timeout(30):
             await done["second"].wait()

@@ -87,9 +87,11 @@ class StreamSac:
         self.broker = broker
         self.local: dict[GroupKey, dict[MemberId, LocalMember]] = {}
         self.synced_to: str | None = None  # the coordinator that has what this node holds
+        self.synced: tuple[str, int] | None = None  # and its term of office
         self.now_s = 0.0
         # as the coordinator
         self.groups: SacGroups | None = None
+        self.groups_term = 0  # the metadata term this node coordinates in
         self.hold_until_s = 0.0
         self.waiting_for: set[str] = set()  # running nodes that have not synced with this coordinator yet
 
@@ -97,10 +99,16 @@ class StreamSac:
     def cluster(self) -> Any:
         return self.broker.cluster
 
-    def coordinator(self) -> str | None:
+    def coordinator(self) -> tuple[str, int] | None:
+        """The stream coordinator: the metadata group's leader, with its term (a leader that
+        lost office and won it again has forgotten the groups); None when none is known or
+        reachable."""
         cl = self.cluster
-        leader = cl.status().get("leader")
-        return leader if leader is not None and (leader == cl.node or cl.is_up(leader)) else None
+        st = cl.status()
+        leader = st.get("leader")
+        if leader is None or not (leader == cl.node or cl.is_up(leader)):
+            return None
+        return leader, int((st.get("raft") or {}).get("term") or 0)
 
     # ------------------------------------------------------------ the session's hooks
 
@@ -165,17 +173,20 @@ class StreamSac:
 
     # ------------------------------------------------------------ the runtime's
 
-    def _coordinating(self) -> str | None:
+    def _coordinating(self) -> tuple[str, int] | None:
         """The coordinator now; this node takes the part up or lays it down as it changes."""
         c = self.coordinator()
+        if c is None:
+            return None
         me = self.cluster.node
-        if c == me and self.groups is None:
+        if c[0] == me and (self.groups is None or self.groups_term != c[1]):
             self.groups = SacGroups()
+            self.groups_term = c[1]
             self.groups.holding = True
             self.hold_until_s = self.now_s + HOLD_S
             self.waiting_for = set(self.cluster.running_nodes())
             log.info("stream coordinator: single active consumer groups are coordinated on this node")
-        elif c is not None and c != me and self.groups is not None:
+        elif c[0] != me and self.groups is not None:
             self.groups = None  # another node coordinates now; it learns the groups from every node
         return c
 
@@ -186,7 +197,7 @@ class StreamSac:
             if self.groups.holding and (not self.waiting_for or now_s >= self.hold_until_s):
                 self._notify(self.groups.release(now_s))
             self._notify(self.groups.tick(now_s))
-        if c is not None and c != self.synced_to:
+        if c is not None and c != self.synced:
             self._sync(c)
         for members in self.local.values():
             for m in members.values():
@@ -195,7 +206,7 @@ class StreamSac:
 
     def peer_down(self, peer: str) -> None:
         if self.synced_to == peer:
-            self.synced_to = None  # synced again with whoever coordinates next
+            self.synced_to = self.synced = None  # synced again with whoever coordinates next
         if self.groups is not None:
             self.waiting_for.discard(peer)
             self._notify(self.groups.node_gone(peer, self.now_s))
@@ -254,14 +265,15 @@ class StreamSac:
         for key, mid, active in notices:
             self._send(mid.node, ["act", *key, mid.connection, mid.subscription_id, active])
 
-    def _sync(self, c: str) -> None:
+    def _sync(self, c: tuple[str, int]) -> None:
         """Send coordinator `c` everything this node holds."""
-        self.synced_to = c
+        self.synced = c
+        self.synced_to = node = c[0]
         for key, members in self.local.items():
             first = next(iter(members.values()))
             rows = [[m.id.connection, m.id.subscription_id, m.connection_name, m.active] for m in members.values()]
-            self._send(c, ["sync", *key, first.partition_index, rows])
-        self._send(c, ["synced"])
+            self._send(node, ["sync", *key, first.partition_index, rows])
+        self._send(node, ["synced"])
 
     def _activation(self, key: GroupKey, mid: MemberId, active: bool) -> None:
         m = self.local.get(key, {}).get(mid)
