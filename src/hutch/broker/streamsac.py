@@ -47,6 +47,7 @@ SAC_PROPERTY = "single-active-consumer"
 NAME_PROPERTY = "name"
 SUPER_STREAM_PROPERTY = "super-stream"
 RESEND_S = 2.0  # a ConsumerUpdate not answered for this long is sent again
+PENDING_MAX = 8  # ConsumerUpdates of one subscription whose answer is awaited (older ones are forgotten)
 HOLD_S = 3.0  # a new coordinator activates nobody until every running node synced, or this long
 
 
@@ -299,6 +300,8 @@ class StreamSac:
         if session.closed:
             return
         cid = session.conn.consumer_update(m.sub.id, active)
+        if len(m.pending) >= PENDING_MAX:
+            del m.pending[next(iter(m.pending))]
         m.pending[cid] = active
         m.pending_since_s = self.now_s
         session._flush()
