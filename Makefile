@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pyproject.toml declares version ranges, constraints.txt pins the exact versions: a change to either reinstalls.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror conformance soak check-demo clean campaign campaign-long
+.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror conformance soak check-demo pipeline-demo bench-spark clean campaign campaign-long
 
 install: $(STAMP)
 
@@ -76,6 +76,19 @@ bench-mirror: install
 
 check-demo: install
 	$(BIN)/python bench/check_demo.py
+
+# Exactly once from a stream through Spark and back (docs/spark.md, "Exactly-once demo"): a 3-node lab,
+# `hutch perf` into a stream, a Structured Streaming job to Parquet and to another stream, kill -9 of a
+# node and of the Spark driver, the job restarted from its checkpoints, every message checked with Spark.
+# About 3-4 minutes. PIPELINE_DEMO_ARGS='--master spark' runs the job on a Spark standalone cluster.
+pipeline-demo: install
+	$(BIN)/python bench/pipeline/demo.py $(PIPELINE_DEMO_ARGS)
+
+# The Spark connector's throughput (docs/performance.md, "Spark connector"): 10,000,000 messages read
+# into Spark on local[2] and written back, super streams of 1, 2 and 4 partitions. Tens of minutes;
+# BENCH_SPARK_ARGS='--messages 1000000' for a quicker run.
+bench-spark: install
+	$(BIN)/python bench/spark_connector.py $(BENCH_SPARK_ARGS)
 
 # Jepsen-style fault campaign on quorum queues (docs/lab.md, "Fault campaigns"): seeds 1-3, 200 s
 # of faults each on a fresh 3-node lab (base port 7672), then the Spark checker on every history.
