@@ -97,6 +97,9 @@ class HutchDataSource(DataSource):
         from hutch.pipeline.connector.sink import ExchangeStreamWriter, StreamStreamWriter
 
         opts = self._sink(schema)
+        if opts.stream is not None and not opts.producer_name:
+            raise ConnectorError("writing a stream exactly once needs a name for the query's publishers: "
+                                 "the option checkpointLocation or producerName")
         return StreamStreamWriter(opts) if opts.stream is not None else ExchangeStreamWriter(opts)
 
 

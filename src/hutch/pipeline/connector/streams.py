@@ -366,7 +366,11 @@ async def publish(endpoints: list[StreamEndpoint], stream: str, reference: str,
         leader = await s.call(f"stream '{stream}'", first.leader_of(s.ep, stream))
         client = first
         if (leader.host, leader.port) != (s.ep.host, s.ep.port):
-            client = await s.call("stream leader", StreamClient.connect(leader, s.name, product=CLIENT_PRODUCT))
+            try:
+                client = await StreamClient.connect(leader, s.name, product=CLIENT_PRODUCT)
+            except (OSError, TimeoutError):  # a leader just gone: wait for the stream's next one
+                leader = await s.call(f"stream '{stream}'", first.leader_of(s.ep, stream, avoid=(leader.host, leader.port)))
+                client = await s.call("stream leader", StreamClient.connect(leader, s.name, product=CLIENT_PRODUCT))
         try:
             await s.call(f"stream '{stream}'", client.declare_publisher(0, reference, stream))
             pub = _Publisher(client, stream)
