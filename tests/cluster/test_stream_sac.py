@@ -111,7 +111,7 @@ def test_the_active_consumers_connection_closing_activates_one_on_another_node_f
             m.subscribe(1, stream, name)
         wait_until(lambda: a.bodies.get(1) == [b"m0", b"m1", b"m2"] or a.poll(), WAIT_S, "the first consumer reading")
         a.c.send(f.StoreOffset(name, stream, 1))
-        wait_until(lambda: group(cluster, 2, stream, name) == [(0, "active"), (1, "waiting"), (2, "waiting")],
+        wait_until(lambda: group(cluster, 2, stream, name) == [(0, "active"), (1, "inactive"), (2, "inactive")],
                    WAIT_S, "the group listed from any node, in order")
         wait_until(lambda: p.call(f.QueryOffset(p.cid(), name, stream)).offset == 1, WAIT_S, "the stored offset")
         assert not activated([b, c]) and not b.bodies and not c.bodies
@@ -158,7 +158,7 @@ def test_killing_the_node_of_the_active_consumer_and_of_the_coordinator_activate
             loser.poll()
             assert not loser.bodies and not any(u.active for u in loser.updates)
             states = group(cluster, others[0], stream, name)
-            assert sorted(s for _n, s in states) == ["active", "waiting"]
+            assert sorted(s for _n, s in states) == ["active", "inactive"]
         finally:
             cluster.start_node(lead)
 
@@ -180,7 +180,7 @@ def test_super_stream_partitions_spread_over_consumers_on_three_nodes(cluster):
             for m in ms:
                 m.poll()
                 m.answer_all()
-            return all(group(cluster, 0, s, group_name) == [(j, "active" if j == i else "waiting") for j in range(3)]
+            return all(group(cluster, 0, s, group_name) == [(j, "active" if j == i else "inactive") for j in range(3)]
                        for i, s in enumerate(parts))
         wait_until(spread, WAIT_S, "partition i active on consumer i")
         for i, s in enumerate(parts):

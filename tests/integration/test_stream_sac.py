@@ -106,7 +106,7 @@ def test_first_registered_is_active_the_others_wait_and_the_next_takes_over_from
         assert bodies(a, 1, 1) == [b"m3"]
         no_delivery(b)
         rows = group(node, stream, name)
-        assert [(r["subscription_id"], r["state"]) for r in rows] == [(1, "active"), (7, "waiting")]
+        assert [(r["subscription_id"], r["state"]) for r in rows] == [(1, "active"), (7, "inactive")]
         consumers = {c["subscription_id"]: c for c in api(node, "/api/stream/consumers/%2F")[1]
                      if c["queue"]["name"] == stream}
         assert (consumers[1]["active"], consumers[1]["activity_status"]) == (True, "single_active")
@@ -114,7 +114,7 @@ def test_first_registered_is_active_the_others_wait_and_the_next_takes_over_from
         cli = streams_cli(node, "--formatter", "json", "list_stream_group_consumers", "--stream", stream,
                           "--reference", name)
         assert cli.returncode == 0, cli.stderr
-        assert [(r["subscription_id"], r["state"]) for r in json.loads(cli.stdout)] == [(1, "active"), (7, "waiting")]
+        assert [(r["subscription_id"], r["state"]) for r in json.loads(cli.stdout)] == [(1, "active"), (7, "inactive")]
 
         assert a.call(f.Unsubscribe(a.cid(), 1)).code == f.OK
         u = update(b)
@@ -143,7 +143,7 @@ def test_the_active_consumers_connection_closing_activates_the_next_one_and_a_th
         publish_chunks(p, stream, [["x"]])
         assert bodies(b, 1, 2) == [b"x"]
         no_delivery(c)
-        assert [r["state"] for r in group(node, stream, name)] == ["active", "waiting"]
+        assert [r["state"] for r in group(node, stream, name)] == ["active", "inactive"]
 
 
 def test_groups_are_per_name_and_plain_subscriptions_are_not_in_any(node):
@@ -207,8 +207,8 @@ def test_super_stream_partitions_spread_over_the_group_and_a_newcomer_takes_over
         assert bodies(b, 1, 1) == [b"p1"]
         assert bodies(a, 1, 0) == [b"p0"]
         states = {s: [r["state"] for r in group(node, s, group_name)] for s in parts}
-        assert states == {parts[0]: ["active", "waiting"], parts[1]: ["waiting", "active"],
-                          parts[2]: ["active", "waiting"]}
+        assert states == {parts[0]: ["active", "inactive"], parts[1]: ["inactive", "active"],
+                          parts[2]: ["active", "inactive"]}
 
 
 # ---------------------------------------------------------------- rstream 1.1.1

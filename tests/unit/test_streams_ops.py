@@ -38,7 +38,7 @@ def test_a_single_active_consumer_group_is_the_subscriptions_sharing_a_name():
     reg.add_consumer("c3", 0, {"stream": "s", "vhost": "/", "properties": {"name": "app"}})  # not in a group
     assert reg.group_consumers("/", "s", "app") == [
         {"subscription_id": 0, "connection_name": "c1", "state": "active"},
-        {"subscription_id": 3, "connection_name": "c2", "state": "waiting"}]
+        {"subscription_id": 3, "connection_name": "c2", "state": "inactive"}]
     assert reg.group_consumers("/", "s", "other") is None
 
 

@@ -81,7 +81,7 @@ class StreamRegistry:
     def group_consumers(self, vhost: str, stream: str, reference: str) -> list[dict[str, Any]] | None:
         """This node's consumers of a single-active-consumer group (its name is the
         subscriptions' `name` property) on a stream: subscription_id, connection_name, state
-        (`active` as the group's coordinator last told this node, else `waiting`); None when
+        (`active` as the group's coordinator last told this node, else `inactive`); None when
         this node has none of the group. The whole group, in order, is the coordinator's
         (`hutch.broker.streamsac`); this is what a listing shows while the coordinator changes."""
         rows = []
@@ -90,7 +90,7 @@ class StreamRegistry:
             if (c.get("vhost") == vhost and c.get("stream") == stream and props.get("name") == reference
                     and str(props.get("single-active-consumer", "")).lower() == "true"):
                 rows.append({"subscription_id": c["subscription_id"], "connection_name": c["connection"],
-                             "state": "active" if c.get("active") else "waiting"})
+                             "state": "active" if c.get("active") else "inactive"})
         return rows or None
 
 

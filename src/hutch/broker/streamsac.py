@@ -255,7 +255,7 @@ class StreamSac:
         if not members:
             return None
         return [{"subscription_id": m.id.subscription_id, "connection_name": m.connection_name,
-                 "state": "active" if m.state == "active" else "waiting"} for m in members]
+                 "state": "active" if m.state == "active" else "inactive"} for m in members]
 
     # ------------------------------------------------------------ inside
 
