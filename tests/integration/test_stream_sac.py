@@ -209,6 +209,10 @@ def test_super_stream_partitions_spread_over_the_group_and_a_newcomer_takes_over
         states = {s: [r["state"] for r in group(node, s, group_name)] for s in parts}
         assert states == {parts[0]: ["active", "inactive"], parts[1]: ["inactive", "active"],
                           parts[2]: ["active", "inactive"]}
+        cli = streams_cli(node, "--formatter", "json", "list_stream_consumer_groups")
+        assert cli.returncode == 0, cli.stderr
+        assert [g for g in json.loads(cli.stdout) if g["reference"] == group_name] == [
+            {"stream": s, "reference": group_name, "partition_index": i, "consumers": 2} for i, s in enumerate(parts)]
 
 
 # ---------------------------------------------------------------- rstream 1.1.1

@@ -257,6 +257,15 @@ class StreamSac:
         return [{"subscription_id": m.id.subscription_id, "connection_name": m.connection_name,
                  "state": "active" if m.state == "active" else "inactive"} for m in members]
 
+    def group_list(self, vhost: str) -> list[dict[str, Any]] | None:
+        """The groups of a vhost (stream, reference, partition_index, consumers), when this
+        node is the coordinator (None otherwise)."""
+        if self.groups is None:
+            return None
+        return [{"stream": stream, "reference": name, "partition_index": g.partition_index,
+                 "consumers": len(g.members)}
+                for (vh, stream, name), g in sorted(self.groups.groups.items()) if vh == vhost]
+
     # ------------------------------------------------------------ inside
 
     def _send(self, node: str, op: list) -> None:

@@ -14,6 +14,8 @@
     hutch-streams list_stream_consumers [-p VHOST] [COLUMN ...]
     hutch-streams list_stream_publishers [-p VHOST] [COLUMN ...]
     hutch-streams list_stream_group_consumers --stream S --reference R [-p VHOST] [COLUMN ...]
+    hutch-streams list_stream_consumer_groups [-p VHOST] [COLUMN ...]
+        stream, reference, partition_index, consumers: the single-active-consumer groups
     hutch-streams list_stream_tracking STREAM [--all | --offset | --writer] [-p VHOST]
         type (offset or writer), name, tracking_value: the stored consumer offsets and the
         publishers' last publishing ids
@@ -252,6 +254,8 @@ PUBLISHER_COLUMNS: dict[str, Callable[[dict], Any]] = {
 }
 GROUP_CONSUMER_COLUMNS: dict[str, Callable[[dict], Any]] = {
     k: _get(k) for k in ("subscription_id", "connection_name", "state")}
+CONSUMER_GROUP_COLUMNS: dict[str, Callable[[dict], Any]] = {
+    k: _get(k) for k in ("stream", "reference", "partition_index", "consumers")}
 
 
 def _listing(s: Session, path: str, columns: tuple[str, ...], table: dict, default: tuple[str, ...],
@@ -316,6 +320,16 @@ def list_stream_group_consumers(s: Session, vhost: str, verbose: bool, stream: s
     cols, out = select(rows, tuple(GROUP_CONSUMER_COLUMNS) if verbose else columns, GROUP_CONSUMER_COLUMNS,
                        tuple(GROUP_CONSUMER_COLUMNS))
     s.printer.rows(cols, out, ["Listing group consumers ..."])
+
+
+@command(cli, "list_stream_consumer_groups")
+@_vhost_option
+@_verbose_option
+@_columns
+def list_stream_consumer_groups(s: Session, vhost: str, verbose: bool, columns: tuple[str, ...]) -> None:
+    """Lists groups of stream single active consumers for a vhost."""
+    _listing(s, f"/api/hutch/streams/{q(vhost)}/consumer-groups", columns, CONSUMER_GROUP_COLUMNS,
+             tuple(CONSUMER_GROUP_COLUMNS), verbose, "Listing stream consumer groups ...")
 
 
 TRACKING_LIST_COLUMNS = ("type", "name", "tracking_value")

@@ -6,7 +6,8 @@ routes of RabbitMQ's stream management plugin.
     POST   /api/hutch/streams/{vhost}/{name}/replicas          {"node": N}: add_replica
     DELETE /api/hutch/streams/{vhost}/{name}/replicas/{node}   delete_replica
     GET    /api/hutch/streams/{vhost}/{name}/groups/{reference}  a single-active-consumer group: its
-                                                               members in order, active or waiting
+                                                               members in order, active or inactive
+    GET    /api/hutch/streams/{vhost}/consumer-groups          the vhost's single-active-consumer groups
     PUT    /api/stream/super-streams/{vhost}/{name}   {"partitions": N | "binding-keys": "a,b",
                                                        "arguments": {"max-age": "7D", ...}}
     DELETE /api/stream/super-streams/{vhost}/{name}
@@ -158,6 +159,11 @@ def _list_groups(broker: Any, params: dict) -> list[dict]:
     return registry_of(broker).group_consumers(*key) or []
 
 
+def _list_consumer_groups(broker: Any, params: dict) -> list[dict]:
+    """The vhost's single-active-consumer groups, from the stream coordinator ([] elsewhere)."""
+    return sac_of(broker).group_list(params.get("vhost", "/")) or []
+
+
 def _list_member(broker: Any, params: dict) -> list[dict]:
     gid = params.get("gid")
     row = member_status(broker, gid, bool(params.get("tracking"))) if isinstance(gid, int) else None
@@ -171,6 +177,7 @@ def _list_extents(broker: Any, params: dict) -> list:
 
 _LISTERS = {"stream_connections": _list_connections, "stream_consumers": _list_consumers,
             "stream_publishers": _list_publishers, "stream_groups": _list_groups,
+            "stream_consumer_groups": _list_consumer_groups,
             "stream_member": _list_member, "stream_extents": _list_extents}
 
 
@@ -270,6 +277,16 @@ async def group_consumers(request: web.Request) -> web.Response:
     if not rows:
         raise ApiError(404, "not_found", "The group does not exist")
     return web.json_response(rows)
+
+
+@routes.get("/api/hutch/streams/{vhost}/consumer-groups")
+@requires("monitoring")
+async def consumer_groups(request: web.Request) -> web.Response:
+    broker = api_of(request).broker
+    v = vhost_for_read(request)
+    answers = await asyncio.gather(*(_ask(broker, n, "stream_consumer_groups", {"vhost": v.name})
+                                     for n in broker.cluster.running_nodes()))
+    return web.json_response([row for answer in answers for row in answer or ()])
 
 
 # ---------------------------------------------------------------- super streams
