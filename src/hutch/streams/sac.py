@@ -190,6 +190,7 @@ class SacGroups:
         return self._rebalance(key, g, now_s)
 
     def _rebalance(self, key: GroupKey, g: Group, now_s: float) -> list[Notice]:
+        assert sum(m.state != WAITING for m in g.members) <= 1, f"group {key}: more than one member active"
         if self.holding:
             return []
         current = g.current()
