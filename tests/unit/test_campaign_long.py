@@ -22,7 +22,7 @@ def row(index: int, ok: bool = True, lost: int = 0) -> dict:
     conf, cfg = run_config(index, 1, 60.0)
     return {"index": index, "configuration": conf.name, "seed": cfg.seed, "ok": ok, "duration_s": 60.0,
             "faults": {"kill": 2, "fsync-error": 1}, "confirmed": 1000, "lost": lost, "duplicates": 3,
-            "duplicates_unexplained": 0, "copies_compared": 3, "copies_disagree": 0, "unavailable_windows": 2,
+            "duplicates_unexplained": 0, "reordered_unexplained": 1, "copies_compared": 3, "copies_disagree": 0, "unavailable_windows": 2,
             "unavailable_s": 7.5, "longest_unavailable_s": 4.5}
 
 
@@ -38,7 +38,7 @@ def test_runs_take_the_configurations_in_turn_with_every_fault_kind():
 def test_the_table_sums_runs_up_per_configuration():
     lines = table_lines([row(0), row(1, ok=False, lost=2), row(4)])
     quorum = next(line for line in lines if line.startswith("| quorum |"))
-    assert "| 2 (2) | 6 | 2000 | 0 | 6 (0) | 6 (0) | 4, 15 s in all | 4.5 s |" in quorum
+    assert "| 2 (2) | 6 | 2000 | 0 | 6 (0) | 2 | 6 (0) | 4, 15 s in all | 4.5 s |" in quorum
     total = next(line for line in lines if line.startswith("| **all** |"))
     assert "| 3 (2) | 9 | 3000 | 2 |" in total
 

@@ -1164,7 +1164,9 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
     if reference is not None and reference["duplicates_unexplained"]:
         problems.append(f"{reference['duplicates_unexplained']} delivery(ies) repeated without the redelivered flag "
                         "and not published again")
-    if reference is not None and reference["reordered_unexplained"]:
+    # a stream promises no loss and no copy beyond a second publish; its order is reported (a writer's
+    # batch that a leader change held back is written after a later one: hutch.streams.machine)
+    if reference is not None and reference["reordered_unexplained"] and not stream:
         problems.append(f"{reference['reordered_unexplained']} message(s) delivered out of their publisher's order "
                         "and not published again")
     result = CampaignResult(

@@ -96,8 +96,8 @@ def read_rows(out: Path) -> list[dict]:
 def table_lines(rows: list[dict]) -> list[str]:
     """The results table (Markdown), one line per configuration and a total."""
     head = ["| configuration | runs (ok) | faults | confirmed | lost | duplicates (unexplained) | "
-            "copies compared (disagreeing) | unavailability windows > 1 s | longest window |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "reordered, unexplained | copies compared (disagreeing) | unavailability windows > 1 s | longest window |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     lines = []
     groups = [(conf.name, [r for r in rows if r["configuration"] == conf.name]) for conf in CONFIGURATIONS]
     for name, rs in [*groups, ("all", rows)]:
@@ -111,7 +111,7 @@ def table_lines(rows: list[dict]) -> list[str]:
         label = f"**{name}**" if name == "all" else name
         lines.append(
             f"| {label} | {len(rs)} ({sum(r['ok'] for r in rs)}) | {faults} | {total('confirmed')} | {total('lost')} | "
-            f"{total('duplicates')} ({total('duplicates_unexplained')}) | "
+            f"{total('duplicates')} ({total('duplicates_unexplained')}) | {total('reordered_unexplained')} | "
             f"{total('copies_compared')} ({total('copies_disagree')}) | "
             f"{total('unavailable_windows')}, {sum(r['unavailable_s'] for r in rs):.0f} s in all | "
             f"{max(r['longest_unavailable_s'] for r in rs):.1f} s |")
@@ -144,7 +144,7 @@ def campaign_long(out: Path, runs: int, duration_s: float, first_seed: int = 1, 
         conf, cfg = run_config(index, first_seed, duration_s)
         run_dir = out / f"run-{index:03d}"
         echo(f"run {index} of {runs}: {conf.name}, seed {cfg.seed}")
-        result = run_campaign(cfg, run_dir, base_port=base_port)
+        result = run_campaign(cfg, run_dir, base_port=base_port, tied_to_caller=True)
         row = run_row(index, conf, result)
         with open(out / RUNS_JSONL, "a") as f:
             f.write(json.dumps(row) + "\n")
