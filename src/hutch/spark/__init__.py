@@ -13,7 +13,7 @@ The source and sink live in `hutch.pipeline.connector`; docs/spark.md tells how 
 
 from __future__ import annotations
 
-from hutch.pipeline.connector import FORMAT, ConnectorError, HutchDataSource
+from hutch.pipeline.connector.datasource import FORMAT, ConnectorError, HutchDataSource
 
 
 def register(spark) -> None:

@@ -29,6 +29,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from hutch.pipeline.connector import streams as st
+from hutch.pipeline.connector.offsets import Partition, limit_ends, resolve_offsets, split_ranges
 from hutch.pipeline.connector.options import ConnectorError, Options, Start
 
 
@@ -41,47 +42,6 @@ class StreamRange(InputPartition):
         self.index = index
         self.start = start
         self.end = end
-
-
-def split_ranges(parts: list[st.Partition], starts: dict[str, int], ends: dict[str, int],
-                 min_partitions: int) -> list[StreamRange]:
-    """One range per partition stream with records to read, cut into pieces so that there are
-    at least `min_partitions` (as evenly as the records allow)."""
-    live = [p for p in parts if ends.get(p.stream, 0) > starts.get(p.stream, 0)]
-    if not live:
-        return []
-    pieces = -(-min_partitions // len(live))
-    out = []
-    for p in live:
-        a, b = starts[p.stream], ends[p.stream]
-        k = max(1, min(pieces, b - a))
-        for i in range(k):
-            lo, hi = a + (b - a) * i // k, a + (b - a) * (i + 1) // k
-            if hi > lo:
-                out.append(StreamRange(p.stream, p.index, lo, hi))
-    return out
-
-
-def limit_ends(starts: dict[str, int], latest: dict[str, int], budget: int | None) -> dict[str, int]:
-    """The ends of a micro-batch of at most `budget` records, shared fairly among the partition
-    streams that have records (None: everything there is)."""
-    ends = {s: max(latest.get(s, a), a) for s, a in starts.items()}
-    if budget is None:
-        return ends
-    out = dict(starts)
-    avail = {s: ends[s] - starts[s] for s in sorted(starts) if ends[s] > starts[s]}
-    while budget > 0 and avail:
-        share = max(1, budget // len(avail))
-        for s in list(avail):
-            take = min(share, avail[s], budget)
-            out[s] += take
-            avail[s] -= take
-            budget -= take
-            if not avail[s]:
-                del avail[s]
-            if not budget:
-                break
-    return out
 
 
 def _read(opts: Options, p: StreamRange) -> Iterator:
@@ -99,11 +59,12 @@ class StreamBatchReader(DataSourceReader):
         o = self.opts
         start_spec = o.starting if o.starting is not None else Start("earliest")
         parts, bounds, starts = st.run(st.describe(o.endpoints, o.stream, start_spec))
-        ends = st.resolve_offsets(o.ending, parts, bounds, "endingOffsets")
+        ends = resolve_offsets(o.ending, parts, bounds, "endingOffsets")
         for s in starts:
             if starts[s] > ends[s]:
                 raise ConnectorError(f"stream '{s}': startingOffsets {starts[s]} is after endingOffsets {ends[s]}")
-        return split_ranges(parts, starts, ends, o.min_partitions) or [StreamRange(parts[0].stream, 0, 0, 0)]
+        return [StreamRange(*r) for r in split_ranges(parts, starts, ends, o.min_partitions)] or [
+            StreamRange(parts[0].stream, 0, 0, 0)]
 
     def read(self, partition: StreamRange) -> Iterator:
         return _read(self.opts, partition)
@@ -115,10 +76,10 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __init__(self, opts: Options):
         self.opts = opts
-        self.parts: list[st.Partition] | None = None
+        self.parts: list[Partition] | None = None
         self.target: dict[str, int] | None = None  # availableNow: the ends when the run began
 
-    def _parts(self) -> list[st.Partition]:
+    def _parts(self) -> list[Partition]:
         if self.parts is None:
             self.parts, _b, _s = st.run(st.describe(self.opts.endpoints, self.opts.stream))
         return self.parts
@@ -147,7 +108,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         parts = self._parts()
         starts = {p.stream: int(start.get(p.stream, end.get(p.stream, 0))) for p in parts}
         ends = {p.stream: int(end.get(p.stream, starts[p.stream])) for p in parts}
-        return split_ranges(parts, starts, ends, self.opts.min_partitions)
+        return [StreamRange(*r) for r in split_ranges(parts, starts, ends, self.opts.min_partitions)]
 
     def read(self, partition: StreamRange) -> Iterator:
         return _read(self.opts, partition)

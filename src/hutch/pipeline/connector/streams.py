@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 
 import pyarrow as pa
 
+from hutch.pipeline.connector.offsets import Partition, resolve_offsets
 from hutch.pipeline.connector.options import ConnectorError, Start
 from hutch.streamclient import REQUEST_TIMEOUT_S, StreamClient, StreamEndpoint, StreamError
 from hutch.streamproto import amqp10
@@ -41,14 +41,6 @@ SCHEMA = pa.schema([
 ])
 SPARK_SCHEMA = ("stream string, partition int, offset long, timestamp timestamp, routing_key string, "
                 "properties map<string,string>, body binary")
-
-
-@dataclass(frozen=True)
-class Partition:
-    """One stream a source reads: a plain stream (index 0) or a super stream's partition."""
-
-    stream: str
-    index: int
 
 
 def _explain(e: BaseException, ep: StreamEndpoint, what: str) -> ConnectorError:
@@ -131,35 +123,6 @@ class Session:
 def run(coro):
     """Run one call to hutch from synchronous Spark code."""
     return asyncio.run(coro)
-
-
-def resolve_offsets(spec: Start | dict[str, Start], parts: list[Partition], bounds: dict[str, tuple[int, int]],
-                    option: str, at_timestamp: dict[str, int] | None = None) -> dict[str, int]:
-    """The offset each partition stream starts (or ends) at for an option's value; an error for
-    an offset past a stream's end or a partition the option names that the source does not read."""
-    names = {p.stream for p in parts}
-    if isinstance(spec, dict):
-        unknown = sorted(set(spec) - names)
-        if unknown:
-            raise ConnectorError(f"option {option}: {', '.join(unknown)} is not a stream this source reads "
-                                 f"({', '.join(sorted(names))})")
-    out = {}
-    for p in parts:
-        first, end = bounds[p.stream]
-        s = spec.get(p.stream, Start("earliest" if option == "startingOffsets" else "latest")) \
-            if isinstance(spec, dict) else spec
-        if s.kind == "earliest":
-            out[p.stream] = first
-        elif s.kind == "latest":
-            out[p.stream] = end
-        elif s.kind == "timestamp":
-            out[p.stream] = (at_timestamp or {})[p.stream]
-        else:
-            if s.value > end:
-                raise ConnectorError(f"option {option}: offset {s.value} of stream '{p.stream}' is past its end "
-                                     f"({end}: the next offset to be written)")
-            out[p.stream] = max(s.value, first)
-    return out
 
 
 async def describe(endpoints: list[StreamEndpoint], name: str, spec: Start | dict[str, Start] | None = None,
