@@ -57,13 +57,35 @@ def test_partition_zero_keeps_its_first_member_when_others_join():
 def test_a_new_coordinator_keeps_the_active_member_its_node_reports_and_holds_until_released():
     g = SacGroups()
     g.holding = True
-    assert g.sync(KEY, -1, "b", [(m("b"), "b", False)], 0) == []
-    assert g.sync(KEY, -1, "a", [(m("a"), "a", True)], 0) == []  # active already on its node
+    assert g.sync(KEY, -1, "b", [(m("b"), "b", False, None)], 0) == []
+    assert g.sync(KEY, -1, "a", [(m("a"), "a", True, None)], 0) == []  # active already on its node
     assert g.release(0) == []
     assert [(x.id, x.state) for x in g.members_of(KEY)] == [(m("b"), "waiting"), (m("a"), "active")]
     # a second claim is refused; a node that missed its activation is told again
-    assert g.sync(KEY, -1, "c", [(m("c"), "c", True)], 0) == [(KEY, m("c"), False)]
-    assert g.sync(KEY, -1, "a", [(m("a"), "a", False)], 0) == [(KEY, m("a"), True)]
+    assert g.sync(KEY, -1, "c", [(m("c"), "c", True, None)], 0) == [(KEY, m("c"), False)]
+    assert g.sync(KEY, -1, "a", [(m("a"), "a", False, None)], 0) == [(KEY, m("a"), True)]
+
+
+def test_a_new_coordinator_keeps_the_members_order_from_the_places_the_old_one_gave():
+    old = SacGroups(term=3)
+    part = ("/", "ss-1", "app")
+    for node in "abc":
+        old.register(KEY, -1, m(node), node, 0)
+        old.register(part, 1, m(node, 2), node, 0)
+    assert [x.state for x in old.members_of(part)] == ["deactivating", "waiting", "waiting"]
+    assert old.responded(part, m("a", 2), 0) == [(part, m("b", 2), True)]  # 1 mod 3
+    new = SacGroups(term=4)
+    new.holding = True
+    for node in "cba":  # the nodes sync in another order
+        for key, sub in ((KEY, 1), (part, 2)):
+            x = next(x for x in old.members_of(key) if x.id == m(node, sub))
+            new.sync(key, -1 if key is KEY else 1, node, [(x.id, node, x.state == "active", x.seq)], 0)
+    assert new.release(0) == []  # the active ones stay; nobody is told anything
+    assert [x.id.node for x in new.members_of(KEY)] == ["a", "b", "c"]
+    assert [(x.id.node, x.state) for x in new.members_of(part)] == [("a", "waiting"), ("b", "active"), ("c", "waiting")]
+    new.register(KEY, -1, m("d"), "d", 0)  # a newcomer goes after them
+    assert new.unregister(KEY, m("a"), 0) == [(KEY, m("b"), True)]
+    assert [x.id.node for x in new.members_of(KEY)] == ["b", "c", "d"]
 
 
 def test_a_sync_drops_the_members_its_node_no_longer_has():

@@ -19,10 +19,13 @@ Peer messages (`["SAC", [op, ...]]`), to the coordinator:
     ["reg", vhost, stream, name, partition index, connection, subscription id, connection name]
     ["unreg", vhost, stream, name, connection, subscription id]
     ["resp", vhost, stream, name, connection, subscription id]   it stepped down (its client answered)
-    ["sync", vhost, stream, name, partition index, [[connection, subscription id, name, active], ...]]
+    ["sync", vhost, stream, name, partition index, [[connection, subscription id, name, active, seq], ...]]
     ["synced"]                                                  this node sent all it holds
 
-and to a member's node: `["act", vhost, stream, name, connection, subscription id, active]`. The
+and to a member's node: `["act", vhost, stream, name, connection, subscription id, active]`, and
+`["seq", vhost, stream, name, connection, subscription id, term, n]`: the member's place in its
+group, which its node keeps and syncs, so that a new coordinator keeps the members' order (a
+plain stream's next in line, a super stream's partitions staying where they are). The
 member's node sends its client a ConsumerUpdate; the client's ConsumerUpdateResponse carries
 the offset specification to start from (activation), and only then are chunks delivered. An
 inactive subscription gets no chunks. A ConsumerUpdate not answered within `RESEND_S` is sent
@@ -65,7 +68,7 @@ class LocalMember:
     """A subscription of this node in a group; the session's `_Subscription.sac`."""
 
     __slots__ = ("key", "id", "session", "sub", "partition_index", "connection_name", "active", "delivering",
-                 "pending", "pending_since_s", "start")
+                 "pending", "pending_since_s", "start", "seq")
 
     def __init__(self, key: GroupKey, mid: MemberId, session: Any, sub: Any, partition_index: int):
         self.key = key
@@ -79,6 +82,7 @@ class LocalMember:
         self.pending: dict[int, bool] = {}  # ConsumerUpdates sent, not answered: correlation id -> active
         self.pending_since_s = 0.0
         self.start = sub.offset  # the subscription's own offset specification
+        self.seq: list[int] | None = None  # its place in the group, as the coordinator gave it
 
 
 class StreamSac:
@@ -181,7 +185,7 @@ class StreamSac:
             return None
         me = self.cluster.node
         if c[0] == me and (self.groups is None or self.groups_term != c[1]):
-            self.groups = SacGroups()
+            self.groups = SacGroups(c[1])
             self.groups_term = c[1]
             self.groups.holding = True
             self.hold_until_s = self.now_s + HOLD_S
@@ -223,6 +227,11 @@ class StreamSac:
         if op == "act":
             self._activation((msg[1], msg[2], msg[3]), MemberId(self.cluster.node, msg[4], int(msg[5])), bool(msg[6]))
             return
+        if op == "seq":
+            m = self.local.get((msg[1], msg[2], msg[3]), {}).get(MemberId(self.cluster.node, msg[4], int(msg[5])))
+            if m is not None:
+                m.seq = [int(msg[6]), int(msg[7])]
+            return
         self._coordinating()  # the sender may have heard of this node's leadership first
         g = self.groups
         if g is None:
@@ -233,13 +242,19 @@ class StreamSac:
             return
         key = (str(msg[1]), str(msg[2]), str(msg[3]))
         if op == "reg":
-            self._notify(g.register(key, int(msg[4]), MemberId(peer, msg[5], int(msg[6])), str(msg[7]), now))
+            mid = MemberId(peer, msg[5], int(msg[6]))
+            notices = g.register(key, int(msg[4]), mid, str(msg[7]), now)
+            seq = g.seq_of(key, mid)
+            if seq is not None:
+                self._send(peer, ["seq", *key, mid.connection, mid.subscription_id, *seq])
+            self._notify(notices)
         elif op == "unreg":
             self._notify(g.unregister(key, MemberId(peer, msg[4], int(msg[5])), now))
         elif op == "resp":
             self._notify(g.responded(key, MemberId(peer, msg[4], int(msg[5])), now))
         elif op == "sync":
-            members = [(MemberId(peer, c, int(sid)), str(n), bool(a)) for c, sid, n, a in msg[5]]
+            members = [(MemberId(peer, c, int(sid)), str(n), bool(a), (int(seq[0]), int(seq[1])) if seq else None)
+                       for c, sid, n, a, seq in msg[5]]
             self._notify(g.sync(key, int(msg[4]), peer, members, now))
         else:
             raise ValueError(f"unknown operation {op!r}")
@@ -281,7 +296,8 @@ class StreamSac:
         self.synced_to = node = c[0]
         for key, members in self.local.items():
             first = next(iter(members.values()))
-            rows = [[m.id.connection, m.id.subscription_id, m.connection_name, m.active] for m in members.values()]
+            rows = [[m.id.connection, m.id.subscription_id, m.connection_name, m.active, m.seq]
+                    for m in members.values()]
             self._send(node, ["sync", *key, first.partition_index, rows])
         self._send(node, ["synced"])
 

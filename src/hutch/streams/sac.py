@@ -43,17 +43,19 @@ class MemberId(NamedTuple):
 
 
 GroupKey = tuple[str, str, str]  # (vhost, stream, name)
+Seq = tuple[int, int]  # a member's place in its group: (coordinator's term, number in that term)
 Notice = tuple[GroupKey, MemberId, bool]  # tell this member it is now active (True) or not (False)
 
 
 class Member:
-    __slots__ = ("id", "connection_name", "state", "deadline_s")
+    __slots__ = ("id", "connection_name", "state", "deadline_s", "seq")
 
-    def __init__(self, mid: MemberId, connection_name: str, state: str = WAITING):
+    def __init__(self, mid: MemberId, connection_name: str, seq: Seq | None = None):
         self.id = mid
         self.connection_name = connection_name
-        self.state = state
+        self.state = WAITING
         self.deadline_s = 0.0  # while DEACTIVATING: when the next one is activated anyway
+        self.seq = seq  # given when it registered, kept by its node, so that order survives a new coordinator
 
 
 class Group:
@@ -80,8 +82,10 @@ class Group:
 class SacGroups:
     """The single-active-consumer groups one node coordinates (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, term: int = 0) -> None:
         self.groups: dict[GroupKey, Group] = {}
+        self.term = term  # this coordinator's term of office: the first half of the seqs it gives
+        self.registered = 0  # members registered in this term
         # a new coordinator activates nobody until it has heard from every node (`release`):
         # an active member it has not heard of yet may be active still
         self.holding = False
@@ -90,7 +94,8 @@ class SacGroups:
 
     def register(self, key: GroupKey, partition_index: int, mid: MemberId, connection_name: str,
                  now_s: float) -> list[Notice]:
-        """A new member; it waits unless the group's rules make it active."""
+        """A new member, placed after every member registered before (`seq_of` tells its node
+        its place); it waits unless the group's rules make it active."""
         g = self.groups.get(key)
         if g is None:
             if len(self.groups) >= GROUPS_MAX:
@@ -99,8 +104,14 @@ class SacGroups:
         if g.find(mid) is not None or len(g.members) >= MEMBERS_MAX:
             return []
         g.partition_index = partition_index
-        g.members.append(Member(mid, connection_name))
+        self.registered += 1
+        g.members.append(Member(mid, connection_name, (self.term, self.registered)))
         return self._rebalance(key, g, now_s)
+
+    def seq_of(self, key: GroupKey, mid: MemberId) -> Seq | None:
+        g = self.groups.get(key)
+        m = g.find(mid) if g is not None else None
+        return m.seq if m is not None else None
 
     def unregister(self, key: GroupKey, mid: MemberId, now_s: float) -> list[Notice]:
         g = self.groups.get(key)
@@ -109,26 +120,30 @@ class SacGroups:
         g.members = [m for m in g.members if m.id != mid]
         return self._settle(key, g, now_s)
 
-    def sync(self, key: GroupKey, partition_index: int, node: str, members: list[tuple[MemberId, str, bool]],
-             now_s: float) -> list[Notice]:
+    def sync(self, key: GroupKey, partition_index: int, node: str,
+             members: list[tuple[MemberId, str, bool, Seq | None]], now_s: float) -> list[Notice]:
         """What `node` holds of the group, whole: (member, connection name, active as its node
-        knows it). Its members not listed go; an active one stays active unless another is."""
+        knows it, its place). Its members not listed go; the others take their places (those
+        without one after them, in the order they came); an active one stays active unless
+        another is."""
         g = self.groups.get(key)
         if g is None:
             if not members or len(self.groups) >= GROUPS_MAX:
-                return [(key, mid, False) for mid, _n, active in members if active]
+                return [(key, mid, False) for mid, _n, active, _s in members if active]
             g = self.groups[key] = Group(partition_index)
         g.partition_index = partition_index
-        listed = {mid for mid, _n, _a in members}
+        listed = {mid for mid, _n, _a, _s in members}
         g.members = [m for m in g.members if m.id.node != node or m.id in listed]
         out: list[Notice] = []
-        for mid, name, active in members:
+        for mid, name, active, seq in members:
             m = g.find(mid)
             if m is None:
                 if len(g.members) >= MEMBERS_MAX:
                     continue
-                m = Member(mid, name)
+                m = Member(mid, name, seq)
                 g.members.append(m)
+            elif m.seq is None:
+                m.seq = seq
             if active and m.state == WAITING:
                 if g.current() is None:
                     m.state = ACTIVE  # it is active on its node already: nothing to tell
@@ -136,6 +151,7 @@ class SacGroups:
                     out.append((key, mid, False))  # two claim it: the one known here stays
             elif not active and m.state == ACTIVE:
                 out.append((key, mid, True))  # its node did not hear it: tell it again
+        g.members.sort(key=lambda m: (m.seq is None, m.seq or (0, 0)))  # stable: the placeless keep their order
         return out + self._settle(key, g, now_s)
 
     def responded(self, key: GroupKey, mid: MemberId, now_s: float) -> list[Notice]:
@@ -212,5 +228,5 @@ class SacGroups:
         return [(key, target.id, True)]
 
 
-__all__ = ["SacGroups", "MemberId", "Member", "GroupKey", "Notice", "DEACTIVATE_TIMEOUT_S", "WAITING", "ACTIVE",
+__all__ = ["SacGroups", "MemberId", "Member", "GroupKey", "Notice", "Seq", "DEACTIVATE_TIMEOUT_S", "WAITING", "ACTIVE",
            "DEACTIVATING"]
