@@ -146,6 +146,21 @@ def test_the_active_consumers_connection_closing_activates_the_next_one_and_a_th
         assert [r["state"] for r in group(node, stream, name)] == ["active", "inactive"]
 
 
+def test_an_unanswered_consumer_update_is_sent_again_and_delivery_waits_for_the_answer(node):
+    stream, name = unique(), unique("app")
+    with raw(node) as c:
+        create(c, stream)
+        publish_chunks(c, stream, [["z"]])
+        assert subscribe(c, 1, stream, sac(name)) == f.OK
+        first = update(c)
+        no_delivery(c)  # active, but the client has not said where to start
+        again = update(c)  # a client may miss one sent right behind its subscribe response
+        assert (again.subscription_id, again.active) == (1, True)
+        assert again.correlation_id != first.correlation_id
+        answer(c, again, f.OFFSET_TYPE_FIRST)
+        assert bodies(c, 1, 1) == [b"z"]
+
+
 def test_groups_are_per_name_and_plain_subscriptions_are_not_in_any(node):
     stream = unique()
     with raw(node) as a, raw(node) as b, raw(node) as p:
