@@ -9,9 +9,9 @@ metadata Raft group (every node knows it, as every RabbitMQ node knows its strea
 Ra leader). Its state is kept in memory, not in a log: a group's members are subscriptions,
 which live and die with their connections and nodes, and the nodes holding them are the truth
 about them. So every node sends the coordinator what it holds (`sync`) whenever the
-coordinator (the leader, and its term) changes, each member with its state as the node knows it, and a new coordinator
-activates nobody until every running node has synced (or `HOLD_S` passed): an active consumer
-stays active across a coordinator's failure. When a node goes down, the coordinator drops its
+coordinator (the leader, and its term) changes, each member with its state as the node knows
+it, and a new coordinator activates nobody until every running node has synced (or `HOLD_S`
+passed): an active consumer stays active across a coordinator's failure. When a node goes down, the coordinator drops its
 members and activates the next ones.
 
 Peer messages (`["SAC", [op, ...]]`), to the coordinator:
