@@ -14,12 +14,16 @@ highest id it stored per reference and drops, but confirms, any message at or be
 micro-batch replayed after a failure, with the same batch id and, from a replayable source,
 the same rows in the same partitions, adds nothing already there. A batch write (`df.write`)
 has no batch id to derive ids from and publishes without a reference: at least once. So is
-every write to an exchange: AMQP 0-9-1 has no deduplication.
+every write to an exchange: AMQP 0-9-1 has no deduplication. An exchange is written over
+aiormq, with up to a thousand confirms outstanding per task.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
@@ -31,6 +35,7 @@ from hutch.pipeline.connector.options import ConnectorError, Options
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # the local property Spark sets on a micro-batch's tasks
 ROW_BITS = 32
 CONFIRM_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 10.0
 
 
 class Written(WriterCommitMessage):
@@ -136,32 +141,67 @@ class StreamStreamWriter(DataSourceStreamArrowWriter):
 # ---------------------------------------------------------------- into an exchange
 
 
-def _write_exchange(opts: Options, batches: Iterator[pa.RecordBatch]) -> Written:
-    import pika
-    import pika.exceptions as pe
+EXCHANGE_WINDOW = 1_000  # messages a task has unconfirmed on its channel
 
-    from hutch.pipeline.connector.queue import _connect
 
-    partition, _batch = _task()
-    conn = _connect(opts)
+async def _amqp_connect(opts: Options):
+    import aiormq
+    import aiormq.exceptions as ae
+
+    errors = []
+    for uri in opts.amqp_uris:
+        where = f"{urlsplit(uri).hostname}:{urlsplit(uri).port or 5672}"
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                return await aiormq.connect(uri, client_properties={"connection_name": "spark-exchange-sink"})
+        except (ae.ProbableAuthenticationError, ae.AuthenticationError) as e:
+            raise ConnectorError(f"authentication failed at {where}: {e}") from None
+        except (OSError, TimeoutError, ae.AMQPError) as e:
+            errors.append(f"cannot reach hutch's AMQP port at {where}: {e!r}")
+    raise ConnectorError("; ".join(errors))
+
+
+async def _publish_exchange(opts: Options, batches: Iterator[pa.RecordBatch]) -> int:
+    """Publish every row with confirms, up to EXCHANGE_WINDOW in flight; a nack, an unroutable
+    return or a closed channel raises."""
+    import aiormq.exceptions as ae
+    from pamqp.commands import Basic
+
+    conn = await _amqp_connect(opts)
     n = 0
     try:
-        ch = conn.channel()
-        ch.confirm_delivery()
+        ch = await conn.channel(publisher_confirms=True)
+        window: list = []
+
+        async def confirmed() -> None:
+            try:
+                async with asyncio.timeout(CONFIRM_TIMEOUT_S):
+                    results = await asyncio.gather(*window)
+            except ae.ChannelClosed as e:
+                raise ConnectorError(f"exchange '{opts.exchange}': {e}") from None
+            except ae.DeliveryError:
+                results = [None]
+            window.clear()
+            if any(not isinstance(r, Basic.Ack) for r in results):
+                raise ConnectorError(f"exchange '{opts.exchange}': the broker refused (nacked) a message")
+
         for b in batches:
             for body, key, props in _rows(b):
-                try:
-                    ch.basic_publish(opts.exchange, key or opts.routing_key, body,
-                                     pika.BasicProperties(delivery_mode=2, headers=props))
-                except pe.NackError:
-                    raise ConnectorError(f"exchange '{opts.exchange}': the broker refused (nacked) a message") from None
-                except pe.ChannelClosedByBroker as e:
-                    raise ConnectorError(f"exchange '{opts.exchange}': {e.reply_code} {e.reply_text}") from None
+                window.append(ch.basic_publish(body, exchange=opts.exchange, routing_key=key or opts.routing_key,
+                                               properties=Basic.Properties(delivery_mode=2, headers=props)))
                 n += 1
+                if len(window) >= EXCHANGE_WINDOW:
+                    await confirmed()
+        await confirmed()
     finally:
-        if conn.is_open:
-            conn.close()
-    return Written(partition, n)
+        with contextlib.suppress(Exception):
+            await conn.close()
+    return n
+
+
+def _write_exchange(opts: Options, batches: Iterator[pa.RecordBatch]) -> Written:
+    partition, _batch = _task()
+    return Written(partition, asyncio.run(_publish_exchange(opts, batches)))
 
 
 class ExchangeWriter(DataSourceArrowWriter):
