@@ -127,6 +127,9 @@ def test_batch_read_gives_every_column_of_every_message(hspark, node):
     # a range of it
     part = reader(hspark, node, name, startingOffsets=json.dumps({name: 1}), endingOffsets=json.dumps({name: 3}))
     assert sorted(r.offset for r in part.collect()) == [1, 2]
+    # from a time: the first chunk written at or after it
+    assert reader(hspark, node, name, startingOffsets="2000-01-01T00:00:00Z").count() == 5
+    assert reader(hspark, node, name, startingOffsets="2999-01-01T00:00:00Z").count() == 0
 
 
 def test_a_restarted_query_reads_exactly_the_new_messages_and_writes_a_replayed_batch_once(hspark, node, tmp_path):

@@ -45,6 +45,8 @@ class StreamRange(InputPartition):
 
 
 def _read(opts: Options, p: StreamRange) -> Iterator:
+    if p.start >= p.end:  # the one empty range of a batch read with nothing to read
+        return iter(())
     return st.read_arrow(opts.endpoints, p.stream, p.index, p.start, p.end)
 
 
