@@ -52,7 +52,6 @@ from hutch.cluster.raftlog import RaftHostStorage
 from hutch.cluster.transport import PeerTransport
 from hutch.cluster.wire import MalformedMessage
 from hutch.raft.group import LEADER, RaftConfig
-from hutch.server import faults
 from hutch.server.cluster_file import read_cluster_file
 from hutch.server.partitions import partitioned_from
 from hutch.server.raft_host import CallbackApp, QueueGroups, RaftHost
@@ -168,7 +167,6 @@ class ClusterRuntime:
         self.stopping_peers: set[str] = set()  # peers that announced a controlled stop
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
         self._tasks = TaskSet("cluster", log)  # the join loop
-        self._raft_sync: asyncio.Future | None = None  # the Raft log's fsync running in a worker thread
 
     # ------------------------------------------------------------ start and stop
 
@@ -198,7 +196,7 @@ class ClusterRuntime:
                              send=self._send_raft, schedule=self._schedule,
                              on_leader_known=self._group_leader_known,
                              on_leadership=self._group_leadership,
-                             fatal=self.fatal, sync_in_background=self._sync_raft_log)
+                             fatal=self.fatal)
         self.multi = self.raft.multi
         self.group = self.raft.add_main_group(storage, CallbackApp(self._apply_catalogue, self._restore_catalogue,
                                                                    lambda: self.cluster.catalogue.snapshot()))
@@ -310,9 +308,6 @@ class ClusterRuntime:
             requests.take(p.rid)
             p.callback(cat.Result(cat.ERROR, 320, "the node is shutting down"))
         await self.transport.close()
-        if self._raft_sync is not None:
-            with contextlib.suppress(Exception):
-                await self._raft_sync  # its fsync ends before the log is synced and closed here
         try:
             if not self.raft.failed:
                 self.host.sync()
@@ -417,20 +412,6 @@ class ClusterRuntime:
             self.cluster.streams.leadership_changed(gid, leading)
         else:
             self.cluster.quorum.leadership_changed(gid, leading)
-
-    def _sync_raft_log(self, done: Callable[[BaseException | None, int], None]) -> None:
-        """The Raft log's fsync in a worker thread (the loop goes on serving); `done` on the loop."""
-        def sync() -> int:
-            faults.check_fsync()
-            return self.host.log.sync()
-
-        def finished(fut: asyncio.Future) -> None:
-            if self.stopped or fut.cancelled():
-                return  # stop syncs and closes the log itself
-            exc = fut.exception()
-            done(exc, 0 if exc is not None else fut.result())
-        self._raft_sync = self.loop.run_in_executor(None, sync)
-        self._raft_sync.add_done_callback(finished)
 
     def _send_raft(self, peer: str, gid: Any, message: bytes) -> None:
         self.transport.send(peer, "raft", [gid, message])

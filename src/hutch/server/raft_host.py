@@ -6,13 +6,6 @@ fsync for all groups) before its messages leave, then each group's committed ent
 handed to that group's application (`GroupApp`), then the groups advance, and a group whose
 log grew long enough is compacted behind a snapshot of its application.
 
-The fsync may run off the event loop (`sync_in_background`, which the runtime runs in a worker
-thread): the Ready then waits, its messages unsent, until its sync is done, while the loop
-serves clients and the groups take proposals and messages (written to the log, made durable
-by the next sync: a group commit). One such sync is in flight at a time. Only the committed
-entries that earlier syncs made durable here are applied before it (a follower told of a
-commit applies at once, as before); the Ready's own entries wait for it.
-
 It also tells its owner when a group other than the main (catalogue) group learns a leader
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
 narrow view of the host that quorum queues (`hutch.broker.quorumq`) use.
@@ -95,8 +88,7 @@ class RaftHost:
     def __init__(self, my_id: int, my_name: str, storage: RaftHostStorage, cfg: RaftConfig, names: dict[int, str],
                  main_gid: Any, send: Callable[[str, Any, bytes], None], schedule: Callable[[], None],
                  on_leader_known: Callable[[Any], None], on_leadership: Callable[[Any, bool], None],
-                 fatal: Callable[[str], None] = lambda reason: None,
-                 sync_in_background: Callable[[Callable[[BaseException | None, int], None]], None] | None = None):
+                 fatal: Callable[[str], None] = lambda reason: None):
         self.id = my_id
         self.name = my_name
         self.storage = storage
@@ -106,11 +98,6 @@ class RaftHost:
         self.apps: dict[Any, GroupApp] = {}
         self.failed = False  # set when this node's Raft state cannot be trusted: nothing more is done
         self._fatal = fatal  # the node stops (hutch.server.runtime.Node.fail_stop)
-        # runs the log's sync elsewhere, then calls back (error, durable seq) on the loop; None:
-        # the sync runs here, in `drain`
-        self._sync_in_background = sync_in_background
-        self._syncing: Any = None  # the Ready whose sync runs in the background
-        self._applied_early: dict[Any, int] = {}  # group -> the last entry of `_syncing` applied before its sync
         self._send = send
         self._schedule = schedule
         self._on_leader_known = on_leader_known
@@ -126,38 +113,16 @@ class RaftHost:
 
     def drain(self, initial: bool = False) -> None:
         """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
-        at start, before the transport exists, nothing is sent. While a Ready's sync runs in the
-        background this does nothing: that sync's end drains again."""
-        while not self.failed and self._syncing is None:
+        at start, before the transport exists, nothing is sent."""
+        while not self.failed:
             mr = self.multi.ready()
             if mr is None:
                 self._leadership()
                 return
-            if mr.needs_fsync():
-                if self._sync_in_background is not None and not initial:
-                    if not self._apply_durable(mr):
-                        return
-                    self._syncing = mr
-                    self._sync_in_background(self._synced)
-                    return
-                if not self._sync():
-                    return  # nothing may be sent or applied on the strength of writes that may be lost
+            if mr.needs_fsync() and not self._sync():
+                return  # nothing may be sent or applied on the strength of writes that may be lost
             if not self._finish(mr, initial):
                 return
-
-    def _synced(self, error: BaseException | None, durable_seq: int) -> None:
-        """The background sync of the waiting Ready returned: finish it, then drain what came
-        meanwhile."""
-        mr, self._syncing = self._syncing, None
-        if mr is None or self.failed:
-            return
-        if error is not None:
-            if not isinstance(error, StoreClosed):  # else the node is stopping
-                self._disk_failed(error)
-            return
-        self.storage.settle(durable_seq)
-        if self._finish(mr, False):
-            self.drain()
 
     def _finish(self, mr: Any, initial: bool) -> bool:
         """The rest of a Ready whose writes are durable: send, apply, advance, compact. False
@@ -173,14 +138,20 @@ class RaftHost:
             app = self.apps.get(gid)
             g = multi.groups.get(gid)
             if app is None or g is None:
-                self._applied_early.pop(gid, None)
                 continue
             if rd.snapshot is not None and rd.snapshot.data:
                 app.restore(rd.snapshot.data)
-            applied = max(g.applied, self._applied_early.pop(gid, 0))
-            if self._apply(gid, app, rd.committed_entries, applied, rd.committed_entries[-1].index
-                           if rd.committed_entries else applied) is None:
-                return False
+            applied = g.applied
+            with_term = hasattr(app, "term")  # an application that records each entry's term (streams' epochs)
+            for e in rd.committed_entries:
+                if e.index > applied and e.kind == rm.ENTRY_NORMAL and e.data:
+                    try:
+                        if with_term:
+                            app.term = e.term
+                        app.apply(e.data, e.index)
+                    except Exception:
+                        self._apply_failed(gid, e.index)
+                        return False
             if rd.snapshot_wanted:
                 kept = g.applied - g.storage.first_index() + 1
                 if kept >= self._snapshot_refused.get(gid, 0) and app.snapshot_due(kept):
@@ -201,42 +172,6 @@ class RaftHost:
         # a compaction's snapshot record is synced here: it is rare, and what it releases must
         # not go before the record replacing it is durable
         return not compacted or self._sync()
-
-    def _apply(self, gid: Any, app: GroupApp, entries: list, after: int, upto: int) -> int | None:
-        """Apply the committed `entries` in (after, upto]; the last index done, None when one
-        failed (the host stopped)."""
-        with_term = hasattr(app, "term")  # an application that records each entry's term (streams' epochs)
-        last = after
-        for e in entries:
-            if e.index > upto:
-                break
-            if e.index > after:
-                if e.kind == rm.ENTRY_NORMAL and e.data:
-                    try:
-                        if with_term:
-                            app.term = e.term
-                        app.apply(e.data, e.index)
-                    except Exception:
-                        self._apply_failed(gid, e.index)
-                        return None
-                last = e.index
-        return last
-
-    def _apply_durable(self, mr: Any) -> bool:
-        """Before a Ready's background sync: apply its committed entries that earlier syncs made
-        durable here (all of them when the Ready writes no entries: a follower told of a commit),
-        so that this member's readers do not wait for the sync. False when one failed."""
-        for gid, rd in mr.groups:
-            app = self.apps.get(gid)
-            g = self.multi.groups.get(gid)
-            if app is None or g is None or rd.snapshot is not None or not rd.committed_entries:
-                continue
-            upto = rd.entries[0].index - 1 if rd.entries else rd.committed_entries[-1].index
-            done = self._apply(gid, app, rd.committed_entries, g.applied, upto)
-            if done is None:
-                return False
-            self._applied_early[gid] = done
-        return True
 
     def _sync(self) -> bool:
         """One fsync of every group's log, here; False (and the node stopping) when the disk failed."""
