@@ -223,7 +223,9 @@ def queue_counts(node, q: str) -> tuple[int, int]:
     return d.get("messages_ready", 0), d.get("messages_unacknowledged", 0)
 
 
-def test_queue_source_acknowledges_a_micro_batch_once_it_commits(hspark, node, tmp_path):
+def test_queue_source_acknowledges_after_the_batch_and_a_stopped_query_gives_its_messages_back(hspark, node, tmp_path):
+    """At least once: a micro-batch's messages stay unacknowledged until Spark has recorded it;
+    a query stopped before then gives them back to the queue, and the next run gets them again."""
     q = unique("srcq")
     conn = pika.BlockingConnection(pika.URLParameters(node.url))
     try:
@@ -234,16 +236,31 @@ def test_queue_source_acknowledges_a_micro_batch_once_it_commits(hspark, node, t
             ch.basic_publish("", q, f"q{i}".encode())
     finally:
         conn.close()
-    df = hspark.readStream.format("hutch").option("uri", node.url).option("queue", q).load()
-    query = (df.selectExpr("CAST(body AS STRING) AS body").writeStream.format("memory").queryName(q.replace("-", "_"))
-             .trigger(processingTime="500 milliseconds").start())
+
+    def start(table: str, every: str):
+        df = hspark.readStream.format("hutch").option("uri", node.url).option("queue", q).load()
+        return (df.selectExpr("CAST(body AS STRING) AS body").writeStream.format("memory").queryName(table)
+                .trigger(processingTime=every).start())
+
+    def rows(table: str) -> list[str]:
+        return sorted(r.body for r in hspark.table(table).collect())
+
+    every_message = sorted(f"q{i}" for i in range(15))
+    # a first batch, then no next one for an hour: its messages are written and not yet acknowledged
+    first = start("first_run", "1 hour")
     try:
-        wait_until(lambda: hspark.table(q.replace("-", "_")).count() == 15, QUERY_TIMEOUT_S, "15 rows from the queue")
-        # the batch is committed when the next one is planned: then every message is acknowledged
+        wait_until(lambda: rows("first_run") == every_message, QUERY_TIMEOUT_S, "15 rows from the queue")
+        assert queue_counts(node, q) == (0, 15)
+    finally:
+        first.stop()
+    wait_until(lambda: queue_counts(node, q) == (15, 0), QUERY_TIMEOUT_S, "the messages back in the queue")
+    # the next run reads them again; its next trigger acknowledges them
+    second = start("second_run", "500 milliseconds")
+    try:
+        wait_until(lambda: rows("second_run") == every_message, QUERY_TIMEOUT_S, "15 rows again")
         wait_until(lambda: queue_counts(node, q) == (0, 0), QUERY_TIMEOUT_S, "the queue emptied by acks")
     finally:
-        query.stop()
-    assert sorted(r.body for r in hspark.table(q.replace("-", "_")).collect()) == sorted(f"q{i}" for i in range(15))
+        second.stop()
 
 
 # ---------------------------------------------------------------- errors at query start
