@@ -423,14 +423,19 @@ class SegmentLog:
             assert seq == seg.end_seq, (seq, seg.end_seq)
             header = fmt.encode_record_header(seq, key, payload)
             buf = self._buf
-            buf += header
-            buf += payload
+            if len(buf) + size >= self.write_buffer_bytes_max:
+                # a record that fills the buffer goes to the OS at once, behind what the buffer
+                # holds, without being copied into it (a large record is the whole cost of a copy)
+                self._write_buffer()
+                self._write_record(header, payload)
+                self._written_seq = seq
+            else:
+                buf += header
+                buf += payload
             seg.add(seq, seg.size_bytes, length)
             seg.size_bytes += size
             self._next_seq = seq + 1
             self._buf_last_seq = seq
-            if len(buf) >= self.write_buffer_bytes_max:
-                self._write_buffer()
             return seq
 
     def flush(self) -> int:
@@ -493,6 +498,14 @@ class SegmentLog:
             raise StoreFailed(f"Segment log {self.directory}: write failed: {e}") from e
         buf.clear()
         self._written_seq = self._buf_last_seq
+
+    def _write_record(self, header: bytes, payload: bytes | bytearray | memoryview) -> None:
+        """Write one record straight to the active segment (the buffer is empty). Caller holds _lock."""
+        try:
+            _writev_all(self._active_fd, header, payload)
+        except OSError as e:
+            self._fail(e, "write")
+            raise StoreFailed(f"Segment log {self.directory}: write failed: {e}") from e
 
     def _roll(self) -> None:
         """Seal the active segment and start a new one. Caller holds _lock."""
@@ -813,6 +826,13 @@ class SegmentLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _writev_all(fd: int, header: bytes, payload: bytes | bytearray | memoryview) -> None:
+    written = os.writev(fd, (header, payload))
+    if written == len(header) + len(payload):
+        return
+    _write_all(fd, (bytes(header) + bytes(payload))[written:])  # a short write: rare
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
