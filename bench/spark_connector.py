@@ -93,6 +93,58 @@ def fill(uri: str, super_stream: str, partitions: int, messages: int, size: int,
     return {"messages": s["confirmed"], "s": round(time.monotonic() - t0, 2), "msg_s": round(s["confirmed_rate"])}
 
 
+# -- CPU time of process trees (the machine is shared: wall time alone says little)
+
+
+def _tree_cpu_s(root: int) -> float:
+    """User + system CPU seconds of `root` and every live descendant (with their reaped children)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d)] = int(fields[1])
+        cpu[int(d)] = sum(int(x) for x in fields[11:15]) / tick
+    total, todo = 0.0, [root]
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for pid, ppid in parent.items():
+        children[ppid].append(pid)
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+class CpuMeter:
+    """CPU seconds Spark (this process, its JVM and Python workers) and the hutch node spend in a span."""
+
+    def __init__(self, node_pid: int):
+        self.node_pid = node_pid
+
+    def __enter__(self) -> CpuMeter:
+        self.t0 = time.monotonic()
+        self.all0, self.node0 = _tree_cpu_s(os.getpid()), _tree_cpu_s(self.node_pid)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.s = round(time.monotonic() - self.t0, 2)
+        node = _tree_cpu_s(self.node_pid) - self.node0
+        self.node_cpu_s = round(node, 2)
+        self.spark_cpu_s = round(_tree_cpu_s(os.getpid()) - self.all0 - node, 2)
+
+    def figures(self, rows: int) -> dict:
+        return {"rows": rows, "s": self.s, "msg_s": round(rows / max(self.s, 1e-6)),
+                "spark_cpu_s": self.spark_cpu_s, "node_cpu_s": self.node_cpu_s,
+                "spark_cpu_us_per_msg": round(self.spark_cpu_s * 1e6 / max(rows, 1), 2)}
+
+
 # -- profiling the Spark Python workers
 
 
@@ -130,15 +182,18 @@ def summarize(path: Path, top: int = 18) -> dict:
         for fr in set(frames):
             total_n[fr] += n
 
-    def rows(c):
-        return [(fr, round(100 * n / max(samples, 1), 1)) for fr, n in c.most_common(top)]
-    return {"samples": samples, "self": rows(self_n), "total": rows(total_n)}
+    def share(n: int) -> float:
+        return round(100 * n / max(samples, 1), 1)
+
+    return {"samples": samples,
+            "self": [(fr, share(n), share(total_n[fr])) for fr, n in self_n.most_common(top)],
+            "total": [(fr, share(n)) for fr, n in total_n.most_common(top)]}
 
 
 # -- the Spark side
 
 
-def measure(spark, uri: str, p: int, messages: int, size: int, profile_dir: Path | None) -> dict:
+def measure(spark, uri: str, p: int, messages: int, size: int, node_pid: int, profile_dir: Path | None) -> dict:
     from pyspark.sql import functions as F
 
     name, out = f"bench-{p}", f"bench-out-{p}"
@@ -148,27 +203,25 @@ def measure(spark, uri: str, p: int, messages: int, size: int, profile_dir: Path
         return spark.read.format("hutch").option("uri", uri).option("stream", name).load()
 
     prof = Profile(profile_dir, f"read-{p}") if profile_dir else None
-    t0 = time.monotonic()
-    n = source().count()
-    r["count"] = {"rows": n, "s": round(time.monotonic() - t0, 2)}
+    with CpuMeter(node_pid) as m:
+        n = source().count()
+    r["count"] = m.figures(n)
     if prof:
         r["profile_read"] = summarize(prof.stop())
-    t0 = time.monotonic()
-    groups = (source().select(F.pmod(exactly_once.message_id(F.col("body")), F.lit(GROUP_KEYS)).alias("k"))
-              .groupBy("k").count().collect())
-    r["group"] = {"rows": sum(g["count"] for g in groups), "s": round(time.monotonic() - t0, 2)}
+    with CpuMeter(node_pid) as m:
+        groups = (source().select(F.pmod(exactly_once.message_id(F.col("body")), F.lit(GROUP_KEYS)).alias("k"))
+                  .groupBy("k").count().collect())
+    r["group"] = m.figures(sum(g["count"] for g in groups))
 
     rows = spark.range(0, messages, numPartitions=p).select(
         F.concat(F.lpad(F.col("id").cast("string"), 16, "0"), F.lit("x" * max(size - 16, 0))).cast("binary")
         .alias("body"), (F.col("id") % p).cast("string").alias("routing_key"))
     prof = Profile(profile_dir, f"write-{p}") if profile_dir else None
-    t0 = time.monotonic()
-    rows.write.format("hutch").option("uri", uri).option("stream", out).mode("append").save()
-    r["write"] = {"rows": messages, "s": round(time.monotonic() - t0, 2)}
+    with CpuMeter(node_pid) as m:
+        rows.write.format("hutch").option("uri", uri).option("stream", out).mode("append").save()
+    r["write"] = m.figures(messages)
     if prof:
         r["profile_write"] = summarize(prof.stop())
-    for k in ("count", "group", "write"):
-        r[k]["msg_s"] = round(r[k]["rows"] / max(r[k]["s"], 1e-6))
     return r
 
 
@@ -186,10 +239,11 @@ def warm_up(spark, uri: str, work: Path, size: int) -> None:
 def print_table(res: dict) -> None:
     print(f"\nSpark connector, {res['messages']:,} messages of {res['size']} bytes, master {res['master']}")
     print(f"{'partitions':>10} | {'fill msg/s':>10} | {'count msg/s':>11} | {'group-by msg/s':>14} | "
-          f"{'write msg/s':>11} | {'count s':>7} | {'write s':>7}")
+          f"{'write msg/s':>11} | {'Spark CPU µs/msg: count':>23} | {'group':>5} | {'write':>5}")
     for r in res["runs"]:
         print(f"{r['partitions']:>10} | {r['fill']['msg_s']:>10,} | {r['count']['msg_s']:>11,} | "
-              f"{r['group']['msg_s']:>14,} | {r['write']['msg_s']:>11,} | {r['count']['s']:>7} | {r['write']['s']:>7}")
+              f"{r['group']['msg_s']:>14,} | {r['write']['msg_s']:>11,} | {r['count']['spark_cpu_us_per_msg']:>23} | "
+              f"{r['group']['spark_cpu_us_per_msg']:>5} | {r['write']['spark_cpu_us_per_msg']:>5}")
     print(f"goal: read >= {GOAL_READ:,} msg/s, write >= {GOAL_WRITE:,} msg/s")
     for r in res["runs"]:
         for k in ("profile_read", "profile_write"):
@@ -197,9 +251,8 @@ def print_table(res: dict) -> None:
                 prof = r[k]
                 print(f"\n{k.split('_')[1]} of {r['partitions']} partition(s), Spark Python workers, "
                       f"{prof['samples']} samples: self / total %")
-                totals = dict(prof["total"])
-                for fr, pct in prof["self"]:
-                    print(f"  {pct:5.1f} / {totals.get(fr, 0):5.1f}  {fr}")
+                for fr, own, total in prof["self"]:
+                    print(f"  {own:5.1f} / {total:5.1f}  {fr}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"filling bench-{p} ({p} partitions) with {args.messages:,} messages ...", flush=True)
             filled = fill(uri, f"bench-{p}", p, args.messages, args.size, work)
             print(f"  {filled['messages']:,} in {filled['s']} s; reading and writing with Spark ...", flush=True)
-            r = measure(spark, uri, p, filled["messages"], args.size,
+            r = measure(spark, uri, p, filled["messages"], args.size, node.proc.pid,
                         args.profile if args.profile and p == parts[0] else None)
             r["fill"] = filled
             written = asyncio.run(_end_offsets(uri, [f"bench-out-{p}"]))[f"bench-out-{p}"]

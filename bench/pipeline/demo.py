@@ -299,14 +299,15 @@ class Demo:
         table.add_row("published (confirmed)", f"{self.published:,}", "", "", "")
         table.add_row(f"input stream {SOURCE}", f"{t['input']['messages']:,}", f"{t['input']['distinct']:,}", "", "")
         p = t["parquet"]
-        table.add_row(f"Parquet ({p['batches']} micro-batches with rows)", f"{p['messages']:,}", "",
+        table.add_row(f"Parquet, {p['batches']} batches", f"{p['messages']:,}", "",
                       f"{p['lost']:,}", f"{p['duplicates']:,}")
         s = t["stream"]
         table.add_row(f"output stream {SINK}", f"{s['messages']:,}", f"{s['distinct']:,}", f"{s['lost']:,}",
                       f"{s['duplicates']:,}")
         console.print(table)
         console.print(f"faults: kill -9 of {self.victim}; kill -9 of the Spark driver; driver runs: "
-                      f"{self.driver_runs} ({self.driver_failures} after a failure of its own)")
+                      f"{self.driver_runs} ({self.driver_failures} after a failure of its own); "
+                      f"{time.monotonic() - self.t0:.0f} s in all")
         for line in found:
             console.print(f"[red]{line}[/red]")
         if not found:
