@@ -49,9 +49,10 @@ SNAPSHOT_ENTRIES = 64  # compact a stream's Raft log behind a snapshot this ofte
 # chunk log: it is compacted behind a snapshot of numbers every RAFT_SNAPSHOT_AFTER entries,
 # keeping RAFT_TRAILING of them for a follower a little behind (one further behind gets the
 # snapshot and reads the chunks it lacks from another member). The node's default (8192) would
-# keep thousands of batches of messages in memory per stream.
-RAFT_SNAPSHOT_AFTER = 256
-RAFT_TRAILING = 64
+# keep thousands of batches of messages in memory per stream; a batch is up to BATCH_BYTES_MAX,
+# so these keep up to about 80 MiB per stream.
+RAFT_SNAPSHOT_AFTER = 64
+RAFT_TRAILING = 16
 READ_BYTES_MAX = 8 << 20  # what one read call returns at most
 # the records of one writer's batch (so one entry, one chunk): a chunk is delivered in one frame,
 # and 1 MiB is the stream protocol's default frame_max
