@@ -80,12 +80,12 @@ check-demo: install
 # Exactly once from a stream through Spark and back (docs/spark.md, "Exactly-once demo"): a 3-node lab,
 # `hutch perf` into a stream, a Structured Streaming job to Parquet and to another stream, kill -9 of a
 # node and of the Spark driver, the job restarted from its checkpoints, every message checked with Spark.
-# About 3-4 minutes. PIPELINE_DEMO_ARGS='--master spark' runs the job on a Spark standalone cluster.
+# About 3 minutes. PIPELINE_DEMO_ARGS='--master spark' runs the job on a Spark standalone cluster.
 pipeline-demo: install
 	$(BIN)/python bench/pipeline/demo.py $(PIPELINE_DEMO_ARGS)
 
 # The Spark connector's throughput (docs/performance.md, "Spark connector"): 10,000,000 messages read
-# into Spark on local[2] and written back, super streams of 1, 2 and 4 partitions. Tens of minutes;
+# into Spark on local[2] and written back, super streams of 1, 2 and 4 partitions. 10-15 minutes;
 # BENCH_SPARK_ARGS='--messages 1000000' for a quicker run.
 bench-spark: install
 	$(BIN)/python bench/spark_connector.py $(BENCH_SPARK_ARGS)

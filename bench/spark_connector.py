@@ -19,7 +19,7 @@ shuffle files are reused). `--profile DIR` records the Spark Python workers with
 the count and the write of the first P, and prints where their time goes (self and total
 shares by function); the raw stacks stay in DIR.
 
-    bench/spark_connector.py                                  # 10,000,000 messages: tens of minutes
+    bench/spark_connector.py                                  # 10,000,000 messages: 10-15 minutes
     bench/spark_connector.py --messages 1000000 --partitions 1,2 --profile var/spark-profile
 
 Results: a table, and bench/results/spark-connector-<time>.json.
@@ -193,14 +193,18 @@ def summarize(path: Path, top: int = 18) -> dict:
 # -- the Spark side
 
 
-def measure(spark, uri: str, p: int, messages: int, size: int, node_pid: int, profile_dir: Path | None) -> dict:
+def measure(spark, uri: str, p: int, messages: int, size: int, node_pid: int, profile_dir: Path | None,
+            min_partitions: int | None = None) -> dict:
     from pyspark.sql import functions as F
 
     name, out = f"bench-{p}", f"bench-out-{p}"
     r: dict = {"partitions": p}
 
     def source():
-        return spark.read.format("hutch").option("uri", uri).option("stream", name).load()
+        reader = spark.read.format("hutch").option("uri", uri).option("stream", name)
+        if min_partitions:
+            reader = reader.option("minPartitions", min_partitions)
+        return reader.load()
 
     prof = Profile(profile_dir, f"read-{p}") if profile_dir else None
     with CpuMeter(node_pid) as m:
@@ -259,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=10_000_000)
     ap.add_argument("--partitions", default="1,2,4", help="super stream partitions to measure, comma-separated")
+    ap.add_argument("--min-partitions", type=int, help="the source's minPartitions (Spark tasks at least)")
     ap.add_argument("--size", type=int, default=32, help="message body bytes (>= 16)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--profile", type=Path, help="py-spy the Spark Python workers; raw stacks into this directory")
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     node.start()
     spark = None
     res = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "messages": args.messages,
-           "size": args.size, "master": args.master, "runs": []}
+           "size": args.size, "master": args.master, "min_partitions": args.min_partitions, "runs": []}
     try:
         uri = f"hutch-stream://guest:guest@127.0.0.1:{node.stream_port}"
         spark = session(master=args.master, app_name="hutch-bench-spark", shuffle_partitions=4, driver_memory="2g")
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             filled = fill(uri, f"bench-{p}", p, args.messages, args.size, work)
             print(f"  {filled['messages']:,} in {filled['s']} s; reading and writing with Spark ...", flush=True)
             r = measure(spark, uri, p, filled["messages"], args.size, node.proc.pid,
-                        args.profile if args.profile and p == parts[0] else None)
+                        args.profile if args.profile and p == parts[0] else None, args.min_partitions)
             r["fill"] = filled
             written = asyncio.run(_end_offsets(uri, [f"bench-out-{p}"]))[f"bench-out-{p}"]
             r["write"]["stream_end_offset"] = written
