@@ -79,8 +79,9 @@ def run(args) -> int:
     import hutch.spark
     from hutch.pipeline.spark import session
 
+    # Spark's scratch space in the demo's directory: a driver killed with kill -9 leaves it behind
     spark = session(master=args.master, app_name="hutch-pipeline-demo", shuffle_partitions=2, driver_memory="1g",
-                    quick_jvm=True)
+                    quick_jvm=True, extra_conf={"spark.local.dir": str(Path(args.work) / "spark-local")})
     hutch.spark.register(spark)
     seen: dict = {}
     drain = Path(args.drain_file) if args.drain_file else None
