@@ -57,7 +57,7 @@ from typing import Any
 __all__ = [
     "AmqpDecodeError", "UByte", "UShort", "UInt", "ULong", "Byte", "Short", "Int", "Float",
     "Timestamp", "Char", "Symbol", "Decimal32", "Decimal64", "Decimal128", "Array", "Described",
-    "encode_value", "decode_value", "Header", "Properties", "Message", "NO_VALUE",
+    "encode_value", "decode_value", "Header", "Properties", "Message", "NO_VALUE", "data_only",
     "from_basic", "to_basic", "route", "filter_value", "NO_PROPERTIES", "AMQP10_TYPE", "BASIC_PROPERTY_NAMES", "DEPTH_MAX",
 ]
 
@@ -1043,13 +1043,13 @@ class Message:
         """The message `data` holds. Raises AmqpDecodeError for anything but a well-formed
         sequence of message sections."""
         buf = bytes(data)
-        body = _data_only(buf)
+        body = data_only(buf)
         if body is not None:
             return Message([body])
         return _guarded(_decode_sections, buf, None)
 
 
-def _data_only(buf: bytes) -> bytes | None:
+def data_only(buf: bytes) -> bytes | None:
     """The body of a message that is one data section and nothing else (the usual stream
     message), else None."""
     head = buf[:4]
@@ -1608,7 +1608,7 @@ def to_basic(encoded: bytes) -> tuple[bytes, bytes]:
     (where a message id or timestamp of its own usually is) is converted apart from the others,
     which are looked up again on their own."""
     buf = bytes(encoded)
-    body = _data_only(buf)
+    body = data_only(buf)
     if body is not None:
         return NO_PROPERTIES, body
     shape = _data_shape(buf)
@@ -1639,7 +1639,7 @@ def route(encoded: bytes) -> tuple[str, str] | None:
     are looked up among those read lately, as `to_basic` does. Raises AmqpDecodeError for a
     malformed message."""
     buf = bytes(encoded)
-    if _data_only(buf) is not None:
+    if data_only(buf) is not None:
         return None
     shape = _data_shape(buf)
     if shape is None:
@@ -1660,7 +1660,7 @@ def filter_value(encoded: bytes) -> str | None:
     0-9-1 publisher's header of that name becomes (None when it has none). Raises
     AmqpDecodeError for a malformed message."""
     buf = bytes(encoded)
-    if _data_only(buf) is not None or b"x-stream-filter-value" not in buf:
+    if data_only(buf) is not None or b"x-stream-filter-value" not in buf:
         return None
     v = (_guarded(_decode_sections, buf, None).message_annotations or {}).get("x-stream-filter-value")
     return v if isinstance(v, str) else None

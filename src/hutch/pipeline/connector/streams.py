@@ -180,6 +180,14 @@ class _Columns:
         return len(self.offsets)
 
     def add(self, offset: int, ts_us: int, record: bytes) -> None:
+        body = amqp10.data_only(record)
+        if body is not None:  # one data section and nothing else: what stream clients publish
+            self.offsets.append(offset)
+            self.ts.append(ts_us)
+            self.keys.append(None)
+            self.props.append([])
+            self.bodies.append(body)
+            return
         m = amqp10.Message.decode(record)
         ann = m.message_annotations
         app = m.application_properties
