@@ -1,6 +1,6 @@
-"""The Spark connector's pure parts (hutch.pipeline.connector.offsets and .options): what the
-options mean, how offsets are resolved, shared under a read limit and cut into Spark
-partitions. No Spark, no node: the connector against a node is tests/pipeline/test_connector.py."""
+"""The Spark connector's pure parts (hutch.pipeline.connector.offsets and .options, and how a row
+becomes a stream message): what the options mean, how offsets are resolved, shared under a read
+limit and cut into Spark partitions. No Spark, no node: the connector against a node is tests/pipeline/test_connector.py."""
 
 from __future__ import annotations
 
@@ -89,3 +89,18 @@ def test_ranges_are_cut_into_at_least_min_partitions():
     cut = split_ranges(parts, {"a": 0, "b": 0}, {"a": 10, "b": 1}, 4)
     assert [r for r in cut if r[0] == "a"] == [("a", 0, 0, 5), ("a", 0, 5, 10)]
     assert [r for r in cut if r[0] == "b"] == [("b", 1, 0, 1)]  # one record: one piece
+
+
+def test_a_row_is_the_message_the_generic_encoder_makes_and_decodes_back():
+    from hutch.pipeline.connector.streams import message_of
+    from hutch.streamproto import amqp10
+
+    ann = {amqp10.Symbol("x-exchange"): "", amqp10.Symbol("x-routing-key"): "k.é"}
+    for body in (b"", b"x", b"y" * 255, b"z" * 256, b"w" * 70_000):
+        assert message_of(body, None, None) == amqp10.Message(body).encode()
+        row = message_of(body, "k.é", None)
+        assert row == amqp10.Message(body, message_annotations=ann).encode()
+        m = amqp10.Message.decode(row)
+        assert m.body == body and m.message_annotations["x-routing-key"] == "k.é"
+    m = amqp10.Message.decode(message_of(b"b", "k", {"a": "1"}))
+    assert m.application_properties == {"a": "1"} and m.message_annotations["x-routing-key"] == "k"
