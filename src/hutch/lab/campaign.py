@@ -484,12 +484,15 @@ class _Publisher(_Client):
         return None
 
     async def _session(self, conn) -> None:
+        from pamqp.commands import Basic
+
         from hutch.lab.client import Publisher
 
         async with asyncio.timeout(RPC_TIMEOUT_S):
             channel = await conn.channel()
             await channel.confirm_select()
-        encoder = Publisher(channel, "", self.queue, BODY.size)
+        # persistent, as Jepsen publishes: a durable queue's leader and mirrors journal and fsync them
+        encoder = Publisher(channel, "", self.queue, BODY.size, properties=Basic.Properties(delivery_mode=2))
         tally = self.s.tally
         cfg = self.s.cfg
         outstanding: dict[int, tuple[int, float]] = {}  # delivery tag -> (seq, monotonic publish time)
