@@ -17,8 +17,8 @@ The answer describes the copy *on the node asked* (a monitoring tool asks every 
   [from, to) (default: the whole log), each chunk's id, record count and bytes; replicas write
   every committed entry as the same chunk, so equal ranges give equal hashes.
 
-`compare` says which copies that reached the same point disagree. Copies at different points
-are not compared: a follower behind its leader is not a divergence.
+A client compares the answers of every node (`hutch.lab.replicas.compare`, which the fault
+campaigns use): copies that reached the same point must agree.
 
 Reading a stream's log is file I/O; it runs in a worker thread. What this must never do:
 change a queue, or answer for another node's copy.
@@ -80,29 +80,6 @@ def stream_digest(chunks: Iterable[tuple[int, int, bytes]], committed: int, firs
         count += 1
     return {"type": "stream", "applied": committed, "first_offset": first, "range": [lo, hi],
             "counters": {"chunks": count}, "chunks_hash": h.hexdigest()[:32]}
-
-
-HASH_KEYS = ("counters", "ready_hash", "unacked_hash", "state_hash", "held_hash", "chunks_hash")
-
-
-def compare(digests: dict[str, dict], key: str = "applied") -> list[str]:
-    """The disagreements among copies (node -> digest) that reached the same `key` (applied index,
-    last sequence number, committed offset, or a stream's hashed range): one line each, empty
-    when every group of copies at the same point agrees."""
-    groups: dict[Any, list[str]] = {}
-    for node, d in sorted(digests.items()):
-        point = tuple(d[key]) if isinstance(d.get(key), list) else d.get(key)
-        groups.setdefault(point, []).append(node)
-    problems = []
-    for point, nodes in groups.items():
-        first = digests[nodes[0]]
-        for node in nodes[1:]:
-            d = digests[node]
-            differ = [k for k in HASH_KEYS if k in first and first.get(k) != d.get(k)]
-            if differ:
-                problems.append(f"{nodes[0]} and {node} at {key} {point} differ in {', '.join(differ)}: "
-                                + "; ".join(f"{k} {first.get(k)} vs {d.get(k)}" for k in differ))
-    return problems
 
 
 def _read_chunks(log: Any, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
