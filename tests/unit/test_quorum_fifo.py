@@ -144,6 +144,60 @@ def test_a_publish_too_far_past_a_gap_is_refused_and_decided_when_resent():
     assert s.messages_ready == far
 
 
+def test_with_the_publishers_base_a_publish_past_a_gap_waits_for_the_missing_one():
+    """A publish that reaches the leader ahead of an earlier one of its channel (the earlier
+    one was sent before the leader was known, and sent again) is not decided: the channel's
+    messages are enqueued in the order it published them."""
+    s = queue()
+    assert s.apply(Enqueue("", "q", b"", b"b", publisher="p", publisher_seq=2, publisher_base=1)) == []
+    assert s.messages_ready == 0
+    assert s.apply(Enqueue("", "q", b"", b"a", publisher="p", publisher_seq=1, publisher_base=1)) == \
+        [Accepted("p", 1)]
+    assert s.apply(Enqueue("", "q", b"", b"b", publisher="p", publisher_seq=2, publisher_base=1)) == \
+        [Accepted("p", 2)]
+    assert s.apply(Enqueue("", "q", b"", b"b", publisher="p", publisher_seq=2, publisher_base=1)) == \
+        [Accepted("p", 2)]  # a resend of a decided one: answered, not enqueued again
+    assert [e.message.body for e in s.ready_entries()] == [b"a", b"b"]
+
+
+def test_a_publisher_unknown_to_the_queue_starts_at_its_base():
+    """A publisher the queue forgot (or never saw) whose numbers below `base` are all answered:
+    the next expected is `base`, not 1."""
+    s = queue()
+    assert s.apply(Enqueue("", "q", b"", b"x", publisher="p", publisher_seq=7, publisher_base=7)) == \
+        [Accepted("p", 7)]
+    assert s.apply(Enqueue("", "q", b"", b"z", publisher="p", publisher_seq=9, publisher_base=8)) == []
+    assert s.apply(Enqueue("", "q", b"", b"y", publisher="p", publisher_seq=8, publisher_base=8)) == \
+        [Accepted("p", 8)]
+    # numbers below a later base were given up by the publisher: the queue moves past them
+    assert s.apply(Enqueue("", "q", b"", b"w", publisher="p", publisher_seq=12, publisher_base=12)) == \
+        [Accepted("p", 12)]
+    assert [e.message.body for e in s.ready_entries()] == [b"x", b"y", b"w"]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.permutations(list(range(1, 9))), st.lists(st.integers(1, 8), max_size=12))
+def test_arrivals_in_any_order_with_resends_in_order_enqueue_in_publish_order(first, resends):
+    """Whatever order the first sends arrive in, the publisher resending what is unanswered in
+    number order leaves every message enqueued once, in publish order."""
+    s = queue()
+    answered: set[int] = set()
+
+    def send(n: int) -> None:
+        low = min([m for m in range(1, 9) if m not in answered] or [9])
+        for e in s.apply(Enqueue("", "q", b"", b"m%d" % n, publisher="p", publisher_seq=n,
+                                 publisher_base=min(low, n))):
+            answered.add(e.publisher_seq)
+
+    for n in first + resends:
+        send(n)
+    while len(answered) < 8:
+        for n in range(1, 9):
+            if n not in answered:
+                send(n)
+    assert [e.message.body for e in s.ready_entries()] == [b"m%d" % n for n in range(1, 9)]
+
+
 def test_publisher_gone_forgets_its_sequence_numbers():
     s = queue()
     s.apply(enq("a", seq=5))

@@ -190,10 +190,16 @@ class Enqueue(msgspec.Struct, tag=1, array_like=True, frozen=True, gc=False):
     publisher: str | None = None  # who wants a confirm (e.g. "node/conn/channel"); None: nobody
     # The runtime's own counter for this publisher *and this queue*: 1, 2, 3... without gaps (not
     # the channel's delivery tag, which skips publishes routed elsewhere). A number already applied
-    # is a resend after a leader change: answered again with its outcome, never enqueued twice; a
-    # number past a gap is refused (Rejected), so the missing one still counts when resent.
+    # is a resend after a leader change: answered again with its outcome, never enqueued twice.
     # 0: no deduplication (a publisher not in confirm mode).
     publisher_seq: int = 0
+    # The publisher's lowest number for this queue still unanswered when this one was sent (the
+    # ones below it are answered, or given up). Given (>= 1), publishes are decided in number
+    # order only: one past a gap is not decided (no effect; the publisher sends it again after
+    # the missing one), so a channel's messages are enqueued in the order it published them
+    # however they travelled (RabbitMQ's rabbit_fifo drops an out-of-sequence enqueue alike).
+    # 0 (commands written before it existed): one past a gap is decided at once, out of order.
+    publisher_base: int = 0
 
 
 class Checkout(msgspec.Struct, tag=2, array_like=True, frozen=True, gc=False):
@@ -551,14 +557,16 @@ class QuorumQueueState:
         return self.apply(decode_command(data)) if data else []
 
     def _enqueue(self, cmd: Enqueue, effects: list[Effect]) -> None:
-        pub, seq = cmd.publisher, cmd.publisher_seq
+        pub, seq, base = cmd.publisher, cmd.publisher_seq, cmd.publisher_base
         rec = None
         if pub is not None and seq > 0:
             rec = self.publishers.get(pub)
             if rec is None:
                 if len(self.publishers) >= PUBLISHERS_TRACKED_MAX:
                     del self.publishers[next(iter(self.publishers))]
-                rec = self.publishers[pub] = _Publisher()
+                rec = self.publishers[pub] = _Publisher(max(base - 1, 0))
+            elif base - 1 > rec.last and not rec.ahead:
+                self._given_up(rec, base - 1)
             if seq <= rec.last:  # a resend of a publish already decided
                 answered = seq > rec.last - PUBLISHER_WINDOW and seq not in rec.rejected
                 effects.append(Accepted(pub, seq) if answered else Rejected(pub, seq))
@@ -566,6 +574,8 @@ class QuorumQueueState:
             if seq in rec.ahead:  # a resend of one decided past a gap
                 effects.append(Accepted(pub, seq) if rec.ahead[seq] else Rejected(pub, seq))
                 return
+            if base and seq > rec.last + 1:
+                return  # past a gap: decided once the publisher has sent the missing one again
             if seq > rec.last + PUBLISHER_WINDOW:
                 # too far past a gap to remember: refused and not recorded, so that the publisher's
                 # resend is decided then (a nack, never a message taken for a duplicate)
@@ -590,6 +600,14 @@ class QuorumQueueState:
         if dropped:
             self._dead_letter(MAXLEN, dropped, effects)
         self._dispatch(effects)
+
+    @staticmethod
+    def _given_up(rec: _Publisher, last: int) -> None:
+        """The publisher answered or gave up every number up to `last` (a publish it stopped
+        waiting for): the next one expected is `last` + 1."""
+        rec.last = last
+        while rec.rejected and rec.rejected[0] <= last - PUBLISHER_WINDOW:
+            rec.rejected.pop(0)
 
     @staticmethod
     def _decided(rec: _Publisher, seq: int, accepted: bool) -> None:

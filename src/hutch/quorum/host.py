@@ -13,7 +13,9 @@ leader, or from a node that is not a member, it travels to the leader over the p
 transport (group "q": `["QP", gid, envelope]`). Proposals are retried until they are applied:
 
 - publishes carry `(publisher, publisher_seq)`, a gapless counter per channel and queue, so
-  a resend after a leader change is answered with its first outcome and never enqueued twice;
+  a resend after a leader change is answered with its first outcome and never enqueued twice,
+  and the queue takes a channel's publishes in their order (one that reaches the leader ahead
+  of an earlier one, say sent before the leader was known, is decided when sent again);
   the confirm goes out on `Accepted` (after a majority has the message) or a nack on `Rejected`;
 - consumer registration, basic.get and purge wait for their reply (an `Answer` in the
   leader's `["QE", outcomes]` message to the proposing node);
@@ -80,11 +82,12 @@ class _PublisherIds:
     """A channel as a publisher to quorum queues: its cluster-wide id (a counter, never the
     channel's address) and, per queue group, the last publisher sequence number it used."""
 
-    __slots__ = ("id", "seqs", "inflight")
+    __slots__ = ("id", "seqs", "low", "inflight")
 
     def __init__(self, publisher_id: str):
         self.id = publisher_id
         self.seqs: dict[int, int] = {}  # gid -> last publisher_seq sent to that queue
+        self.low: dict[int, int] = {}  # gid -> no publisher_seq below it is unanswered
         self.inflight = 0  # publishes sent and not yet answered
 
 
@@ -467,9 +470,14 @@ class QuorumHost:
         seqs[q.gid] = pseq
         pub.inflight += 1
         publisher = pub.id
+        # the lowest of this publisher's numbers still unanswered: the queue decides them in order
+        low = pub.low.get(q.gid, 1)
+        while low < pseq and (publisher, low) not in self._pubs:
+            low += 1
+        pub.low[q.gid] = low
         now = self.now_ms()
         cmd = fifo.Enqueue(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent, msg.priority,
-                           msg.expiration_ms, now, publisher, pseq)
+                           msg.expiration_ms, now, publisher, pseq, low)
         env = _enc.encode([self.peers.node, 0, fifo.encode_command(cmd)])
         self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, now / 1000 + RETRY_S, pub]
         if session is not None:
