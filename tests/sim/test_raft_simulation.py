@@ -3,19 +3,35 @@ replay exactly from their seed, and deliberately broken implementations are caug
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ProcessPoolExecutor
+
 import pytest
 
 from hutch.raft.sim import SimOptions, Simulation, run_seed
 
 SEEDS_PER_CHUNK = 2500
+PARALLEL_FROM = 1000  # seed ranges this long run on every core (each seed is independent)
+
+
+def _violations(seeds: range, kw: dict) -> list[str]:
+    out = []
+    for seed in seeds:
+        res = run_seed(seed, **kw)
+        if not res.ok:
+            out.append(f"seed {seed}: {res.violation}")
+    return out
 
 
 def _run_range(first: int, count: int, **kw) -> None:
-    failed = []
-    for seed in range(first, first + count):
-        res = run_seed(seed, **kw)
-        if not res.ok:
-            failed.append(f"seed {seed}: {res.violation}")
+    workers = min(os.cpu_count() or 1, 4)
+    if count < PARALLEL_FROM or workers < 2:
+        failed = _violations(range(first, first + count), kw)
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            parts = [range(first + i, first + count, workers) for i in range(workers)]
+            failed = sorted(sum(pool.map(functools.partial(_violations, kw=kw), parts), []))
     assert not failed, "\n".join(failed[:20]) + "\n(replay: hutch sim raft --seed N -v)"
 
 
