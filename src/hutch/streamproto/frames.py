@@ -353,7 +353,6 @@ STR_MAP = _Map(STR)
 OPT_STR_MAP = _Map(STR, optional=True)
 INT_MAP = _Map(I64)
 OFFSET = _OffsetSpec(allow_none=False)
-OFFSET_OR_NONE = _OffsetSpec(allow_none=True)
 OFFSET_OR_NONE_LAST = _OffsetSpec(allow_none=True, trailing_offset=True)
 COMMAND_VERSIONS = _Array((U16, U16, U16))  # (key, min version, max version)
 
