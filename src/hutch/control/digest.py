@@ -35,6 +35,7 @@ from aiohttp import web
 
 from hutch.control.errors import bad_request, not_found
 from hutch.control.http import api_of, requires
+from hutch.control.listing import int_param
 
 routes = web.RouteTableDef()
 STREAM_READ_BYTES = 4 << 20  # one read of a stream's log while hashing it
@@ -97,16 +98,10 @@ def _read_chunks(log: Any, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def _int_arg(request: web.Request, name: str, default: int) -> int:
-    text = request.query.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise bad_request(f"{name} must be an integer offset") from None
+def _offset_arg(request: web.Request, name: str, default: int) -> int:
+    value = int_param(request, name, default)
     if value < 0:
-        raise bad_request(f"{name} must be an integer offset")
+        raise bad_request(f"{name} must be an integer offset, got {value}")
     return value
 
 
@@ -125,7 +120,7 @@ async def replica_digest(request: web.Request) -> web.Response:
         if q.machine is not None and q.log is not None:
             lg = q.log
             committed, first = q.machine.committed, lg.first_offset
-            lo, hi = _int_arg(request, "from", first), _int_arg(request, "to", committed)
+            lo, hi = _offset_arg(request, "from", first), _offset_arg(request, "to", committed)
             chunks = await asyncio.to_thread(_read_chunks, lg, lo, min(hi, committed))
             answer = stream_digest(chunks, committed, first, lo, hi)
     elif q.quorum:

@@ -24,7 +24,7 @@ PAGE_SIZE_MAX = 500
 PAGE_SIZE_DEFAULT = 100
 
 
-def _int_param(request: web.Request, name: str, default: int) -> int:
+def int_param(request: web.Request, name: str, default: int) -> int:
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
@@ -100,8 +100,8 @@ def respond(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
         items = [_select_columns(i, columns) for i in items]
     if "page" not in request.query:
         return web.json_response(items)
-    page = _int_param(request, "page", 1)
-    page_size = _int_param(request, "page_size", PAGE_SIZE_DEFAULT)
+    page = int_param(request, "page", 1)
+    page_size = int_param(request, "page_size", PAGE_SIZE_DEFAULT)
     if page < 1:
         raise bad_request("page must be a positive integer")
     if not 1 <= page_size <= PAGE_SIZE_MAX:
