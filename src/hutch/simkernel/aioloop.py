@@ -1,0 +1,163 @@
+"""An asyncio event loop on the kernel's clock: whole nodes run in simulated time.
+
+The real runtime of a node (hutch.server) is asyncio code: timers (`call_later`, `sleep`,
+`asyncio.timeout`), tasks and protocols. `VirtualLoop` runs that code unchanged, in one thread,
+with time taken from a `Kernel`: `loop.time()` is `kernel.now` in seconds, and where a real loop
+would block in its selector until the next timer is due, this one moves the kernel's clock to
+that timer and carries on at once. An hour of simulated heartbeats costs only the callbacks it
+runs. Nothing waits on a file descriptor: sockets are the in-memory ones of `hutch.simkernel.net`,
+whose deliveries are timers of this loop, and `run_in_executor` runs the function inline (its
+future is already done when the caller gets it), so a journal fsync completes in the same
+iteration it was asked for.
+
+Order is deterministic: callbacks run in the order they were scheduled, timers in the order of
+their due time (ties in the order the loop's heap gives them, itself a function of the order of
+scheduling). With every other source of choice drawn from the kernel's `rng`, one seed names one
+run of the whole event loop.
+
+Processes die: every callback, timer and task runs in a `contextvars` context, and a context may
+carry a `Life` (`life_var`). `kill(life)` cancels every callback and timer scheduled in it and
+refuses new ones, so the tasks of a crashed node stop where they are, mid-await, as a killed
+process's would; its objects are then merely garbage. Tasks created in a dead life are left
+out of `living_tasks()`, which is what a run cancels and awaits at its end.
+
+What it must never do: read a real clock, block, or run anything on another thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+import selectors
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hutch.simkernel.kernel import Kernel
+
+
+class Life:
+    """One incarnation of a simulated process: alive until `VirtualLoop.kill`."""
+
+    __slots__ = ("name", "alive")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.alive = True
+
+    def __repr__(self) -> str:
+        return f"<Life {self.name} {'alive' if self.alive else 'dead'}>"
+
+
+life_var: contextvars.ContextVar[Life | None] = contextvars.ContextVar("sim_life", default=None)
+
+
+def _life_of(context: contextvars.Context | None) -> Life | None:
+    return life_var.get() if context is None else context.get(life_var)
+
+
+class SimulationDeadlock(RuntimeError):
+    """Nothing is ready and nothing is scheduled: no event can ever happen again."""
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """A selector with no ready file, whose waits move the kernel's clock instead of sleeping."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self._keys: dict[Any, selectors.SelectorKey] = {}
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        key = selectors.SelectorKey(fileobj, fd, events, data)
+        self._keys[fd] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        return self._keys.pop(fd)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        self.unregister(fileobj)
+        return self.register(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list:
+        if timeout is None:
+            raise SimulationDeadlock(f"at {self.kernel.now / 1e6:.6f}s of simulated time nothing is scheduled")
+        if timeout > 0:
+            self.kernel.now += max(1, math.ceil(timeout * 1_000_000))
+        return []
+
+    def close(self) -> None:
+        self._keys.clear()
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return dict(self._keys)
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """`asyncio.SelectorEventLoop` whose clock is `kernel.now` and whose idle waits take no time."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        super().__init__(selector=_VirtualSelector(kernel))
+        self._clock_resolution = 1e-6
+        self._task_lives: weakref.WeakKeyDictionary[asyncio.Task, Life] = weakref.WeakKeyDictionary()
+
+    def time(self) -> float:
+        return self.kernel.now / 1_000_000
+
+    def call_soon(self, callback: Callable, *args: Any, context: contextvars.Context | None = None):
+        handle = super().call_soon(callback, *args, context=context)
+        life = _life_of(context)
+        if life is not None and not life.alive:
+            handle.cancel()
+        return handle
+
+    def call_at(self, when: float, callback: Callable, *args: Any, context: contextvars.Context | None = None):
+        handle = super().call_at(when, callback, *args, context=context)
+        life = _life_of(context)
+        if life is not None and not life.alive:
+            handle.cancel()
+        return handle
+
+    def create_task(self, coro: Any, *, name: str | None = None, context: contextvars.Context | None = None):
+        task = super().create_task(coro, name=name, context=context)
+        life = _life_of(context)
+        if life is not None:
+            self._task_lives[task] = life
+        return task
+
+    def kill(self, life: Life) -> None:
+        """The process `life` names dies: nothing scheduled in it runs again."""
+        life.alive = False
+        for handle in [*self._ready, *self._scheduled]:
+            if handle._context.get(life_var) is life:
+                handle.cancel()
+        for task, task_life in list(self._task_lives.items()):
+            if task_life is life:
+                task._log_destroy_pending = False  # abandoned on purpose
+
+    def living_tasks(self) -> list[asyncio.Task]:
+        """Tasks not yet done whose process is alive."""
+        return [t for t in asyncio.all_tasks(self) if self._task_lives.get(t, None) is None
+                or self._task_lives[t].alive]
+
+    def run_in_executor(self, executor: Any, func: Callable, *args: Any) -> asyncio.Future:
+        """Run `func(*args)` now, on the loop's thread; the returned future is already done."""
+        fut = self.create_future()
+        try:
+            fut.set_result(func(*args))
+        except BaseException as e:  # noqa: BLE001 - the caller sees it through the future, as with a thread
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            fut.set_exception(e)
+        return fut
+
+    def run_for(self, seconds: float) -> None:
+        """Run the loop until `seconds` of simulated time have passed."""
+        self.run_until_complete(asyncio.sleep(seconds))
+
+
+__all__ = ["Life", "SimulationDeadlock", "VirtualLoop", "life_var"]
