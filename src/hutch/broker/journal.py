@@ -43,7 +43,9 @@ One message that stays queued for long keeps its whole segment on disk, and with
 guards in later segments that point into it. A compactor thread owned by the journal rewrites
 mostly-settled sealed segments every `COMPACT_INTERVAL_S`, keeping only their live records
 (same seqs), so such a message costs its own bytes rather than a segment's, and the guards that
-pointed at the dropped E records are released at the next `collect()`.
+pointed at the dropped E records are released at the next `collect()`. Where no thread may
+run (the whole-cluster simulation, hutch.sim.cluster), `compactor_thread` is set False before
+the journal opens and its owner calls `compact_step()` every `COMPACT_INTERVAL_S` instead.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ def _message_of(payload: bytes, kind: str) -> tuple[str, str, bytes, bytes]:
 
 
 class Journal:
+    compactor_thread = True  # False: nothing runs in a thread; the owner calls compact_step()
+
     def __init__(self, directory: str, segment_bytes_max: int = 64 * 1024 * 1024):
         self.log = SegmentLog(directory, segment_bytes_max=segment_bytes_max)
         # (guard record seq, E seqs it protects): released once none of them is on disk
@@ -269,11 +273,20 @@ class Journal:
     def _compact_loop(self) -> None:
         """The compactor thread: store calls only (the guard list belongs to the loop thread)."""
         while not self._stop.wait(COMPACT_INTERVAL_S):
-            try:
-                self.log.compact()
-            except Exception:  # a failed store is reported by the next sync; stop rewriting
-                log.exception("Message journal: compaction failed; no further compaction")
+            if not self.compact_step():
                 return
+
+    def compact_step(self) -> bool:
+        """One round of the compactor; False once it has failed (no further compaction)."""
+        if self._stop.is_set():
+            return False
+        try:
+            self.log.compact()
+        except Exception:  # a failed store is reported by the next sync; stop rewriting
+            log.exception("Message journal: compaction failed; no further compaction")
+            self._stop.set()
+            return False
+        return True
 
     def close(self) -> None:
         self._stop.set()
@@ -386,7 +399,7 @@ class Journal:
             self._guard(g, deps)
         self.collect(force=True)
         self.synced_seq = self.log.durable_seq
-        if not self._compactor.is_alive():
+        if self.compactor_thread and not self._compactor.is_alive():
             self._compactor.start()  # after the replay: nothing rewrites segments under it
         return {qid: msgs for qid, msgs in pending.items() if msgs}
 

@@ -24,6 +24,9 @@ so order holds per (peer, group) while the link lives.
 
 All tasks are owned by the transport; ``close()`` cancels and awaits them and closes every
 socket.
+
+Sockets come from ``network``: anything with asyncio's ``start_server`` and ``open_connection``;
+the asyncio module itself by default, an in-memory network (hutch.simkernel.net) in simulation.
 """
 
 from __future__ import annotations
@@ -117,12 +120,13 @@ class PeerTransport:
                  detector_acceptable_pause_ms: float = 1000.0,
                  frame_size_max: int = FRAME_SIZE_MAX_DEFAULT, send_buffer_max_bytes: int = 64 * 1024 * 1024,
                  reconnect_backoff_min_s: float = 0.05, reconnect_backoff_max_s: float = 2.0,
-                 handshake_timeout_s: float | None = None):
+                 handshake_timeout_s: float | None = None, network: Any = asyncio):
         if not secret:
             raise ValueError("the cluster secret must not be empty")
         if net_ticktime_s <= 0:
             raise ValueError("net_ticktime_s must be positive")
         self.node_name = node_name
+        self.network = network  # start_server / open_connection
         self.listen_host = listen_host
         self.listen_port = listen_port
         self.net_ticktime_s = net_ticktime_s
@@ -155,7 +159,7 @@ class PeerTransport:
     # -- public API --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.listen_host, self.listen_port)
+        self._server = await self.network.start_server(self._accept, self.listen_host, self.listen_port)
         self._spawn(self._ticker(), "ticker")
         for peer in self._peers:
             self._start_dialling(peer)
@@ -304,7 +308,7 @@ class PeerTransport:
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(self.handshake_timeout_s):
-                reader, writer = await asyncio.open_connection(host, port)
+                reader, writer = await self.network.open_connection(host, port)
                 writer.write(codec.data_to_send())
                 up: PeerUp | None = None
                 events: list = []

@@ -134,7 +134,7 @@ def load_secret(path: str | None) -> bytes:
 
 class ClusterRuntime:
     def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str]], None],
-                 fatal: Callable[[str], None] = lambda reason: None):
+                 fatal: Callable[[str], None] = lambda reason: None, network: Any = asyncio):
         """`on_partition(reachable members, members)` runs whenever a peer comes up or goes down
         (the node's pause_minority / pause_if_all_down handling); `fatal(reason)` when this node's
         Raft state cannot be trusted any more (a failed fsync, an entry that failed to apply)."""
@@ -143,6 +143,7 @@ class ClusterRuntime:
         self.broker = broker
         self.on_partition = on_partition
         self.fatal = fatal
+        self.network = network  # the peer transport's sockets (hutch.cluster.transport)
         self.name = cfg.node_name
         self.id = node_id(self.name)
         self.loop = asyncio.get_running_loop()
@@ -212,7 +213,7 @@ class ClusterRuntime:
             self.name, cfg.amqp_host or "0.0.0.0", cfg.peer_port, self.secret,
             peers={n: self._address(n) for n in self.addresses if n != self.name},
             net_ticktime_s=cfg.net_ticktime_s, on_message=self._on_message, on_peer_up=self._on_peer_up,
-            on_peer_down=self._on_peer_down)
+            on_peer_down=self._on_peer_down, network=self.network)
         self.transport.incarnation = self.cluster.incarnation  # one number names this run everywhere
         self.cluster.peer_incarnation = lambda n: (self.transport.link_info(n) or {}).get("incarnation")
         await self.transport.start()

@@ -9,6 +9,12 @@ publisher's socket is not read from.
 
 Timers: heartbeats per connection (every heartbeat/2 s), the broker's expiry tick (100 ms while
 any queue has a TTL), and the memory check (1 s) that raises and clears the memory alarm.
+
+Two things can be handed in instead of the real ones, for the whole-cluster simulation
+(hutch.sim.cluster): the `network` that AMQP listeners and peer links are opened through
+(anything with asyncio's `create_server`, `start_server` and `open_connection`; by default the
+loop and the asyncio module) and the node's `clock`. The journal's fsync goes through
+`loop.run_in_executor`, so a loop that runs it inline runs it inline.
 """
 
 from __future__ import annotations
@@ -182,8 +188,9 @@ class AppStateError(Exception):
 
 
 class Node:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, network=None, clock: NodeClock | None = None):
         self.config = config
+        self.network = network  # None: real sockets (the loop's create_server, asyncio's streams)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.broker: Broker | None = None
         self.protocols: set[AMQPProtocol] = set()
@@ -193,7 +200,7 @@ class Node:
         self.http: HttpListener | None = None  # the management HTTP API
         self.metrics: MetricsService | None = None  # message-rate sampler and Prometheus listener
         self._proc = psutil.Process()
-        self.clock = NodeClock()  # the time this node's broker, catalogue and queues share
+        self.clock = clock or NodeClock()  # the time this node's broker, catalogue and queues share
         self._app_running = False
         self.paused = False  # pause_minority / pause_if_all_down: clients closed until the condition clears
         self.clustering = None
@@ -295,7 +302,8 @@ class Node:
         self.broker.request_sync = self._request_sync
         if self.http is not None:
             self.http.app[API].broker = self.broker
-        self.clustering = ClusterRuntime(self.config, self.broker, self.partition_changed, self.fail_stop)
+        self.clustering = ClusterRuntime(self.config, self.broker, self.partition_changed, self.fail_stop,
+                                         network=self.network or asyncio)
         await self.clustering.start()
         self._wire_node_info()
         self.broker.open_storage(self.config.data_dir)
@@ -306,8 +314,9 @@ class Node:
 
     async def _open_listeners(self) -> None:
         self.servers = []
-        server = await self.loop.create_server(self._protocol, host=self.config.amqp_host or None,
-                                               port=self.config.amqp_port, reuse_address=True, backlog=LISTEN_BACKLOG)
+        listen = self.network or self.loop
+        server = await listen.create_server(self._protocol, host=self.config.amqp_host or None,
+                                            port=self.config.amqp_port, reuse_address=True, backlog=LISTEN_BACKLOG)
         self.servers.append(server)
         for sock in server.sockets:
             addr = sock.getsockname()
@@ -317,9 +326,9 @@ class Node:
             await self.streams.start(self.config.amqp_host, self.config.stream_port, LISTEN_BACKLOG)
         ctx = self.tls_context()
         if ctx is not None:
-            tls_server = await self.loop.create_server(self._tls_protocol, host=self.config.amqp_host or None,
-                                                       port=self.config.amqps_port, reuse_address=True,
-                                                       backlog=LISTEN_BACKLOG, ssl=ctx)
+            tls_server = await listen.create_server(self._tls_protocol, host=self.config.amqp_host or None,
+                                                    port=self.config.amqps_port, reuse_address=True,
+                                                    backlog=LISTEN_BACKLOG, ssl=ctx)
             self.servers.append(tls_server)
             for sock in tls_server.sockets:
                 addr = sock.getsockname()
