@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -62,6 +63,13 @@ LISTEN_BACKLOG = 1024  # pending connections each AMQP listener queues
 LISTENER_CLOSE_WAIT_S = 2.0  # closing listeners: how long to wait for each to finish
 SYNC_DRAIN_POLL_S = 0.01  # stop_app: how often to check whether the last fsync returned
 SYNC_DRAIN_POLLS = 100  # ... and how many times (a second in all) before closing storage anyway
+# The cyclic GC's generation thresholds for a node. A queue's backlog is many small objects that
+# live a while (each message and its queue entry): at CPython's (700, 10, 10) every few hundred
+# publishes start a young collection that walks them, and their promotions start full
+# collections over the whole heap (P1: 0.76 µs of CPU per message in the GC). Young collections
+# 14 times rarer, and the middle generation's 5 times, bring that to 0.2 µs; what a collection
+# reclaims is cyclic garbage only, which the broker's paths make little of.
+GC_THRESHOLDS = (10_000, 50, 10)
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -556,6 +564,7 @@ def setup_logging(config: Config) -> None:
 
 def run_node(config: Config) -> int:
     setup_logging(config)
+    gc.set_threshold(*GC_THRESHOLDS)
     for warning in config.config_warnings:
         logging.getLogger("hutch.config").warning("%s", warning)
     try:
