@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pyproject.toml declares version ranges, constraints.txt pins the exact versions: a change to either reinstalls.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror conformance soak check-demo pipeline-demo bench-spark clean campaign campaign-long
+.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror conformance soak check-demo pipeline-demo bench-spark clean campaign campaign-long sim-cluster
 
 install: $(STAMP)
 
@@ -111,6 +111,11 @@ campaign-long: install
 
 soak: install
 	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000
+
+# Real nodes in one process on simulated time and network (docs/design/simulation.md): 1,000 seeds,
+# about four minutes on one core; each failure prints the command that replays it.
+sim-cluster: install
+	$(BIN)/hutch sim cluster --seed 1 --seeds 1000
 
 conformance: install
 	$(BIN)/python -m tests.conformance.run --both

@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "server": ("hutch.server.cli", "cli", "Run a hutch node."),
     "perf": ("hutch.lab.perf", "cli", "PerfTest-like load tool (producers, consumers, confirms, recording)."),
     "check": ("hutch.pipeline.check", "cli", "Check a recorded history with PySpark."),
-    "sim": ("hutch.raft.sim", "cli", "Deterministic simulation of hutch's cores."),
+    "sim": ("hutch.sim.cli", "cli", "Deterministic simulation of hutch: its cores and whole clusters."),
     "lab": ("hutch.lab.cli", "cli", "Local clusters and fault injection."),
     "definitions": ("hutch.cli.definitions", "cli", "Export and import definitions as JSON."),
 }
