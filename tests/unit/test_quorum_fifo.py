@@ -55,6 +55,7 @@ from hutch.quorum.fifo import (
     QuorumConfig,
     QuorumQueueState,
     Rejected,
+    Resend,
     Return,
     Settle,
     Tick,
@@ -315,9 +316,34 @@ def test_a_new_leader_can_send_again_every_delivery_still_checked_out_as_it_was_
     s.apply(Checkout("n2/c2", "t2", prefetch=5))
     s.apply(Settle("n1/c1", [first[0].msg_id]))  # settled: not sent again
     s.apply(Cancel("n2/c2", requeue=False, now_ms=0))  # a cancelled consumer gets nothing more
-    again = s.redeliveries()
-    assert [(d.consumer_id, d.msg_id, d.body, d.delivery_count, d.redelivered) for d in again] == [
+    [again] = s.resends()
+    assert again.consumer_id == "n1/c1" and again.upto_msg_id == s.next_msg_id - 1  # the last delivery made
+    assert [(d.consumer_id, d.msg_id, d.body, d.delivery_count, d.redelivered) for d in again.deliveries] == [
         (d.consumer_id, d.msg_id, d.body, d.delivery_count, d.redelivered) for d in first[1:]]
+
+
+def test_a_consumers_deliveries_form_a_chain_and_resend_answers_past_the_last_one_it_had():
+    """Each delivery names the one made to the same consumer before it (RabbitMQ's consecutive
+    message ids per consumer): its node sees a gap, and Resend answers with what is checked out
+    past the id it asks from. The chain survives a snapshot."""
+    s = queue()
+    fill(s, 4)
+    a = of(s.apply(Checkout("n1/a", "ta", prefetch=2)), Deliver)
+    b = of(s.apply(Checkout("n2/b", "tb", prefetch=2)), Deliver)
+    assert [d.prev_msg_id for d in a] == [0, a[0].msg_id]
+    assert [d.prev_msg_id for d in b] == [0, b[0].msg_id]
+    fill(s, 1)  # both are full: it waits
+    s = QuorumQueueState.restore(s.snapshot())
+    [a3] = of(s.apply(Settle("n1/a", [a[0].msg_id])), Deliver)
+    assert (a3.consumer_id, a3.prev_msg_id) == ("n1/a", a[1].msg_id)
+    [answer] = s.apply(Resend("n1/a", a[0].msg_id))
+    assert [d.msg_id for d in answer.deliveries] == [a[1].msg_id, a3.msg_id] and answer.upto_msg_id == a3.msg_id
+    [answer] = s.apply(Resend("n2/b", 0))
+    assert [d.msg_id for d in answer.deliveries] == [d.msg_id for d in b]
+    s.apply(NodeDown("n2", 0))
+    [answer] = s.apply(Resend("n2/b", 0))  # what it held came back to the queue: nothing is its own
+    assert answer.deliveries == ()
+    s.check_invariants()
 
 
 def test_return_requeues_with_delivery_count_raised_and_redelivered_set():

@@ -10,6 +10,13 @@ effects work (research §2.1). After a leader change the new leader re-delivers 
 checked out to consumers on nodes that are gone (`NodeDown`), so a consumer may see a message
 twice, with `redelivered` set and its delivery count raised (seed 003, "Scenario 1").
 
+A consumer's deliveries form a chain: each names the one before it (`Deliver.prev_msg_id`), so
+the consumer's node sees a delivery that was lost on the way (a leader stopped between the
+commit and the send, a peer link that dropped) when the next one arrives, and asks for what is
+checked out to the consumer again (`Resend`; RabbitMQ's rabbit_fifo_client does the same with
+its consecutive message ids). A new leader sends each live consumer the same answer unasked
+(`resends`), for deliveries its predecessor may have committed and never sent.
+
     Enqueue   a publish; Accepted / Rejected for its confirm (x-overflow reject-publish)
     Checkout  basic.consume: a consumer with a prefetch, a priority, ack or no-ack
     Cancel    basic.cancel, or (requeue=True) the consumer's channel is gone
@@ -20,6 +27,7 @@ twice, with `redelivered` set and its delivery count raised (seed 003, "Scenario
     Tick      time passes: expire heads (x-message-ttl / expiration), x-expires, dispatch more
     Configure a policy changed the queue's limits; DeadLetterSettled at-least-once dead
               letters were republished and confirmed; PublisherGone; Touch; Delete
+    Resend    a consumer's node missed a delivery: what is checked out to it, again (`Resent`)
 
 Messages live in a `hutch.queues.state.QueueState` — the one queue model — so ordering, the
 place of returned messages, head-only expiry and drop-head overflow are the same as every
@@ -280,8 +288,16 @@ class Delete(msgspec.Struct, tag=16, array_like=True, frozen=True, gc=False):
     now_ms: int = 0
 
 
+class Resend(msgspec.Struct, tag=17, array_like=True, frozen=True, gc=False):
+    """The consumer's node found a delivery missing (one arrived naming a predecessor it never
+    got): answer with what is checked out to the consumer past `after_msg_id`. Changes nothing."""
+
+    consumer_id: str
+    after_msg_id: int
+
+
 Command = (Enqueue | Checkout | Cancel | Settle | Return | Discard | NodeDown | NodeUp | Purge | Tick | Get
-           | Configure | DeadLetterSettled | PublisherGone | Touch | Delete)
+           | Configure | DeadLetterSettled | PublisherGone | Touch | Delete | Resend)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Command)
@@ -310,7 +326,9 @@ class Deliver(msgspec.Struct, frozen=True, gc=False):
     name it, so the runtime maps its delivery tags to it. `delivery_count` is how many times the
     message came back before; RabbitMQ 3.10 sends it on every quorum delivery as the
     `x-delivery-count` header (0 included): the runtime splices it into `props` (this layer may
-    not import the AMQP codec). `seq` is the message's place in the queue."""
+    not import the AMQP codec). `seq` is the message's place in the queue. `prev_msg_id` is the
+    msg_id of the delivery made to the same consumer before this one (0: none): a consumer's node
+    that has not seen it has missed a delivery."""
 
     consumer_id: str
     msg_id: int
@@ -321,6 +339,18 @@ class Deliver(msgspec.Struct, frozen=True, gc=False):
     props: bytes
     body: bytes
     seq: int = 0
+    prev_msg_id: int = 0
+
+
+class Resent(msgspec.Struct, frozen=True, gc=False):
+    """For the consumer's node: `deliveries` are the messages checked out to the consumer (past
+    the id it asked from), as they were delivered; every other delivery to it up to
+    `upto_msg_id` is settled or no longer its own. Its node gives the client the ones it never
+    had, in order."""
+
+    consumer_id: str
+    upto_msg_id: int
+    deliveries: tuple[Deliver, ...]
 
 
 class Accepted(msgspec.Struct, frozen=True, gc=False):
@@ -406,7 +436,7 @@ class QueueExpired(msgspec.Struct, frozen=True, gc=False):
 
 
 Effect = (Deliver | Accepted | Rejected | DeadLetter | ConsumerCancelled | ConsumerActivated | GetResult
-          | Purged | Deleted | DispatchPending | QueueExpired)
+          | Purged | Deleted | DispatchPending | QueueExpired | Resent)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,7 +454,8 @@ class _Publisher:
 
 
 class _Consumer:
-    __slots__ = ("consumer_id", "tag", "prefetch", "priority", "no_ack", "status", "checked_out", "ahead")
+    __slots__ = ("consumer_id", "tag", "prefetch", "priority", "no_ack", "status", "checked_out", "ahead",
+                 "last_msg_id")
 
     def __init__(self, consumer_id: str, tag: str, prefetch: int, priority: int, no_ack: bool, status: int,
                  ahead: int = 0):
@@ -436,6 +467,7 @@ class _Consumer:
         self.status = status
         self.checked_out: dict[int, int] = {}  # msg_id -> seq, in msg_id order (ids only grow)
         self.ahead = ahead  # Checkout.ahead: beyond the prefetch while it is the only consumer
+        self.last_msg_id = 0  # of the last delivery made to it (the next one names it)
 
     def can_take(self, alone: bool = False) -> bool:
         if self.status != UP:
@@ -767,6 +799,9 @@ class QuorumQueueState:
     def _touch(self, cmd: Touch, effects: list[Effect]) -> None:
         self.last_used_ms = self.clock_ms
 
+    def _resend(self, cmd: Resend, effects: list[Effect]) -> None:
+        effects.append(self.resend(cmd.consumer_id, cmd.after_msg_id))
+
     def _delete(self, cmd: Delete, effects: list[Effect]) -> None:
         if self.deleted:
             return
@@ -851,14 +886,15 @@ class QuorumQueueState:
             self.next_msg_id += 1
             if not c.no_ack:
                 c.checked_out[msg_id] = entry.seq
-            effects.append(self._delivery(c.consumer_id, msg_id, entry))
+            effects.append(self._delivery(c.consumer_id, msg_id, entry, c.last_msg_id))
+            c.last_msg_id = msg_id
             delivered += 1
 
-    def _delivery(self, consumer_id: str, msg_id: int, entry: Entry) -> Deliver:
+    def _delivery(self, consumer_id: str, msg_id: int, entry: Entry, prev_msg_id: int = 0) -> Deliver:
         m = entry.message
         count = entry.delivery_count - 1  # QueueState counts deliveries; this is the returns before
         return Deliver(consumer_id, msg_id, count, count > 0, m.exchange, m.routing_key, m.props, m.body,
-                       entry.seq)
+                       entry.seq, prev_msg_id)
 
     # ---------------------------------------------------------------- returns and dead letters
 
@@ -965,15 +1001,22 @@ class QuorumQueueState:
         return [(c.consumer_id, msg_id, self.queue.unacked[seq])
                 for c in self.consumers.values() for msg_id, seq in c.checked_out.items()]
 
-    def redeliveries(self) -> list[Deliver]:
-        """The deliveries of every message checked out to a consumer that may still be waiting
-        for it, as they were made: a new leader sends them again, because the old one may have
-        stopped after the checkout was committed and before its delivery left (the consumer's
-        node drops the ones it has by msg_id). Cancelled consumers and getters are left out."""
-        unacked = self.queue.unacked
-        return [self._delivery(c.consumer_id, msg_id, unacked[seq])
-                for c in self.consumers.values() if c.status == UP
-                for msg_id, seq in c.checked_out.items()]
+    def resend(self, consumer_id: str, after_msg_id: int = 0) -> Resent:
+        """What is checked out to the consumer past `after_msg_id`, as it was delivered (nothing
+        for a consumer that is not up: what it held came back to the queue, or it is cancelled)."""
+        c = self.consumers.get(consumer_id)
+        deliveries: tuple[Deliver, ...] = ()
+        if c is not None and c.status == UP:
+            unacked = self.queue.unacked
+            deliveries = tuple(self._delivery(consumer_id, msg_id, unacked[seq])
+                               for msg_id, seq in c.checked_out.items() if msg_id > after_msg_id)
+        return Resent(consumer_id, self.next_msg_id - 1, deliveries)
+
+    def resends(self) -> list[Resent]:
+        """For a new leader to send unasked: each live consumer's checked-out deliveries, since the
+        old leader may have stopped after a checkout was committed and before its delivery left
+        (the consumer's node drops the ones it has). Cancelled consumers and getters are left out."""
+        return [self.resend(c.consumer_id) for c in self.consumers.values() if c.status == UP and c.checked_out]
 
     def dead_letters_pending(self) -> DeadLetter | None:
         """At-least-once dead letters not yet settled, for a new leader to republish."""
@@ -1013,7 +1056,8 @@ class QuorumQueueState:
             [_snap_entry(e) for e in normal.fifo],
             [_snap_entry(e) for e in held],
             [_SnapConsumer(c.consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, c.status,
-                           [(i, s) for i, s in c.checked_out.items()], c.ahead) for c in self.consumers.values()],
+                           [(i, s) for i, s in c.checked_out.items()], c.ahead, c.last_msg_id)
+             for c in self.consumers.values()],
             self._rings.snapshot(),
             self.active_id, self.next_msg_id,
             [_snap_entry(e) for e in self.dlx_pending.values()],
@@ -1049,6 +1093,7 @@ class QuorumQueueState:
         for sc in snap.consumers:
             c = _Consumer(sc.consumer_id, sc.tag, sc.prefetch, sc.priority, sc.no_ack, sc.status, sc.ahead)
             c.checked_out = dict(sc.checked_out)
+            c.last_msg_id = sc.last_msg_id
             self.consumers[c.consumer_id] = c
         self._rings = PriorityRings.restore(snap.groups)
         self.active_id = snap.active_id
@@ -1072,7 +1117,7 @@ _HANDLERS = {
     NodeDown: QuorumQueueState._node_down, NodeUp: QuorumQueueState._node_up, Purge: QuorumQueueState._purge,
     Tick: QuorumQueueState._tick, Get: QuorumQueueState._get, Configure: QuorumQueueState._configure,
     DeadLetterSettled: QuorumQueueState._dead_letter_settled, PublisherGone: QuorumQueueState._publisher_gone,
-    Touch: QuorumQueueState._touch, Delete: QuorumQueueState._delete,
+    Touch: QuorumQueueState._touch, Delete: QuorumQueueState._delete, Resend: QuorumQueueState._resend,
 }
 
 
@@ -1112,6 +1157,7 @@ class _SnapConsumer(msgspec.Struct, array_like=True, frozen=True, gc=False):
     status: int
     checked_out: list[tuple[int, int]]
     ahead: int = 0  # absent from snapshots written before it
+    last_msg_id: int = 0  # absent from snapshots written before it (the next delivery names 0 then)
 
 
 class _Snapshot(msgspec.Struct, array_like=True, frozen=True, gc=False):

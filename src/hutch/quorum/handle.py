@@ -21,6 +21,14 @@ prefetch and no more, so a busy consumer never holds messages an idle one could 
 dispatch, as the work-queue pattern with prefetch 1 relies on). The ahead is a multiple of the
 prefetch (8, within 64..1,024).
 
+Missed deliveries. Each delivery names the one made to the same consumer before it
+(`prev_msg_id`). One that names a delivery this node never had shows a gap: it and the ones
+after it wait here (`_gaps`) while the host asks the leader for what is checked out to the
+consumer (`fifo.Resend`); the answer (`resent`) gives the client the missing ones, then the
+waiting ones, in order. Nothing is given twice: a delivery at or below the last given one is a
+repeat (a replaced leader's, or a new leader's unasked resend) and is dropped, so the client
+never sees a message again without `redelivered`.
+
 Must never: touch a channel or a connection (deliveries go out through the host's port), do
 I/O, or import anything from `hutch.broker` or above.
 """
@@ -83,6 +91,19 @@ class HostOps(Protocol):
     def owner_id(self) -> str: ...
     def now_ms(self) -> int: ...
     def propose(self, q: QuorumQueue, cmd: Any, callback: Callable[[Any], None] | None = None) -> None: ...
+    def ask_resend(self, q: QuorumQueue, consumer_id: str, after_msg_id: int) -> None: ...
+
+
+class _Gap:
+    """A consumer's deliveries waiting behind one its node never had (see the module's paragraph)."""
+
+    __slots__ = ("asked_s", "waiting")
+
+    def __init__(self, asked_s: float):
+        self.asked_s = asked_s
+        # msg_id -> (prev_msg_id, delivery_count, redelivered, route, props, body); at most what the
+        # state machine checks out to the consumer (its prefetch and credit ahead)
+        self.waiting: dict[int, tuple] = {}
 
 
 class QuorumQueue(GroupHandle):
@@ -120,6 +141,7 @@ class QuorumQueue(GroupHandle):
         # consumer id -> the highest msg_id delivered to it: the state machine numbers deliveries
         # in order (a message that comes back gets a new number), so a lower one is a repeat
         self._last_msg_id: dict[str, int] = {}
+        self._gaps: dict[str, _Gap] = {}  # consumer id -> deliveries waiting behind a missed one
         self.machine: Any = None  # the QuorumQueueState when this node is a member
         self.reported = (0, 0, 0)  # ready, unacked, consumers: from the leader when not a member
         self.mstats = host.port.new_stats()  # what this node's channels did with the queue
@@ -188,11 +210,68 @@ class QuorumQueue(GroupHandle):
         return 0
 
     # -- deliveries to consumers on this node
-    def deliver(self, c: Any, msg_id: int, delivery_count: int, redelivered: bool, route: bytes, props: bytes,
-                body: bytes) -> None:
-        """A delivery the leader sent: to the consumer's channel now, or held until it can take it."""
-        if msg_id <= self._last_msg_id.get(c.ref, 0):
+    def deliver(self, c: Any, msg_id: int, prev_msg_id: int, delivery_count: int, redelivered: bool, route: bytes,
+                props: bytes, body: bytes) -> None:
+        """A delivery the leader sent: to the consumer's channel now, or held until it can take
+        it; or, when it shows that one before it never arrived, kept until that one is here."""
+        cid = c.ref
+        last = self._last_msg_id.get(cid, 0)
+        if msg_id <= last:
             return  # sent again by a leader that had not yet learnt it was replaced: given already
+        gap = self._gaps.get(cid)
+        if prev_msg_id > last and not c.no_ack:  # the one before it has not come (yet)
+            if gap is None:
+                gap = self._gaps[cid] = _Gap(self.host.now_ms() / 1000)
+                self.host.ask_resend(self, cid, last)
+            gap.waiting[msg_id] = (prev_msg_id, delivery_count, redelivered, route, props, body)
+            return
+        self._give(c, msg_id, delivery_count, redelivered, route, props, body)
+        if gap is not None:
+            self._behind_gap(c, gap)
+
+    def _behind_gap(self, c: Any, gap: _Gap) -> bool:
+        """Give what waited behind deliveries that are now here, in order; True when nothing
+        waits any more (the gap is closed)."""
+        cid = c.ref
+        waiting = gap.waiting
+        for msg_id in sorted(waiting):
+            prev_msg_id, *rest = waiting[msg_id]
+            last = self._last_msg_id.get(cid, 0)
+            if msg_id > last:
+                if prev_msg_id > last:
+                    return False
+                self._give(c, msg_id, *rest)
+            del waiting[msg_id]
+        del self._gaps[cid]
+        return True
+
+    def resent(self, c: Any, upto_msg_id: int, deliveries: list[tuple]) -> None:
+        """The leader's answer to a Resend, or a new leader's unasked one: `deliveries` (msg_id,
+        delivery_count, redelivered, route, props, body) are what is checked out to the consumer,
+        and every other delivery to it up to upto_msg_id is settled or no longer its own. The
+        ones never given go to the client in order, then those that waited behind them."""
+        cid = c.ref
+        for msg_id, *rest in sorted(deliveries, key=lambda d: d[0]):
+            if msg_id > self._last_msg_id.get(cid, 0):
+                self._give(c, msg_id, *rest)
+        if upto_msg_id > self._last_msg_id.get(cid, 0):
+            self._last_msg_id[cid] = upto_msg_id
+        gap = self._gaps.get(cid)
+        if gap is not None and not self._behind_gap(c, gap):  # another one missing further on
+            gap.asked_s = self.host.now_ms() / 1000
+            self.host.ask_resend(self, cid, self._last_msg_id.get(cid, 0))
+
+    def ask_again(self, asked_before_s: float) -> bool:
+        """Ask again for the missed deliveries of consumers whose question went unanswered since
+        before asked_before_s (the host's tick); False when no consumer here waits for any."""
+        for cid, gap in self._gaps.items():
+            if gap.asked_s < asked_before_s:
+                gap.asked_s = self.host.now_ms() / 1000
+                self.host.ask_resend(self, cid, self._last_msg_id.get(cid, 0))
+        return bool(self._gaps)
+
+    def _give(self, c: Any, msg_id: int, delivery_count: int, redelivered: bool, route: bytes, props: bytes,
+              body: bytes) -> None:
         self._last_msg_id[c.ref] = msg_id
         if c.no_ack:
             self.host.port.deliver(c, self, msg_id, delivery_count, redelivered, route, props, body)
@@ -235,10 +314,11 @@ class QuorumQueue(GroupHandle):
         self.host.consumers.pop(c.ref, None)
         self._last_msg_id.pop(c.ref, None)
         held = self._held.pop(c.ref, None)
+        gap = self._gaps.pop(c.ref, None)
         requeue = c.channel.closed
         self.flush()
-        if held and not requeue:  # never reached the client: back to the queue (Cancel keeps the rest)
-            ids = [h[0] for h in held]
+        ids = [h[0] for h in held or ()] + sorted(gap.waiting if gap is not None else ())
+        if ids and not requeue:  # never reached the client: back to the queue (Cancel keeps the rest)
             for i in range(0, len(ids), IDS_PER_COMMAND_MAX):
                 self.host.propose(self, fifo.Return(c.ref, ids[i:i + IDS_PER_COMMAND_MAX]))
         self.host.propose(self, fifo.Cancel(c.ref, requeue=requeue, now_ms=self.host.now_ms()))

@@ -26,6 +26,13 @@ When a node goes down, each queue's leader proposes `NodeDown`: what that node's
 held comes back, redelivered with its `x-delivery-count`. A new leader does the same for the
 nodes it finds down.
 
+A delivery that never reaches the consumer's node (its leader stopped between the commit and
+the send, or the peer link dropped) is found there when the next one arrives naming it, and the
+node proposes `Resend`: the leader answers with what is checked out to the consumer, which the
+node gives the client in order, those it already gave left out (`ResentToConsumer`). A new
+leader sends each live consumer's node that answer unasked, for what its predecessor may have
+committed and never sent.
+
 This module is the host: the node's side of every quorum queue (handles, the groups it hosts,
 proposals in flight, the leader's effects). It reaches peers only through `hutch.cluster.peers`
 and the broker only through `QuorumPort` (time, policies, dead-lettering, the loop, and
@@ -55,7 +62,13 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
+RESEND_ASK_AGAIN_S = 2.0  # a consumer's node that asked for missed deliveries asks again if no answer came
 ONCE_ONLY = (fifo.Get, fifo.Purge)  # not idempotent: never resent once sent
+# A leader's verdict from its own view of the cluster: proposed only while this node leads, and
+# never sent on to another leader (a suspended leader, resumed, finds its links closed and would
+# have the new leader suspend consumers on nodes it saw up all along, with no NodeUp to follow).
+# A new leader decides again from its own view (leadership_changed).
+LEADER_ONLY = (fifo.NodeDown, fifo.NodeUp)
 CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to expire
 SNAPSHOT_LOG_FACTOR = 4  # compact a queue's log when it is this many times longer than the queue
 SNAPSHOT_MESSAGES_MIN = 2048
@@ -104,6 +117,16 @@ class ToConsumer(msgspec.Struct, tag="deliver", array_like=True, frozen=True, gc
     routing_key: str
     props: bytes
     body: bytes
+    prev_msg_id: int = 0  # fifo.Deliver.prev_msg_id
+
+
+class ResentToConsumer(msgspec.Struct, tag="resent", array_like=True, frozen=True, gc=False):
+    """fifo.Resent, for the consumer's node: the deliveries are ToConsumer without prev_msg_id."""
+
+    gid: int
+    consumer_id: str
+    upto_msg_id: int
+    deliveries: list[ToConsumer]
 
 
 class PublishDecided(msgspec.Struct, tag="decided", array_like=True, frozen=True, gc=False):
@@ -129,7 +152,7 @@ class ConsumerEnded(msgspec.Struct, tag="cancelled", array_like=True, frozen=Tru
     consumer_id: str
 
 
-Outcome = ToConsumer | PublishDecided | Answer | ConsumerEnded
+Outcome = ToConsumer | PublishDecided | Answer | ConsumerEnded | ResentToConsumer
 _outcomes_dec = msgspec.msgpack.Decoder(list[Outcome])
 
 
@@ -210,6 +233,7 @@ class QuorumHost:
         self._gone_due: list[tuple[float, _PublisherIds]] = []  # channels closed in the last few seconds
         self._out: dict[str, list] = {}  # node -> outcomes to send it; emptied every loop iteration (flush)
         self._leading: set[int] = set()
+        self._gapped: set[QuorumQueue] = set()  # queues with a consumer here waiting for missed deliveries
         self._next_clock_s = 0.0
         # commit latency as a leader sees it, one proposal at a time per group (Prometheus'
         # rabbitmq_raft_entry_commit_latency_seconds): gid -> when the one measured was proposed
@@ -322,13 +346,14 @@ class QuorumHost:
             for n in self._consumer_nodes(q):
                 if not self.peers.is_up(n):
                     self.propose(q, fifo.NodeDown(n, now))
+                elif n in self._suspected_nodes(q):  # back before this node led: no NodeUp came
+                    self.propose(q, fifo.NodeUp(n, now))
             self._cancel_stale(q)
             if q.machine is not None:
-                for d in q.machine.redeliveries():  # lost with the old leader, maybe; repeats are dropped
-                    node = node_of(d.consumer_id)
+                for r in q.machine.resends():  # lost with the old leader, maybe; repeats are dropped
+                    node = node_of(r.consumer_id)
                     if self.peers.is_up(node):
-                        self._queue_out(node, ToConsumer(q.gid, d.consumer_id, d.msg_id, d.delivery_count,
-                                                         d.redelivered, d.exchange, d.routing_key, d.props, d.body))
+                        self._queue_out(node, _resent(q.gid, r))
             self.reconfigure(q)  # a policy may have changed while another member led
             pending = q.machine.dead_letters_pending() if q.machine is not None else None
             if pending is not None:
@@ -351,6 +376,13 @@ class QuorumHost:
             if current is not None and incarnation_in(cid) != current:
                 self.propose(q, fifo.Cancel(cid, requeue=True, now_ms=now))
 
+    def _suspected_nodes(self, q: QuorumQueue) -> set[str]:
+        """Nodes with consumers the queue holds suspended (NodeDown, and no NodeUp since)."""
+        st = q.machine
+        if st is None:
+            return set()
+        return {node_of(cid) for cid, c in st.consumers.items() if c.status == fifo.SUSPECTED_DOWN}
+
     def _consumer_nodes(self, q: QuorumQueue) -> set[str]:
         st = q.machine
         if st is None:
@@ -372,13 +404,17 @@ class QuorumHost:
         # after metadata_timeout_ms; the others are resent as long as the queue exists.
         deadline = now + self.port.metadata_timeout_ms() / 1000 if callback is not None else float("inf")
         once = isinstance(cmd, ONCE_ONLY)
-        item = [q, env, now + RETRY_S, once, False]  # queue, envelope, resend at, once only, sent
+        # queue, envelope, resend at, once only, sent, leader only
+        item = [q, env, now + RETRY_S, once, False, isinstance(cmd, LEADER_ONLY)]
         self.peers.requests.open(req, callback or _no_answer, None, deadline, Q_REQUEST, item)
         self._send_call(item)
 
     def _send_call(self, item: list) -> None:
-        q, env, _retry, once, sent = item
-        if not once:
+        q, env, _retry, once, sent, leader_only = item
+        if leader_only:
+            if self.is_leader(q):
+                self._send(q, env)
+        elif not once:
             self._send(q, env)
         elif not sent and (self.raft is None or self.peers.node not in q.members or self.raft.leader(q.gid)):
             # sent once, and by a member only when it knows a leader (a member that does not
@@ -436,7 +472,7 @@ class QuorumHost:
         requests = self.peers.requests
         for p in requests.tagged(Q_REQUEST):
             item = p.state
-            if item[0].deleted and p.callback is _no_answer:
+            if (item[0].deleted or item[5] and not self.is_leader(item[0])) and p.callback is _no_answer:
                 requests.take(p.rid)
             elif now_s < p.deadline_s and now_s >= item[2]:
                 item[2] = now_s + RETRY_S
@@ -448,6 +484,10 @@ class QuorumHost:
                     self._send(item[0], item[1])
         if self._gone_due:
             self._publishers_gone(now_s)
+        if self._gapped:
+            for q in list(self._gapped):
+                if not q.ask_again(now_s - RESEND_ASK_AGAIN_S):
+                    self._gapped.discard(q)
 
     def _wants_clock(self, q: QuorumQueue, now_ms: int) -> bool:
         st = q.machine
@@ -532,7 +572,7 @@ class QuorumHost:
             if t is fifo.Deliver:
                 self._queue_out(node_of(e.consumer_id), ToConsumer(q.gid, e.consumer_id, e.msg_id, e.delivery_count,
                                                                    e.redelivered, e.exchange, e.routing_key, e.props,
-                                                                   e.body))
+                                                                   e.body, e.prev_msg_id))
             elif t is fifo.Accepted or t is fifo.Rejected:
                 self._queue_out(node_of(e.publisher), PublishDecided(e.publisher, e.publisher_seq,
                                                                      t is fifo.Accepted))
@@ -551,6 +591,8 @@ class QuorumHost:
                 self.propose(q, fifo.Tick(self.now_ms()))
             elif t is fifo.QueueExpired:
                 self.port.delete_queue(q.vhost, q.name)
+            elif t is fifo.Resent:
+                self._queue_out(node_of(e.consumer_id), _resent(q.gid, e))
         if req:
             self._queue_out(origin, Answer(req, reply, q.gid))
         self.port.schedule()
@@ -589,13 +631,15 @@ class QuorumHost:
         for item in items:
             t = type(item)
             if t is ToConsumer:
-                self._deliver(item.gid, item.consumer_id, item.msg_id, item.delivery_count, item.redelivered,
-                              item.exchange, item.routing_key, item.props, item.body)
+                self._deliver(item.gid, item.consumer_id, item.msg_id, item.prev_msg_id, item.delivery_count,
+                              item.redelivered, item.exchange, item.routing_key, item.props, item.body)
             elif t is PublishDecided:
                 self._confirmed(item.publisher, item.publisher_seq, item.accepted)
             elif t is Answer:
                 if not self.peers.requests.answer(item.req, item.answer):
                     self._orphan_answer(item.answer, item.gid)
+            elif t is ResentToConsumer:
+                self._resent(item)
             elif t is ConsumerEnded:
                 c = self.consumers.pop(item.consumer_id, None)
                 if c is not None:
@@ -610,16 +654,32 @@ class QuorumHost:
         if q is not None and len(answer) == 4 and answer[1] is not None:
             self.propose(q, fifo.Return(answer[3], [answer[1][0]]))
 
-    def _deliver(self, gid: int, consumer_id: str, msg_id: int, delivery_count: int, redelivered: bool,
-                 exchange: str, routing_key: str, props: bytes, body: bytes) -> None:
+    def _deliver(self, gid: int, consumer_id: str, msg_id: int, prev_msg_id: int, delivery_count: int,
+                 redelivered: bool, exchange: str, routing_key: str, props: bytes, body: bytes) -> None:
         c = self.consumers.get(consumer_id)
         q = self.queues.get(gid)
         if c is None or q is None:
             if q is not None:  # the consumer is gone: give it back
                 q.host.propose(q, fifo.Return(consumer_id, [msg_id]))
             return
-        props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
-        q.deliver(c, msg_id, delivery_count, redelivered, codec.route_encoding(exchange, routing_key), props, body)
+        q.deliver(c, msg_id, prev_msg_id, *_delivery(delivery_count, redelivered, exchange, routing_key, props, body))
+
+    def _resent(self, item: ResentToConsumer) -> None:
+        """A leader's answer to a Resend (or a new leader's unasked one): to the consumer's handle.
+        For a consumer gone meanwhile nothing is done: its Cancel settled what it held."""
+        c = self.consumers.get(item.consumer_id)
+        q = self.queues.get(item.gid)
+        if c is None or q is None:
+            return
+        q.resent(c, item.upto_msg_id,
+                 [(d.msg_id, *_delivery(d.delivery_count, d.redelivered, d.exchange, d.routing_key, d.props, d.body))
+                  for d in item.deliveries])
+
+    def ask_resend(self, q: QuorumQueue, consumer_id: str, after_msg_id: int) -> None:
+        """A consumer's handle found a delivery missing: ask the leader for what is checked out to
+        it (asked again by tick() while no answer comes)."""
+        self._gapped.add(q)
+        self.propose(q, fifo.Resend(consumer_id, after_msg_id))
 
     # -- nodes
     def peer_down(self, peer: str) -> None:
@@ -662,3 +722,17 @@ class QuorumHost:
 
 def _no_answer(_answer: Any) -> None:
     return None
+
+
+def _resent(gid: int, r: fifo.Resent) -> ResentToConsumer:
+    return ResentToConsumer(gid, r.consumer_id, r.upto_msg_id,
+                            [ToConsumer(gid, d.consumer_id, d.msg_id, d.delivery_count, d.redelivered, d.exchange,
+                                        d.routing_key, d.props, d.body) for d in r.deliveries])
+
+
+def _delivery(delivery_count: int, redelivered: bool, exchange: str, routing_key: str, props: bytes,
+              body: bytes) -> tuple[int, bool, bytes, bytes, bytes]:
+    """A delivery as a consumer's channel takes it: the route encoded, x-delivery-count in the
+    properties (RabbitMQ 3.10 sends it on every quorum delivery, 0 included)."""
+    props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
+    return delivery_count, redelivered, codec.route_encoding(exchange, routing_key), props, body

@@ -1,0 +1,277 @@
+"""A quorum queue's deliveries to a consumer on another node, as its node receives them
+(hutch.quorum.host, hutch.quorum.handle): the leader's state machine (hutch.quorum.fifo) checks
+messages out to the consumer, and the outcomes travel to the consumer's node, where one may be
+lost (a leader stopped between the commit and the send, a peer link that dropped). Every message
+checked out to a live consumer must reach it, in order, and none twice without `redelivered`
+(RabbitMQ's rabbit_fifo_client: consecutive deliveries per consumer, a gap is asked for again).
+
+The consumer's node here is a real `QuorumHost` with no Raft group of its own; the test carries
+its proposals to the leader's state machine and the leader's outcomes back, as the peer transport
+would, and can drop any of them.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import msgspec
+
+from hutch.cluster import catalogue as cat
+from hutch.cluster.peers import Peers
+from hutch.quorum import fifo
+from hutch.quorum.handle import QuorumQueue
+from hutch.quorum.host import RESEND_ASK_AGAIN_S, Outcome, QuorumHost
+
+GID = 7
+NO_PROPS = b"\x00\x00"  # AMQP content properties with no flag set
+
+
+class _Channel:
+    closed = False
+    global_prefetch = False
+
+
+class _Consumer:
+    """What the handle needs of the broker's consumer: a prefetch it counts against."""
+
+    def __init__(self, prefetch: int):
+        self.prefetch = prefetch
+        self.no_ack = False
+        self.channel = _Channel()
+        self.tag = "ctag"
+        self.priority = 0
+        self.ref = ""
+        self.got: list[tuple[bytes, bool]] = []  # (body, redelivered) as the client saw them
+        self.unacked = 0
+
+    def can_take(self) -> bool:
+        return self.unacked < self.prefetch
+
+
+class _Port:
+    def __init__(self):
+        self.t_ms = 1_800_000_000_000
+
+    def now_ms(self) -> int:
+        return self.t_ms
+
+    def metadata_timeout_ms(self) -> int:
+        return 15_000
+
+    def dirty(self, q) -> None:
+        pass
+
+    def schedule(self) -> None:
+        pass
+
+    def new_stats(self):
+        return None
+
+    def queue_settings(self, vhost, name, queue_type, args):
+        """No policies: the queue's own arguments (here none: QuorumConfig's defaults)."""
+        c = fifo.QuorumConfig()
+        return SimpleNamespace(max_length=c.max_length, max_length_bytes=c.max_length_bytes, overflow=c.overflow,
+                               delivery_limit=c.delivery_limit, dead_letter_exchange=c.dead_letter_exchange,
+                               dead_letter_routing_key=c.dead_letter_routing_key, message_ttl_ms=c.message_ttl_ms,
+                               expires_ms=c.expires_ms, warnings=[])
+
+    def deliver(self, c, q, msg_id, delivery_count, redelivered, route, props, body) -> None:
+        c.got.append((body, redelivered))
+        c.unacked += 1
+
+
+class Link:
+    """The leader's node (its host carries out the state machine's effects) and the consumer's
+    node, with the transport between them: what either sends is kept until the test hands it on."""
+
+    def __init__(self):
+        self.port = _Port()
+        self.to_n1: list[list] = []  # the consumer's node's messages to the leader's
+        self.to_n3: list[list] = []  # the leader's node's messages to the consumer's
+        rec = cat.QueueRecord("/", "q", "quorum", leader_node="n1", member_nodes=("n1", "n2", "n4"),
+                              journal_id=GID)
+        self.leader = self._host("n1", self.to_n3)
+        self.lq = QuorumQueue(self.leader, rec, fifo.QuorumConfig())
+        self.lq.machine = self.state = fifo.QuorumQueueState()
+        self.leader.queues[GID] = self.lq
+        self.host = self._host("n3", self.to_n1)
+        self.q = QuorumQueue(self.host, rec, fifo.QuorumConfig())
+        self.host.queues[GID] = self.q
+
+    def _host(self, node: str, outbox: list) -> QuorumHost:
+        peers = Peers(node, lambda _peer, payload: outbox.append(payload) or True, lambda _n: True,
+                      lambda fn, *a: fn(*a))
+        return QuorumHost(peers, self.port)
+
+    def apply(self, cmd, origin: str = "n1", req: int = 0) -> list:
+        """The leader applies a command and sends what it decided; returns the outcomes for the
+        consumer's node (the answer to its proposal `req` among them), not yet delivered."""
+        self.leader.carry_out(self.lq, self.state.apply(cmd), origin, req)
+        return self.sent_to_consumer()
+
+    def sent_to_consumer(self) -> list:
+        self.leader.flush()
+        msgs, self.to_n3[:] = list(self.to_n3), []
+        return [o for m in msgs for o in _outcomes.decode(m[1])]
+
+    def proposals(self) -> list:
+        """The consumer's node's proposals, applied by the leader; the outcomes for the consumer's node."""
+        msgs, self.to_n1[:] = list(self.to_n1), []
+        out = []
+        for m in msgs:
+            assert m[0] == "QP" and m[1] == GID
+            origin, req, cmd = msgspec.msgpack.decode(m[2])
+            out += self.apply(fifo.decode_command(cmd), origin, req)
+        return out
+
+    def consume(self, prefetch: int) -> _Consumer:
+        c = _Consumer(prefetch)
+        self.q.consume(c, lambda _r: None)
+        self.arrive(self.proposals())
+        return c
+
+    def publish(self, *bodies: bytes) -> list:
+        return [o for b in bodies for o in self.apply(fifo.Enqueue("", "q", NO_PROPS, b, now_ms=self.port.t_ms))]
+
+    def arrive(self, outcomes: list) -> None:
+        self.host.on_effects(_outcomes_enc.encode(outcomes))
+
+    def new_leader(self) -> list:
+        """A new leader's unasked resend to each live consumer (QuorumHost.leadership_changed)."""
+        self.leader.carry_out(self.lq, self.state.resends(), "n1", 0)
+        return self.sent_to_consumer()
+
+    def settle(self, c: _Consumer) -> None:
+        for msg_id in list(self.q._owner):
+            self.q.settle(msg_id)
+        c.unacked = 0
+        self.q.flush()
+        self.arrive(self.proposals())
+
+
+_outcomes = msgspec.msgpack.Decoder(list[Outcome])
+_outcomes_enc = msgspec.msgpack.Encoder()
+
+
+def bodies(c: _Consumer) -> list[bytes]:
+    return [b for b, _r in c.got]
+
+
+def test_a_delivery_lost_on_the_way_is_asked_for_when_the_next_one_names_it():
+    link = Link()
+    c = link.consume(prefetch=10)
+    m1, m2, m3 = link.publish(b"m1", b"m2", b"m3")
+    link.arrive([m1, m3])  # m2 lost on the way
+    assert bodies(c) == [b"m1"]  # m3 waits behind the gap
+    link.arrive(link.proposals())  # the consumer's node asked (Resend); the leader answers
+    assert c.got == [(b"m1", False), (b"m2", False), (b"m3", False)]
+    assert link.state.messages_unacknowledged == 3
+    link.settle(c)
+    assert link.state.messages == 0
+
+
+def test_the_last_deliveries_lost_with_the_old_leader_come_from_the_new_one():
+    link = Link()
+    c = link.consume(prefetch=10)
+    m1, _m2, _m3 = link.publish(b"m1", b"m2", b"m3")
+    link.arrive([m1])  # the old leader stopped before m2 and m3 left
+    link.arrive(link.new_leader())
+    assert c.got == [(b"m1", False), (b"m2", False), (b"m3", False)]
+    assert link.proposals() == []  # nothing was missing in between: no question asked
+
+
+def test_a_repeat_from_a_replaced_leader_is_never_given_twice():
+    link = Link()
+    c = link.consume(prefetch=10)
+    sent = link.publish(b"m1", b"m2")
+    link.arrive(sent)
+    link.arrive(link.new_leader())  # the new leader resends what is checked out
+    link.arrive(sent)  # and the old one, resumed, sends its deliveries again
+    m3 = link.publish(b"m3")
+    link.arrive(m3 + sent)
+    assert c.got == [(b"m1", False), (b"m2", False), (b"m3", False)]
+    assert link.proposals() == []
+
+
+def test_an_answer_lost_on_the_way_is_asked_for_again():
+    link = Link()
+    c = link.consume(prefetch=10)
+    m1, _m2, m3 = link.publish(b"m1", b"m2", b"m3")
+    link.arrive([m1, m3])
+    link.proposals()  # the answer is lost
+    now_s = link.port.t_ms / 1000
+    link.host.tick(now_s + 0.5)
+    assert link.to_n1 == []  # not yet
+    link.host.tick(now_s + RESEND_ASK_AGAIN_S + 0.1)
+    link.arrive(link.proposals())
+    assert bodies(c) == [b"m1", b"m2", b"m3"]
+    link.host.tick(now_s + 2 * RESEND_ASK_AGAIN_S + 0.2)
+    assert link.to_n1 == []  # answered: no more questions
+
+
+def test_what_waits_behind_a_gap_goes_to_the_client_within_its_prefetch():
+    link = Link()
+    c = link.consume(prefetch=2)
+    out = link.publish(b"m1", b"m2", b"m3", b"m4")  # the state machine sends ahead of the prefetch
+    link.arrive([out[0], out[2], out[3]])
+    link.arrive(link.proposals())
+    assert bodies(c) == [b"m1", b"m2"]
+    link.settle(c)
+    assert bodies(c) == [b"m1", b"m2", b"m3", b"m4"]
+
+
+def test_a_message_returned_while_its_delivery_was_lost_is_not_given_from_the_old_delivery():
+    link = Link()
+    c = link.consume(prefetch=10)
+    m1, m2 = link.publish(b"m1", b"m2")
+    link.arrive([m1])
+    # the consumer nacks m1 with requeue: it comes back as a new delivery behind m2
+    link.q.requeue(m1.msg_id)
+    c.unacked = 0
+    link.q.flush()
+    again = link.proposals()
+    link.arrive(again + [m2])  # m2 arrives late, after the redelivery that names it
+    assert c.got == [(b"m1", False), (b"m2", False), (b"m1", True)]
+
+
+class _Raft:
+    """The node's Raft groups as the host sees them: who leads, and proposals appended locally
+    (a leader that was suspended still thinks it leads until it hears of the new term)."""
+
+    def __init__(self, leader: str):
+        self.leader_node = leader
+        self.appended: list = []
+
+    def leader(self, _gid: int) -> str:
+        return self.leader_node
+
+    def propose(self, _gid: int, env: bytes) -> bool:
+        self.appended.append(fifo.decode_command(msgspec.msgpack.decode(env)[2]))
+        return True
+
+
+def test_a_replaced_leaders_verdict_on_a_node_never_reaches_the_new_leader():
+    """A leader suspended (SIGSTOP) and resumed finds its links to the other nodes closed and, still
+    thinking it leads, proposes NodeDown for them. The new leader, which saw those nodes up all
+    along, must not apply it: their consumers would be suspended (their messages redelivered) and,
+    with no NodeUp to come from a leader that never saw them go, would get nothing more."""
+    link = Link()
+    link.leader.raft = raft = _Raft(leader="n1")
+    link.leader.peer_down("n3")
+    assert [type(c) for c in raft.appended] == [fifo.NodeDown]  # in its own log, never committed
+    raft.leader_node = "n2"  # it hears of the new term
+    now_s = link.port.t_ms / 1000
+    link.leader.tick(now_s + 10)
+    link.leader.leader_known(GID)
+    assert not [m for m in link.to_n3 if m[0] == "QP"]  # nothing sent on to the new leader
+    assert [type(c) for c in raft.appended] == [fifo.NodeDown]
+
+
+def test_a_new_leader_revives_the_consumers_of_a_node_that_came_back_before_it_led():
+    link = Link()
+    link.consume(prefetch=10)
+    link.apply(fifo.NodeDown("n3"))  # the old leader saw n3 go and did not see it come back
+    link.leader.raft = raft = _Raft(leader="n1")
+    link.leader.leadership_changed(GID, True)
+    assert fifo.NodeUp("n3") in [msgspec.structs.replace(c, now_ms=0) for c in raft.appended
+                                 if type(c) is fifo.NodeUp]
