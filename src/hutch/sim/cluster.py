@@ -60,6 +60,10 @@ from pamqp import commands
 
 from hutch.broker.broker import Config
 from hutch.broker.journal import COMPACT_INTERVAL_S, Journal
+from hutch.control import changes
+from hutch.control.errors import ApiError
+from hutch.control.policies import set_policy_command
+from hutch.control.policy import validate_policy
 from hutch.raft.group import LEADER
 from hutch.server.clock import NodeClock
 from hutch.server.runtime import Node
@@ -73,11 +77,25 @@ WALL_SKEW_MS_MAX = 50  # each node's wall clock is off by up to this much
 AMQP_PORT = 5672
 PEER_PORT = 25672
 QUEUE = "sim-q"
+# the arguments of the queue the workload declares, by --queue-type, and what a confirm promises
+QUEUE_TYPES = {
+    "quorum": {"x-queue-type": "quorum"},  # confirmed once a majority of members has it on disk
+    "classic": {},  # durable, persistent messages: confirmed once fsynced on the queue's home node
+    "mirrored": {},  # the same, mirrored by MIRROR_POLICY: confirmed once every mirror has it
+}
+# the operator's policy for --queue-type mirrored (set as `hutchctl set_policy` would): mirrors on
+# every node, synchronised automatically, a leader promoted only from synchronised mirrors; with
+# pause_minority (RabbitMQ's advice for mirroring) a partition cannot split the queue in two.
+MIRROR_POLICY = {"pattern": "^sim-", "apply-to": "queues",
+                 "definition": {"ha-mode": "all", "ha-sync-mode": "automatic", "ha-promote-on-failure": "when-synced",
+                                "ha-promote-on-shutdown": "when-synced"}}
 LEADER_CHECK_S = 0.01  # how often the one-leader-per-term check samples the nodes
 BOOT_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 5.0  # a client's connect, declare or consume
 CLIENT_BACKOFF_S = (0.05, 0.5)
 AUDIT_S = 5.0  # how long the audit's consumer waits on each node
+CONFIRM_TIMEOUT_S = 10.0  # a publisher whose window is full gives its connection up after this long
+RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is stuck
 # What a run can find, in the words SimResult.stats["failed"] uses:
 FAILURE_KINDS = frozenset({
     "lost",  # a confirmed message nobody could receive after the heal, not even a new consumer
@@ -88,6 +106,7 @@ FAILURE_KINDS = frozenset({
     "two-leaders",  # two leaders of one Raft group in one term
     "unhandled",  # an exception that escaped a node's callback or task
     "boot",  # the cluster did not boot
+    "stuck",  # the run did not end in RUN_S_MAX of simulated time
     "error",  # the run itself broke (the trace has the traceback)
 })
 _LONG_NUMBER = re.compile(r"\b\d{10,}\b")  # object ids in log lines: masked, they are addresses
@@ -101,6 +120,7 @@ class ClusterSimOptions:
     fault_s: float = 8.0  # faults are injected from the boot to this much later
     drain_s: float = 60.0  # after the heal: how long the consumer has to receive every confirmed message
     net_ticktime_s: float = 4.0
+    queue_type: str = "quorum"  # one of QUEUE_TYPES
     trace: bool = False
 
 
@@ -221,7 +241,7 @@ class ClusterSim:
         try:
             with seeded_entropy(self.opts.seed), _owned_fds(self._fds), simulated_clocks(self.loop.time):
                 try:
-                    self.loop.run_until_complete(self._main())
+                    self.loop.run_until_complete(self._bounded(self._main()))
                 except Exception as e:  # noqa: BLE001 - a run that breaks is a failed run, with its trace
                     self.kernel.log("".join(traceback.format_exception(e)))
                     self._fail("error", f"the run stopped: {type(e).__name__}: {e}")
@@ -271,9 +291,16 @@ class ClusterSim:
         else:
             self._fail("unhandled", text)
 
+    async def _bounded(self, main) -> None:
+        try:
+            async with asyncio.timeout(RUN_S_MAX):
+                await main
+        except TimeoutError:
+            self._fail("stuck", f"the run did not end within {RUN_S_MAX:.0f} s of simulated time")
+
     async def _main(self) -> None:
         self.loop.set_exception_handler(self._unhandled)
-        self.kernel.log(f"sim cluster seed {self.opts.seed}: {len(self.hosts)} nodes")
+        self.kernel.log(f"sim cluster seed {self.opts.seed}: {len(self.hosts)} nodes, a {self.opts.queue_type} queue")
         self._write_secret()
         boots = [self._spawn_on(h, self._boot(h)) for h in self.hosts]
         try:
@@ -283,6 +310,8 @@ class ClusterSim:
             self._fail("boot", f"the cluster did not boot within {BOOT_TIMEOUT_S:.0f} s")
             return
         self.kernel.log("cluster booted")
+        if self.opts.queue_type == "mirrored":
+            await self._set_mirror_policy()
         self.loop.call_later(LEADER_CHECK_S, self._check_leaders)
         async with asyncio.TaskGroup() as tg:
             publisher = tg.create_task(self._publisher())
@@ -300,6 +329,21 @@ class ClusterSim:
         await self._check_catalogues()
         self._check_messages(missing)
 
+    async def _set_mirror_policy(self) -> None:
+        """As an operator would with `hutchctl set_policy`, retrying until the catalogue holds the
+        default vhost (the first seconds after a cluster forms)."""
+        host = self.hosts[0]
+        cmd = set_policy_command(validate_policy("/", "ha", MIRROR_POLICY))
+        for _ in range(100):
+            try:
+                await self._spawn_on(host, changes.commit(self.nodes[host].broker, cmd))
+                self.kernel.log(f"policy 'ha' set on {host}: {MIRROR_POLICY}")
+                return
+            except ApiError as e:
+                self.kernel.log(f"setting policy 'ha' on {host}: {e}")
+                await asyncio.sleep(0.1)
+        self._fail("boot", "policy 'ha' could not be set")
+
     def _spawn_on(self, host: str, coro) -> asyncio.Task:
         """A task that runs as part of `host` (its log lines name it)."""
         return self.loop.create_task(coro, context=self.net.context(host))
@@ -314,7 +358,8 @@ class ClusterSim:
                       peer_port=PEER_PORT, cluster_nodes=[f"hutch@{h}:{PEER_PORT}" for h in self.hosts],
                       cluster_secret_file=os.path.join(self.root, "secret"), loopback_users=[],
                       net_ticktime_s=self.opts.net_ticktime_s, disk_free_limit_bytes=0,
-                      vm_memory_high_watermark_bytes=1 << 50, consumer_timeout_ms=None)
+                      vm_memory_high_watermark_bytes=1 << 50, consumer_timeout_ms=None,
+                      cluster_partition_handling="pause_minority" if self.opts.queue_type == "mirrored" else "ignore")
 
     async def _boot(self, host: str) -> None:
         if host in self.nodes:
@@ -408,7 +453,7 @@ class ClusterSim:
             try:
                 async with asyncio.timeout(STEP_TIMEOUT_S):
                     await client.connect(self.net.host(who), host, AMQP_PORT)
-                    await client.queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+                    await client.queue_declare(QUEUE, durable=True, arguments=QUEUE_TYPES[self.opts.queue_type])
                 self.kernel.log(f"client {who}: connected to {host}")
                 return client, host
             except Exception as e:  # noqa: BLE001 - any failure: retry
@@ -439,7 +484,7 @@ class ClusterSim:
                     await client.confirm_select()
                 while next_id < self.opts.messages and client.closed is None:
                     if len(tags) >= window_max:
-                        await asyncio.sleep(0.005)
+                        await self._confirms_below(client, tags, window_max)
                         continue
                     mid = f"m{next_id}"
                     next_id += 1
@@ -469,6 +514,17 @@ class ClusterSim:
         h.delivered[mid] = seen + 1
         self.kernel.log(f"client {who}: delivered {mid}{' (redelivered)' if redelivered else ''}")
         self.loop.call_later(self.rng.uniform(0, 0.02), self._ack, this[0], tag)
+
+    async def _confirms_below(self, client: SimClient, tags: dict, window_max: int) -> None:
+        """Wait for a place in the publisher's window; a connection whose confirms stop for
+        CONFIRM_TIMEOUT_S is given up (what was not confirmed stays unknown)."""
+        try:
+            async with asyncio.timeout(CONFIRM_TIMEOUT_S):
+                while len(tags) >= window_max and client.closed is None:
+                    await asyncio.sleep(0.005)
+        except TimeoutError:
+            self.kernel.log(f"client pub: no confirm for {CONFIRM_TIMEOUT_S:.0f} s; giving the connection up")
+            client.abort()
 
     async def _consumer(self) -> None:
         while True:
@@ -581,9 +637,10 @@ def _names(mids: list[str]) -> str:
     return ", ".join(mids[:10]) + (" ..." if len(mids) > 10 else "")
 
 
-def run_seed(seed: int, nodes: int = 3, messages: int = 40, fault_s: float = 8.0, trace: bool = False) -> SimResult:
+def run_seed(seed: int, nodes: int = 3, messages: int = 40, fault_s: float = 8.0, queue_type: str = "quorum",
+             trace: bool = False) -> SimResult:
     return ClusterSim(ClusterSimOptions(seed=seed, nodes=nodes, messages=messages, fault_s=fault_s,
-                                        trace=trace)).run()
+                                        queue_type=queue_type, trace=trace)).run()
 
 
 def trace_digest(result: SimResult) -> str:
@@ -597,14 +654,20 @@ def trace_digest(result: SimResult) -> str:
 @click.option("--messages", type=int, default=40, show_default=True, help="Messages the publisher sends.")
 @click.option("--fault-s", type=float, default=8.0, show_default=True,
               help="Seconds of simulated time during which faults are injected.")
+@click.option("--queue-type", type=click.Choice(sorted(QUEUE_TYPES)), default="quorum", show_default=True,
+              help="The queue the clients use (classic: durable, with persistent messages; mirrored: the same, "
+                   "with mirrors on every node, when-synced promotion and pause_minority).")
 @click.option("-v", "--verbose", is_flag=True, help="Print the trace of each run.")
-def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float, verbose: bool) -> None:
+def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float, queue_type: str,
+                verbose: bool) -> None:
     """Run real hutch nodes in one process under simulated time, network and clients; any
     failing seed replays exactly."""
     failures = run_seeds(
-        lambda s: run_seed(s, nodes=nodes, messages=messages, fault_s=fault_s, trace=verbose),
+        lambda s: run_seed(s, nodes=nodes, messages=messages, fault_s=fault_s, queue_type=queue_type,
+                           trace=verbose),
         seed, seeds,
-        lambda s: f"hutch sim cluster --seed {s} --nodes {nodes} --messages {messages} --fault-s {fault_s}",
+        lambda s: (f"hutch sim cluster --seed {s} --nodes {nodes} --messages {messages} --fault-s {fault_s} "
+                   f"--queue-type {queue_type}"),
         click.echo, verbose, progress_every=10)
     if failures:
         sys.exit(1)
