@@ -220,3 +220,19 @@ def test_a_killed_host_runs_nothing_more_and_its_peers_see_a_reset():
             await net.host("a").open_connection("b", 5000)
 
     run(loop, main())
+
+
+def test_callbacks_that_never_let_the_clock_move_are_a_livelock(monkeypatch):
+    from hutch.simkernel import aioloop
+    monkeypatch.setattr(aioloop, "ITERATIONS_AT_ONE_INSTANT_MAX", 1000)
+    _, loop, _ = make()
+
+    def spin():
+        loop.call_soon(spin)
+
+    async def main():
+        spin()
+        await asyncio.sleep(1)
+
+    with pytest.raises(aioloop.SimulationLivelock):
+        run(loop, main())

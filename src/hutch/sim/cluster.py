@@ -69,7 +69,7 @@ from hutch.server.clock import NodeClock
 from hutch.server.runtime import Node
 from hutch.sim.client import SimClient
 from hutch.simkernel import Kernel, SimResult, draw_partition, run_seeds
-from hutch.simkernel.aioloop import VirtualLoop
+from hutch.simkernel.aioloop import SimulationLivelock, VirtualLoop
 from hutch.simkernel.net import SimNet, current_host
 
 SIM_EPOCH_S = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the wall clock every simulated node starts near
@@ -106,7 +106,7 @@ FAILURE_KINDS = frozenset({
     "two-leaders",  # two leaders of one Raft group in one term
     "unhandled",  # an exception that escaped a node's callback or task
     "boot",  # the cluster did not boot
-    "stuck",  # the run did not end in RUN_S_MAX of simulated time
+    "stuck",  # the run did not end in RUN_S_MAX of simulated time, or its clock stopped (a livelock)
     "error",  # the run itself broke (the trace has the traceback)
 })
 _LONG_NUMBER = re.compile(r"\b\d{10,}\b")  # object ids in log lines: masked, they are addresses
@@ -242,13 +242,14 @@ class ClusterSim:
             with seeded_entropy(self.opts.seed), _owned_fds(self._fds), simulated_clocks(self.loop.time):
                 try:
                     self.loop.run_until_complete(self._bounded(self._main()))
+                except SimulationLivelock as e:
+                    self._fail("stuck", str(e))
                 except Exception as e:  # noqa: BLE001 - a run that breaks is a failed run, with its trace
                     self.kernel.log("".join(traceback.format_exception(e)))
                     self._fail("error", f"the run stopped: {type(e).__name__}: {e}")
                 finally:
                     self._checked = True
-                    self.loop.run_until_complete(self._shutdown())
-                    self._close_loop()
+                    self._stop_all()
         finally:
             hutch_log.removeHandler(handler)
             hutch_log.setLevel(saved[0])
@@ -264,6 +265,16 @@ class ClusterSim:
         if violation is not None:
             self.kernel.log(f"VIOLATION {violation}")
         return self.kernel.result(violation, self.stats)
+
+    def _stop_all(self) -> None:
+        """Stop the nodes still running and close the loop, whatever state the run ended in."""
+        try:
+            self.loop.run_until_complete(self._shutdown())
+            self._close_loop()
+        except Exception as e:  # noqa: BLE001 - a run whose nodes do not stop has failed, and must still end
+            if not self.failures:
+                self._fail("error", f"the nodes could not be stopped: {type(e).__name__}: {e}")
+            self.loop.close()
 
     def _close_loop(self) -> None:
         pending = self.loop.living_tasks()

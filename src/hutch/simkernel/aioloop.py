@@ -61,12 +61,21 @@ class SimulationDeadlock(RuntimeError):
     """Nothing is ready and nothing is scheduled: no event can ever happen again."""
 
 
+class SimulationLivelock(RuntimeError):
+    """Callbacks keep scheduling callbacks and the clock never moves (a busy loop in simulated
+    time would spin forever in real time)."""
+
+
+ITERATIONS_AT_ONE_INSTANT_MAX = 1_000_000  # loop iterations without the clock moving: a livelock
+
+
 class _VirtualSelector(selectors.BaseSelector):
     """A selector with no ready file, whose waits move the kernel's clock instead of sleeping."""
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self._keys: dict[Any, selectors.SelectorKey] = {}
+        self._still = 0  # iterations since the clock last moved
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
@@ -87,6 +96,12 @@ class _VirtualSelector(selectors.BaseSelector):
             raise SimulationDeadlock(f"at {self.kernel.now / 1e6:.6f}s of simulated time nothing is scheduled")
         if timeout > 0:
             self.kernel.now += max(1, math.ceil(timeout * 1_000_000))
+            self._still = 0
+        else:
+            self._still += 1
+            if self._still > ITERATIONS_AT_ONE_INSTANT_MAX:
+                raise SimulationLivelock(f"{self._still} loop iterations at {self.kernel.now / 1e6:.6f}s of "
+                                         "simulated time without the clock moving")
         return []
 
     def close(self) -> None:
@@ -160,4 +175,4 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self.run_until_complete(asyncio.sleep(seconds))
 
 
-__all__ = ["Life", "SimulationDeadlock", "VirtualLoop", "life_var"]
+__all__ = ["Life", "SimulationDeadlock", "SimulationLivelock", "VirtualLoop", "life_var"]
