@@ -28,6 +28,8 @@ _method_ids = struct.Struct(">HH")
 _method_header = struct.Struct(">BHIHH")
 _content_header = struct.Struct(">BHIHHQ")
 _deliver_tail = struct.Struct(">QB")
+_end_content_header = struct.Struct(">BBHIHHQ")  # the previous frame's end octet, then a content header
+_end_frame_header = struct.Struct(">BBHI")  # the previous frame's end octet, then a frame header
 _ack_frame = struct.Struct(">BHIHHQBB")  # frame hdr, class, method, tag, bits, frame-end
 _q = struct.Struct(">Q")
 _qb = struct.Struct(">QB")
@@ -81,8 +83,8 @@ def deliver_frames(channel: int, ctag_enc: bytes, delivery_tag: int, redelivered
     if blen <= frame_max - 8 and blen:
         return [_method_header.pack(1, channel, mlen, 60, 60), ctag_enc,
                 _deliver_tail.pack(delivery_tag, redelivered), route_enc,
-                spec.FRAME_END_BYTE + _content_header.pack(2, channel, 12 + len(props), 60, 0, blen),
-                props, spec.FRAME_END_BYTE + _frame_header.pack(3, channel, blen), body, spec.FRAME_END_BYTE]
+                _end_content_header.pack(spec.FRAME_END, 2, channel, 12 + len(props), 60, 0, blen),
+                props, _end_frame_header.pack(spec.FRAME_END, 3, channel, blen), body, spec.FRAME_END_BYTE]
     out = [_method_header.pack(1, channel, mlen, 60, 60), ctag_enc,
            _deliver_tail.pack(delivery_tag, redelivered), route_enc, spec.FRAME_END_BYTE]
     out += content_frames(channel, props, body, frame_max)

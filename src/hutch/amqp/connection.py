@@ -357,14 +357,14 @@ class Connection:
                             raise spec.AMQPError(spec.FRAME_ERROR, "method frame too short")
                         idx = _i.unpack_from(payload)[0]
                         if idx == _BASIC_PUBLISH:
-                            # route cache: exchange, routing key and flags exactly as sent
-                            key = payload[6:]
-                            p = self._route_cache.get(key)
+                            # route cache: by the method's whole payload, exchange, routing key and flags
+                            # exactly as sent (a ticket other than 0, which nobody sends, is another key)
+                            p = self._route_cache.get(payload)
                             if p is None:
                                 p = codec.decode_publish(payload)
                                 if len(self._route_cache) >= ROUTE_CACHE_MAX:
                                     self._route_cache.clear()
-                                self._route_cache[key] = p
+                                self._route_cache[payload] = p
                             # fast path: header and a single body frame already here
                             if n - off >= 22:
                                 ht, hch, hsize = _frame_header.unpack_from(data, off)

@@ -62,7 +62,7 @@ class ChannelConsumer:
     machine) and delivers through `Channel.deliver_held`."""
 
     __slots__ = ("tag", "ctag_enc", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
-                 "unacked", "arguments", "ref", "received")
+                 "unacked", "arguments", "ref", "received", "counter")
 
     def __init__(self, tag: str, queue: ClassicQueue, channel: Channel, no_ack: bool, exclusive: bool,
                  priority: int, prefetch: int, arguments: dict[str, Any], ref: Any = None):
@@ -73,6 +73,7 @@ class ChannelConsumer:
         self.queue = queue
         self.channel = channel
         self.no_ack = no_ack
+        self.counter = DELIVER_NO_ACK if no_ack else DELIVER  # where its deliveries count (msgstats)
         self.exclusive = exclusive
         self.priority = priority
         self.prefetch = prefetch
@@ -84,7 +85,7 @@ class ChannelConsumer:
 
     def can_take(self) -> bool:
         ch = self.channel
-        if not ch.deliverable:
+        if not (ch.flow_active and ch.session.writable):
             return False
         if self.no_ack:
             return True
@@ -96,33 +97,30 @@ class ChannelConsumer:
         ch = self.channel
         ch.delivery_tag += 1
         tag = ch.delivery_tag
-        st = ch.mstats
-        qst = queue.mstats
+        i = self.counter
+        ch.mstats[i] += 1
+        queue.mstats[i] += 1
         if not self.no_ack:
             ch.unacked[tag] = (queue, entry, self)
             self.unacked += 1
-            st[DELIVER] += 1
-            qst[DELIVER] += 1
             if entry.log_seq:
                 ch.session.broker.delivered(queue, entry)
-        else:
-            st[DELIVER_NO_ACK] += 1
-            qst[DELIVER_NO_ACK] += 1
-            if entry.log_seq:
-                ch.session.broker.settled(queue, entry)
+        elif entry.log_seq:
+            ch.session.broker.settled(queue, entry)
         redelivered = entry.delivery_count > 1
         if redelivered:
-            st[REDELIVER] += 1
-            qst[REDELIVER] += 1
+            ch.mstats[REDELIVER] += 1
+            queue.mstats[REDELIVER] += 1
         m = entry.message
         ch.session.send_frames(codec.deliver_frames(ch.number, self.ctag_enc, tag, redelivered,
-                                                    m.route_enc, m.props, m.body, ch.session.frame_max))
+                                                    m.route_enc, m.props, m.body, ch.frame_max))
 
 
 class Channel:
     def __init__(self, session: ChannelOutput, number: int):
         self.session = session
         self.number = number
+        self.frame_max = session.frame_max  # settled by tune-ok, before any channel opens
         self.consumers: dict[str, ChannelConsumer] = {}
         self.unacked: OrderedDict[int, tuple[ClassicQueue, Entry, ChannelConsumer | None]] = OrderedDict()
         self.delivery_tag = 0
@@ -151,10 +149,6 @@ class Channel:
         self.mstats = msgstats.new()
         msgstats.node_counters(session.broker)[msgstats.CHANNELS_OPENED] += 1
 
-    @property
-    def deliverable(self) -> bool:
-        return self.flow_active and self.session.writable
-
     # ---------------------------------------------------------------- consumers
 
     def consumer_tag(self) -> str:
@@ -180,9 +174,8 @@ class Channel:
         if not c.no_ack:
             self.unacked[tag] = (queue, HeldEntry(seq, delivery_count), c)
             c.unacked += 1
-        s = self.session
-        s.send_frames(codec.deliver_frames(self.number, c.ctag_enc, tag, redelivered, route, props, body,
-                                           s.frame_max))
+        self.session.send_frames(codec.deliver_frames(self.number, c.ctag_enc, tag, redelivered, route, props,
+                                                      body, self.frame_max))
 
     # ---------------------------------------------------------------- acknowledgements
 
@@ -284,10 +277,6 @@ class Channel:
         return tag, queue, consumer, marks[0][1]
 
     # ---------------------------------------------------------------- confirms
-
-    def next_publish_seq(self) -> int:
-        self.publish_seq += 1
-        return self.publish_seq
 
     def confirm_later(self, seq: int, waits: int) -> None:
         """The publish `seq` is confirmed after `waits` accepts (disk, replicas)."""

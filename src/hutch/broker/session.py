@@ -145,10 +145,20 @@ class Session:
 
     def _pump(self) -> None:
         handle = self.handle
+        on_publish = self.on_publish
+        channels = self.channels
         try:
             while self._events is not None:
                 for ev in self._events:
-                    handle(ev)
+                    if type(ev) is events.Publish:  # the one event per message: no dispatch by type
+                        ch = channels.get(ev.channel)
+                        if ch is not None:
+                            try:
+                                on_publish(ch, ev)
+                            except AMQPError as err:
+                                self.fail(ev.channel, err, ev)
+                    else:
+                        handle(ev)
                     if self._parked:
                         break
                 if self._parked:
@@ -241,13 +251,10 @@ class Session:
         self.wait_for(ch, m, lambda reply: self.broker.cluster.submit(cmd, reply), finish)
 
     def handle(self, ev: events.Event) -> None:
+        """Every event but `Publish`, which `_pump` hands to `on_publish` itself."""
         t = type(ev)
         try:
-            if t is events.Publish:
-                ch = self.channels.get(ev.channel)
-                if ch is not None:
-                    self.on_publish(ch, ev)
-            elif t is events.Ack:
+            if t is events.Ack:
                 ch = self.channels.get(ev.channel)
                 if ch is not None:
                     if ch.tx is not None:
@@ -469,28 +476,29 @@ class Session:
         self.deliver_publish(ch, x, msg, headers, ev.mandatory)
 
     def deliver_publish(self, ch: Channel, x: Exchange, msg: Message, headers: dict | None, mandatory: bool) -> None:
-        broker = self.broker
-        seq = ch.next_publish_seq() if ch.confirm else 0
+        if ch.confirm:
+            ch.publish_seq += 1
+            seq = ch.publish_seq
+        else:
+            seq = 0
         st = ch.mstats
         st[PUBLISH] += 1  # (publishes in confirm mode: the channel's publish_seq)
         xst = x.mstats
         xst[X_PUBLISH_IN] += 1
-        if x.name == "" and msg.routing_key.startswith(DIRECT_REPLY_PREFIX):
-            if not broker.direct_reply(msg) and mandatory:
+        queues = self.vhost.route(x, msg.routing_key, headers)
+        if queues:
+            xst[X_PUBLISH_OUT] += len(queues)
+            refused = self.broker.enqueue(queues, msg, ch, seq)  # (counts each queue's publish)
+            if refused and seq:
+                ch.nack_publish(seq)
+                return
+        elif x.name == "" and msg.routing_key.startswith(DIRECT_REPLY_PREFIX):
+            # direct reply-to: no queue can have such a name (amq.* is reserved), so routing found none
+            if not self.broker.direct_reply(msg) and mandatory:
                 st[RETURN_UNROUTABLE] += 1
                 xst[X_RETURN_UNROUTABLE] += 1
                 self.send_frames(codec.return_frames(ch.number, spec.NO_ROUTE, "NO_ROUTE", msg.route_enc,
                                                      msg.props, msg.body, self.frame_max))
-            if seq:
-                self.confirms_due(ch)
-            return
-        queues = self.vhost.route(x, msg.routing_key, headers)
-        if queues:
-            xst[X_PUBLISH_OUT] += len(queues)
-            refused = broker.enqueue(queues, msg, ch, seq)  # (counts each queue's publish)
-            if refused and seq:
-                ch.nack_publish(seq)
-                return
         elif mandatory:
             st[RETURN_UNROUTABLE] += 1
             xst[X_RETURN_UNROUTABLE] += 1
