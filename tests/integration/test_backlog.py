@@ -13,9 +13,15 @@ second of the transient backlog). What is checked, as docs/durability.md describ
   back at boot a window at a time), in order, with `redelivered` on what had been delivered;
 - `x-queue-mode: lazy` (and the policy key `queue-mode`) page every message;
 - a corrupt scratch record is detected by its CRC, logged with the queue and the position, and
-  that message is dropped: never delivered corrupt, the node keeps running.
+  that message is dropped: never delivered corrupt, the node keeps running;
+- a priority queue pages too, level by level: a backlog past the window drains in priority
+  order (FIFO within a priority) without raising the memory alarm;
+- a lazy queue with a length limit drops and dead-letters exactly the heads it would drop in
+  memory (drop-head), and refuses exactly the publishes past the limit (reject-publish).
 
-Waiting is on conditions (queue counts, log lines), never on sleeps.
+Waiting is on conditions (queue counts, log lines), never on sleeps. The tests that restart the
+node come last: a node restarted after recovering a backlog starts above the first start's
+idle footprint, and so nearer its low memory watermark.
 """
 
 from __future__ import annotations
@@ -208,6 +214,77 @@ def test_corrupt_scratch_record_is_logged_and_skipped_never_delivered(node, conn
     assert f"queue '{queue}'" in line and "paged message 3" in line and "scratch record" in line
     assert _count(ch, queue) == 0
     ch.queue_declare(_name("alive"), auto_delete=True)  # the node keeps running
+
+
+def test_priority_backlog_past_the_window_drains_in_priority_order_without_the_alarm(node, conn):
+    blocked = []
+    conn.add_on_connection_blocked_callback(lambda *_a: blocked.append(time.monotonic()))
+    ch = conn.channel()
+    queue = _name("priority")
+    ch.queue_declare(queue, arguments={"x-max-priority": 9})
+    before = _scratch_bytes(node)
+    props = [pika.BasicProperties(priority=p) for p in range(10)]
+    prio = [(i * 7) % 10 for i in range(BACKLOG)]  # every priority, interleaved
+    for i in range(BACKLOG):
+        ch.basic_publish("", queue, _body(i), props[prio[i]])
+    drain(conn, lambda: _count(ch, queue) == BACKLOG, 60, f"{BACKLOG} messages accepted (never blocked)")
+    rss = _rss(node)
+    shown = Http(node.mgmt_port).get(f"/api/queues/%2F/{queue}")
+    print(f"priority backlog {BACKLOG} x {BODY_BYTES} B: node RSS {rss / MIB:.0f} MiB, "
+          f"{shown['messages_paged_out']} paged out, {shown['messages_ram']} in memory")
+    assert not blocked and "memory resource limit alarm set" not in node.log()
+    assert shown["messages_paged_out"] >= BACKLOG - WINDOW_MESSAGES
+    assert _scratch_bytes(node) - before >= (BACKLOG - WINDOW_MESSAGES) * BODY_BYTES
+    got = _drain_all(conn, queue, BACKLOG)
+    assert [n for n, _r in got] == sorted(range(BACKLOG), key=lambda i: (-prio[i], i))
+    assert _count(ch, queue) == 0
+
+
+def test_length_limited_lazy_queue_drops_and_dead_letters_the_oldest(node, conn):
+    ch = conn.channel()
+    queue = _name("maxlen")
+    dlx, dlq = queue + ".dlx", queue + ".dead"
+    ch.exchange_declare(dlx, "fanout")
+    ch.queue_declare(dlq)
+    ch.queue_bind(dlq, dlx)
+    ch.queue_declare(queue, arguments={"x-queue-mode": "lazy", "x-max-length": 100, "x-dead-letter-exchange": dlx})
+    ch.confirm_delivery()
+    for i in range(300):
+        ch.basic_publish("", queue, _body(i, 1024))
+    assert _count(ch, queue) == 100 and _count(ch, dlq) == 200
+    shown = Http(node.mgmt_port).get(f"/api/queues/%2F/{queue}")
+    assert (shown["messages_paged_out"], shown["messages_ram"]) == (100, 0)
+    dead = []
+
+    def on_dead(c, method, props, body):
+        dead.append((int(body[:8]), props.headers["x-death"][0]["reason"]))
+        c.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(dlq, on_dead)
+    drain(conn, lambda: len(dead) == 200, 20, "200 dead letters")
+    assert dead == [(i, "maxlen") for i in range(200)]
+    assert [n for n, _r in _drain_all(conn, queue, 100)] == list(range(200, 300))
+
+
+def test_length_limited_lazy_queue_refuses_publishes_past_the_limit(node, conn):
+    ch = conn.channel()
+    queue = _name("reject")
+    ch.queue_declare(queue, durable=True, arguments={"x-queue-mode": "lazy", "x-max-length": 50,
+                                                     "x-overflow": "reject-publish"})
+    ch.confirm_delivery()
+    persistent = pika.BasicProperties(delivery_mode=2)
+    nacked = []
+    for i in range(80):
+        try:
+            ch.basic_publish("", queue, _body(i, 1024), persistent)
+        except pika.exceptions.NackError:
+            nacked.append(i)
+    assert nacked == list(range(50, 80))
+    assert _count(ch, queue) == 50
+    assert [n for n, _r in _drain_all(conn, queue, 50)] == list(range(50))
+    ch.basic_publish("", queue, _body(80, 1024), persistent)  # room again
+    assert [n for n, _r in _drain_all(conn, queue, 1)] == [80]
+    ch.queue_delete(queue)
 
 
 def test_persistent_backlog_on_a_durable_queue_survives_kill_9_in_order(node, conn):

@@ -76,7 +76,7 @@ def msg(i: int, size: int = 10, expiration_ms=None) -> Message:
 def publish(q: ClassicQueue, store: DictStore, m: Message, now_ms: int = 0) -> None:
     """What the broker's _put does."""
     if q.pages_out():
-        q.publish_paged(store.put(m), len(m.body), q.expiry_of(m, now_ms))
+        q.publish_paged(store.put(m), len(m.body), q.expiry_of(m, now_ms), 0, m.priority)
     else:
         entry, _dropped = q.publish(m, now_ms)
         assert entry is not None
@@ -306,14 +306,111 @@ def test_get_reads_back_when_memory_is_empty():
     assert e.message.body.startswith(b"7")
 
 
-def test_priority_and_length_limited_queues_keep_everything_in_memory():
-    store = DictStore()
-    q = ClassicQueue("p", "/", limits=QueueLimits(max_priority=5))
-    q.set_paging(PagingPolicy.lazy(), store)
-    assert q.tail is None and not q.pages_out()
-    q2 = ClassicQueue("l", "/", limits=QueueLimits(max_length=10))
-    q2.set_paging(PagingPolicy.lazy(), store)
-    assert q2.tail is None
+def pmsg(i: int, priority: int) -> Message:
+    m = msg(i)
+    m.priority = priority
+    return m
+
+
+def test_a_priority_levels_tail_keeps_increasing_seqs_with_gaps():
+    t = PagedTail(gaps=True)
+    for seq in (3, 7, 8, 20):
+        t.append(seq, seq * 10, 1)
+    with pytest.raises(ValueError):
+        t.append(20, 0, 1)
+    assert [x[0] for x in t.pop(2, 10**9)] == [3, 7]
+    assert (t.first_seq, t.next_seq) == (8, 21)
+    assert [x[:2] for x in t.pop(5, 10**9)] == [(8, 80), (20, 200)]
+
+
+def test_priority_queue_pages_per_level_and_delivers_in_priority_order():
+    q, store = paged_queue(PagingPolicy(window_messages=4, window_bytes=10**9, batch_messages=3),
+                           limits=QueueLimits(max_priority=5))
+    # priorities 0,1,2,9 (9 is capped at 5) round and round: most of them paged, per level
+    prios = [i % 3 if i % 7 else 9 for i in range(60)]
+    for i, p in enumerate(prios):
+        publish(q, store, pmsg(i, p))
+    assert q.state.ready_count == 4 and q.paged_count == 56 and q.message_count == 60
+    c = Recorder()
+    q.add_consumer(c)
+    q.dispatch()
+    got = [int(b.rstrip(b".")) for _s, b, _n in c.got]
+    expected = sorted(range(60), key=lambda i: (-min(prios[i], 5), i))
+    assert got == expected
+    assert q.message_count == 0 and not store.bodies
+
+
+def test_lazy_priority_queue_reads_a_high_priority_message_before_older_low_ones():
+    q, store = paged_queue(PagingPolicy.lazy(batch_messages=8), limits=QueueLimits(max_priority=9))
+    for i in range(100):
+        publish(q, store, pmsg(i, 0))
+    publish(q, store, pmsg(100, 7))
+    assert q.state.ready_count == 0
+    e = q.take_head(no_ack=True)
+    assert e.message.body.startswith(b"100")
+    assert q.state.ready_count <= 8  # one read-ahead batch of level 0 at most
+    c = Recorder()
+    q.add_consumer(c)
+    q.dispatch()
+    assert [int(b.rstrip(b".")) for _s, b, _n in c.got] == list(range(100))
+
+
+def test_expired_paged_head_of_a_priority_level_is_read_back_and_expires():
+    q, store = paged_queue(PagingPolicy.lazy(), limits=QueueLimits(max_priority=2))
+    publish(q, store, pmsg(0, 2), now_ms=0)
+    q.message_ttl_ms = 10
+    publish(q, store, pmsg(1, 1), now_ms=0)
+    assert q.expire(5) == []
+    q.take_head(no_ack=True)  # 0 (no TTL) leaves; 1 (level 1) is the head now
+    assert [e.message.body[:1] for e in q.expire(20)] == [b"1"]
+    assert q.message_count == 0
+
+
+def publish_limited(q: ClassicQueue, store: DictStore, m: Message) -> tuple[bool, list]:
+    """What the broker's _put does for a queue with a length limit: (refused, dropped)."""
+    if q.pages_out():
+        if q.refuses(len(m.body)):
+            return True, []
+        q.publish_paged(store.put(m), len(m.body), None, 0, m.priority)
+        return False, q.drop_over_limit()
+    entry, dropped = q.publish(m, 0)
+    return entry is None, dropped
+
+
+def test_drop_head_over_paged_messages_reads_back_the_heads_it_dead_letters():
+    q, store = paged_queue(PagingPolicy.lazy(), limits=QueueLimits(max_length=5))
+    q.dead_letter_exchange = "dlx"
+    dropped = []
+    for i in range(12):
+        refused, d = publish_limited(q, store, msg(i))
+        assert not refused
+        dropped += d
+    assert [int(e.message.body.rstrip(b".")) for e in dropped] == list(range(7))
+    assert q.message_count == 5 and q.paged_count == 5
+    c = Recorder()
+    q.add_consumer(c)
+    q.dispatch()
+    assert [int(b.rstrip(b".")) for _s, b, _n in c.got] == list(range(7, 12))
+
+
+def test_drop_head_without_a_dead_letter_exchange_releases_paged_heads_unread():
+    q, store = paged_queue(PagingPolicy(window_messages=2, window_bytes=10**9), limits=QueueLimits(max_length_bytes=40))
+    for i in range(10):
+        _refused, d = publish_limited(q, store, msg(i))  # 10 bytes each: 4 fit
+    assert q.message_count == 4 and q.ready_bytes == 40
+    assert not store.reads, "nothing was read back to be dropped"
+    assert len(store.dropped) == 4  # 0 and 1 were in memory (the window), 2..5 paged
+    c = Recorder()
+    q.add_consumer(c)
+    q.dispatch()
+    assert [int(b.rstrip(b".")) for _s, b, _n in c.got] == [6, 7, 8, 9]
+
+
+def test_reject_publish_counts_paged_messages():
+    q, store = paged_queue(PagingPolicy.lazy(), limits=QueueLimits(max_length=3, overflow="reject-publish"))
+    results = [publish_limited(q, store, msg(i))[0] for i in range(5)]
+    assert results == [False, False, False, True, True]
+    assert q.message_count == 3 and len(store.bodies) == 3
 
 
 def test_a_queue_that_becomes_a_mirrored_leader_reads_its_tail_back_first():

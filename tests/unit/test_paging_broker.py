@@ -197,14 +197,24 @@ def test_lazy_queue_argument_pages_from_the_first_message(tmp_path):
         b.close_storage()
 
 
-def test_priority_queue_stays_in_memory(tmp_path):
-    b, q = make_broker(tmp_path, durable=False, args={"x-max-priority": 5})
+def test_priority_queue_pages_per_level_and_recovers_in_priority_order(tmp_path):
+    b, q = make_broker(tmp_path, args={"x-max-priority": 5})
+    prio = [(i * 3) % 7 for i in range(40)]  # 6 is above the maximum: it counts as 5
+    for i in range(40):
+        m = msg(i, persistent=True)
+        m.props, m.priority = b"\x08\x00" + bytes([prio[i]]), prio[i]
+        b.enqueue_local((q,), m)
+    assert q.state.ready_count == WINDOW and q.paged_count == 30
+    b.journal.sync()
+    b.close_storage()
+
+    b2, q2 = make_broker(tmp_path, args={"x-max-priority": 5})
     try:
-        for i in range(WINDOW + 5):
-            b.enqueue_local((q,), msg(i))
-        assert q.tail is None and q.state.ready_count == WINDOW + 5
+        assert b2._recover_messages({7: q2}) == 40
+        assert q2.paged_count == 30
+        assert [n for n, _c in drain(b2, q2)] == sorted(range(40), key=lambda i: (-min(prio[i], 5), i))
     finally:
-        b.close_storage()
+        b2.close_storage()
 
 
 def test_recover_refs_keeps_survivors_in_publish_order_without_their_bodies(tmp_path):

@@ -53,7 +53,7 @@ from hutch.queues.paging import (
     WINDOW_MESSAGES_DEFAULT,
     PagingPolicy,
 )
-from hutch.queues.state import DROP_HEAD, REJECT_PUBLISH_DLX, Entry, QueueLimits
+from hutch.queues.state import REJECT_PUBLISH_DLX, Entry, QueueLimits
 from hutch.store import StoreError
 
 log = logging.getLogger("hutch.broker")
@@ -304,17 +304,21 @@ class Broker:
                 size = ref & REF_SIZE_MASK
                 count = 1 if ref & REF_DELIVERED else 0
                 if q.pages_out():
+                    if q.refuses(size):  # reject-publish: the queue's limit leaves no room for it any more
+                        journal.settled(qid, log_seq)
+                        continue
                     expiration_ms = None
-                    if ref & REF_EXPIRATION:
+                    priority = 0
+                    if ref & REF_EXPIRATION or q.state.limits.max_priority:
                         msg = self._journal_message(q, log_seq, routes)
                         if msg is None:
                             lost += 1
                             continue
-                        expiration_ms = msg.expiration_ms
+                        expiration_ms, priority = msg.expiration_ms, msg.priority
                     ttl = expiration_ms
                     if q.message_ttl_ms is not None:
                         ttl = q.message_ttl_ms if ttl is None else min(ttl, q.message_ttl_ms)
-                    q.publish_paged(log_seq, size, None if ttl is None else now + ttl, count)
+                    q.publish_paged(log_seq, size, None if ttl is None else now + ttl, count, priority)
                     if ttl is not None:
                         self.ttl_queues.add(q)
                     continue
@@ -335,6 +339,8 @@ class Broker:
                 entry.delivery_count = count
                 if msg.expiration_ms is not None:
                     self.ttl_queues.add(q)
+            for d in q.drop_over_limit(read=False):  # drop-head over the paged messages too
+                self.settled(q, d)
             total += len(refs) - lost
             log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)%s", q.name, q.vhost,
                      len(refs) - lost, f" ({q.paged_count} of them paged)" if q.paged_count else "")
@@ -679,21 +685,15 @@ class Broker:
         q.dead_letter_exchange = eff.dead_letter_exchange
         q.dead_letter_routing_key = eff.dead_letter_routing_key
         st = q.state
-        st.limits = lim = QueueLimits(eff.max_length, eff.max_length_bytes, eff.overflow, st.limits.max_priority)
-        # disk-first: a length limit (or priorities) keeps the queue in memory in this slice, and a
-        # queue that gains one reads its paged messages back before the limit is applied
+        st.limits = QueueLimits(eff.max_length, eff.max_length_bytes, eff.overflow, st.limits.max_priority)
         q.set_paging(self.paging_policy(eff))
         if eff.message_ttl_ms is not None or eff.expires_ms is not None:
             self.ttl_queues.add(q)
         if old is None:
             return  # a new queue: nothing queued yet
-        if lim.overflow == DROP_HEAD:
-            dropped = []
-            while st.ready_count and ((lim.max_length is not None and st.ready_count > lim.max_length) or (
-                    lim.max_length_bytes is not None and st.ready_bytes > lim.max_length_bytes)):
-                dropped.append(q.discard(st.head().seq))
-            if dropped:
-                self.dead_letter(q, dropped, "maxlen")
+        dropped = q.drop_over_limit()  # drop-head, over the paged messages too
+        if dropped:
+            self.dead_letter(q, dropped, "maxlen")
         self.dirty_queues.add(q)
         self.schedule()
 
@@ -916,6 +916,8 @@ class Broker:
             if (tail.count or ((self.paging_pressure or not q.page_window)
                                and (st.ready_count >= q.page_window or st.ready_bytes >= q.page_window_bytes))) \
                     and self.scratch is not None:
+                if q.refuses(len(msg.body)):  # reject-publish, paged messages counted
+                    return None, []
                 paged = self._put_paged(q, msg, now)
                 if paged is not None:
                     return paged, []
@@ -955,7 +957,11 @@ class Broker:
             loc = SCRATCH + sseq
             log_seq = 0
         expires = q.expiry_of(msg, now) if msg.expiration_ms is not None or q.message_ttl_ms is not None else None
-        q.publish_paged(loc, len(msg.body), expires)
+        q.publish_paged(loc, len(msg.body), expires, 0, msg.priority)
+        if q.limited:
+            dropped = q.drop_over_limit()
+            if dropped:
+                self.dead_letter(q, dropped, "maxlen")
         if msg.expiration_ms is not None:
             self.ttl_queues.add(q)
         self.dirty_queues.add(q)

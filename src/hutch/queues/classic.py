@@ -15,6 +15,14 @@ compact record of each newer ready message (`tail`); the queue reads the bodies 
 its `BodyStore` (the broker does the I/O) in batches when its in-memory part runs low, before
 delivering, so consumers see the order, flags and counts they would see without paging. Its
 counts (`message_count`, `figures`, `stat`) include the paged messages.
+
+A priority queue pages one tail per level (`PagedLevels`) and, before it delivers, reads back
+the highest level that has messages when that level's in-memory part runs low, so delivery is
+in priority order, FIFO within a level, as without paging. Length limits (`x-max-length`,
+`x-max-length-bytes`) count paged messages too: `refuses` answers reject-publish overflow
+before the body is stored, and `drop_over_limit` pushes heads out under drop-head, reading a
+paged head back only when the queue has a dead-letter exchange to send it to (otherwise its
+record is released unread).
 """
 
 from __future__ import annotations
@@ -24,8 +32,8 @@ from typing import Any, Protocol
 from hutch.queues.dispatch import PriorityRings
 from hutch.queues.handle import CLASSIC, PENDING, Figures, Got
 from hutch.queues.message import Message
-from hutch.queues.paging import SCRATCH, BodyStore, PagedTail, PagingPolicy
-from hutch.queues.state import Entry, QueueLimits, QueueState, Refused
+from hutch.queues.paging import SCRATCH, BodyStore, PagedLevels, PagedTail, PagingPolicy
+from hutch.queues.state import DROP_HEAD, Entry, QueueLimits, QueueState, Refused
 
 
 class Consumer(Protocol):
@@ -98,7 +106,7 @@ class ClassicQueue:
         # disk-first (hutch.queues.paging): the policy while the queue may page, the paged
         # messages (None: everything is in memory), and where their bodies are read from
         self.paging: PagingPolicy | None = None
-        self.tail: PagedTail | None = None
+        self.tail: PagedTail | PagedLevels | None = None
         self.store: BodyStore | None = None
         self.page_window = 0  # the policy's window, kept here for the publish path's one check
         self.page_window_bytes = 0
@@ -135,15 +143,18 @@ class ClassicQueue:
             self.tail = None
         self._mirror = leader
         if leader is None and self.paging is not None and self.tail is None and self.store is not None:
-            self.tail = PagedTail()
+            self.tail = self._new_tail()
+
+    def _new_tail(self) -> PagedTail | PagedLevels:
+        mp = self.state.limits.max_priority
+        return PagedLevels(mp) if mp else PagedTail()
 
     def set_paging(self, policy: PagingPolicy | None, store: BodyStore | None = None) -> None:
-        """May this queue page (a policy), or must it hold everything in memory (None)? Priority
-        queues, length-limited queues and mirrored queues' leaders do not page in this slice."""
+        """May this queue page (a policy), or must it hold everything in memory (None)? A
+        mirrored queue's leader does not page (see `mirror`)."""
         if store is not None:
             self.store = store
-        lim = self.state.limits
-        if policy is None or lim.max_priority or lim.max_length is not None or lim.max_length_bytes is not None:
+        if policy is None:
             if self.tail is not None:
                 self.page_in_all()
                 self.tail = None
@@ -153,7 +164,7 @@ class ClassicQueue:
         self.page_window = policy.window_messages
         self.page_window_bytes = policy.window_bytes
         if self.tail is None and self._mirror is None and self.store is not None:
-            self.tail = PagedTail()
+            self.tail = self._new_tail()
 
     def pages_out(self) -> bool:
         """Does a message enqueued now go to disk? (The caller stores its body, then calls
@@ -170,36 +181,66 @@ class ClassicQueue:
             ttl = self.message_ttl_ms if ttl is None else min(ttl, self.message_ttl_ms)
         return None if ttl is None else now_ms + ttl
 
-    def publish_paged(self, loc: int, size: int, expires_at_ms: int | None, delivery_count: int = 0) -> int:
-        """Enqueue a message whose body is already stored at `loc`: it joins the paged tail.
-        Returns its seq. (Paged queues have no length limit: nothing overflows.)"""
+    def publish_paged(self, loc: int, size: int, expires_at_ms: int | None, delivery_count: int = 0,
+                      priority: int = 0) -> int:
+        """Enqueue a message whose body is already stored at `loc`: it joins the paged tail (of
+        its priority level). Returns its seq. The caller asks `refuses` first and applies
+        `drop_over_limit` after, as `QueueState.enqueue` does for a message in memory."""
         st = self.state
         seq = st.next_seq
         st.next_seq = seq + 1
-        self.tail.append(seq, loc, size, expires_at_ms, delivery_count)
+        tail = self.tail
+        if type(tail) is PagedLevels:
+            tail.append(seq, loc, size, expires_at_ms, delivery_count, priority)
+        else:
+            tail.append(seq, loc, size, expires_at_ms, delivery_count)
         return seq
 
-    def page_in(self) -> int:
-        """Read one batch of paged messages back into memory, in order. Returns how many came
+    def _read_back(self, seq: int, loc: int, expires: int | None, count: int) -> Entry | None:
+        """A paged message as an entry (None: unreadable, dropped by the store)."""
+        msg = self.store.read_paged(self, seq, loc)
+        if msg is None:
+            return None
+        e = Entry(seq, msg, expires)
+        e.delivery_count = count
+        if loc < SCRATCH:
+            e.log_seq = loc
+        return e
+
+    def page_in(self, level: int = -1) -> int:
+        """Read one batch of paged messages back into memory, in order (a priority queue: from
+        `level`, by default the highest level that has paged messages). Returns how many came
         back (a message that cannot be read back is dropped by the store and not counted)."""
         tail = self.tail
         if tail is None or not tail.count:
             return 0
         pol = self.paging
         st = self.state
-        read = self.store.read_paged
+        if type(tail) is PagedLevels:
+            if level < 0:
+                level = next(lv for lv in range(len(tail.levels) - 1, -1, -1) if tail.level_count(lv))
+            items = tail.pop_level(level, pol.batch_messages, pol.batch_bytes)
+        else:
+            items = tail.pop(pol.batch_messages, pol.batch_bytes)
         n = 0
-        for seq, loc, _size, expires, count in tail.pop(pol.batch_messages, pol.batch_bytes):
-            msg = read(self, seq, loc)
-            if msg is None:
-                continue
-            e = Entry(seq, msg, expires)
-            e.delivery_count = count
-            if loc < SCRATCH:
-                e.log_seq = loc
-            st.restore(e)
-            n += 1
+        for seq, loc, _size, expires, count in items:
+            e = self._read_back(seq, loc, expires, count)
+            if e is not None:
+                st.restore(e)
+                n += 1
         return n
+
+    def _top_level(self) -> tuple[int, int, int]:
+        """A paging priority queue's highest level that has messages: (level, in memory,
+        paged); (-1, 0, 0) when it has none."""
+        tail = self.tail
+        st = self.state
+        for lv in range(len(tail.levels) - 1, -1, -1):
+            mem = st.level_count(lv)
+            paged = tail.level_count(lv)
+            if mem or paged:
+                return lv, mem, paged
+        return -1, 0, 0
 
     def page_in_all(self) -> int:
         tail = self.tail
@@ -209,10 +250,78 @@ class ClassicQueue:
         return n
 
     def _read_ahead(self) -> None:
+        """Read a batch back when the in-memory part is below the low mark; for a priority
+        queue, the in-memory part of its highest level (so the queue's head is in memory)."""
         tail = self.tail
+        if type(tail) is PagedLevels:
+            while tail.count:
+                lv, mem, paged = self._top_level()
+                if not self.paging.wants_read_ahead(mem, paged) or self.page_in(lv):
+                    return
+            return
         while tail.count and self.paging.wants_read_ahead(self.state.ready_count, tail.count):
             if self.page_in():
                 return
+
+    # ---------------------------------------------------------------- length limits over both parts
+
+    @property
+    def limited(self) -> bool:
+        lim = self.state.limits
+        return lim.max_length is not None or lim.max_length_bytes is not None
+
+    def refuses(self, size: int) -> bool:
+        """Would reject-publish overflow refuse a message of `size` bytes now (paged messages
+        counted)? Asked before a paged message's body is stored."""
+        lim = self.state.limits
+        if lim.overflow == DROP_HEAD or (lim.max_length is None and lim.max_length_bytes is None):
+            return False
+        return ((lim.max_length is not None and self.message_count + 1 > lim.max_length)
+                or (lim.max_length_bytes is not None and self.ready_bytes + size > lim.max_length_bytes))
+
+    def drop_over_limit(self, read: bool | None = None) -> list[Entry]:
+        """Drop-head overflow over the in-memory and the paged messages: heads leave while the
+        queue is over a limit (RabbitMQ's maybe_drop_head). Returns the dropped entries, for
+        the caller to dead-letter or settle. A paged head is read back when `read` (by default:
+        when the queue has a dead-letter exchange); otherwise its record is released unread."""
+        lim = self.state.limits
+        if lim.overflow != DROP_HEAD or (lim.max_length is None and lim.max_length_bytes is None):
+            return []
+        if read is None:
+            read = self.dead_letter_exchange is not None
+        out: list[Entry] = []
+        while True:
+            count = self.message_count
+            if not count or not ((lim.max_length is not None and count > lim.max_length)
+                                 or (lim.max_length_bytes is not None and self.ready_bytes > lim.max_length_bytes)):
+                return out
+            e = self._drop_head(read)
+            if e is not None:
+                out.append(e)
+
+    def _drop_head(self, read: bool) -> Entry | None:
+        """The head leaves unread by a consumer. None when it was a paged one not read back."""
+        tail = self.tail
+        st = self.state
+        if tail is not None and tail.count:
+            if type(tail) is PagedLevels:
+                lv, mem, _paged = self._top_level()
+                items = tail.pop_level(lv, 1, 0) if not mem else None
+            else:
+                items = tail.pop(1, 0) if not st.ready_count else None
+            if items:
+                seq, loc, _size, expires, count = items[0]
+                if read:
+                    return self._read_back(seq, loc, expires, count)
+                self.store.drop_paged(self, [loc])
+                return None
+        return self.discard(st.head().seq)
+
+    @property
+    def ready_bytes(self) -> int:
+        """Body bytes of the ready messages, in memory and paged."""
+        tail = self.tail
+        return self.state.ready_bytes + (tail.bytes if tail is not None else 0)
 
     # ---------------------------------------------------------------- consumers
 
@@ -316,14 +425,19 @@ class ClassicQueue:
         st = self.state
         mirror = self._mirror
         tail = self.tail
+        levels = None  # a paging priority queue: its highest level is read back before each delivery
         if tail is not None and tail.count:
             self._read_ahead()
+            if type(tail) is PagedLevels:
+                levels = tail
         n = 0
         while True:
             while st.ready_count:
                 c = self.next_consumer()
                 if c is None:
                     break
+                if levels is not None and levels.count:
+                    self._read_ahead()
                 if c.no_ack:
                     entry = st.take()
                     if mirror is not None:
@@ -386,6 +500,14 @@ class ClassicQueue:
         st = self.state
         tail = self.tail
         while True:
+            if type(tail) is PagedLevels and tail.count:
+                lv, mem, _paged = self._top_level()
+                if not mem:  # the head is its level's paged head
+                    exp = tail.levels[lv].head_expires_at_ms()
+                    if exp is None or exp > now_ms:
+                        return out
+                    self.page_in(lv)
+                    continue
             h = st.expired_head(now_ms)
             if h is None:
                 if st.ready_count or tail is None or not tail.count:

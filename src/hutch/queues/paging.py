@@ -17,9 +17,15 @@ durable queue is already in the node's message journal, so its location is the j
 seq; any other message was written to the node's scratch log, a second segment log that is never
 fsynced and is wiped at boot, and its location is that record's seq with `SCRATCH` set.
 
+A priority queue (`x-max-priority`) pages the same way, one tail per priority level
+(`PagedLevels`): the rule holds level by level, so each level's paged messages are younger than
+its messages in memory, and the queue reads back from the highest level that has messages
+before it delivers (order per level, higher levels first). A level's seqs are not consecutive
+(the levels interleave), so its tail keeps them (8 bytes more a message).
+
 This module decides and counts; it does no I/O. The queue asks a `BodyStore` (the broker, on
-its journal and scratch log) for the bodies. Not paged in this slice: priority queues, queues
-with a length limit, the leaders of mirrored queues (and mirrors' copies), quorum queues.
+its journal and scratch log) for the bodies. Not paged: the leaders of mirrored queues (their
+mirrors sync from memory), quorum queues.
 """
 
 from __future__ import annotations
@@ -81,12 +87,13 @@ class PagedTail:
 
     Per message: location (8 bytes), body size (4), delivery count (1, capped at 255), and the
     expiry time (8) only once some message of the queue has one. Seqs are consecutive from
-    `first_seq`. Popped items leave a hole at the front that is compacted away when it is half
-    of the arrays."""
+    `first_seq`; a tail made with `gaps=True` (a priority level's) takes increasing seqs with
+    gaps and keeps them (8). Popped items leave a hole at the front that is compacted away when
+    it is half of the arrays."""
 
-    __slots__ = ("count", "bytes", "first_seq", "_locs", "_sizes", "_counts", "_expiry", "_i")
+    __slots__ = ("count", "bytes", "first_seq", "_locs", "_sizes", "_counts", "_expiry", "_seqs", "_i")
 
-    def __init__(self) -> None:
+    def __init__(self, gaps: bool = False) -> None:
         self.count = 0
         self.bytes = 0
         self.first_seq = 0
@@ -94,6 +101,7 @@ class PagedTail:
         self._sizes = array("I")
         self._counts = bytearray()
         self._expiry: array | None = None
+        self._seqs: array | None = array("Q") if gaps else None
         self._i = 0  # index of the head in the arrays
 
     def __len__(self) -> int:
@@ -101,15 +109,22 @@ class PagedTail:
 
     @property
     def next_seq(self) -> int:
+        """The lowest seq the next append may take."""
+        if self._seqs is not None:
+            return self._seqs[-1] + 1 if self.count else self.first_seq
         return self.first_seq + self.count
 
     def append(self, seq: int, loc: int, size: int, expires_at_ms: int | None = None,
                delivery_count: int = 0) -> None:
+        seqs = self._seqs
         if self.count == 0:
             self._clear()
             self.first_seq = seq
-        elif seq != self.first_seq + self.count:
-            raise ValueError(f"paged seq {seq} out of order: the tail expects {self.first_seq + self.count}")
+        elif (seq <= seqs[-1]) if seqs is not None else (seq != self.first_seq + self.count):
+            raise ValueError(f"paged seq {seq} out of order: the tail expects {self.next_seq}"
+                             + (" or later" if seqs is not None else ""))
+        if seqs is not None:
+            seqs.append(seq)
         self._locs.append(loc)
         self._sizes.append(size)
         self._counts.append(min(delivery_count, 255))
@@ -135,21 +150,23 @@ class PagedTail:
         i = self._i
         n = 0
         taken_bytes = 0
-        locs, sizes, counts, exp = self._locs, self._sizes, self._counts, self._expiry
+        locs, sizes, counts, exp, seqs = self._locs, self._sizes, self._counts, self._expiry, self._seqs
         seq = self.first_seq
         while n < self.count and n < messages_max:
             size = sizes[i]
             if n and taken_bytes + size > bytes_max:
                 break
             e = _NO_EXPIRY if exp is None else exp[i]
+            if seqs is not None:
+                seq = seqs[i]
             out.append((seq, locs[i], size, None if e == _NO_EXPIRY else e, counts[i]))
             taken_bytes += size
             seq += 1
             i += 1
             n += 1
         self._i = i
-        self.first_seq = seq
         self.count -= n
+        self.first_seq = seqs[i] if seqs is not None and self.count else seq
         self.bytes -= taken_bytes
         if self.count == 0:
             self._clear()
@@ -173,6 +190,8 @@ class PagedTail:
         del self._sizes[:]
         del self._counts[:]
         self._expiry = None
+        if self._seqs is not None:
+            del self._seqs[:]
         self._i = 0
 
     def _compact(self) -> None:
@@ -182,6 +201,8 @@ class PagedTail:
         self._counts = self._counts[i:]
         if self._expiry is not None:
             self._expiry = self._expiry[i:]
+        if self._seqs is not None:
+            self._seqs = self._seqs[i:]
         self._i = 0
 
     def memory_bytes(self) -> int:
@@ -189,7 +210,68 @@ class PagedTail:
         n = self._locs.buffer_info()[1] * 8 + self._sizes.buffer_info()[1] * 4 + len(self._counts)
         if self._expiry is not None:
             n += self._expiry.buffer_info()[1] * 8
+        if self._seqs is not None:
+            n += self._seqs.buffer_info()[1] * 8
         return n
+
+
+class PagedLevels:
+    """The paged messages of a priority queue: one `PagedTail` per priority level (made when a
+    level first pages), with the counts of them all. The queue reads back from one level at a
+    time (`pop(level, ...)`), the highest one that has messages."""
+
+    __slots__ = ("count", "bytes", "levels")
+
+    def __init__(self, max_priority: int) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.levels: list[PagedTail | None] = [None] * (max_priority + 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def level_of(self, priority: int) -> int:
+        """The level a message of this priority joins (as QueueState's: capped at the maximum)."""
+        return min(priority, len(self.levels) - 1)
+
+    def level_count(self, level: int) -> int:
+        t = self.levels[level]
+        return t.count if t is not None else 0
+
+    def append(self, seq: int, loc: int, size: int, expires_at_ms: int | None = None, delivery_count: int = 0,
+               priority: int = 0) -> None:
+        level = self.level_of(priority)
+        t = self.levels[level]
+        if t is None:
+            t = self.levels[level] = PagedTail(gaps=True)
+        t.append(seq, loc, size, expires_at_ms, delivery_count)
+        self.count += 1
+        self.bytes += size
+
+    def pop_level(self, level: int, messages_max: int, bytes_max: int) -> list[tuple[int, int, int, int | None, int]]:
+        t = self.levels[level]
+        if t is None or not t.count:
+            return []
+        before = t.bytes
+        out = t.pop(messages_max, bytes_max)
+        self.count -= len(out)
+        self.bytes -= before - t.bytes
+        return out
+
+    def take_all(self) -> list[int]:
+        locs: list[int] = []
+        for t in self.levels:
+            if t is not None:
+                locs.extend(t.take_all())
+        self.count = 0
+        self.bytes = 0
+        return locs
+
+    def locations(self) -> list[int]:
+        return [loc for t in self.levels if t is not None for loc in t.locations()]
+
+    def memory_bytes(self) -> int:
+        return sum(t.memory_bytes() for t in self.levels if t is not None)
 
 
 class BodyStore(Protocol):
@@ -210,5 +292,5 @@ def is_scratch(loc: int) -> bool:
     return loc >= SCRATCH
 
 
-__all__ = ["BodyStore", "PagedTail", "PagingPolicy", "SCRATCH", "is_scratch", "WINDOW_MESSAGES_DEFAULT",
+__all__ = ["BodyStore", "PagedLevels", "PagedTail", "PagingPolicy", "SCRATCH", "is_scratch", "WINDOW_MESSAGES_DEFAULT",
            "WINDOW_BYTES_DEFAULT", "READ_AHEAD_MESSAGES", "READ_AHEAD_BYTES", "PAGED_OVERHEAD_BYTES"]

@@ -146,6 +146,10 @@ class QueueState:
     def unacked_count(self) -> int:
         return len(self.unacked)
 
+    def level_count(self, level: int) -> int:
+        """Ready messages of one priority level (0 for a queue without priorities)."""
+        return len(self._levels[level])
+
     def head(self) -> Entry | None:
         for level in self._by_priority():
             h = level.head()
