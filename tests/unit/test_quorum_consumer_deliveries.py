@@ -18,9 +18,10 @@ import msgspec
 
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
+from hutch.queues.message import Message
 from hutch.quorum import fifo
 from hutch.quorum.handle import QuorumQueue
-from hutch.quorum.host import RESEND_ASK_AGAIN_S, Outcome, QuorumHost
+from hutch.quorum.host import RESEND_ASK_AGAIN_S, RETRY_LEADER_S, RETRY_S, Outcome, QuorumHost
 
 GID = 7
 NO_PROPS = b"\x00\x00"  # AMQP content properties with no flag set
@@ -275,3 +276,23 @@ def test_a_new_leader_revives_the_consumers_of_a_node_that_came_back_before_it_l
     link.leader.leadership_changed(GID, True)
     assert fifo.NodeUp("n3") in [msgspec.structs.replace(c, now_ms=0) for c in raft.appended
                                  if type(c) is fifo.NodeUp]
+
+
+def test_a_publish_handed_to_a_live_leader_is_sent_again_only_when_its_answer_may_be_lost():
+    """Under load an answer takes longer than RETRY_S; sending the publish again then only added
+    Raft log entries. It is sent again when another leader is known, when the leader's node comes
+    back, or after RETRY_LEADER_S."""
+    link = Link()
+    link.host.raft = raft = _Raft(leader="n1")
+    now_s = link.port.t_ms / 1000
+    link.host.publish(link.q, Message("", "q", b"\x00\x01q", NO_PROPS, b"m1", True, 0, None), None, 0)
+    assert len(link.to_n1) == 1
+    link.host.tick(now_s + RETRY_S + 0.1)
+    assert len(link.to_n1) == 1
+    link.host.tick(now_s + RETRY_LEADER_S + 0.1)
+    assert len(link.to_n1) == 2
+    raft.leader_node = "n2"
+    link.host.leader_known(GID)
+    assert len(link.to_n1) == 3
+    link.host.peer_up("n2")
+    assert len(link.to_n1) == 4

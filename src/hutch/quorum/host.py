@@ -62,6 +62,11 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
+# ... except one handed to a leader that is up: that one is sent again at once when another
+# leader is known (leader_known) or the leader's node comes back (peer_up), otherwise only after
+# this long. Under load an answer can take longer than RETRY_S (10,000 publishes in flight to
+# 100 queues: some 2 s), and resending what is still on its way doubled the work of the Raft logs.
+RETRY_LEADER_S = 5.0
 RESEND_ASK_AGAIN_S = 2.0  # a consumer's node that asked for missed deliveries asks again if no answer came
 ONCE_ONLY = (fifo.Get, fifo.Purge)  # not idempotent: never resent once sent
 # A leader's verdict from its own view of the cluster: proposed only while this node leads, and
@@ -407,19 +412,29 @@ class QuorumHost:
         # queue, envelope, resend at, once only, sent, leader only
         item = [q, env, now + RETRY_S, once, False, isinstance(cmd, LEADER_ONLY)]
         self.peers.requests.open(req, callback or _no_answer, None, deadline, Q_REQUEST, item)
-        self._send_call(item)
+        item[2] = now + self._retry_s(q, self._send_call(item))
 
-    def _send_call(self, item: list) -> None:
+    def _retry_s(self, q: QuorumQueue, sent: bool) -> float:
+        """How long before a proposal just sent (or not: `sent` False) is sent again."""
+        if not sent:
+            return RETRY_S
+        leader = self.raft.leader(q.gid) if self.raft is not None else None
+        if leader is not None and (leader == self.peers.node or self.peers.is_up(leader)):
+            return RETRY_LEADER_S
+        return RETRY_S
+
+    def _send_call(self, item: list) -> bool:
+        """Send a proposal waiting for its answer (again); False when it was not sent."""
         q, env, _retry, once, sent, leader_only = item
         if leader_only:
-            if self.is_leader(q):
-                self._send(q, env)
-        elif not once:
-            self._send(q, env)
-        elif not sent and (self.raft is None or self.peers.node not in q.members or self.raft.leader(q.gid)):
+            return self.is_leader(q) and self._send(q, env)
+        if not once:
+            return self._send(q, env)
+        if not sent and (self.raft is None or self.peers.node not in q.members or self.raft.leader(q.gid)):
             # sent once, and by a member only when it knows a leader (a member that does not
             # would drop it): a Get right after a declare waits for the election
             item[4] = self._send(q, env)
+        return item[4]
 
     def _send(self, q: QuorumQueue, env: bytes) -> bool:
         """To the leader (proposed here, or sent to it, or to a member that forwards it); False
@@ -475,13 +490,10 @@ class QuorumHost:
             if (item[0].deleted or item[5] and not self.is_leader(item[0])) and p.callback is _no_answer:
                 requests.take(p.rid)
             elif now_s < p.deadline_s and now_s >= item[2]:
-                item[2] = now_s + RETRY_S
-                self._send_call(item)
+                item[2] = now_s + self._retry_s(item[0], self._send_call(item))
         for item in self._pubs.values():
             if now_s >= item[5]:
-                item[5] = now_s + RETRY_S
-                if not item[0].deleted:
-                    self._send(item[0], item[1])
+                item[5] = now_s + self._retry_s(item[0], not item[0].deleted and self._send(item[0], item[1]))
         if self._gone_due:
             self._publishers_gone(now_s)
         if self._gapped:
@@ -519,10 +531,10 @@ class QuorumHost:
         cmd = fifo.Enqueue(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent, msg.priority,
                            msg.expiration_ms, now, publisher, pseq, low)
         env = _enc.encode([self.peers.node, 0, fifo.encode_command(cmd)])
-        self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, now / 1000 + RETRY_S, pub]
+        item = self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, 0.0, pub]
         if session is not None:
             self.port.window_add(session)
-        self._send(q, env)
+        item[5] = now / 1000 + self._retry_s(q, self._send(q, env))
 
     def _confirmed(self, publisher: str, pseq: int, accepted: bool) -> None:
         item = self._pubs.pop((publisher, pseq), None)
@@ -695,6 +707,8 @@ class QuorumHost:
             if self.is_leader(q):
                 self.propose(q, fifo.NodeUp(peer, now))
                 self._cancel_stale(q, peer)
+            elif self.leader_of(q) == peer:  # what was on its way may have been lost with the link
+                self.leader_known(q.gid)
 
     def owner_id(self) -> str:
         """A new consumer, requester or publisher id of this run of this node."""
