@@ -47,7 +47,7 @@ from hutch.amqp.events import (
 _frame_header = struct.Struct(">BHI")
 _i = struct.Struct(">I")
 _qb = struct.Struct(">QB")
-_hhq = struct.Struct(">HHQ")
+_content_frame = struct.Struct(">BHIHHQ")  # a content header frame's header, class, weight and body size
 ROUTE_CACHE_MAX = 1024
 
 # method indexes (class_id << 16 | method_id)
@@ -286,13 +286,14 @@ class Connection:
         n = len(data)
         off = 0
         channels = self._channels
+        limit = self._frame_limit  # (tune-ok raises it: read again after each handshake frame)
         ch = 0
         while n - off >= 8:
             try:
                     ftype, ch, size = _frame_header.unpack_from(data, off)
-                    if size > self._frame_limit:
+                    if size > limit:
                         raise spec.AMQPError(spec.FRAME_ERROR, f"type {ftype}, frame size {size + 8} exceeds "
-                                             f"negotiated frame_max {self._frame_limit}")
+                                             f"negotiated frame_max {limit}")
                     end = off + 7 + size
                     if end >= n:
                         break
@@ -311,6 +312,7 @@ class Connection:
                         if ftype == spec.FRAME_HEARTBEAT:
                             continue
                         ev = self._handshake(ftype, ch, payload)
+                        limit = self._frame_limit
                         if ev is not None:
                             yield ev
                         if self.state == CLOSED:
@@ -367,16 +369,15 @@ class Connection:
                                 self._route_cache[payload] = p
                             # fast path: header and a single body frame already here
                             if n - off >= 22:
-                                ht, hch, hsize = _frame_header.unpack_from(data, off)
+                                ht, hch, hsize, class_id, _w, body_size = _content_frame.unpack_from(data, off)
                                 hend = off + 7 + hsize
                                 if ht == 2 and hch == ch and hsize >= 14 and hend < n and data[hend] == 0xCE \
-                                        and hsize <= self._frame_limit:
-                                    class_id, _w, body_size = _hhq.unpack_from(data, off + 7)
+                                        and hsize <= limit:
                                     if class_id == 60 and body_size <= self.message_bytes_max:
                                         if body_size == 0:
                                             props = data[off + 19:hend]
                                             off = hend + 1
-                                            yield Publish(ch, p[0], p[1], p[2], p[3], p[4], props, b"")
+                                            yield Publish(ch, p, props, b"")
                                             if self.state != OPEN:
                                                 return
                                             continue
@@ -385,10 +386,10 @@ class Connection:
                                             bt, bch, bsize = _frame_header.unpack_from(data, boff)
                                             bend = boff + 7 + bsize
                                             if bt == 3 and bch == ch and bsize == body_size and bend < n \
-                                                    and data[bend] == 0xCE and bsize <= self._frame_limit:
+                                                    and data[bend] == 0xCE and bsize <= limit:
                                                 props = data[off + 19:hend]
                                                 off = bend + 1
-                                                yield Publish(ch, p[0], p[1], p[2], p[3], p[4], props,
+                                                yield Publish(ch, p, props,
                                                               data[boff + 7:bend])
                                                 if self.state != OPEN:
                                                     return
@@ -427,7 +428,7 @@ class Connection:
                         if body_size == 0:
                             p = c.publish
                             c.publish = None
-                            yield Publish(ch, p[0], p[1], p[2], p[3], p[4], props, b"")
+                            yield Publish(ch, p, props, b"")
                             if self.state != OPEN:
                                 return
                             continue
@@ -452,7 +453,7 @@ class Connection:
                             p = c.publish
                             c.publish = None
                             c.body_size = -1
-                            yield Publish(ch, p[0], p[1], p[2], p[3], p[4], c.props, body)
+                            yield Publish(ch, p, c.props, body)
                             if self.state != OPEN:
                                 return
                         else:

@@ -87,14 +87,11 @@ class Publish(Event):
 
     __slots__ = ("channel", "exchange", "routing_key", "route_enc", "mandatory", "immediate", "props", "body")
 
-    def __init__(self, channel: int, exchange: str, routing_key: str, route_enc: bytes, mandatory: bool,
-                 immediate: bool, props: bytes, body: bytes):
+    def __init__(self, channel: int, route: tuple[str, str, bytes, bool, bool], props: bytes, body: bytes):
+        """`route`: (exchange, routing_key, route_enc, mandatory, immediate), as `codec.decode_publish`
+        gives them (the connection keeps them per distinct basic.publish)."""
         self.channel = channel
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.route_enc = route_enc
-        self.mandatory = mandatory
-        self.immediate = immediate
+        self.exchange, self.routing_key, self.route_enc, self.mandatory, self.immediate = route
         self.props = props
         self.body = body
 

@@ -73,6 +73,7 @@ class Session:
         self.exclusive_queues: list = []
         self._confirm_channels: set[Channel] = set()
         self._write_ok: set[str] = set()  # exchanges this user may publish to (checked once)
+        self._publish_ok: set[Exchange] = set()  # exchanges whose checks hold for every publish (not topic)
         self.output_pending = False
         self.transport_hooks: Any = None  # set by the runtime: pause/resume reading, close
         self.stats_recv_msgs = 0
@@ -436,17 +437,9 @@ class Session:
     def on_publish(self, ch: Channel, ev: events.Publish) -> None:
         if ev.immediate:
             raise AMQPError(spec.NOT_IMPLEMENTED, "immediate=true", 60, 40)
-        vhost = self.vhost
-        x = vhost.exchanges.get(ev.exchange)
-        if x is None:
-            raise not_found(f"no exchange '{ev.exchange}' in vhost '{vhost.name}'")
-        if x.internal:
-            raise access_refused(f"cannot publish to internal exchange '{ev.exchange}' in vhost '{vhost.name}'")
-        if ev.exchange not in self._write_ok:
-            self.broker.check_permission(self.user, vhost.name, "write", "exchange", ev.exchange)
-            self._write_ok.add(ev.exchange)
-        if x.type == "topic":
-            self.broker.check_topic_permission(self.user, vhost.name, x, "write", ev.routing_key)
+        x = self.vhost.exchanges.get(ev.exchange)
+        if x not in self._publish_ok:
+            self._check_publish(x, ev)
         self.stats_recv_msgs += 1
         broker = self.broker
         if broker.blocking and not self.blocked:
@@ -474,6 +467,23 @@ class Session:
             ch.tx_hold(("publish", x, msg, headers, ev.mandatory), len(msg.body))
             return
         self.deliver_publish(ch, x, msg, headers, ev.mandatory)
+
+    def _check_publish(self, x: Exchange | None, ev: events.Publish) -> None:
+        """May this connection publish `ev` to `x`? The exchange exists and is not internal, the user
+        may write to it (asked once per exchange), and to a topic exchange with this routing key
+        (asked every time). Exchanges of other types, once passed, go into `_publish_ok`."""
+        vhost = self.vhost
+        if x is None:
+            raise not_found(f"no exchange '{ev.exchange}' in vhost '{vhost.name}'")
+        if x.internal:
+            raise access_refused(f"cannot publish to internal exchange '{ev.exchange}' in vhost '{vhost.name}'")
+        if ev.exchange not in self._write_ok:
+            self.broker.check_permission(self.user, vhost.name, "write", "exchange", ev.exchange)
+            self._write_ok.add(ev.exchange)
+        if x.type == "topic":
+            self.broker.check_topic_permission(self.user, vhost.name, x, "write", ev.routing_key)
+        else:
+            self._publish_ok.add(x)
 
     def deliver_publish(self, ch: Channel, x: Exchange, msg: Message, headers: dict | None, mandatory: bool) -> None:
         if ch.confirm:
