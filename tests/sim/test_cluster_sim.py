@@ -71,3 +71,16 @@ def test_a_batch_of_seeds_keeps_every_promise(queue_type, first, count):
     assert not unexpected, "\n".join(unexpected + known)
     if known:
         pytest.xfail(f"{len(known)} of {count} seeds found known defects:\n" + "\n".join(known))
+
+
+def test_hutch_sim_runs_the_cluster_and_the_raft_simulators():
+    from click.testing import CliRunner
+
+    from hutch.main import main
+
+    cluster = CliRunner().invoke(main, ["sim", "cluster", "--seed", "3", "--queue-type", "classic"])
+    assert cluster.exit_code == 0, cluster.output
+    assert "seed 3: ok" in cluster.output
+    raft = CliRunner().invoke(main, ["sim", "raft", "--seed", "1"])
+    assert raft.exit_code == 0, raft.output
+    assert "seed 1: ok" in raft.output
