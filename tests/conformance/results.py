@@ -35,6 +35,7 @@ NOT_STARTED = "broker did not start"
 NOT_SERVED = "not yet served"
 BROKEN = "runner error"
 TIMED_OUT = "timed out"
+STOPPED = "stopped"
 
 
 @dataclass

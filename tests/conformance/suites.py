@@ -74,6 +74,9 @@ class Suite:
     test_timeout_s: int = 120
     suite_timeout_s: int = 1800
     in_make_test: bool = False  # run by tests/conformance/test_suites.py against hutch
+    # pytest processes side by side, each with every n-th test and a broker of its own: for a suite
+    # that spends its time waiting (heartbeat timeouts), not working
+    shards: int = 1
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -166,6 +169,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
         plugins=("hutch_conformance_amqpstorm",),
         env={"HUTCH_CONFORMANCE_AMQP_CLEANUP": "1"},
         in_make_test=True,
+        shards=2,
     ),
     Suite(
         name="aiormq", package="aiormq", version="7.2.4", unpacked="aiormq-7.2.4",
@@ -180,6 +184,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
         suite_timeout_s=1200,
         plugins=("hutch_conformance_docker",),
         in_make_test=True,
+        shards=3,
     ),
     Suite(
         name="aio-pika", package="aio-pika", version="10.2.1", unpacked="aio_pika-10.2.1",

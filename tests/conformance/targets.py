@@ -70,6 +70,7 @@ def _keep_log(path: Path, dest: Path) -> None:
 
 class _Target:
     name = "?"
+    isolated = True  # every fresh() is a broker of its own: a suite's shards may run side by side
 
     def __init__(self, tls: TlsFiles | None = None) -> None:
         self.tls = tls
@@ -85,7 +86,7 @@ class HutchTarget(_Target):
     name = "hutch"
 
     @contextlib.contextmanager
-    def fresh(self, suite: Suite, log_dir: Path | None = None) -> Iterator[Endpoint]:
+    def fresh(self, suite: Suite, node_log: Path | None = None) -> Iterator[Endpoint]:
         tls_port = free_port() if self.tls else None
         extra = []
         if self.tls:
@@ -105,8 +106,8 @@ class HutchTarget(_Target):
                            mgmt_url=f"http://{node.host}:{http_port}" if http_port else None)
         finally:
             node.stop()
-            if log_dir is not None:
-                _keep_log(node.log_path, log_dir / f"{self.results_name}-{suite.name}.node.log")
+            if node_log is not None:
+                _keep_log(node.log_path, node_log)
             node.cleanup()
 
 
@@ -114,7 +115,7 @@ class RabbitMQTarget(_Target):
     name = "rabbitmq"
 
     @contextlib.contextmanager
-    def fresh(self, suite: Suite, log_dir: Path | None = None) -> Iterator[Endpoint]:
+    def fresh(self, suite: Suite, node_log: Path | None = None) -> Iterator[Endpoint]:
         tls_port = free_port() if self.tls else None
         conf = ""
         if self.tls:
@@ -150,6 +151,7 @@ class UrlTarget(_Target):
     """A broker someone else runs; queues that suites leave behind are deleted before each suite."""
 
     name = "url"
+    isolated = False
 
     def __init__(self, url: str, mgmt_url: str | None = None) -> None:
         super().__init__(tls=None)
@@ -163,7 +165,7 @@ class UrlTarget(_Target):
         self.product = describe(self.endpoint.host, self.endpoint.port)
 
     @contextlib.contextmanager
-    def fresh(self, suite: Suite, log_dir: Path | None = None) -> Iterator[Endpoint]:
+    def fresh(self, suite: Suite, node_log: Path | None = None) -> Iterator[Endpoint]:
         _delete_queues(self.endpoint, suite.leftover_queues)
         yield self.endpoint
 

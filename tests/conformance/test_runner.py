@@ -1,7 +1,7 @@
 """The conformance runner's own parts: outcome recording, deselection, and the committed lists.
 
 Fast checks (no broker): the recorder plugin turns a real pytest session into the right
-outcome per node id; every pattern on flaky.txt and pending.txt names a suite and matches
+outcome per node id, and a suite's shards together run each of its tests once; every pattern on flaky.txt and pending.txt names a suite and matches
 tests that the recorded RabbitMQ run really has (a typo would silently match nothing);
 the expected lists hold no flaky test.
 """
@@ -17,6 +17,7 @@ import textwrap
 import pytest
 
 from tests.conformance import results as R
+from tests.conformance.runner import merge_shards
 from tests.conformance.suites import ALL, SUITES
 from tests.conformance.toolchain import PLUGINS
 
@@ -53,16 +54,37 @@ def test_variant(variant):
 '''
 
 
-def test_recorder_gives_one_outcome_per_test_and_honours_deselection(tmp_path):
-    (tmp_path / "test_sample.py").write_text(textwrap.dedent(SAMPLE))
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    outcomes = tmp_path / "outcomes.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(PLUGINS), "HUTCH_CONFORMANCE_OUTCOMES": str(outcomes),
-           "HUTCH_CONFORMANCE_DESELECT": json.dumps([["*[tls]", "needs TLS"]])}
-    env.pop("PYTEST_ADDOPTS", None)
-    subprocess.run([sys.executable, "-m", "pytest", "-p", "hutch_conformance_record", "-p", "no:cacheprovider",
-                    "-q", "test_sample.py"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
-    tests, deselected, messages, exitstatus = R.read_outcomes(outcomes)
+SHARDS = 2
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """SAMPLE under the recorder plugin (deselecting its [tls] variant), whole and in SHARDS
+    shards, all at once: {None: whole run, 0: shard 0, ...} -> read_outcomes of each."""
+    folder = tmp_path_factory.mktemp("sample")
+    (folder / "test_sample.py").write_text(textwrap.dedent(SAMPLE))
+    (folder / "pytest.ini").write_text("[pytest]\n")
+    procs = {}
+    for shard in (None, *range(SHARDS)):
+        env = {**os.environ, "PYTHONPATH": str(PLUGINS), "HUTCH_CONFORMANCE_OUTCOMES": str(folder / f"{shard}.jsonl"),
+               "HUTCH_CONFORMANCE_DESELECT": json.dumps([["*[tls]", "needs TLS"]])}
+        env.pop("PYTEST_ADDOPTS", None)
+        if shard is not None:
+            env["HUTCH_CONFORMANCE_SHARD"] = f"{shard}/{SHARDS}"
+        procs[shard] = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "hutch_conformance_record",
+                                         "-p", "no:cacheprovider", "-q", "test_sample.py"], cwd=folder, env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for proc in procs.values():
+            proc.wait(timeout=120)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+    return {shard: R.read_outcomes(folder / f"{shard}.jsonl") for shard in procs}
+
+
+def test_recorder_gives_one_outcome_per_test_and_honours_deselection(recorded):
+    tests, deselected, messages, exitstatus = recorded[None]
     assert tests == {
         "test_sample.py::test_passes": "passed",
         "test_sample.py::test_fails": "failed",
@@ -74,6 +96,23 @@ def test_recorder_gives_one_outcome_per_test_and_honours_deselection(tmp_path):
     assert deselected == {"test_sample.py::test_variant[tls]": "needs TLS"}
     assert "setup broke" in messages["test_sample.py::test_setup_breaks"]
     assert exitstatus == 1
+
+
+def test_shards_run_every_test_once_and_merge_into_the_whole_run(recorded):
+    parts = []
+    for shard in range(SHARDS):
+        tests, deselected, messages, exitstatus = recorded[shard]
+        assert deselected == {"test_sample.py::test_variant[tls]": "needs TLS"}  # the other shards' are not
+        parts.append(R.SuiteResult("sample", "hutch", product="hutch 0.1.0", wall_s=float(shard), tests=tests,
+                                   deselected=deselected, messages=messages, exitstatus=exitstatus))
+    assert [len(p.tests) for p in parts] == [3, 3]
+    merged = merge_shards(R.SuiteResult("sample", "hutch"), parts)
+    assert merged.status == R.RAN and merged.tests == recorded[None][0]
+    assert merged.wall_s == 1.0 and merged.exitstatus == 1 and merged.product == "hutch 0.1.0"
+    assert merged.counts() == {"tests": 6, "passed": 2, "failed": 1, "error": 2, "skipped": 1, "deselected": 1}
+    parts[1].status, parts[1].note = R.TIMED_OUT, "killed after 300 s"
+    late = merge_shards(R.SuiteResult("sample", "hutch"), parts)
+    assert late.status == R.TIMED_OUT and late.note == "shard 2 of 2: timed out: killed after 300 s"
 
 
 def test_patterns_treat_brackets_literally_and_star_as_anything():

@@ -1,7 +1,9 @@
 """pytest plugin loaded into every conformance suite: deselects and records outcomes by node id.
 
 It reads HUTCH_CONFORMANCE_DESELECT (a JSON list of [pattern, reason], `*` matching
-anything in a node id) and appends to HUTCH_CONFORMANCE_OUTCOMES one JSON line per
+anything in a node id) and HUTCH_CONFORMANCE_SHARD ("i/n": of the remaining tests in
+collection order, run only every n-th, from the i-th counted from 0; every shard collects
+the same tests), and appends to HUTCH_CONFORMANCE_OUTCOMES one JSON line per
 finished test — passed, failed, error (setup or teardown broke), skipped — one per
 deselected test with its reason, and a last line with pytest's exit status. A line is
 written as soon as a test's teardown ends, so a suite killed for running too long still
@@ -43,6 +45,11 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    shard = os.environ.get("HUTCH_CONFORMANCE_SHARD")
+    if shard:  # the other shards run the rest: neither recorded nor counted here
+        i, n = (int(x) for x in shard.split("/"))
+        config.hook.pytest_deselected(items=[item for k, item in enumerate(keep) if k % n != i])
+        items[:] = keep = keep[i::n]
     _write({"collected": len(keep)})
 
 
