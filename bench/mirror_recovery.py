@@ -5,7 +5,9 @@ A 3-node hutch cluster, a durable queue led by node 1 under `ha-mode: all` and
 stopped gracefully; while it is down nobody publishes; it is started again and, from the
 moment its process starts, `--more` (10,000) messages are published to node 1. Measured: the
 time from node 3's start until the queue lists it as a synchronised mirror again, and what the
-leader's log says it synchronised. Run once with `mirroring_recover_from_disk = true` (the
+leader's log says it synchronised, and the CPU seconds node 3's process had used when it logged
+its copy read back (a figure the other work on a shared machine does not stretch) and its RSS
+then. Run once with `mirroring_recover_from_disk = true` (the
 mirror comes back with its copy and gets the delta) and once with `false` (it starts empty
 and gets the whole queue, as in RabbitMQ).
 
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 import pika
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -83,6 +86,23 @@ def events(cluster: HutchCluster, since: float) -> dict:
     return out
 
 
+def boot_cpu_s(cluster: HutchCluster, timeout_s: float) -> tuple[float | None, int | None]:
+    """CPU seconds (user + system) and RSS (MiB) of node 3's process when its copy-read-back
+    line appears (None: it never does, e.g. with recovery from disk off)."""
+    node = cluster.nodes[2]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if "of the mirror's copy from disk" in node.log():
+            try:
+                p = psutil.Process(node.proc.pid)
+                t, rss = p.cpu_times(), p.memory_info().rss
+            except psutil.Error:
+                return None, None
+            return round(t.user + t.system, 2), rss >> 20
+        time.sleep(0.02)
+    return None, None
+
+
 def run(recover: bool, messages: int, more: int, size: int, timeout_s: float) -> dict:
     conf = Path(tempfile.mkdtemp(prefix="mr-bench-")) / "hutch.conf"
     conf.write_text(f"mirroring_recover_from_disk = {'true' if recover else 'false'}\n")
@@ -106,6 +126,7 @@ def run(recover: bool, messages: int, more: int, size: int, timeout_s: float) ->
         publisher = threading.Thread(target=publish, args=(cluster.nodes[0].amqp_port, more, body))
         cluster.nodes[2].start(wait=False)
         publisher.start()
+        cpu_s, rss_mib = boot_cpu_s(cluster, 120) if recover else (None, None)
         try:
             wait(lambda: third in (queue(cluster).get("synchronised_slave_nodes") or []), timeout_s, "resynchronised")
             synced_s: float | None = round(time.monotonic() - t0, 2)
@@ -114,7 +135,8 @@ def run(recover: bool, messages: int, more: int, size: int, timeout_s: float) ->
         publisher.join()
         lines = SYNC_LINE.findall(cluster.nodes[0].log())[log_before:]
         return {"recover_from_disk": recover, "synchronised_after_s": synced_s, "sync_lines": lines,
-                "events": events(cluster, started)}
+                "events": events(cluster, started), "node3_cpu_s_at_copy_read_back": cpu_s,
+                "node3_rss_mib_at_copy_read_back": rss_mib}
 
 
 def main() -> None:

@@ -86,8 +86,9 @@ class RecoveredMessage:
 
 @dataclass
 class MirrorCopy:
-    """A mirror's copy as recovered: its header and its surviving messages (ME records, decoded,
-    by record seq in log order)."""
+    """A mirror's copy as recovered: its header and its surviving messages by reference, ME
+    record seq -> the leader's seq of its message, in log order. The messages stay on disk
+    (`read_mirror_enqueue` reads one back), so a copy of millions costs its two ints each."""
 
     copy_id: int
     header_seq: int
@@ -95,7 +96,23 @@ class MirrorCopy:
     name: str
     queue_journal_id: int
     epoch: int
-    items: dict[int, list]
+    items: dict[int, int]
+
+
+class _MirrorEnqueueRef(msgspec.Struct, array_like=True, gc=False):
+    """The head of an ME record as recovery reads it: the message's fields are left undecoded
+    (msgspec.Raw views, dropped at once) and the fields after `seq` are not read."""
+
+    kind: str
+    copy_id: int
+    exchange: msgspec.Raw
+    routing_key: msgspec.Raw
+    props: msgspec.Raw
+    body: msgspec.Raw
+    seq: int
+
+
+_me_ref_dec = msgspec.msgpack.Decoder(_MirrorEnqueueRef)
 
 
 class Unreadable(Exception):
@@ -187,6 +204,18 @@ class Journal:
         return self.log.append(_enc.encode(("ME", copy_id, exchange, routing_key, props, body, seq, priority,
                                             expiration_ms, expires_at_ms)), copy_id)
 
+    def read_mirror_enqueue(self, record_seq: int) -> tuple[str, str, bytes, bytes, int, int | None, int | None] | None:
+        """A mirror copy's message back from its ME record (CRC checked): exchange, routing key,
+        properties, body, priority, per-message TTL, expiry time. None when it cannot be read
+        (a corrupt or missing record; the caller logs it with its queue)."""
+        try:
+            item = _dec.decode(self.log.read(record_seq).payload)
+        except (StoreError, OSError, msgspec.DecodeError):
+            return None
+        if not isinstance(item, (list, tuple)) or len(item) < 10 or item[0] != "ME":
+            return None
+        return item[2], item[3], item[4], item[5], item[7], item[8], item[9]
+
     def mirror_removed(self, copy_id: int, record_seqs: list[int]) -> None:
         """These ME records (or a header) left the copy: one MP record guards them all."""
         for i in range(0, len(record_seqs), MIRROR_REMOVED_PER_RECORD):
@@ -200,7 +229,7 @@ class Journal:
         return self.mirror_copies.pop((vhost, name), None)
 
     def shelve_mirror_copy(self, copy_id: int, header_seq: int, vhost: str, name: str, queue_journal_id: int,
-                           epoch: int, items: dict[int, list]) -> None:
+                           epoch: int, items: dict[int, int]) -> None:
         """A running mirror's copy goes back among the recovered ones (its node stopped mirroring
         the queue; a mirror made again may take it). It replaces an older one of the queue."""
         old = self.mirror_copies.pop((vhost, name), None)
@@ -319,8 +348,20 @@ class Journal:
         dead: list[int] = []
         copies: dict[int, MirrorCopy] = {}
         for rec in self.log.replay():
+            payload = rec.payload
+            if payload[1:4] == b"\xa2ME":  # a mirror copy's message: only its seqs are kept
+                try:
+                    me = _me_ref_dec.decode(payload)
+                except msgspec.DecodeError:
+                    pass  # decoded the general way below, to be reported as the others are
+                else:
+                    c = copies.get(me.copy_id)
+                    if c is None:
+                        c = copies[me.copy_id] = MirrorCopy(me.copy_id, 0, "", "", 0, 0, {})
+                    c.items[rec.seq] = me.seq
+                    continue
             try:
-                item = _dec.decode(rec.payload)
+                item = _dec.decode(payload)
             except msgspec.DecodeError:
                 log.error("Message journal: undecodable record %d skipped", rec.seq)
                 dead.append(rec.seq)
@@ -358,11 +399,9 @@ class Journal:
                     if v is not None:
                         settles.append((v, qid, [s]))
                 settles.append((rec.seq, qid, list(item[2])))
-            elif kind == "ME":
-                c = copies.get(qid)
-                if c is None:
-                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, {})
-                c.items[rec.seq] = item
+            elif kind == "ME":  # one the mirror copy's reader above could not take
+                log.error("Message journal: malformed mirror copy record %d skipped", rec.seq)
+                dead.append(rec.seq)
             elif kind == "MH":
                 c = copies.get(qid)
                 if c is None:

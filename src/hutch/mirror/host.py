@@ -217,7 +217,15 @@ class MirrorHost:
         # back `redelivered`, so a consumer that got one already can tell. After a controlled
         # stop the copy is exact.
         failed = not (m.replica.view is not None and m.replica.view.stopping)
+        journal = b.journal
         for e in m.replica.in_order():
+            if e.body is None:  # recovered from disk by reference: read it back from its ME record
+                got = journal.read_mirror_enqueue(e.log_seq) if journal is not None else None
+                if got is None:
+                    log.error("Mirrored queue '%s' in vhost '%s': message %d of the mirror's copy (journal record %d) "
+                              "cannot be read back; it is dropped", m.name, m.vhost, e.seq, e.log_seq)
+                    continue
+                e.exchange, e.routing_key, e.props, e.body, e.priority, e.expiration_ms, e.expires_at_ms = got
             rk = (e.exchange, e.routing_key)
             route = routes.get(rk)
             if route is None:

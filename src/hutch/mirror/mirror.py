@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
 from hutch.mirror.placement import ALWAYS, WHEN_SYNCED
-from hutch.mirror.replica import MirrorEntry, Replica, SyncItem, decode_ops
+from hutch.mirror.replica import MirrorEntry, Replica, decode_ops
 
 log = logging.getLogger("hutch.mirroring")
 
@@ -123,12 +123,9 @@ class Mirror:
             journal.drop_mirror_copy(copy)
             return True
         r = self.replica
-        for log_seq, item in copy.items.items():
-            # [kind, copy id, exchange, routing key, props, body, seq, priority, expiration, expires at]
-            e = MirrorEntry(SyncItem(item[6], item[2], item[3], item[4], item[5], True, item[7], item[8], item[9], 1),
-                            1)  # delivered or not while it was away: promoted, it comes back redelivered
-            e.log_seq = log_seq
-            r.restore(e)
+        on_disk = MirrorEntry.on_disk
+        for log_seq, seq in copy.items.items():  # by reference: bodies stay on disk until a promotion
+            r.restore(on_disk(seq, log_seq))
         self.copy_id, self.header_seq, self.epoch = copy.copy_id, copy.header_seq, copy.epoch
         log.info("Mirrored queue '%s' in vhost '%s': recovered %d messages of the mirror's copy from disk",
                  self.name, self.vhost, len(r.entries))
@@ -172,9 +169,7 @@ class Mirror:
         if not self.copy_id or journal is None:
             return
         self.persist()
-        items = {e.log_seq: ["ME", self.copy_id, e.exchange, e.routing_key, e.props, e.body, e.seq, e.priority,
-                             e.expiration_ms, e.expires_at_ms]
-                 for e in sorted(self.replica.entries.values(), key=lambda e: e.log_seq) if e.log_seq}
+        items = {e.log_seq: e.seq for e in sorted(self.replica.entries.values(), key=lambda e: e.log_seq) if e.log_seq}
         journal.shelve_mirror_copy(self.copy_id, self.header_seq, self.vhost, self.name, self.queue_journal_id,
                                    self.epoch, items)
         self.copy_id = self.header_seq = 0

@@ -36,7 +36,8 @@ as an array whose first element is its integer tag, and a mirror decodes the lis
 A mirror of a durable queue keeps the persistent messages of its copy on its node's journal
 (`Replica(durable=True)`): `apply` notes what joined and what left the copy (`to_write`,
 `to_release`) and the mirror writes them after each broadcast. After a restart its copy comes
-back from disk; the mirror reports it to the leader as ranges of seqs (`held_ranges`), the
+back from disk by reference (`MirrorEntry.on_disk`: the seq and the ME record; the bodies are
+read back only if the mirror is promoted); the mirror reports it to the leader as ranges of seqs (`held_ranges`), the
 leader answers with a `Recovered` operation and then synchronises only what the copy lacks.
 
 A mirror that joined late simply lacks the head: operations on seqs it does not hold are
@@ -205,6 +206,23 @@ class MirrorEntry:
         self.expires_at_ms = op.expires_at_ms
         self.delivery_count = delivery_count
         self.log_seq = 0  # its ME record in the node's journal (0: none)
+
+    @classmethod
+    def on_disk(cls, seq: int, log_seq: int) -> MirrorEntry:
+        """A message of a copy recovered from disk, by reference: its ME record `log_seq` holds
+        the message (`body` None until it is read back, on promotion). Delivered or not while
+        the mirror was away, it counts as delivered once."""
+        e = cls.__new__(cls)
+        e.seq = seq
+        e.exchange = e.routing_key = ""
+        e.props = b""
+        e.body = None
+        e.persistent = True
+        e.priority = 0
+        e.expiration_ms = e.expires_at_ms = None
+        e.delivery_count = 1
+        e.log_seq = log_seq
+        return e
 
 
 class Replica:
