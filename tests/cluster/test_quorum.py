@@ -18,6 +18,9 @@ from tests.support.hutch_cluster import HutchCluster
 
 pytestmark = pytest.mark.timeout(300)
 QUORUM = {"x-queue-type": "quorum"}
+# A command on a queue with no majority of its members up fails with 541 after this long; the
+# tests that take majorities away wait for it once per refused command.
+METADATA_TIMEOUT_MS = 2000
 
 
 def connect(cluster: HutchCluster, i: int) -> pika.BlockingConnection:
@@ -119,7 +122,7 @@ def test_leader_killed_a_new_leader_is_elected_and_no_confirmed_message_is_lost(
 
 def test_with_two_of_three_members_down_the_queue_stops_and_resumes_without_loss():
     """Seed 003's table: 3 members tolerate 1 failure, not 2."""
-    with HutchCluster(n=3) as cluster:
+    with HutchCluster(n=3, metadata_timeout_ms=METADATA_TIMEOUT_MS) as cluster:
         c1 = connect(cluster, 0)
         c1.channel().queue_declare("qq.majority", durable=True, arguments=QUORUM)
         ch = c1.channel()
@@ -213,7 +216,7 @@ def test_check_if_node_is_quorum_critical_names_the_queues(cluster):
 
 def test_five_members_tolerate_two_failures_not_three():
     """Seed 003's table, 5-member row: a majority is 3."""
-    with HutchCluster(n=5) as cluster:
+    with HutchCluster(n=5, metadata_timeout_ms=METADATA_TIMEOUT_MS) as cluster:
         c1 = connect(cluster, 0)
         c1.channel().queue_declare("qq.five", durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 5})
         assert len(queue_info(cluster, "qq.five")["members"]) == 5
@@ -238,7 +241,7 @@ def test_five_members_tolerate_two_failures_not_three():
 def test_the_failure_tolerance_table_for_one_to_five_members():
     """Seed 003's table, every row: a queue of n members serves while a majority of its members
     (n // 2 + 1) is up, whatever the cluster's other nodes do."""
-    with HutchCluster(n=5) as cluster:
+    with HutchCluster(n=5, metadata_timeout_ms=METADATA_TIMEOUT_MS) as cluster:
         c = connect(cluster, 0)
         for n in range(1, 6):
             c.channel().queue_declare(f"qq.size{n}", durable=True,
