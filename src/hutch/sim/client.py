@@ -113,8 +113,10 @@ class SimClient:
         return self.publish_seq
 
     def ack(self, delivery_tag: int) -> None:
-        self._check_open()
         self._send(1, commands.Basic.Ack(delivery_tag=delivery_tag))
+
+    def reject(self, delivery_tag: int, requeue: bool) -> None:
+        self._send(1, commands.Basic.Reject(delivery_tag=delivery_tag, requeue=requeue))
 
     # -- frames
 

@@ -94,6 +94,7 @@ BOOT_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 5.0  # a client's connect, declare or consume
 CLIENT_BACKOFF_S = (0.05, 0.5)
 AUDIT_S = 5.0  # how long the audit's consumer waits on each node
+REQUEUE_P = 0.05  # the share of deliveries a consumer rejects with requeue instead of acking
 CONFIRM_TIMEOUT_S = 10.0  # a publisher whose window is full gives its connection up after this long
 RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is stuck
 # What a run can find, in the words SimResult.stats["failed"] uses:
@@ -524,7 +525,8 @@ class ClusterSim:
             self._fail("redelivered-flag", f"{mid} delivered again without the redelivered flag")
         h.delivered[mid] = seen + 1
         self.kernel.log(f"client {who}: delivered {mid}{' (redelivered)' if redelivered else ''}")
-        self.loop.call_later(self.rng.uniform(0, 0.02), self._ack, this[0], tag)
+        settle = self._requeue if self.rng.random() < REQUEUE_P else self._ack
+        self.loop.call_later(self.rng.uniform(0, 0.02), settle, this[0], tag)
 
     async def _confirms_below(self, client: SimClient, tags: dict, window_max: int) -> None:
         """Wait for a place in the publisher's window; a connection whose confirms stop for
@@ -560,6 +562,12 @@ class ClusterSim:
     def _ack(self, client, tag: int) -> None:
         if client.closed is None:
             client.ack(tag)
+
+    def _requeue(self, client, tag: int) -> None:
+        """basic.reject with requeue: the message comes back, and its next delivery must say so."""
+        if client.closed is None:
+            self.kernel.log(f"client {client.name}: requeues delivery {tag}")
+            client.reject(tag, requeue=True)
 
     async def _drain(self) -> bool:
         """After the heal: wait until every confirmed message has been delivered, or time is up."""
