@@ -40,7 +40,15 @@ from hutch.amqp import codec, spec
 from hutch.amqp.spec import AMQPError
 from hutch.broker import arguments as qargs
 from hutch.broker.exchanges import QUEUE, Exchange
-from hutch.broker.journal import REF_DELIVERED, REF_EXPIRATION, REF_SIZE_MASK, Journal, ScratchLog, Unreadable
+from hutch.broker.journal import (
+    REF_DELIVERED,
+    REF_EXPIRATION,
+    REF_PRIORITY_SHIFT,
+    REF_SIZE_MASK,
+    Journal,
+    ScratchLog,
+    Unreadable,
+)
 from hutch.broker.msgstats import PUBLISH
 from hutch.broker.vhost import VHost
 from hutch.queues import effective
@@ -308,17 +316,17 @@ class Broker:
                         journal.settled(qid, log_seq)
                         continue
                     expiration_ms = None
-                    priority = 0
-                    if ref & REF_EXPIRATION or q.state.limits.max_priority:
+                    if ref & REF_EXPIRATION:
                         msg = self._journal_message(q, log_seq, routes)
                         if msg is None:
                             lost += 1
                             continue
-                        expiration_ms, priority = msg.expiration_ms, msg.priority
+                        expiration_ms = msg.expiration_ms
                     ttl = expiration_ms
                     if q.message_ttl_ms is not None:
                         ttl = q.message_ttl_ms if ttl is None else min(ttl, q.message_ttl_ms)
-                    q.publish_paged(log_seq, size, None if ttl is None else now + ttl, count, priority)
+                    q.publish_paged(log_seq, size, None if ttl is None else now + ttl, count,
+                                    (ref >> REF_PRIORITY_SHIFT) & 0xFF)
                     if ttl is not None:
                         self.ttl_queues.add(q)
                     continue

@@ -62,6 +62,8 @@ from typing import Any
 
 import msgspec
 
+from hutch.amqp import codec
+from hutch.amqp.spec import AMQPError
 from hutch.store import SegmentLog, StoreError
 
 log = logging.getLogger("hutch.journal")
@@ -123,11 +125,23 @@ class Unreadable(Exception):
 REF_SIZE_MASK = (1 << 40) - 1
 REF_DELIVERED = 1 << 40
 REF_EXPIRATION = 1 << 41  # its properties carry `expiration` (read it back to know when it expires)
+REF_PRIORITY_SHIFT = 42  # bits 42-49: its `priority` property (0 without one), for a priority queue's levels
 
 
 def _has_expiration(props: bytes) -> bool:
     """The basic properties' flag word has bit 8 (expiration) set: byte 0, bit 0."""
     return len(props) >= 2 and bool(props[0] & 0x01)
+
+
+def _priority_of(props: bytes) -> int:
+    """The basic properties' priority (flag bit 11: byte 0, bit 3), 0 without one or when the
+    list does not parse (the message is then delivered as one of priority 0, as before)."""
+    if len(props) < 3 or not props[0] & 0x08:
+        return 0
+    try:
+        return min(codec.summarize_properties(props).priority, 255)
+    except AMQPError:
+        return 0
 
 
 def _message_of(payload: bytes, kind: str) -> tuple[str, str, bytes, bytes]:
@@ -336,7 +350,8 @@ class Journal:
 
     def recover_refs(self, live_queue_ids: Iterable[int]) -> dict[int, _RefTable]:
         """As `recover`, but without the messages: per queue id, a table of E seq -> size |
-        flags (REF_DELIVERED, REF_EXPIRATION) whose `items()` come in publish order. 16 bytes a
+        flags (REF_DELIVERED, REF_EXPIRATION) | priority << REF_PRIORITY_SHIFT whose `items()` come in
+        publish order. 16 bytes a
         message while it runs, so a node can come back with a backlog far larger than its
         memory; read the messages with `read_enqueue`."""
         return self._replay(live_queue_ids, _ref_of, _ref_delivered, _RefTable)
@@ -448,7 +463,9 @@ def _mark_delivered(q: dict, e_seq: int) -> None:
 
 
 def _ref_of(_seq: int, item: list) -> int:
-    return len(item[5]) | (REF_EXPIRATION if _has_expiration(item[4]) else 0)
+    props = item[4]
+    return (len(item[5]) | (REF_EXPIRATION if _has_expiration(props) else 0)
+            | (_priority_of(props) << REF_PRIORITY_SHIFT))
 
 
 def _ref_delivered(q: _RefTable, e_seq: int) -> None:
@@ -561,4 +578,4 @@ class ScratchLog:
 
 
 __all__ = ["Journal", "MirrorCopy", "RecoveredMessage", "ScratchLog", "Unreadable", "REF_DELIVERED", "REF_EXPIRATION",
-           "REF_SIZE_MASK"]
+           "REF_PRIORITY_SHIFT", "REF_SIZE_MASK"]
