@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pyproject.toml declares version ranges, constraints.txt pins the exact versions: a change to either reinstalls.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror conformance soak check-demo pipeline-demo bench-spark clean campaign campaign-long sim-cluster
+.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror bench-backlog conformance soak check-demo pipeline-demo bench-spark clean campaign campaign-long sim-cluster
 
 install: $(STAMP)
 
@@ -73,6 +73,13 @@ bench-streams: install
 # Classic mirrored queues on 3-node clusters (RabbitMQ and hutch): throughput, sync time and blocking, failover.
 bench-mirror: install
 	$(BIN)/python bench/mirror_compare
+
+# A backlog far larger than memory (docs/performance.md, "Backlogs"): 20,000,000 persistent 1 KiB messages
+# published with confirms to one durable queue, kill -9 with the queue full, then drained; hutch, RabbitMQ
+# default mode and RabbitMQ lazy, one after the other. Needs about 22 GiB of free disk and hours;
+# BENCH_BACKLOG_ARGS='--messages 1000000' for a run of minutes.
+bench-backlog: install
+	$(BIN)/python bench/backlog.py $(BENCH_BACKLOG_ARGS)
 
 check-demo: install
 	$(BIN)/python bench/check_demo.py
