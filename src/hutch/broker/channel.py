@@ -48,6 +48,7 @@ class ChannelOutput(Protocol):
     vhost: Any
     frame_max: int
     writable: bool
+    counting: list  # consumers that delivered since the last write (ChannelConsumer.count_deliveries)
 
     def send_frames(self, frames: Any) -> None: ...
     def send_bytes(self, data: bytes) -> None: ...
@@ -62,7 +63,7 @@ class ChannelConsumer:
     machine) and delivers through `Channel.deliver_held`."""
 
     __slots__ = ("tag", "ctag_enc", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
-                 "unacked", "arguments", "ref", "received", "counter")
+                 "unacked", "arguments", "ref", "received", "counter", "delivered")
 
     def __init__(self, tag: str, queue: ClassicQueue, channel: Channel, no_ack: bool, exclusive: bool,
                  priority: int, prefetch: int, arguments: dict[str, Any], ref: Any = None):
@@ -74,6 +75,7 @@ class ChannelConsumer:
         self.channel = channel
         self.no_ack = no_ack
         self.counter = DELIVER_NO_ACK if no_ack else DELIVER  # where its deliveries count (msgstats)
+        self.delivered = 0  # deliveries not yet added to the counters (see count_deliveries)
         self.exclusive = exclusive
         self.priority = priority
         self.prefetch = prefetch
@@ -97,9 +99,9 @@ class ChannelConsumer:
         ch = self.channel
         ch.delivery_tag += 1
         tag = ch.delivery_tag
-        i = self.counter
-        ch.mstats[i] += 1
-        queue.mstats[i] += 1
+        if not self.delivered:
+            ch.session.counting.append(self)
+        self.delivered += 1
         if not self.no_ack:
             ch.unacked[tag] = (queue, entry, self)
             self.unacked += 1
@@ -114,6 +116,18 @@ class ChannelConsumer:
         m = entry.message
         ch.session.send_frames(codec.deliver_frames(ch.number, self.ctag_enc, tag, redelivered,
                                                     m.route_enc, m.props, m.body, ch.frame_max))
+
+
+    def count_deliveries(self) -> None:
+        """Add the deliveries made since the last count to the channel's and the queue's counters:
+        once per batch of frames the connection writes (`Session.take_output`), and before the
+        channel's counters are read for good (`Channel.close`)."""
+        n = self.delivered
+        if n:
+            self.delivered = 0
+            i = self.counter
+            self.channel.mstats[i] += n
+            self.queue.mstats[i] += n
 
 
 class Channel:
@@ -341,6 +355,8 @@ class Channel:
         broker = self.session.broker
         msgstats.node_counters(broker)[msgstats.CHANNELS_CLOSED] += 1
         vhost = self.session.vhost
+        for c in self.consumers.values():
+            c.count_deliveries()
         if vhost is not None:  # the vhost's and node's figures keep what this channel counted
             self.mstats[msgstats.PUBLISH_CONFIRM] = self.publish_seq
             msgstats.retire(broker, vhost.name, self.mstats)

@@ -67,6 +67,7 @@ class Session:
         self.vhost: VHost | None = None
         self.channels: dict[int, Channel] = {}
         self.writable = True
+        self.counting: list[ChannelConsumer] = []  # consumers whose deliveries are counted at the next write
         self.blocked = False  # connection.blocked sent
         self.flow_queues: set = set()  # flow-limited queues this session is held back by
         self.closed = False
@@ -113,7 +114,13 @@ class Session:
         self.send_bytes(codec.method_frame(channel, method))
 
     def take_output(self) -> list[bytes]:
+        """The frames to write now. The deliveries among them are counted here, once per write."""
         self.output_pending = False
+        counting = self.counting
+        if counting:
+            for c in counting:
+                c.count_deliveries()
+            counting.clear()
         return self.proto.take_output()
 
     def confirms_due(self, ch: Channel) -> None:
