@@ -65,7 +65,8 @@ RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader kn
 # ... except one handed to a leader that is up: that one is sent again at once when another
 # leader is known (leader_known) or the leader's node comes back (peer_up), otherwise only after
 # this long. Under load an answer can take longer than RETRY_S (10,000 publishes in flight to
-# 100 queues: some 2 s), and resending what is still on its way doubled the work of the Raft logs.
+# 100 queues confirmed at 4,000 msg/s wait 2.5 s), and resending what is still on its way doubled
+# the work of the Raft logs.
 RETRY_LEADER_S = 5.0
 RESEND_ASK_AGAIN_S = 2.0  # a consumer's node that asked for missed deliveries asks again if no answer came
 ONCE_ONLY = (fifo.Get, fifo.Purge)  # not idempotent: never resent once sent
