@@ -16,12 +16,21 @@ from types import SimpleNamespace
 
 import msgspec
 
+from hutch.amqp import codec
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
 from hutch.queues.message import Message
 from hutch.quorum import fifo
 from hutch.quorum.handle import QuorumQueue
-from hutch.quorum.host import RESEND_ASK_AGAIN_S, RETRY_LEADER_S, RETRY_S, Outcome, QuorumHost
+from hutch.quorum.host import (
+    COUNTED_PROPS_MAX,
+    RESEND_ASK_AGAIN_S,
+    RETRY_LEADER_S,
+    RETRY_S,
+    Outcome,
+    QuorumHost,
+    _delivery,
+)
 
 GID = 7
 NO_PROPS = b"\x00\x00"  # AMQP content properties with no flag set
@@ -296,3 +305,15 @@ def test_a_publish_handed_to_a_live_leader_is_sent_again_only_when_its_answer_ma
     assert len(link.to_n1) == 3
     link.host.peer_up("n2")
     assert len(link.to_n1) == 4
+
+
+def test_the_delivery_count_header_is_the_same_from_the_kept_properties():
+    counted: dict = {}
+    props = b"\x10\x00\x02"  # delivery_mode 2
+    for count in (0, 1, 0, 2, 1):
+        got = _delivery(count, count > 0, "", "q", props, b"x", counted)[3]
+        assert got == codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(count)})
+    assert len(counted) == 3
+    for count in range(COUNTED_PROPS_MAX + 1):  # as many kinds as it keeps, and one more
+        _delivery(count, True, "", "q", props, b"x", counted)
+    assert len(counted) <= COUNTED_PROPS_MAX

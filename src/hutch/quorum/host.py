@@ -68,6 +68,11 @@ RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader kn
 # 100 queues confirmed at 4,000 msg/s wait 2.5 s), and resending what is still on its way doubled
 # the work of the Raft logs.
 RETRY_LEADER_S = 5.0
+# Properties with x-delivery-count spliced in, kept per (properties, count) for the deliveries that
+# follow (splicing it took 6 % of a leader's loop with its consumer on its node; a delivery's
+# preparation 7-10 us -> 0.9 us on a loaded machine); a message whose properties are its own (a
+# message id, a timestamp) misses, and the whole cache is dropped when it has this many.
+COUNTED_PROPS_MAX = 1024
 RESEND_ASK_AGAIN_S = 2.0  # a consumer's node that asked for missed deliveries asks again if no answer came
 ONCE_ONLY = (fifo.Get, fifo.Purge)  # not idempotent: never resent once sent
 # A leader's verdict from its own view of the cluster: proposed only while this node leads, and
@@ -240,6 +245,7 @@ class QuorumHost:
         self._out: dict[str, list] = {}  # node -> outcomes to send it; emptied every loop iteration (flush)
         self._leading: set[int] = set()
         self._gapped: set[QuorumQueue] = set()  # queues with a consumer here waiting for missed deliveries
+        self._counted: dict[tuple[bytes, int], bytes] = {}  # _delivery's, at most COUNTED_PROPS_MAX
         self._next_clock_s = 0.0
         # commit latency as a leader sees it, one proposal at a time per group (Prometheus'
         # rabbitmq_raft_entry_commit_latency_seconds): gid -> when the one measured was proposed
@@ -675,7 +681,8 @@ class QuorumHost:
             if q is not None:  # the consumer is gone: give it back
                 q.host.propose(q, fifo.Return(consumer_id, [msg_id]))
             return
-        q.deliver(c, msg_id, prev_msg_id, *_delivery(delivery_count, redelivered, exchange, routing_key, props, body))
+        q.deliver(c, msg_id, prev_msg_id,
+                  *_delivery(delivery_count, redelivered, exchange, routing_key, props, body, self._counted))
 
     def _resent(self, item: ResentToConsumer) -> None:
         """A leader's answer to a Resend (or a new leader's unasked one): to the consumer's handle.
@@ -685,8 +692,8 @@ class QuorumHost:
         if c is None or q is None:
             return
         q.resent(c, item.upto_msg_id,
-                 [(d.msg_id, *_delivery(d.delivery_count, d.redelivered, d.exchange, d.routing_key, d.props, d.body))
-                  for d in item.deliveries])
+                 [(d.msg_id, *_delivery(d.delivery_count, d.redelivered, d.exchange, d.routing_key, d.props, d.body,
+                                        self._counted)) for d in item.deliveries])
 
     def ask_resend(self, q: QuorumQueue, consumer_id: str, after_msg_id: int) -> None:
         """A consumer's handle found a delivery missing: ask the leader for what is checked out to
@@ -746,8 +753,16 @@ def _resent(gid: int, r: fifo.Resent) -> ResentToConsumer:
 
 
 def _delivery(delivery_count: int, redelivered: bool, exchange: str, routing_key: str, props: bytes,
-              body: bytes) -> tuple[int, bool, bytes, bytes, bytes]:
+              body: bytes, counted: dict) -> tuple[int, bool, bytes, bytes, bytes]:
     """A delivery as a consumer's channel takes it: the route encoded, x-delivery-count in the
-    properties (RabbitMQ 3.10 sends it on every quorum delivery, 0 included)."""
-    props = codec.edit_properties(props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
-    return delivery_count, redelivered, codec.route_encoding(exchange, routing_key), props, body
+    properties (RabbitMQ 3.10 sends it on every quorum delivery, 0 included). `counted` keeps the
+    properties with their count of the last few kinds of message (most publishers send the same
+    properties every time), at most COUNTED_PROPS_MAX."""
+    key = (props, delivery_count)
+    edited = counted.get(key)
+    if edited is None:
+        if len(counted) >= COUNTED_PROPS_MAX:
+            counted.clear()
+        edited = counted[key] = codec.edit_properties(
+            props, set_headers={"x-delivery-count": codec.typed_value(delivery_count)})
+    return delivery_count, redelivered, codec.route_encoding(exchange, routing_key), edited, body
