@@ -879,7 +879,7 @@ class Broker:
             mirror = q._mirror  # the slot behind ClassicQueue.mirror (a property): read per publish
             if mirror is not None and seq:
                 waits += 1
-                mirror.after_stable(channel.accepted, seq)
+                mirror.after_stable(channel.accepted, seq, channel.publish_refused)
             if q.flow_waiters is not None:
                 self._flow_wait(q, channel.session)
         if remote is not None:

@@ -307,6 +307,12 @@ class Channel:
         del self.confirm_wait_count[seq]
         self.session.confirms_due(self)
 
+    def publish_refused(self, seq: int) -> None:
+        """A queue gives back a publish it had taken and not yet accepted (a mirrored queue whose
+        leader moved away before its mirrors all had it): nack it, unless the channel is closed."""
+        if seq in self.confirm_wait_count and not self.closed:
+            self.nack_publish(seq)
+
     def nack_publish(self, seq: int) -> None:
         """Send basic.nack for one publish, after acks for everything before it that is
         decided; a later `multiple` ack never covers it again (a tag is confirmed once)."""

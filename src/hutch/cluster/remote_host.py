@@ -317,7 +317,14 @@ class RemoteHost:
         if q.mirror is None or q.deleted:
             self._after_mirrors((fn, inner, queues[1:]))
         else:
-            q.mirror.after_stable(self._after_mirrors, (fn, inner, queues[1:]))
+            q.mirror.after_stable(self._after_mirrors, (fn, inner, queues[1:]), self._moved_away)
+
+    def _moved_away(self, arg: tuple) -> None:
+        """A mirrored queue's leader moved away from here before the publish reached all its
+        mirrors (`_after_mirrors`): its node sends it again to the new leader."""
+        origin, token = arg[1][0], arg[1][1]
+        self._out_acks.setdefault(origin, []).append(PublishAnswer(token, RETRY))
+        self.port.schedule()
 
     def _ack_publish(self, arg: tuple[str, int, bool, tuple]) -> None:
         """Accept a publish from another node, unless a queue it went to holds publishers back

@@ -65,6 +65,7 @@ log = logging.getLogger("hutch.mirroring")
 
 FORGET, SHELVE, KEEP = "forget", "shelve", "keep"  # what drop_mirror does with the mirror's copy on disk
 UNCLAIMED_COPY_S = 60.0  # a mirror's copy recovered from disk that no mirror here claims by then is dropped
+PUMP_ROUNDS_MAX = 4  # a member's sends, then the deaths of members its dropped messages were for
 
 
 class MirrorCluster(Protocol):
@@ -284,12 +285,25 @@ class MirrorHost:
         self.touched()
 
     def _pump_member(self, member: gm.GMMember) -> None:
+        """Send what `member` has to send and hand its events to its owner. GM needs FIFO links
+        without gaps: a message the transport drops (its node is not up, or too far behind)
+        makes the member it was for dead to this one, as a closed link would. `peer_down` does
+        that for the members known when the node went down; this covers members learnt of
+        while it was (a mirror that joins while its right neighbour's node is unreachable from
+        here would otherwise send into nothing, and the ring stalls for good)."""
         owner = self.members.get(member.id)
-        for to, msg in member.take_messages():
-            self.cluster.send(node_of(to), ["G", to, member.id, gm.encode(msg)])
-        for ev in member.take_events():
-            if owner is not None:
-                owner.on_event(ev)
+        for _ in range(PUMP_ROUNDS_MAX):
+            lost: list[str] = []
+            for to, msg in member.take_messages():
+                if not self.cluster.send(node_of(to), ["G", to, member.id, gm.encode(msg)]):
+                    lost.append(to)
+            for ev in member.take_events():
+                if owner is not None:
+                    owner.on_event(ev)
+            if not lost:
+                return
+            for to in dict.fromkeys(lost):
+                member.member_down(to)
 
     def flush(self) -> None:
         """Once per loop iteration: broadcast what each leader recorded, move GM traffic."""

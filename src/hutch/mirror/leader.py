@@ -131,13 +131,15 @@ class Leader:
         self.backlog.sent(n, self.op_msgs)
         self.op_msgs = 0
 
-    def after_stable(self, fn: Callable[[Any], None], arg: Any) -> None:
-        """fn(arg) once every mirror has everything recorded so far."""
+    def after_stable(self, fn: Callable[[Any], None], arg: Any,
+                     refused: Callable[[Any], None] | None = None) -> None:
+        """fn(arg) once every mirror has everything recorded so far; refused(arg) instead if the
+        queue is led elsewhere before then (`detach`): the new leader may not have it."""
         target = self.last_seq + (1 if self.ops else 0)
         if target <= self.stable_seq:
             self.host.cluster.call_soon(fn, arg)
         else:
-            self.backlog.waiters.append((target, fn, arg))
+            self.backlog.waiters.append((target, fn, arg, refused))
 
     def backlogged(self) -> bool:
         return self.backlog.unstable_msgs + self.op_msgs > FLOW_HIGH
@@ -180,7 +182,7 @@ class Leader:
     def _stable(self, seq: int) -> None:
         """Everything broadcast up to `seq` is with every mirror: confirm it."""
         self.stable_seq = seq
-        for _s, fn, arg in self.backlog.stable(seq):
+        for _s, fn, arg, _refused in self.backlog.stable(seq):
             fn(arg)
         if self.sync is not None:
             self.sync.on_stable(seq)
@@ -355,5 +357,20 @@ class Leader:
             self.gm.leave()
         waiters = list(self.backlog.waiters)
         self.backlog.waiters.clear()
-        for _s, fn, arg in waiters:  # nobody else holds these now: settle as the queue stands
+        q = self.q
+        leader = self.host.cluster.catalogue_leader_of(q.vhost, q.name)
+        if leader is not None and leader != self.host.node:
+            # led elsewhere now: the new leader has what it got through the ring, which may not be
+            # all of this (it may have counted this node out of the ring before the move): what
+            # waits is refused, for its publisher to send again; never confirmed from here
+            if waiters:
+                log.warning("%s: leader moved to %s; %d publish(es) not yet seen by every mirror are "
+                            "refused", qname(q), leader, len(waiters))
+            for _s, fn, arg, refused in waiters:
+                if refused is not None:
+                    refused(arg)
+                else:
+                    fn(arg)  # a wait that confirms nothing (a controlled shutdown's): it is over
+            return
+        for _s, fn, arg, _refused in waiters:  # nobody else holds these now: settle as the queue stands
             fn(arg)

@@ -342,7 +342,7 @@ class Backlog:
     __slots__ = ("waiters", "unstable_msgs", "sizes")
 
     def __init__(self) -> None:
-        self.waiters: deque = deque()  # (gm seq, fn, arg)
+        self.waiters: deque = deque()  # (gm seq, fn, arg, refused or None)
         self.unstable_msgs = 0
         self.sizes: deque = deque()  # (gm seq, messages in it)
 
