@@ -317,3 +317,16 @@ def test_the_delivery_count_header_is_the_same_from_the_kept_properties():
     for count in range(COUNTED_PROPS_MAX + 1):  # as many kinds as it keeps, and one more
         _delivery(count, True, "", "q", props, b"x", counted)
     assert len(counted) <= COUNTED_PROPS_MAX
+
+
+def test_deliveries_sent_while_the_consumers_node_was_unreachable_come_when_it_is_back():
+    """The leader sent the deliveries while its link to the consumer's node was down (the
+    transport dropped them) and nothing followed them to show the gap: when the link is back the
+    leader sends that node what is checked out to its consumers."""
+    link = Link()
+    c = link.consume(prefetch=10)
+    link.leader.raft = _Raft(leader="n1")
+    link.publish(b"m1", b"m2")  # lost on the way
+    link.leader.peer_up("n3")
+    link.arrive(link.sent_to_consumer())
+    assert c.got == [(b"m1", False), (b"m2", False)]

@@ -361,17 +361,24 @@ class QuorumHost:
                 elif n in self._suspected_nodes(q):  # back before this node led: no NodeUp came
                     self.propose(q, fifo.NodeUp(n, now))
             self._cancel_stale(q)
-            if q.machine is not None:
-                for r in q.machine.resends():  # lost with the old leader, maybe; repeats are dropped
-                    node = node_of(r.consumer_id)
-                    if self.peers.is_up(node):
-                        self._queue_out(node, _resent(q.gid, r))
+            self._resend_checked_out(q)  # lost with the old leader, maybe; repeats are dropped
             self.reconfigure(q)  # a policy may have changed while another member led
             pending = q.machine.dead_letters_pending() if q.machine is not None else None
             if pending is not None:
                 self._dead_letter(q, pending)
         elif not leading:
             self._leading.discard(gid)
+
+    def _resend_checked_out(self, q: QuorumQueue, node: str | None = None) -> None:
+        """Send each live consumer's node (or only `node`'s) what is checked out to it: after a
+        leader change, or when the link to its node was lost and is back (deliveries sent while
+        it was down are gone, and if no later one shows the gap its consumer would wait for ever)."""
+        if q.machine is None:
+            return
+        for r in q.machine.resends():
+            n = node_of(r.consumer_id)
+            if (n == node if node is not None else self.peers.is_up(n)):
+                self._queue_out(n, _resent(q.gid, r))
 
     def _cancel_stale(self, q: QuorumQueue, node: str | None = None) -> None:
         """Consumers registered by an earlier run of a node that is up again (it restarted):
@@ -715,6 +722,7 @@ class QuorumHost:
             if self.is_leader(q):
                 self.propose(q, fifo.NodeUp(peer, now))
                 self._cancel_stale(q, peer)
+                self._resend_checked_out(q, peer)
             elif self.leader_of(q) == peer:  # what was on its way may have been lost with the link
                 self.leader_known(q.gid)
 
