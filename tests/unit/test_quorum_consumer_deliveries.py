@@ -330,3 +330,20 @@ def test_deliveries_sent_while_the_consumers_node_was_unreachable_come_when_it_i
     link.leader.peer_up("n3")
     link.arrive(link.sent_to_consumer())
     assert c.got == [(b"m1", False), (b"m2", False)]
+
+
+def test_a_consumer_whose_channel_closed_before_its_registration_was_applied_is_cancelled():
+    """basic.consume waited for a leader (a partition) and the client gave up and closed its
+    connection; the channel's close had no consumer of the queue to cancel yet. When the
+    registration is applied after all, its node cancels it, so what the queue checked out to it
+    comes back instead of waiting for a channel that is gone (hutch sim cluster, seed 115)."""
+    link = Link()
+    c = _Consumer(prefetch=10)
+    link.q.consume(c, lambda _r: None)
+    registration, link.to_n1[:] = list(link.to_n1), []
+    c.channel.closed = True
+    link.to_n1[:] = registration  # applied only now, after the heal
+    link.publish(b"m1")
+    link.arrive(link.proposals())  # the answer and the delivery reach the consumer's node
+    link.arrive(link.proposals())  # which cancels the consumer, with its messages returned
+    assert link.state.consumer_count == 0 and link.state.messages_ready == 1

@@ -381,9 +381,17 @@ class QuorumQueue(GroupHandle):
         c.ref = consumer_id = self.host.owner_id()
         self.add_consumer(c)
         ahead = credit_ahead(c.prefetch) if c.prefetch and not c.no_ack else 0
+
+        def registered(_result: Any) -> None:
+            # The channel closed while the registration waited for a leader: its close did not
+            # cancel a consumer the queue did not have yet, so the queue now has one that no
+            # channel takes deliveries for, and would keep what it checks out to it for ever.
+            if c.channel.closed and self.local_consumers.get(c.ref) is c:
+                self.remove_consumer(c)
+
         return self._propose(fifo.Checkout(consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, self.host.now_ms(),
                                            ahead),
-                             reply, lambda _r: None, undo=lambda: self.remove_consumer(c))
+                             reply, registered, undo=lambda: self.remove_consumer(c))
 
 
 def not_implemented_global_qos(q: QuorumQueue) -> AMQPError:
