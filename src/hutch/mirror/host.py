@@ -285,17 +285,20 @@ class MirrorHost:
         self.touched()
 
     def _pump_member(self, member: gm.GMMember) -> None:
-        """Send what `member` has to send and hand its events to its owner. GM needs FIFO links
-        without gaps: a message the transport drops (its node is not up, or too far behind)
-        makes the member it was for dead to this one, as a closed link would. `peer_down` does
-        that for the members known when the node went down; this covers members learnt of
-        while it was (a mirror that joins while its right neighbour's node is unreachable from
-        here would otherwise send into nothing, and the ring stalls for good)."""
+        """Send what `member` has to send and hand its events to its owner. The ring needs FIFO
+        links without gaps: a message to its right neighbour that the transport drops (that
+        node is not up, or too far behind) makes the neighbour dead to this member, as a closed
+        link would, and the ring closes past it. `peer_down` does that for the members known
+        when a node went down; this covers members learnt of while it was (a mirror that joins
+        while its right neighbour's node is unreachable from here would otherwise send into
+        nothing, and the ring stalls for good). Other messages (joins, notices) are not ring
+        traffic: losing one costs a retry, not a gap."""
         owner = self.members.get(member.id)
         for _ in range(PUMP_ROUNDS_MAX):
             lost: list[str] = []
+            right = member.right
             for to, msg in member.take_messages():
-                if not self.cluster.send(node_of(to), ["G", to, member.id, gm.encode(msg)]):
+                if not self.cluster.send(node_of(to), ["G", to, member.id, gm.encode(msg)]) and to == right:
                     lost.append(to)
             for ev in member.take_events():
                 if owner is not None:
