@@ -202,6 +202,7 @@ class Broker:
         self.dirty_queues: set[ClassicQueue] = set()
         self._outputs: list = []
         self._scheduled = False
+        self._scheduled_ms = 0  # when the pending run was asked for (expiry judges by it)
         self.alarms: set[str] = set()
         # memory use past vm_memory_high_watermark_paging_ratio (set by memory_check): queues past
         # their memory window page to disk (a ratio of 0 pages from the start)
@@ -229,6 +230,7 @@ class Broker:
     def schedule(self) -> None:
         if not self._scheduled:
             self._scheduled = True
+            self._scheduled_ms = self.now_ms()
             self._schedule_cb()
 
     def output_due(self, session) -> None:
@@ -241,6 +243,7 @@ class Broker:
         dirty = self.dirty_queues
         rounds = 0
         now = self.now_ms()
+        asked = self._scheduled_ms
         while dirty and rounds < 64:
             rounds += 1
             batch = list(dirty)
@@ -252,7 +255,7 @@ class Broker:
                     q.flush()
                     continue
                 if q.message_ttl_ms is not None or q in self.ttl_queues:
-                    self.expire_queue(q)
+                    self.expire_queue(q, asked)
                 if q.dispatch():
                     q.last_dispatch_ms = now
                 self._flow_check(q)
@@ -1082,10 +1085,13 @@ class Broker:
         if entry.log_seq and entry.delivery_count == 1 and self.journal is not None:
             self.journal.delivered(q.journal_id, entry.log_seq)
 
-    def expire_queue(self, q: ClassicQueue) -> None:
+    def expire_queue(self, q: ClassicQueue, now: int | None = None) -> None:
         # a message expires once its TTL has passed, not at its last moment: one published with
-        # TTL 0 (x-message-ttl 0) still goes to a consumer that can take it at once, as in RabbitMQ
-        now = self.now_ms()
+        # TTL 0 (x-message-ttl 0) still goes to a consumer that can take it at once, as in
+        # RabbitMQ. The dispatch that follows a publish passes the time its run was asked for,
+        # so a busy loop's delay before that run does not expire what arrived meanwhile.
+        if now is None:
+            now = self.now_ms()
         expired = q.expire(now - 1)
         if expired:
             self.dead_letter(q, expired, "expired")
