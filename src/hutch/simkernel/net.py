@@ -191,6 +191,8 @@ class SimTransport(asyncio.Transport):
         if self.lost:
             return
         self.lost = True
+        if self.protocol is None:
+            return  # a dialler's end not yet established: `_established` sees `lost` and fails the dial
         self.net.loop.call_soon(self.protocol.connection_lost, exc, context=self.net.context(self.local[0]))
 
 
