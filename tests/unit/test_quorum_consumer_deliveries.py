@@ -30,6 +30,7 @@ from hutch.quorum.host import (
     Outcome,
     QuorumHost,
     _delivery,
+    _QuorumApp,
 )
 
 GID = 7
@@ -347,3 +348,48 @@ def test_a_consumer_whose_channel_closed_before_its_registration_was_applied_is_
     link.arrive(link.proposals())  # the answer and the delivery reach the consumer's node
     link.arrive(link.proposals())  # which cancels the consumer, with its messages returned
     assert link.state.consumer_count == 0 and link.state.messages_ready == 1
+
+
+def _applier(link: Link) -> _QuorumApp:
+    """The leader's node applying committed entries of the queue's group, as its Raft runtime does."""
+    app = _QuorumApp(link.leader, link.lq)
+    link.lq.machine = link.state
+    return app
+
+
+def _commit(app: _QuorumApp, cmd, index: int) -> None:
+    app.apply(msgspec.msgpack.encode(["n1", 0, fifo.encode_command(cmd)]), index)
+
+
+def test_a_nodedown_committed_after_the_new_leader_looked_is_undone_when_the_node_is_up():
+    """A leader cut off from the others proposed NodeDown for the consumer's node; the entry stayed
+    in its log, and when it led again after the heal it was committed with the new term's first
+    entries, after leadership_changed had found the node up and its consumers not suspended. The
+    leader then judges the node again from what it sees: the consumer receives again (hutch sim
+    cluster, quorum seed 417: the consumer got none of the ten messages published after it)."""
+    link = Link()
+    c = link.consume(prefetch=10)
+    link.leader.raft = raft = _Raft(leader="n1")
+    app = _applier(link)
+    link.leader.leadership_changed(GID, True)
+    assert not [cmd for cmd in raft.appended if type(cmd) in (fifo.NodeDown, fifo.NodeUp)]
+    _commit(app, fifo.NodeDown("n3"), 54)  # the old term's verdict
+    ups = [cmd for cmd in raft.appended if type(cmd) is fifo.NodeUp]
+    assert [cmd.node for cmd in ups] == ["n3"]
+    _commit(app, ups[0], 55)
+    link.arrive(link.sent_to_consumer())
+    link.arrive(link.publish(b"m1"))
+    assert bodies(c) == [b"m1"]
+
+
+def test_a_nodeup_committed_while_the_leader_sees_the_node_down_is_undone():
+    link = Link()
+    link.consume(prefetch=10)
+    link.leader.raft = raft = _Raft(leader="n1")
+    app = _applier(link)
+    link.leader.peers.is_up = lambda n: n != "n3"
+    _commit(app, fifo.NodeDown("n3"), 10)  # agrees with what the leader sees: nothing more
+    assert raft.appended == []
+    _commit(app, fifo.NodeUp("n3"), 11)  # proposed by a leader that saw n3 back before it went again
+    assert [type(cmd) for cmd in raft.appended] == [fifo.NodeDown]
+    assert raft.appended[0].node == "n3"

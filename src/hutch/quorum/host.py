@@ -209,6 +209,8 @@ class _QuorumApp:
                 host.commit_latency_ms[self.q.gid] = host.port.now_ms() - t
         if self.host.is_leader(self.q):
             self.host.carry_out(self.q, effects, origin, req)
+            if type(cmd) in LEADER_ONLY:
+                self.host.judge_again(self.q, cmd.node)
 
     def restore(self, data: bytes) -> None:
         self.q.machine = fifo.QuorumQueueState.restore(data)
@@ -369,6 +371,19 @@ class QuorumHost:
         elif not leading:
             self._leading.discard(gid)
 
+    def judge_again(self, q: QuorumQueue, node: str) -> None:
+        """A NodeDown or NodeUp for `node` was applied while this node leads. It may be another
+        term's verdict: a leader cut off from the others proposes NodeDown for the nodes it no
+        longer reaches, and the entry, left in its log, is committed when it (or a member it reached)
+        leads again, with the new term's first entries, after leadership_changed has judged every
+        node. When it disagrees with what this node sees now, this node's own verdict follows it
+        (else a node up again keeps its consumers suspended, with no NodeUp to come)."""
+        if self.peers.is_up(node):
+            if node in self._suspected_nodes(q):
+                self.propose(q, fifo.NodeUp(node, self.now_ms()))
+        elif node in self._serving_nodes(q):
+            self.propose(q, fifo.NodeDown(node, self.now_ms()))
+
     def _resend_checked_out(self, q: QuorumQueue, node: str | None = None) -> None:
         """Send each live consumer's node (or only `node`'s) what is checked out to it: after a
         leader change, or when the link to its node was lost and is back (deliveries sent while
@@ -401,6 +416,13 @@ class QuorumHost:
         if st is None:
             return set()
         return {node_of(cid) for cid, c in st.consumers.items() if c.status == fifo.SUSPECTED_DOWN}
+
+    def _serving_nodes(self, q: QuorumQueue) -> set[str]:
+        """Nodes with consumers the queue holds up (not suspended)."""
+        st = q.machine
+        if st is None:
+            return set()
+        return {node_of(cid) for cid, c in st.consumers.items() if c.status == fifo.UP}
 
     def _consumer_nodes(self, q: QuorumQueue) -> set[str]:
         st = q.machine
