@@ -11,18 +11,13 @@ import time
 
 import pytest
 
-from hutch.sim.cluster import FAILURE_KINDS, run_seed, trace_digest
+from hutch.sim.cluster import run_seed, trace_digest
 
 # Batches of consecutive seeds: each boots three nodes, publishes with confirms and consumes
 # with acks through one queue under partitions, link resets and node crashes, heals, and checks
-# every kind in FAILURE_KINDS. (queue type, first seed, seeds)
+# every kind in hutch.sim.cluster.FAILURE_KINDS; any failure fails the batch. (queue type, first
+# seed, seeds)
 BATCHES = [("quorum", 100, 24), ("classic", 100, 12), ("mirrored", 100, 8)]
-
-# Failures the simulation has found and hutch has not fixed yet (docs/design/simulation.md,
-# "Found so far"), by queue type: confirmed messages of a quorum queue that a consumer does not
-# get after partitions and crashes. While they stand, a batch that finds only these is an
-# expected failure that names its seeds; any other kind fails the test.
-KNOWN_DEFECTS = {"quorum": frozenset({"lost", "starved"})}
 
 # Mirrored seeds that once lost confirmed messages (docs/design/simulation.md, "Found so far"):
 # 25, 52, 73 and 83. On seed 52 a reset of one link had the catalogue move the queue's leader
@@ -64,27 +59,18 @@ def test_other_seeds_run_differently():
     assert trace_digest(run_seed(4, trace=True)) != trace_digest(run_seed(5, trace=True))
 
 
-def test_known_defects_are_failure_kinds_the_simulation_checks():
-    assert all(kinds <= FAILURE_KINDS for kinds in KNOWN_DEFECTS.values())
-
-
 @pytest.mark.parametrize(("queue_type", "first", "count"), BATCHES)
 def test_a_batch_of_seeds_keeps_every_promise(queue_type, first, count):
     started = time.perf_counter()
-    known, unexpected = [], []
+    failed = []
     for seed in range(first, first + count):
         res = run_seed(seed, queue_type=queue_type)
-        if res.ok:
-            continue
-        line = (f"seed {seed} {res.stats['failed']}: {res.violation} "
-                f"(replay: hutch sim cluster --seed {seed} --queue-type {queue_type} -v)")
-        expected = set(res.stats["failed"]) <= KNOWN_DEFECTS.get(queue_type, frozenset())
-        (known if expected else unexpected).append(line)
+        if not res.ok:
+            failed.append(f"seed {seed} {res.stats['failed']}: {res.violation} "
+                          f"(replay: hutch sim cluster --seed {seed} --queue-type {queue_type} -v)")
     elapsed = time.perf_counter() - started
     print(f"{count} {queue_type} seeds in {elapsed:.1f}s ({count / elapsed:.1f} seeds/s)")
-    assert not unexpected, "\n".join(unexpected + known)
-    if known:
-        pytest.xfail(f"{len(known)} of {count} seeds found known defects:\n" + "\n".join(known))
+    assert not failed, "\n".join(failed)
 
 
 @pytest.mark.parametrize("seed", MIRRORED_REGRESSION_SEEDS)
