@@ -29,6 +29,7 @@ from hutch.quorum.host import (
     RETRY_S,
     Outcome,
     QuorumHost,
+    ToConsumer,
     _delivery,
     _QuorumApp,
 )
@@ -393,3 +394,21 @@ def test_a_nodeup_committed_while_the_leader_sees_the_node_down_is_undone():
     _commit(app, fifo.NodeUp("n3"), 11)  # proposed by a leader that saw n3 back before it went again
     assert [type(cmd) for cmd in raft.appended] == [fifo.NodeDown]
     assert raft.appended[0].node == "n3"
+
+
+def test_a_delivery_to_a_consumer_gone_from_its_node_goes_back_after_the_consumers_cancel():
+    """The consumer's channel closed while no member of the queue was reachable: its Cancel waits
+    for its resend. When the links are back, the leader, which still has the consumer, delivers to
+    it, and its node gives the deliveries back, sending the Cancel again first. Given back before the
+    Cancel, each message went to the same consumer again, and every round trip raised its count
+    until x-delivery-limit dropped it (hutch sim cluster, quorum seed 729)."""
+    link = Link()
+    c = link.consume(prefetch=10)
+    c.channel.closed = True
+    link.q.remove_consumer(c)
+    link.to_n1.clear()  # the Cancel found no member to send it to
+    link.arrive(link.publish(b"m1", b"m2"))
+    sent = [fifo.decode_command(msgspec.msgpack.decode(m[2])[2]) for m in link.to_n1]
+    assert type(sent[0]) is fifo.Cancel
+    assert [o for o in link.proposals() if type(o) is ToConsumer] == []  # nothing goes to it again
+    assert link.state.consumer_count == 0 and link.state.messages_ready == 2

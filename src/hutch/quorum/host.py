@@ -247,6 +247,7 @@ class QuorumHost:
         self._out: dict[str, list] = {}  # node -> outcomes to send it; emptied every loop iteration (flush)
         self._leading: set[int] = set()
         self._gapped: set[QuorumQueue] = set()  # queues with a consumer here waiting for missed deliveries
+        self._gone_seen: set[QuorumQueue] = set()  # on_effects': queues with a delivery to a consumer gone from here
         self._counted: dict[tuple[bytes, int], bytes] = {}  # _delivery's, at most COUNTED_PROPS_MAX
         self._next_clock_s = 0.0
         # commit latency as a leader sees it, one proposal at a time per group (Prometheus'
@@ -505,12 +506,16 @@ class QuorumHost:
         q = self.queues.get(gid)
         if q is None:
             return
-        for p in self.peers.requests.tagged(Q_REQUEST):
-            if p.state[0] is q:
-                self._send_call(p.state)
+        self._send_calls(q)
         for item in self._pubs.values():
             if item[0] is q:
                 self._send(q, item[1])
+
+    def _send_calls(self, q: QuorumQueue) -> None:
+        """Send again now, in the order they were made, the proposals to `q` that wait for an answer."""
+        for p in self.peers.requests.tagged(Q_REQUEST):
+            if p.state[0] is q:
+                self._send_call(p.state)
 
     def tick(self, now_s: float) -> None:
         """Resend what is unanswered (the runtime fails calls past their deadline, once for the
@@ -676,6 +681,7 @@ class QuorumHost:
             except msgspec.DecodeError as e:  # a bug on the sending side: its resends decide again
                 log.error("undecodable quorum queue outcomes from a leader: %s", e)
                 return
+        self._gone_seen.clear()
         for item in items:
             t = type(item)
             if t is ToConsumer:
@@ -707,8 +713,16 @@ class QuorumHost:
         c = self.consumers.get(consumer_id)
         q = self.queues.get(gid)
         if c is None or q is None:
-            if q is not None:  # the consumer is gone: give it back
-                q.host.propose(q, fifo.Return(consumer_id, [msg_id]))
+            if q is not None:  # the consumer is gone: give it back, after its Cancel
+                # This node's Cancel of it may still wait for its resend (made while no member
+                # was reachable): sent again first, so that the leader never applies the Return
+                # while the consumer still receives. It would deliver the message to it again, and
+                # each round trip raised the count until x-delivery-limit dropped the message
+                # (hutch sim cluster, quorum seed 729).
+                if q not in self._gone_seen:
+                    self._gone_seen.add(q)
+                    self._send_calls(q)
+                self.propose(q, fifo.Return(consumer_id, [msg_id]))
             return
         q.deliver(c, msg_id, prev_msg_id,
                   *_delivery(delivery_count, redelivered, exchange, routing_key, props, body, self._counted))
