@@ -483,6 +483,43 @@ def test_quorum_queue_members_are_shown_removed_and_added(browser, cluster):
     wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(1)")) == sorted(cluster.names), "three members again")
 
 
+def test_a_stream_is_added_through_the_form_and_its_replicas_removed_and_added(browser, cluster):
+    login(browser, cluster)
+    go(browser, cluster, "/queues")
+    form = visible(browser, "form#add-queue")
+    Select(form_field(form, "type")).select_by_value("stream")
+    form_field(form, "name").send_keys("ui.stream")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    text_in(browser, "main", "Queue added.")
+    status, q = http(cluster, "GET", "/api/queues/%2F/ui.stream")
+    assert status == 200 and q["type"] == "stream" and q["arguments"].get("x-queue-type") == "stream"
+
+    def badge(b, want: str) -> bool:
+        row = queue_row(b, "ui.stream")
+        return row is not None and [e.text for e in row.find_elements(By.CSS_SELECTOR, ".mirror.synced")] == [want]
+    wait(browser, lambda b: badge(b, "+2"), "ui.stream with +2 online members", timeout_s=60)
+    assert "stream" in queue_row(browser, "ui.stream").text
+
+    go(browser, cluster, "/queues/%2F/ui.stream")
+    text_in(browser, "#quorum", "Stream replicas")
+    wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(2)")) == ["replica", "replica", "writer"],
+         "one writer and two replicas", timeout_s=60)
+    leader = q["leader"]
+    victim = next(m for m in cluster.names if m != leader)
+    for tr in browser.find_elements(By.CSS_SELECTOR, "#quorum tbody tr"):
+        if tr.find_element(By.CSS_SELECTOR, "td").text == victim:
+            tr.find_element(By.XPATH, ".//button[text()='Remove']").click()
+            break
+    accept_confirm(browser)
+    text_in(browser, "#quorum", "Replica removed.", timeout_s=60)
+    wait(browser, lambda b: len(texts(b, "#quorum tbody tr")) == 2, "two replicas left")
+    Select(browser.find_element(By.NAME, "member-node")).select_by_value(victim)
+    browser.find_element(By.XPATH, "//button[text()='Add replica']").click()
+    text_in(browser, "#quorum", "Replica added.", timeout_s=60)
+    wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(1)")) == sorted(cluster.names),
+         "three replicas again", timeout_s=60)
+
+
 def test_users_and_permissions_through_the_admin_pages(browser, cluster):
     login(browser, cluster)
     go(browser, cluster, "/users")

@@ -27,6 +27,9 @@ const ARG_HELPERS = [
     ['Master locator', 'x-queue-master-locator', 'String', 'min-masters, client-local or random'],
     ['Delivery limit', 'x-delivery-limit', 'Number', 'quorum queues'],
     ['Initial cluster size', 'x-quorum-initial-group-size', 'Number', 'quorum queues'],
+    ['Max age', 'x-max-age', 'String', 'streams: 7D, 12h, 30m, 10s'],
+    ['Max segment size in bytes', 'x-stream-max-segment-size-bytes', 'Number', 'streams'],
+    ['Initial replicas', 'x-initial-cluster-size', 'Number', 'streams'],
   ]],
 ];
 
@@ -47,13 +50,17 @@ export function features(q) {
   return h('span', { class: 'features' }, f.map((e) => [e, ' ']));
 }
 
+// A quorum queue or a stream: a Raft group with a leader and members, not a leader and mirrors.
+const replicated = (q) => q.type === 'quorum' || q.type === 'stream';
+
 // The node column: the queue's leader, then a blue `+N` for synchronised mirrors (or online
-// quorum members) and a red `+N` for unsynchronised ones (or members that are down).
+// members of a quorum queue or stream) and a red `+N` for unsynchronised ones (or members that
+// are down).
 export function nodeCell(q) {
-  const out = [h('span', {}, q.type === 'quorum' ? (q.leader || q.node) : q.node)];
+  const out = [h('span', {}, replicated(q) ? (q.leader || q.node) : q.node)];
   let good = [];
   let bad = [];
-  if (q.type === 'quorum' && Array.isArray(q.members)) {
+  if (replicated(q) && Array.isArray(q.members)) {
     const others = q.members.filter((m) => m !== (q.leader || q.node));
     const online = new Set(q.online || q.members);
     good = others.filter((m) => online.has(m));
@@ -63,7 +70,7 @@ export function nodeCell(q) {
     good = q.slave_nodes.filter((m) => synced.has(m));
     bad = q.slave_nodes.filter((m) => !synced.has(m));
   }
-  const what = q.type === 'quorum' ? ['online members', 'members down'] : ['synchronised mirrors', 'unsynchronised mirrors'];
+  const what = replicated(q) ? ['online members', 'members down'] : ['synchronised mirrors', 'unsynchronised mirrors'];
   if (good.length) out.push(' ', h('span', { class: 'mirror synced', title: `${what[0]}: ${good.join(', ')}` }, `+${good.length}`));
   if (bad.length) out.push(' ', h('span', { class: 'mirror unsynced', title: `${what[1]}: ${bad.join(', ')}` }, `+${bad.length}`));
   return h('span', { class: 'node-cell' }, out);
@@ -103,7 +110,7 @@ export function queues() {
       const path = `/api/queues/${api.enc(val(form, 'vhost'))}/${api.enc(val(form, 'name'))}`;
       run(out, async () => {
         const a = args.value();
-        if (type === 'quorum') a['x-queue-type'] = 'quorum';
+        if (type !== 'classic') a['x-queue-type'] = type;
         const body = { durable: val(form, 'durable') === 'true', auto_delete: val(form, 'auto_delete') === 'true', arguments: a };
         if (val(form, 'node')) body.node = val(form, 'node');
         await api.put(path, body);
@@ -112,7 +119,7 @@ export function queues() {
         ? `Queue added, but as a ${q.type} queue: this node's API did not declare a ${type} queue.`
         : 'Queue added.')).then(refresh);
     } }, h('table', { class: 'form' },
-      row('Type:', select('type', [['classic', 'Classic'], ['quorum', 'Quorum']], 'classic')),
+      row('Type:', select('type', [['classic', 'Classic'], ['quorum', 'Quorum'], ['stream', 'Stream']], 'classic')),
       row('Virtual host:', await vhostSelect()),
       row('Name:', h('input', { type: 'text', name: 'name', required: true })),
       row('Durability:', select('durable', [['true', 'Durable'], ['false', 'Transient']], 'true')),
@@ -164,7 +171,7 @@ export function queue({ vhost, name }) {
   const bindings = h('div', { id: 'queue-bindings' });
   const bindOut = h('div');
   const mirrorBox = h('div', { id: 'mirroring' });
-  const quorumBox = h('div', { id: 'quorum' });
+  const quorumBox = h('div', { id: 'quorum' });  // members of a quorum queue, replicas of a stream
   const dangerOut = h('div');
   const gone = h('div');
   const el = h('div', { class: 'page' },
@@ -191,7 +198,7 @@ export function queue({ vhost, name }) {
   const mirrorTable = h('div');
   const mirrorOut = h('div');
   function mirrorSection(q) {
-    if (q.type === 'quorum' || !Array.isArray(q.slave_nodes)) { fill(mirrorBox); return; }
+    if (replicated(q) || !Array.isArray(q.slave_nodes)) { fill(mirrorBox); return; }
     if (!mirrorBox.firstChild) {
       const action = (a, done) => run(mirrorOut, () => api.post(`${path}/actions`, { action: a }), done).then(refresh);
       fill(mirrorBox, section('Mirrors', mirrorTable,
@@ -205,21 +212,32 @@ export function queue({ vhost, name }) {
     q.slave_nodes, '... no mirrors ...'));
   }
 
+  // A quorum queue's members (quorum_status, add_member, delete_member) or a stream's replicas
+  // (stream_status, add_replica, delete_replica): the same section over each type's routes.
   async function quorumSection(q) {
-    if (q.type !== 'quorum') return;
+    if (!replicated(q)) return;
+    const stream = q.type === 'stream';
     const status = h('div');
     const out = h('div');
     const admin = api.hasTag('administrator');
-    const base = `/api/hutch/quorum/${api.enc(vhost)}/${api.enc(name)}`;
+    const base = stream ? `/api/hutch/streams/${api.enc(vhost)}/${api.enc(name)}`
+      : `/api/hutch/quorum/${api.enc(vhost)}/${api.enc(name)}`;
+    const members = stream ? 'replicas' : 'members';
+    const columns = stream
+      ? [['Replica', (r) => r.node], ['Role', (r) => r.role], ['Epoch', (r) => r.epoch ?? ''],
+        ['First offset', (r) => r.first_offset ?? ''], ['Committed offset', (r) => r.committed_offset ?? ''],
+        ['Segments', (r) => r.segments ?? ''], ['Readers', (r) => r.readers ?? '']]
+      : [['Member', (r) => r.node], ['Raft state', (r) => r.raft_state], ['Membership', (r) => r.membership],
+        ['Term', (r) => r.term ?? ''], ['Commit index', (r) => r.commit_index ?? ''], ['Last applied', (r) => r.last_applied ?? '']];
     const show = async () => {
       if (!api.hasTag('monitoring')) return;
       const rows = await api.get(`${base}/status`);
       fill(status, table([
-        ['Member', (r) => r.node], ['Raft state', (r) => r.raft_state], ['Membership', (r) => r.membership],
-        ['Term', (r) => r.term ?? ''], ['Commit index', (r) => r.commit_index ?? ''], ['Last applied', (r) => r.last_applied ?? ''],
+        ...columns,
         admin ? ['', (r) => h('button', { type: 'button', class: 'small', onclick: () => {
-          if (!window.confirm(`Remove ${r.node} from the members of ${name}?`)) return;
-          run(out, () => api.del(`${base}/members/${api.enc(r.node)}`), 'Member removed.').then(refresh).then(show);
+          if (!window.confirm(`Remove ${r.node} from the ${members} of ${name}?`)) return;
+          run(out, () => api.del(`${base}/${members}/${api.enc(r.node)}`), stream ? 'Replica removed.' : 'Member removed.')
+            .then(refresh).then(show);
         } }, 'Remove')] : null,
       ].filter(Boolean), rows));
     };
@@ -229,10 +247,11 @@ export function queue({ vhost, name }) {
       const pick = select('member-node', nodes, nodes[0]);
       addForm = h('form', { class: 'inline', onsubmit: (ev) => {
         ev.preventDefault();
-        run(out, () => api.post(`${base}/members`, { node: pick.value }), 'Member added.').then(refresh).then(show);
-      } }, h('label', {}, 'Node ', pick), ' ', h('button', { type: 'submit' }, 'Add member'));
+        run(out, () => api.post(`${base}/${members}`, { node: pick.value }), stream ? 'Replica added.' : 'Member added.')
+          .then(refresh).then(show);
+      } }, h('label', {}, 'Node ', pick), ' ', h('button', { type: 'submit' }, stream ? 'Add replica' : 'Add member'));
     }
-    fill(quorumBox, section('Quorum members', status, addForm, out));
+    fill(quorumBox, section(stream ? 'Stream replicas' : 'Quorum members', status, addForm, out));
     await show();
   }
 
@@ -249,9 +268,10 @@ export function queue({ vhost, name }) {
         q.operator_policy ? ['Operator policy', q.operator_policy] : null,
         Object.keys(def).length ? ['Effective policy definition', h('code', {}, JSON.stringify(def))] : null,
         ['State', stateCell(q)], ['Node', nodeCell(q)],
-        q.type === 'quorum' ? ['Leader', q.leader || q.node] : null,
-        q.type === 'quorum' ? ['Members', (q.members || []).join(', ')] : null,
-        q.type === 'quorum' && q.online ? ['Online', q.online.join(', ')] : null,
+        replicated(q) ? ['Leader', q.leader || q.node] : null,
+        replicated(q) ? ['Members', (q.members || []).join(', ')] : null,
+        replicated(q) && q.online ? ['Online', q.online.join(', ')] : null,
+        q.type === 'stream' && q.committed_offset != null ? ['Committed offset', num(q.committed_offset)] : null,
         Array.isArray(q.slave_nodes) ? ['Mirrors', q.slave_nodes.join(', ')] : null,
         Array.isArray(q.slave_nodes) ? ['Synchronised mirrors', (q.synchronised_slave_nodes || []).join(', ')] : null,
         ['Consumers', num(q.consumers)], ['Consumer capacity', `${Math.round((q.consumer_capacity || 0) * 100)}%`],
