@@ -448,6 +448,29 @@ def test_mirrored_queue_page_synchronises_on_request(browser, cluster):
     assert len(q["synchronised_slave_nodes"]) == 2
 
 
+def synced_badges(browser, name: str) -> list[str] | None:
+    """The blue `+N` badges in queue `name`'s row of the queue list (None: no such row yet)."""
+    row = queue_row(browser, name)
+    return None if row is None else [e.text for e in row.find_elements(By.CSS_SELECTOR, ".mirror.synced")]
+
+
+def remove_then_add_member(browser, cluster, victim: str, what: str) -> None:
+    """On a quorum queue's or a stream's page: remove `victim` from the members (`what`:
+    "member" or "replica") with its row's Remove button, then add it back with the form."""
+    for tr in browser.find_elements(By.CSS_SELECTOR, "#quorum tbody tr"):
+        if tr.find_element(By.CSS_SELECTOR, "td").text == victim:
+            tr.find_element(By.XPATH, ".//button[text()='Remove']").click()
+            break
+    accept_confirm(browser)
+    text_in(browser, "#quorum", f"{what.capitalize()} removed.", timeout_s=60)
+    wait(browser, lambda b: len(texts(b, "#quorum tbody tr")) == 2, f"two {what}s left")
+    Select(browser.find_element(By.NAME, "member-node")).select_by_value(victim)
+    browser.find_element(By.XPATH, f"//button[text()='Add {what}']").click()
+    text_in(browser, "#quorum", f"{what.capitalize()} added.", timeout_s=60)
+    wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(1)")) == sorted(cluster.names),
+         f"three {what}s again", timeout_s=60)
+
+
 def test_quorum_queue_members_are_shown_removed_and_added(browser, cluster):
     conn = amqp(cluster)
     try:
@@ -457,10 +480,7 @@ def test_quorum_queue_members_are_shown_removed_and_added(browser, cluster):
     login(browser, cluster)
     go(browser, cluster, "/queues")
 
-    def badge(b, want: str) -> bool:
-        row = queue_row(b, "ui.quorum")
-        return row is not None and [e.text for e in row.find_elements(By.CSS_SELECTOR, ".mirror.synced")] == [want]
-    wait(browser, lambda b: badge(b, "+2"), "ui.quorum with +2 online members", timeout_s=60)
+    wait(browser, lambda b: synced_badges(b, "ui.quorum") == ["+2"], "ui.quorum with +2 online members", timeout_s=60)
     assert "quorum" in queue_row(browser, "ui.quorum").text
 
     go(browser, cluster, "/queues/%2F/ui.quorum")
@@ -469,18 +489,7 @@ def test_quorum_queue_members_are_shown_removed_and_added(browser, cluster):
     members = texts(browser, "#quorum tbody tr td:nth-child(1)")
     assert sorted(members) == sorted(cluster.names)
     leader = http(cluster, "GET", "/api/queues/%2F/ui.quorum")[1]["leader"]
-    victim = next(m for m in members if m != leader)
-    for button in browser.find_elements(By.CSS_SELECTOR, "#quorum tbody tr"):
-        if button.find_element(By.CSS_SELECTOR, "td").text == victim:
-            button.find_element(By.XPATH, ".//button[text()='Remove']").click()
-            break
-    accept_confirm(browser)
-    text_in(browser, "#quorum", "Member removed.", timeout_s=60)
-    wait(browser, lambda b: len(texts(b, "#quorum tbody tr")) == 2, "two members left")
-    Select(browser.find_element(By.NAME, "member-node")).select_by_value(victim)
-    browser.find_element(By.XPATH, "//button[text()='Add member']").click()
-    text_in(browser, "#quorum", "Member added.", timeout_s=60)
-    wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(1)")) == sorted(cluster.names), "three members again")
+    remove_then_add_member(browser, cluster, next(m for m in members if m != leader), "member")
 
 
 def test_a_stream_is_added_through_the_form_and_its_replicas_removed_and_added(browser, cluster):
@@ -494,30 +503,14 @@ def test_a_stream_is_added_through_the_form_and_its_replicas_removed_and_added(b
     status, q = http(cluster, "GET", "/api/queues/%2F/ui.stream")
     assert status == 200 and q["type"] == "stream" and q["arguments"].get("x-queue-type") == "stream"
 
-    def badge(b, want: str) -> bool:
-        row = queue_row(b, "ui.stream")
-        return row is not None and [e.text for e in row.find_elements(By.CSS_SELECTOR, ".mirror.synced")] == [want]
-    wait(browser, lambda b: badge(b, "+2"), "ui.stream with +2 online members", timeout_s=60)
+    wait(browser, lambda b: synced_badges(b, "ui.stream") == ["+2"], "ui.stream with +2 online members", timeout_s=60)
     assert "stream" in queue_row(browser, "ui.stream").text
 
     go(browser, cluster, "/queues/%2F/ui.stream")
     text_in(browser, "#quorum", "Stream replicas")
     wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(2)")) == ["replica", "replica", "writer"],
          "one writer and two replicas", timeout_s=60)
-    leader = q["leader"]
-    victim = next(m for m in cluster.names if m != leader)
-    for tr in browser.find_elements(By.CSS_SELECTOR, "#quorum tbody tr"):
-        if tr.find_element(By.CSS_SELECTOR, "td").text == victim:
-            tr.find_element(By.XPATH, ".//button[text()='Remove']").click()
-            break
-    accept_confirm(browser)
-    text_in(browser, "#quorum", "Replica removed.", timeout_s=60)
-    wait(browser, lambda b: len(texts(b, "#quorum tbody tr")) == 2, "two replicas left")
-    Select(browser.find_element(By.NAME, "member-node")).select_by_value(victim)
-    browser.find_element(By.XPATH, "//button[text()='Add replica']").click()
-    text_in(browser, "#quorum", "Replica added.", timeout_s=60)
-    wait(browser, lambda b: sorted(texts(b, "#quorum tbody tr td:nth-child(1)")) == sorted(cluster.names),
-         "three replicas again", timeout_s=60)
+    remove_then_add_member(browser, cluster, next(m for m in cluster.names if m != q["leader"]), "replica")
 
 
 def test_users_and_permissions_through_the_admin_pages(browser, cluster):
