@@ -1,0 +1,252 @@
+"""Streams across a network partition (seed 003, "Partition Effects on Replicated Features"), on a
+`hutch lab` whose peer links pass through fault proxies.
+
+A stream of three members; one member's node is cut off alone. Its consumers, over AMQP 0-9-1
+(`x-stream-offset`) and over the stream protocol (rstream 1.1.1, on that node's replica), go on
+reading what was replicated before the cut. The majority side goes on taking and confirming
+publishes; a publish on the cut-off node is not confirmed while it is alone. After the heal the
+returning member catches up from its own log plus what it missed, the consumers there read the
+rest without a gap, and every confirmed message is in the stream exactly once on every member.
+Both cases are run: the member cut off is a replica, and it is the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import types
+import urllib.request
+import uuid
+
+import aio_pika
+import pika
+import pytest
+
+from hutch.lab.cluster import Lab
+from tests.support.brokers import wait_until
+from tests.support.lab import free_base_port
+
+pytestmark = pytest.mark.timeout(300)
+STREAM = {"x-queue-type": "stream", "x-initial-cluster-size": 3}
+BEFORE = 120  # messages replicated to every member before the cut
+DURING = 60  # published on the majority side during the cut
+ON_MINORITY = 5  # published on the cut-off node during the cut
+HELD = 10  # messages each consumer takes before the cut (the prefetch, the rstream callback's gate)
+NOT_CONFIRMED_S = 4.0  # how long the cut-off node's publishes are watched for a confirm
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = Lab.up(3, tmp_path_factory.mktemp("lab") / "lab", base_port=free_base_port(3), net_ticktime_s=2,
+                 metadata_timeout_ms=3000, tied_to_caller=True)
+    try:
+        yield lab
+    finally:
+        lab.down(wipe=True)
+
+
+def api(lab: Lab, i: int, path: str):
+    req = urllib.request.Request(lab.nodes[i].http_url + path)
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def leader(lab: Lab, name: str, via: int) -> str | None:
+    try:
+        return api(lab, via, f"/api/queues/%2F/{name}").get("leader")
+    except OSError:
+        return None
+
+
+def member_end(lab: Lab, name: str, i: int) -> int | None:
+    """The end of node i's replica as node i reports it (None when it does not answer)."""
+    try:
+        rows = api(lab, i, f"/api/hutch/streams/%2F/{name}/status")
+    except OSError:
+        return None
+    for row in rows:
+        if row["node"] == lab.nodes[i].name and row.get("committed_offset") is not None:
+            return row["committed_offset"] + 1
+    return None
+
+
+def healed(lab: Lab) -> bool:
+    try:
+        return all(len(api(lab, i, "/api/hutch/cluster")["running_nodes"]) == 3 for i in range(3))
+    except OSError:
+        return False
+
+
+def publish_confirmed(lab: Lab, i: int, name: str, bodies: list[bytes]) -> None:
+    """Each message published on node i and confirmed before the next."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[i].amqp_port, heartbeat=0,
+                                                             blocked_connection_timeout=60))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for b in bodies:
+            ch.basic_publish("", name, b)
+    finally:
+        conn.close()
+
+
+def read_everything(lab: Lab, i: int, name: str, count: int) -> list[tuple[int, bytes]]:
+    """(offset, body) of the first `count` messages, read on node i."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[i].amqp_port, heartbeat=0))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=200)
+        got: list[tuple[int, bytes]] = []
+
+        def on(c, m, p, b):
+            got.append((p.headers["x-stream-offset"], b))
+            c.basic_ack(m.delivery_tag)
+        ch.basic_consume(name, on, arguments={"x-stream-offset": "first"})
+        wait_until(lambda: (conn.process_data_events(0.05), len(got) >= count)[1], WAIT_S, f"{count} messages")
+        return got
+    finally:
+        conn.close()
+
+
+def body_of(msg) -> bytes:
+    return b"".join(msg.body) if isinstance(msg.body, list) else bytes(msg.body)
+
+
+async def until(cond, what: str, timeout_s: float = WAIT_S) -> None:
+    """Wait on the event loop for a condition on what the consumers received."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: not after {timeout_s} s")
+        await asyncio.sleep(0.02)
+
+
+async def blocking(fn, *args):
+    """A blocking call (the lab's controller, the HTTP API) without stalling the clients' loop."""
+    return await asyncio.to_thread(fn, *args)
+
+
+@pytest.mark.parametrize("cut_off", ["a replica", "the leader"])
+def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_after_the_heal(lab, cut_off, monkeypatch):
+    import rstream.consumer
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, amqp_decoder
+
+    name = f"sp.{uuid.uuid4().hex[:8]}"
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[0].amqp_port, heartbeat=0))
+    conn.channel().queue_declare(name, durable=True, arguments=STREAM)  # client-local: node 1 leads
+    conn.close()
+    wait_until(lambda: leader(lab, name, 1) == lab.nodes[0].name, WAIT_S, "node 1 leading the stream")
+    alone = 0 if cut_off == "the leader" else 2
+    majority = [i for i in range(3) if i != alone]
+    before = [f"a{i}".encode() for i in range(BEFORE)]
+    publish_confirmed(lab, 0, name, before)  # one entry, one chunk each
+    for i in range(3):
+        wait_until(lambda i=i: member_end(lab, name, i) == BEFORE, WAIT_S, f"node {i + 1}'s replica")
+
+    # rstream reads from a replica it picks at random among those the metadata names: this one
+    # reads from the cut-off node (the leader's log, when the leader is the node cut off)
+    alone_port = lab.nodes[alone].stream_port
+    monkeypatch.setattr(rstream.consumer, "random", types.SimpleNamespace(
+        choice=lambda brokers: dataclasses.replace(brokers[0], port=alone_port)))
+
+    amqp_got: list[tuple[int, bytes]] = []
+    rstream_got: list[tuple[int, bytes]] = []
+    minority_confirms: dict[bytes, bool | None] = {}
+
+    async def go() -> None:
+        gate = asyncio.Event()
+
+        async def on_stream_message(msg, ctx) -> None:
+            rstream_got.append((ctx.offset, body_of(msg)))
+            if len(rstream_got) == HELD:
+                await gate.wait()  # no more credit until the cut is in place
+
+        reader = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{lab.nodes[alone].amqp_port}/%2F", timeout=30)
+        publisher = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{lab.nodes[alone].amqp_port}/%2F",
+                                           timeout=30)
+        closed: list[str] = []  # the reasons rstream was given for a connection's end
+        consumer = Consumer("127.0.0.1", alone_port, username="guest", password="guest",
+                            on_close_handler=lambda info: closed.append(info.reason))
+        await consumer.start()
+        try:
+            ch = await reader.channel()
+            await ch.set_qos(prefetch_count=HELD)
+            queue = await ch.get_queue(name, ensure=False)
+            held: list[aio_pika.abc.AbstractIncomingMessage] = []
+
+            async def on_amqp_message(m: aio_pika.abc.AbstractIncomingMessage) -> None:
+                amqp_got.append((m.headers["x-stream-offset"], m.body))
+                if gate.is_set():
+                    await m.ack()  # credit for the next one
+                else:
+                    held.append(m)
+            await queue.consume(on_amqp_message, arguments={"x-stream-offset": "first"})
+            await consumer.subscribe(name, on_stream_message, decoder=amqp_decoder, initial_credit=1,
+                                     offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+            await until(lambda: len(amqp_got) == HELD and len(rstream_got) == HELD, "the first messages")
+
+            await blocking(lab.partition, lab.nodes[alone].name)
+            try:
+                # the cut-off node's readers go on through what its replica holds
+                gate.set()
+                for m in held:
+                    await m.ack()
+                await until(lambda: len(amqp_got) >= BEFORE and len(rstream_got) >= BEFORE,
+                            "the cut-off node's readers through its replica")
+                assert closed == [] and not reader.is_closed  # on the same connections
+
+                # a publish on the cut-off node is not confirmed while it is alone
+                pch = await publisher.channel(publisher_confirms=True)
+                pending = {}
+                for i in range(ON_MINORITY):
+                    body = f"m{i}".encode()
+                    pending[body] = asyncio.ensure_future(
+                        pch.default_exchange.publish(aio_pika.Message(body), routing_key=name, timeout=None))
+                done, _ = await asyncio.wait(pending.values(), timeout=NOT_CONFIRMED_S)
+                assert not [t for t in done if t.exception() is None], "confirmed on the minority side"
+
+                # the majority side elects (or keeps) a leader and confirms publishes
+                await blocking(wait_until, lambda: leader(lab, name, majority[0]) in
+                               [lab.nodes[i].name for i in majority], WAIT_S, "a leader on the majority side")
+                await blocking(publish_confirmed, lab, majority[0], name,
+                               [f"b{i}".encode() for i in range(DURING)])
+                assert len(amqp_got) == BEFORE and len(rstream_got) == BEFORE  # nothing of it on the cut-off node
+            finally:
+                await blocking(lab.heal)
+            await blocking(wait_until, lambda: healed(lab), WAIT_S, "the partition healed")
+
+            # the publishes made alone are answered now; a confirmed one is in the stream
+            await asyncio.wait(pending.values(), timeout=WAIT_S)
+            for body, t in pending.items():
+                minority_confirms[body] = t.done() and t.exception() is None
+            total = BEFORE + DURING + sum(minority_confirms.values())
+            await blocking(wait_until, lambda: all(member_end(lab, name, i) is not None
+                                                   and member_end(lab, name, i) >= total for i in range(3)),
+                           WAIT_S, "every replica caught up")
+            await until(lambda: len(amqp_got) >= total and len(rstream_got) >= total,
+                        "the cut-off node's readers got the rest")
+        finally:
+            await consumer.close()
+            await publisher.close()
+            await reader.close()
+
+    asyncio.run(go())
+
+    end = member_end(lab, name, 0)
+    stored = read_everything(lab, majority[0], name, end)
+    assert [o for o, _b in stored] == list(range(end)), "a gap in the offsets"
+    bodies = [b for _o, b in stored]
+    assert len(bodies) == len(set(bodies)), "a message is in the stream twice"
+    during = [f"b{i}".encode() for i in range(DURING)]
+    assert bodies[:BEFORE] == before
+    assert [b for b in bodies if b.startswith(b"b")] == during
+    assert {b for b, ok in minority_confirms.items() if ok} <= set(bodies), "confirmed on the minority, then lost"
+    assert set(bodies) <= set(before) | set(during) | set(minority_confirms)
+    assert amqp_got[:end] == stored
+    assert rstream_got[:end] == stored
+    for i in range(3):
+        assert read_everything(lab, i, name, end)[:end] == stored
