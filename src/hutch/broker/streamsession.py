@@ -38,12 +38,17 @@ from hutch.streamproto import connection as sc
 from hutch.streamproto import frames as f
 from hutch.streams.config import NAMED_ARGUMENTS
 from hutch.streams.handle import STREAM
+from hutch.streams.host import BATCH_BYTES_MAX
 
 log = logging.getLogger("hutch.stream")
 
 CHUNK_READ_BYTES = 1 << 20  # what a subscription reads from the log at a time
 PUBLISH_WINDOW = 10_000  # messages a connection may have unconfirmed before it is not read from
 SUB_BATCH_RECORDS_MAX = 65535
+# what a published sub-batch may inflate to: its messages are stored uncompressed, as one batch
+# (one entry, one chunk a consumer gets in one frame); a frame of 1 MiB of gzip could otherwise
+# make a node hold a gigabyte (a gzip bomb), or propose an entry its Raft log cannot take
+SUB_BATCH_BYTES_MAX = BATCH_BYTES_MAX
 CREATE_WAIT_TICKS = 10  # timer ticks a create waits for its stream's leader before it is answered anyway
 
 # stream arguments of a Create command -> queue.declare arguments
@@ -244,6 +249,9 @@ class StreamSession:
                 pid, body = m
                 fv = None
             if type(body) is f.SubBatch:
+                if body.uncompressed_size > SUB_BATCH_BYTES_MAX:
+                    bad.append((pid, f.PRECONDITION_FAILED))
+                    continue
                 try:
                     recs = chunks.sub_batch_records(body.compression, body.record_count, body.uncompressed_size,
                                                     bytes(body.data))

@@ -35,7 +35,6 @@ Must never: import other hutch packages, do I/O.
 
 from __future__ import annotations
 
-import gzip
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
@@ -195,7 +194,7 @@ def sub_batch_records(compression: int, count: int, raw_len: int, packed: bytes)
         if compression == COMPRESSION_NONE:
             raw = packed
         elif compression == COMPRESSION_GZIP:
-            raw = gzip.decompress(packed)
+            raw = _gunzip(packed, raw_len)
         else:
             raise ChunkError(f"sub-batch compression type {compression} is not supported here")
         if len(raw) != raw_len:
@@ -213,6 +212,21 @@ def sub_batch_records(compression: int, count: int, raw_len: int, packed: bytes)
         return out
     except (struct.error, OSError, EOFError, zlib.error) as e:
         raise ChunkError(f"malformed sub-batch: {e}") from None
+
+
+def _gunzip(packed: bytes, raw_len: int) -> bytes:
+    """The gzip members' data, inflated no further than one byte past `raw_len`: a sub-batch that
+    inflates to more than it declares is refused without being inflated in full (a gzip bomb)."""
+    out = bytearray()
+    while packed:
+        if len(out) > raw_len:
+            break  # the length check refuses it
+        member = zlib.decompressobj(wbits=31)  # one gzip member
+        out += member.decompress(packed, raw_len + 1 - len(out))
+        if not member.eof:
+            raise ChunkError("a sub-batch's gzip data is cut short or inflates past its length")
+        packed = member.unused_data
+    return bytes(out)
 
 
 def without_bloom(chunk: bytes | memoryview, h: ChunkHeader) -> bytes | memoryview:
