@@ -4,6 +4,7 @@ connection, never a crashed node, never a node that spends memory on a client's 
 - A gzip sub-batch that inflates to far more than it declares (a gzip bomb) is refused with a
   `PublishError` (PRECONDITION_FAILED) without being inflated; one that honestly declares more
   than `SUB_BATCH_BYTES_MAX` is refused before it is inflated.
+- An AMQP 0-9-1 message too large for a stream's Raft entry is nacked, and the stream goes on.
 - Fuzzing with well-formed commands carrying any values (unknown streams and ids, offsets of
   every type, credits, references too long, arguments RabbitMQ refuses, bad sub-batches, commands
   out of place): every session ends with answers or a close with a protocol code, never
@@ -18,12 +19,14 @@ import struct
 import zlib
 
 import pika
+import pika.exceptions
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hutch.broker.streamsession import SUB_BATCH_BYTES_MAX
 from hutch.streamproto import frames as f
+from hutch.streams.host import ENTRY_BYTES_MAX
 from tests.support.brokers import HutchNode, wait_until
 from tests.support.stream_client import Raw, amqp_body, create, publish_chunks, raw, read_all, unique
 
@@ -107,6 +110,23 @@ def test_a_gzip_sub_batch_in_several_members_within_the_limit_is_taken(node):
         c.send(f.Publish(1, [(1, f.SubBatch(1, 3, len(raw_data), members))]))
         assert c.recv(f.PublishConfirm, f.PublishError) == f.PublishConfirm(1, [1])
         assert read_all(c, name, 3) == [b"m0", b"m1", b"m2"]
+
+
+def test_an_amqp_message_too_large_for_a_stream_entry_is_nacked_and_the_stream_goes_on(node):
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.amqp_port, heartbeat=0,
+                                                             blocked_connection_timeout=60))
+    try:
+        ch = conn.channel()
+        name = unique()
+        ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", name, b"x" * (ENTRY_BYTES_MAX + 1))
+        ch.basic_publish("", name, b"small")
+        assert ch.queue_declare(name, passive=True).method.message_count == 1
+    finally:
+        conn.close()
+    assert f"stream '{name}' in vhost '/': refused 1 message(s)" in node.log()
 
 
 # ---------------------------------------------------------------- fuzzing with well-formed commands
