@@ -8,6 +8,9 @@ publishes; a publish on the cut-off node is not confirmed while it is alone. Aft
 returning member catches up from its own log plus what it missed, the consumers there read the
 rest without a gap, and every confirmed message is in the stream exactly once on every member.
 Both cases are run: the member cut off is a replica, and it is the leader.
+
+On the same lab, retention (by size and by age) trims every member's log from its old end, and
+a reader from "first" on any node starts at that member's new first offset.
 """
 
 from __future__ import annotations
@@ -94,8 +97,10 @@ def publish_confirmed(lab: Lab, i: int, name: str, bodies: list[bytes]) -> None:
         conn.close()
 
 
-def read_everything(lab: Lab, i: int, name: str, count: int) -> list[tuple[int, bytes]]:
-    """(offset, body) of the first `count` messages, read on node i."""
+def read_everything(lab: Lab, i: int, name: str, count: int, until_offset: int | None = None
+                    ) -> list[tuple[int, bytes]]:
+    """(offset, body) of the first `count` messages read on node i (or of those up to
+    `until_offset`, when retention may move the first)."""
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[i].amqp_port, heartbeat=0))
     try:
         ch = conn.channel()
@@ -105,8 +110,12 @@ def read_everything(lab: Lab, i: int, name: str, count: int) -> list[tuple[int, 
         def on(c, m, p, b):
             got.append((p.headers["x-stream-offset"], b))
             c.basic_ack(m.delivery_tag)
+
+        def done() -> bool:
+            conn.process_data_events(0.05)
+            return got[-1][0] >= until_offset if until_offset is not None and got else len(got) >= count
         ch.basic_consume(name, on, arguments={"x-stream-offset": "first"})
-        wait_until(lambda: (conn.process_data_events(0.05), len(got) >= count)[1], WAIT_S, f"{count} messages")
+        wait_until(done, WAIT_S, f"{count} messages")
         return got
     finally:
         conn.close()
@@ -250,3 +259,41 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
     assert rstream_got[:end] == stored
     for i in range(3):
         assert read_everything(lab, i, name, end)[:end] == stored
+
+
+def member_row(lab: Lab, name: str, i: int) -> dict | None:
+    try:
+        rows = api(lab, i, f"/api/hutch/streams/%2F/{name}/status")
+    except OSError:
+        return None
+    return next((r for r in rows if r["node"] == lab.nodes[i].name and r.get("first_offset") is not None), None)
+
+
+def test_retention_by_size_and_by_age_trims_every_members_log_from_the_old_end_and_first_reads_from_there(lab):
+    total = 100
+    retention = {"by size": {"x-max-length-bytes": 3000}, "by age": {"x-max-age": "1s"}}
+    names = {kind: f"sr.{uuid.uuid4().hex[:8]}" for kind in retention}
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[0].amqp_port, heartbeat=0))
+    for kind, name in names.items():
+        conn.channel().queue_declare(name, durable=True, arguments={
+            **STREAM, "x-stream-max-segment-size-bytes": 1000, **retention[kind]})
+    conn.close()
+    for name in names.values():
+        publish_confirmed(lab, 0, name, [f"r{i:03}".encode() + b"x" * 200 for i in range(total)])
+    rows: dict[tuple[str, int], dict | None] = {}
+
+    def trimmed() -> bool:  # each member runs retention on its own log, every 5 s
+        for name in names.values():
+            for i in range(3):
+                rows[name, i] = member_row(lab, name, i)
+        return all(r is not None and r["first_offset"] > 0 and r["committed_offset"] == total - 1
+                   for r in rows.values()) and all(  # up to one segment more than the limit
+            rows[names["by size"], i]["bytes"] <= 3000 + 1000 for i in range(3))
+    wait_until(trimmed, WAIT_S, "retention on every member")
+    for i in range(3):
+        for name in names.values():
+            got = read_everything(lab, i, name, 0, until_offset=total - 1)
+            first = got[0][0]
+            assert first >= rows[name, i]["first_offset"]  # (by age, a later pass may take more)
+            assert [o for o, _b in got] == list(range(first, total))  # whole chunks went, nothing else
+            assert [b[:4] for _o, b in got] == [f"r{o:03}".encode() for o in range(first, total)]
