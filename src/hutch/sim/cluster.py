@@ -4,34 +4,41 @@
 channels, routing, queue types, the catalogue on Raft, membership, the peer transport) on one
 `VirtualLoop` (hutch.simkernel.aioloop), joined by the in-memory TCP of hutch.simkernel.net.
 Simulated clients speak AMQP 0-9-1 to them (hutch.sim.client): a publisher with confirms and a
-consumer with acks on one quorum queue. A nemesis drawn from the seed partitions the nodes
-(every shape `draw_partition` knows), resets peer links and client connections, crashes nodes
-(kill -9: tasks stop, sockets reset, files closed as written) and restarts them from their data
-directories, then heals everything; the consumer then has `drain_s` to receive every confirmed
-message, and the run checks (FAILURE_KINDS):
+consumer with acks on one queue (quorum, classic or mirrored). A nemesis drawn from the seed
+partitions the nodes (every shape `draw_partition` knows), resets peer links and client
+connections, crashes nodes (kill -9: tasks stop, sockets reset, files closed as written), cuts
+their power (what was not fsynced is lost, the last write may be torn), fails their fsyncs or
+fills their disks for a while (the node stops itself, or its disk alarm blocks publishers), and
+jumps their wall clocks (FAULT_KINDS); it restarts the nodes from their data directories, then
+heals everything; the consumer then has `drain_s` to receive every confirmed message, and the
+run checks (FAILURE_KINDS):
 
 - no confirmed message lost: every message the publisher saw confirmed is delivered; when the
   consumer falls short, a new consumer on each node in turn tells a starved consumer
   (`starved`) from messages nobody receives (`lost`);
 - nothing delivered that was never published;
 - a message delivered again is flagged `redelivered` (each message is published once, so a
-  second delivery is always a redelivery);
+  second delivery is always a redelivery), unless a node lost power since its last delivery
+  (the record of a delivery is not fsynced: counted in the stats);
 - every node's catalogue is the same (canonical snapshot bytes, once all have applied the
   same index);
 - no two nodes lead one Raft group in the same term (sampled every 10 ms of simulated time);
 - no exception escapes a node's callbacks or tasks.
 
 What is real: every line of the node's code above the socket, and the files. What is simulated:
-time (every node's clock is the loop's, plus a per-node wall-clock offset drawn from the seed),
-the network (delays, FIFO per link, cuts that reset connections), the clients, process
-crashes. Files are real, in a temporary directory per run (on /dev/shm where there is one, so
-that an fsync costs nothing); fsyncs run inline; a crash keeps every byte written (the page
-cache outlives a process), so lost unsynced writes are not modelled. Randomness and the clocks
-hutch reads directly are the seed's: while a run lasts `os.urandom`, the `secrets` functions
-hutch calls and the `random` module are fed from a generator seeded by it, and `time.monotonic`
-and `time.time` read simulated time (all restored afterwards), so a seed replays in any process.
-Not yet covered (docs/design/simulation.md): disk faults, clock jumps, classic and mirrored
-queues, streams.
+time (every node's clocks are the loop's, at a rate off by up to DRIFT_PPM_MAX, plus a wall-clock
+skew and jumps drawn from the seed: `HostClock`), the network (delays, FIFO per link, cuts that
+reset connections), the clients, process crashes, and the disk under the files
+(hutch.simkernel.disk: what a power loss keeps, fsync errors, a full disk). Files are real, in a
+temporary directory per run (on /dev/shm where there is one, so that an fsync costs nothing);
+fsyncs run inline; a crash keeps every byte written (the page cache outlives a process), a
+power loss only what was fsynced. Randomness and the clocks hutch reads directly are the seed's:
+while a run lasts `os.urandom`, the `secrets` functions hutch calls and the `random` module are
+fed from a generator seeded by it, and `time.monotonic` and `time.time` read the simulated
+clocks of the host whose code runs (all restored afterwards), so a seed replays in any process.
+The disk, power and clock faults draw from a generator of their own: with `--faults net,crash`
+(what `run_seed` draws by default) a seed names the run it named before they existed. Not yet
+covered (docs/design/simulation.md): slow disks, the loop's timers drifting per node, streams.
 
 A failing seed replays exactly; `-v` prints the trace: the nemesis, connections, client
 operations, and every log line of every node, stamped with simulated time and the node.
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import os
@@ -52,7 +60,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import click
@@ -70,7 +78,9 @@ from hutch.server.runtime import Node
 from hutch.sim.client import SimClient
 from hutch.simkernel import Kernel, SimResult, draw_partition, run_seeds
 from hutch.simkernel.aioloop import SimulationLivelock, VirtualLoop
+from hutch.simkernel.disk import SimDisk
 from hutch.simkernel.net import SimNet, current_host
+from hutch.store import StoreFailed, segment_log, stream_log
 
 SIM_EPOCH_S = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the wall clock every simulated node starts near
 WALL_SKEW_MS_MAX = 50  # each node's wall clock is off by up to this much
@@ -97,6 +107,22 @@ AUDIT_S = 5.0  # how long the audit's consumer waits on each node
 REQUEUE_P = 0.05  # the share of deliveries a consumer rejects with requeue instead of acking
 CONFIRM_TIMEOUT_S = 10.0  # a publisher whose window is full gives its connection up after this long
 RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is stuck
+# The nemesis's fault kinds (--faults): "net" partitions and resets links and client connections,
+# "crash" kills a node's process (kill -9), "power" cuts a node's power (its unsynced writes are
+# lost, the last may be torn), "fsync" makes a node's fsyncs fail for a while (the node stops
+# itself; its page cache is not trusted afterwards), "disk-full" fills a node's disk for a while
+# (the disk alarm, and half the time writes failing with ENOSPC), "clock" drifts every node's
+# clock and jumps one node's wall clock (a node reads it when it starts).
+FAULT_KINDS = ("net", "crash", "power", "fsync", "disk-full", "clock")
+# What `run_seed` draws unless told otherwise: the faults the simulation had before it had disks
+# and clocks, with which a seed names the same run as it did then (the batches in
+# tests/sim/test_cluster_sim.py and their regression seeds). `hutch sim cluster` draws them all.
+NET_AND_CRASH = frozenset({"net", "crash"})
+DISK_FAULT_S = (0.5, 3.0)  # how long an fsync error or a full disk lasts
+DRIFT_PPM_MAX = 200  # each node's clocks run this much fast or slow at most
+WALL_JUMP_S_MAX = 300  # the largest jump of a node's wall clock, forward or back
+DISK_FREE_LIMIT_BYTES = 50 * 1000 * 1000  # the nodes' disk_free_limit (RabbitMQ's default)
+MESSAGE_TTL_MS = 3_600_000  # with clock faults the queue has a message TTL no jump can reach
 # What a run can find, in the words SimResult.stats["failed"] uses:
 FAILURE_KINDS = frozenset({
     "lost",  # a confirmed message nobody could receive after the heal, not even a new consumer
@@ -122,6 +148,7 @@ class ClusterSimOptions:
     drain_s: float = 60.0  # after the heal: how long the consumer has to receive every confirmed message
     net_ticktime_s: float = 4.0
     queue_type: str = "quorum"  # one of QUEUE_TYPES
+    faults: frozenset[str] = NET_AND_CRASH  # the fault kinds the nemesis draws (FAULT_KINDS)
     trace: bool = False
 
 
@@ -131,6 +158,8 @@ class _History:
     confirmed: set[str] = field(default_factory=set)
     nacked: set[str] = field(default_factory=set)
     delivered: dict[str, int] = field(default_factory=dict)  # message id -> deliveries seen
+    delivered_at: dict[str, float] = field(default_factory=dict)  # message id -> when last delivered
+    power_lost_at: list[float] = field(default_factory=list)  # when a node lost power, or exited distrusting its cache
 
 
 class _TraceHandler(logging.Handler):
@@ -155,42 +184,46 @@ def _memory_fs() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
-_real_open, _real_close = os.open, os.close
+@dataclass(slots=True)
+class HostClock:
+    """One simulated host's clocks. Its monotonic clock runs at the loop's rate times (1 + drift);
+    its wall clock is that plus the epoch, the skew it booted with and every jump it was given.
+    A node reads the wall clock once, when it starts (hutch.server.clock.NodeClock): a jump
+    reaches a running node's time only when it restarts."""
+    now_s: Callable[[], float]
+    drift: float = 0.0  # 1e-4: 100 ppm fast
+    skew_s: float = 0.0  # drawn at each boot
+    jumped_s: float = 0.0  # the wall clock's jumps so far, forward or back
+
+    def monotonic(self) -> float:
+        return self.now_s() * (1 + self.drift)
+
+    def wall(self) -> float:
+        return SIM_EPOCH_S + self.skew_s + self.jumped_s + self.monotonic()
 
 
 @contextlib.contextmanager
-def simulated_clocks(now_s) -> Iterator[None]:
-    """While it lasts, `time.monotonic` is the simulation's clock and `time.time` the wall clock
-    at SIM_EPOCH_S plus it: the few places below the runtime that read a clock directly (the
-    segment log's synced mark, the durations store recovery logs) read simulated time."""
+def simulated_clocks(now_s, clocks: dict[str, HostClock] | None = None) -> Iterator[None]:
+    """While it lasts, `time.monotonic` and `time.time` read simulated time: the clocks of the
+    host whose code runs (`clocks`), or outside every host the loop's clock and the wall clock at
+    SIM_EPOCH_S plus it. The few places below the runtime that read a clock directly (the segment
+    log's synced mark, the durations store recovery logs, one timestamp) read simulated time."""
+    clocks = clocks or {}
     saved = (time.monotonic, time.time)
-    time.monotonic = now_s
-    time.time = lambda: SIM_EPOCH_S + now_s()
+
+    def monotonic() -> float:
+        c = clocks.get(current_host.get())
+        return now_s() if c is None else c.monotonic()
+
+    def wall() -> float:
+        c = clocks.get(current_host.get())
+        return SIM_EPOCH_S + now_s() if c is None else c.wall()
+
+    time.monotonic, time.time = monotonic, wall
     try:
         yield
     finally:
         time.monotonic, time.time = saved
-
-
-@contextlib.contextmanager
-def _owned_fds(owners: dict[int, str]) -> Iterator[None]:
-    """While it lasts, `os.open` notes which simulated host opened each descriptor, so that a
-    crash can close the files of the process that died (hutch's stores open theirs with it)."""
-
-    def sim_open(*args, **kwargs) -> int:
-        fd = _real_open(*args, **kwargs)
-        owners[fd] = current_host.get()
-        return fd
-
-    def sim_close(fd: int) -> None:
-        owners.pop(fd, None)
-        _real_close(fd)
-
-    os.open, os.close = sim_open, sim_close
-    try:
-        yield
-    finally:
-        os.open, os.close = _real_open, _real_close
 
 
 @contextlib.contextmanager
@@ -222,8 +255,15 @@ class ClusterSim:
         self.history = _History()
         self.stats: dict = {"faults": 0, "reconnects": 0}
         self.root = ""
+        # the disk, clock and power faults draw from their own generator, so that a run without
+        # them (--faults net,crash) is the run the seed named before they existed
+        self.rng2 = random.Random(opts.seed * 1_000_003 + 0xD15C)
+        self.disk = SimDisk(random.Random(self.rng2.getrandbits(64)))
+        self.clocks = {h: HostClock(self.loop.time) for h in self.hosts}
+        if "clock" in opts.faults:
+            for c in self.clocks.values():
+                c.drift = self.rng2.uniform(-DRIFT_PPM_MAX, DRIFT_PPM_MAX) / 1e6
         self._leaders: dict[tuple, str] = {}  # (group, term) -> the node that led it
-        self._fds: dict[int, str] = {}  # open file descriptor -> the host that opened it
         self._restarts: list[asyncio.Task] = []
         self._checked = False  # the checks have run; the nodes are being stopped
         self.failures: list[tuple[str, str]] = []  # (kind, what): the checks that failed (FAILURE_KINDS)
@@ -240,7 +280,10 @@ class ClusterSim:
         hutch_log.propagate = False
         Journal.compactor_thread = False
         try:
-            with seeded_entropy(self.opts.seed), _owned_fds(self._fds), simulated_clocks(self.loop.time):
+            for h in self.hosts:
+                self.disk.mount(h, os.path.join(self.root, h))
+            with (seeded_entropy(self.opts.seed), self.disk.installed(_FSYNCS_BOUND_AT_IMPORT),
+                  simulated_clocks(self.loop.time, self.clocks)):
                 try:
                     self.loop.run_until_complete(self._bounded(self._main()))
                 except SimulationLivelock as e:
@@ -298,7 +341,10 @@ class ClusterSim:
         what = f"{type(exc).__name__}: {exc}" if exc is not None else context.get("message", "?")
         text = f"unhandled exception on {current_host.get()} ({context.get('message', '')}): {what}"
         self.kernel.log(text)
-        if self._checked:  # while the nodes stop after the checks: reported in the stats only
+        if self._checked or any(n.exit_code for n in self.nodes.values()) or isinstance(exc, StoreFailed):
+            # while the nodes stop after the checks, or one stops itself (its disk failed), or a
+            # store that failed refusing a write (its node stops, or has stopped): reported in the
+            # stats only
             self.stats["errors_at_stop"] = self.stats.get("errors_at_stop", 0) + 1
         else:
             self._fail("unhandled", text)
@@ -328,10 +374,11 @@ class ClusterSim:
         async with asyncio.TaskGroup() as tg:
             publisher = tg.create_task(self._publisher())
             consumer = tg.create_task(self._consumer())
+            if self.opts.faults & {"power", "fsync", "disk-full", "clock"}:
+                tg.create_task(self._disk_and_clock_nemesis())
             await self._nemesis()
             self._heal()
-            for restart in self._restarts:
-                await restart
+            await self._everyone_back()
             await publisher
             drained = await self._drain()
             consumer.cancel()
@@ -369,23 +416,54 @@ class ClusterSim:
                       data_dir=os.path.join(self.root, host), mgmt_port=0, prometheus_port=0, stream_port=0,
                       peer_port=PEER_PORT, cluster_nodes=[f"hutch@{h}:{PEER_PORT}" for h in self.hosts],
                       cluster_secret_file=os.path.join(self.root, "secret"), loopback_users=[],
-                      net_ticktime_s=self.opts.net_ticktime_s, disk_free_limit_bytes=0,
+                      net_ticktime_s=self.opts.net_ticktime_s, disk_free_limit_bytes=DISK_FREE_LIMIT_BYTES,
                       vm_memory_high_watermark_bytes=1 << 50, consumer_timeout_ms=None,
                       cluster_partition_handling="pause_minority" if self.opts.queue_type == "mirrored" else "ignore")
 
     async def _boot(self, host: str) -> None:
         if host in self.nodes:
             raise RuntimeError(f"node {host} is already running")
-        skew_s = self.rng.randint(-WALL_SKEW_MS_MAX, WALL_SKEW_MS_MAX) / 1000
-        clock = NodeClock(monotonic=self.loop.time, wall=lambda: SIM_EPOCH_S + skew_s + self.loop.time())
-        node = Node(self._config(host), network=self.net.host(host), clock=clock)
+        c = self.clocks[host]
+        c.skew_s = self.rng.randint(-WALL_SKEW_MS_MAX, WALL_SKEW_MS_MAX) / 1000
+        node = Node(self._config(host), network=self.net.host(host), clock=NodeClock(c.monotonic, c.wall))
         self.nodes[host] = node
         await node.start()
         self.loop.call_later(COMPACT_INTERVAL_S, self._compact, node)
+        if self.opts.faults & {"fsync", "disk-full"}:  # a node that stops itself (fail_stop)
+            self._spawn_on(host, self._serve(host, node))
+
+    async def _serve(self, host: str, node: Node) -> None:
+        """The node's process after its start: it runs until it stops itself, then exits."""
+        try:
+            await node.serve_forever()
+        except Exception as e:  # noqa: BLE001 - a stop that breaks still ends the process
+            self.kernel.log(f"{host}: stopping raised {type(e).__name__}: {e}")
+        if self.nodes.get(host) is node:
+            self.loop.call_soon(self._exited, host, node, context=contextvars.Context())
+
+    def _exited(self, host: str, node: Node) -> None:
+        """A node that stopped itself (a failed fsync or write) has exited; after a failed fsync
+        its page cache is not trusted, so it restarts as after a power failure, once the disk
+        works again."""
+        if self.nodes.get(host) is not node:
+            return
+        self.kernel.log(f"nemesis: {host} exited with status {node.exit_code}")
+        self.stats["fail_stops"] = self.stats.get("fail_stops", 0) + 1
+        self._down(host, power=True)
+        self._restarts.append(self.loop.create_task(self._restart(host, self.rng2.uniform(0.2, 3.0))))
 
     def _compact(self, node: Node) -> None:
         if node.app_running and node.broker.journal.compact_step():
             self.loop.call_later(COMPACT_INTERVAL_S, self._compact, node)
+
+    async def _everyone_back(self) -> None:
+        """After the heal: every node restarted and serving again (a restart waits for its disk)."""
+        while True:
+            for restart in list(self._restarts):
+                await restart
+            if len(self.nodes) == len(self.hosts) and not any(n.stop_requested for n in self.nodes.values()):
+                return
+            await asyncio.sleep(0.05)
 
     async def _shutdown(self) -> None:
         for restart in self._restarts:
@@ -402,8 +480,10 @@ class ClusterSim:
             await asyncio.sleep(self.rng.uniform(0.2, 1.5))
             if self.loop.time() >= deadline:
                 return
-            self.stats["faults"] += 1
             kind = self.rng.random()
+            if ("crash" if 0.5 <= kind < 0.6 else "net") not in self.opts.faults:
+                continue
+            self.stats["faults"] += 1
             if kind < 0.5:
                 cut = draw_partition(self.rng, self.hosts)
                 self.kernel.log(f"nemesis: partition {sorted(cut) or 'healed'}")
@@ -420,29 +500,101 @@ class ClusterSim:
                 for h in self.hosts:
                     self._reset_between(client, h)
 
-    def _crash(self) -> None:
-        """A node's process dies (kill -9) and restarts from its data directory a little later.
-        At most a minority is down at once, so the quorum queue keeps a majority on disk."""
-        down = len(self.hosts) - len(self.nodes)
-        if down >= (len(self.hosts) - 1) // 2:
+    def _crash(self, rng: random.Random | None = None, power: bool = False) -> None:
+        """A node's process dies (kill -9), or its host loses power, and it restarts from its
+        data directory a little later. At most a minority is down at once (or has a failing
+        disk), so the quorum queue keeps a majority on disk."""
+        rng = rng or self.rng
+        if len(self._impaired()) >= (len(self.hosts) - 1) // 2:
             return
-        host = self.rng.choice(sorted(self.nodes))
-        if not self.nodes[host].app_running:
+        host = rng.choice(sorted(self.nodes))
+        if not self.nodes[host].app_running or host in self._impaired():
             return
-        self.stats["crashes"] = self.stats.get("crashes", 0) + 1
-        self.kernel.log(f"nemesis: crash {host}")
-        del self.nodes[host]
+        what, counter = ("power loss", "power_losses") if power else ("crash", "crashes")
+        self.stats[counter] = self.stats.get(counter, 0) + 1
+        self.kernel.log(f"nemesis: {what} {host}")
+        self._down(host, power)
+        self._restarts.append(self.loop.create_task(self._restart(host, rng.uniform(0.2, 3.0))))
+
+    def _impaired(self) -> set[str]:
+        """The hosts down, or whose disk fails."""
+        return set(self.hosts) - set(self.nodes) | self.disk.fsync_failing | self.disk.full
+
+    def _down(self, host: str, power: bool) -> None:
+        """The node's process is gone: its tasks stop, its connections reset, its files close.
+        What it wrote stays in the page cache, unless the power went too."""
+        self.nodes.pop(host, None)
         self.net.kill_host(host)
-        for fd, owner in sorted(self._fds.items()):
-            if owner == host:  # the process's files close with it; what it wrote stays in the page cache
-                del self._fds[fd]
-                _real_close(fd)
-        self._restarts.append(self.loop.create_task(self._restart(host, self.rng.uniform(0.2, 3.0))))
+        self.disk.close_all(host)
+        if power:
+            self.history.power_lost_at.append(self.loop.time())
+            loss = self.disk.power_loss(host)
+            self.kernel.log(f"nemesis: {host} lost {loss.bytes_lost} unsynced bytes in {loss.files} file(s), "
+                            f"{loss.torn} write(s) torn")
 
     async def _restart(self, host: str, after_s: float) -> None:
-        await asyncio.sleep(after_s)
-        self.kernel.log(f"nemesis: restart {host}")
-        await self._spawn_on(host, self._boot(host))
+        """Start the node again after `after_s`, once its disk works; a start that fails (its disk
+        failed meanwhile) is a process that exited: it is tried again, as an operator would."""
+        while True:
+            await asyncio.sleep(after_s)
+            while host in self.disk.fsync_failing or host in self.disk.full:  # the operator waits for the disk
+                await asyncio.sleep(0.1)
+            self.kernel.log(f"nemesis: restart {host}")
+            try:
+                await self._spawn_on(host, self._boot(host))
+                return
+            except Exception as e:  # noqa: BLE001 - a start the disk failed
+                self.kernel.log(f"nemesis: {host} did not start: {type(e).__name__}: {e}")
+                if host in self.nodes:
+                    self._down(host, power=True)
+                after_s = 0.5
+
+    async def _disk_and_clock_nemesis(self) -> None:
+        """The faults below the node: power losses, fsync errors, full disks and clock jumps, drawn
+        from their own generator (`rng2`) at their own times until the heal."""
+        rng = self.rng2
+        kinds = [k for k in ("power", "fsync", "disk-full", "clock") if k in self.opts.faults]
+        deadline = self.loop.time() + self.opts.fault_s
+        while True:
+            await asyncio.sleep(rng.uniform(0.3, 2.0))
+            if self.loop.time() >= deadline:
+                return
+            kind = rng.choice(kinds)
+            if kind == "power":
+                self._crash(rng, power=True)
+            elif kind == "clock":
+                host = rng.choice(self.hosts)
+                jump_s = rng.choice((-1, 1)) * rng.uniform(1, WALL_JUMP_S_MAX)
+                self.clocks[host].jumped_s += jump_s
+                self.stats["clock_jumps"] = self.stats.get("clock_jumps", 0) + 1
+                self.kernel.log(f"nemesis: {host}'s wall clock jumps {jump_s:+.1f} s")
+            else:
+                healthy = sorted(set(self.nodes) - self._impaired())
+                if not healthy:
+                    continue
+                host = rng.choice(healthy)
+                lasts_s = rng.uniform(*DISK_FAULT_S)
+                if kind == "fsync":
+                    if len(self._impaired()) >= (len(self.hosts) - 1) // 2:
+                        continue
+                    self.disk.fsync_failing.add(host)
+                    self.kernel.log(f"nemesis: {host}'s fsyncs fail (EIO) for {lasts_s:.2f} s")
+                else:
+                    enospc = rng.random() < 0.5 and len(self._impaired()) < (len(self.hosts) - 1) // 2
+                    self.disk.free_bytes[host] = DISK_FREE_LIMIT_BYTES // 2
+                    if enospc:
+                        self.disk.full.add(host)
+                    self.kernel.log(f"nemesis: {host}'s disk is {'full (ENOSPC)' if enospc else 'nearly full'} "
+                                    f"for {lasts_s:.2f} s")
+                self.stats[kind] = self.stats.get(kind, 0) + 1
+                self.loop.call_later(lasts_s, self._disk_repaired, host)
+
+    def _disk_repaired(self, host: str) -> None:
+        if host in self.disk.fsync_failing or host in self.disk.full or host in self.disk.free_bytes:
+            self.kernel.log(f"nemesis: {host}'s disk works again")
+        self.disk.fsync_failing.discard(host)
+        self.disk.full.discard(host)
+        self.disk.free_bytes.pop(host, None)
 
     def _reset_between(self, a: str, b: str) -> None:
         was = {(a, b): self.net.network.link(a, b).blocked, (b, a): self.net.network.link(b, a).blocked}
@@ -455,6 +607,8 @@ class ClusterSim:
     def _heal(self) -> None:
         self.kernel.log("nemesis: heal everything")
         self.net.set_cut(set())
+        for host in self.hosts:
+            self._disk_repaired(host)
 
     # -- clients
 
@@ -465,7 +619,7 @@ class ClusterSim:
             try:
                 async with asyncio.timeout(STEP_TIMEOUT_S):
                     await client.connect(self.net.host(who), host, AMQP_PORT)
-                    await client.queue_declare(QUEUE, durable=True, arguments=QUEUE_TYPES[self.opts.queue_type])
+                    await client.queue_declare(QUEUE, durable=True, arguments=self._queue_arguments())
                 self.kernel.log(f"client {who}: connected to {host}")
                 return client, host
             except Exception as e:  # noqa: BLE001 - any failure: retry
@@ -473,6 +627,15 @@ class ClusterSim:
                 client.abort()
                 self.stats["reconnects"] += 1
                 await asyncio.sleep(self.rng.uniform(*CLIENT_BACKOFF_S))
+
+    def _queue_arguments(self) -> dict:
+        """The queue's arguments; with clock faults, a message TTL that no jump or drift reaches,
+        so that the expiry paths run on every node's clock and a confirmed message that expires
+        shows a clock that went wrong."""
+        args = dict(QUEUE_TYPES[self.opts.queue_type])
+        if "clock" in self.opts.faults:
+            args["x-message-ttl"] = MESSAGE_TTL_MS
+        return args
 
     async def _publisher(self) -> None:
         h = self.history
@@ -522,8 +685,15 @@ class ClusterSim:
             self._fail("unpublished", f"delivered {mid!r}, which was never published")
         seen = h.delivered.get(mid, 0)
         if seen and not redelivered:
-            self._fail("redelivered-flag", f"{mid} delivered again without the redelivered flag")
+            if h.power_lost_at and h.power_lost_at[-1] > h.delivered_at[mid]:
+                # a durable classic queue writes down a delivery without an fsync of its own: a
+                # power loss since the last delivery may have taken the record (the flag is a hint)
+                self.stats["redelivered_flag_lost_to_power"] = self.stats.get("redelivered_flag_lost_to_power", 0) + 1
+                self.kernel.log(f"client {who}: {mid} delivered again without the redelivered flag, after a power loss")
+            else:
+                self._fail("redelivered-flag", f"{mid} delivered again without the redelivered flag")
         h.delivered[mid] = seen + 1
+        h.delivered_at[mid] = self.loop.time()
         self.kernel.log(f"client {who}: delivered {mid}{' (redelivered)' if redelivered else ''}")
         settle = self._requeue if self.rng.random() < REQUEUE_P else self._ack
         self.loop.call_later(self.rng.uniform(0, 0.02), settle, this[0], tag)
@@ -648,6 +818,10 @@ class ClusterSim:
         self.loop.call_later(LEADER_CHECK_S, self._check_leaders)
 
 
+# store modules that bound os.fdatasync at import: the simulated disk replaces it there too
+_FSYNCS_BOUND_AT_IMPORT = ((segment_log, "_fdatasync"), (stream_log, "_fdatasync"))
+
+
 def _number(mid: str) -> int:
     return int(mid[1:])
 
@@ -657,9 +831,21 @@ def _names(mids: list[str]) -> str:
 
 
 def run_seed(seed: int, nodes: int = 3, messages: int = 40, fault_s: float = 8.0, queue_type: str = "quorum",
-             trace: bool = False) -> SimResult:
+             trace: bool = False, faults: frozenset[str] | set[str] | tuple[str, ...] = NET_AND_CRASH) -> SimResult:
     return ClusterSim(ClusterSimOptions(seed=seed, nodes=nodes, messages=messages, fault_s=fault_s,
-                                        queue_type=queue_type, trace=trace)).run()
+                                        queue_type=queue_type, faults=frozenset(faults), trace=trace)).run()
+
+
+def parse_faults(text: str) -> frozenset[str]:
+    """`--faults net,crash,...`: the kinds named, each one of FAULT_KINDS ("all": every one)."""
+    if text.strip() == "all":
+        return frozenset(FAULT_KINDS)
+    kinds = {k.strip() for k in text.split(",") if k.strip()}
+    unknown = kinds - set(FAULT_KINDS)
+    if unknown:
+        raise click.BadParameter(f"unknown fault kind(s) {', '.join(sorted(unknown))}; "
+                                 f"choose from {', '.join(FAULT_KINDS)}")
+    return frozenset(kinds)
 
 
 def trace_digest(result: SimResult) -> str:
@@ -676,20 +862,28 @@ def trace_digest(result: SimResult) -> str:
 @click.option("--queue-type", type=click.Choice(sorted(QUEUE_TYPES)), default="quorum", show_default=True,
               help="The queue the clients use (classic: durable, with persistent messages; mirrored: the same, "
                    "with mirrors on every node, when-synced promotion and pause_minority).")
+@click.option("--faults", default=",".join(FAULT_KINDS), show_default=True,
+              help="The fault kinds the nemesis draws, comma-separated: net (partitions, link and client "
+                   "resets), crash (kill -9), power (power loss: unsynced writes lost, the last one torn), fsync "
+                   "(fsync errors: the node stops), disk-full (the disk alarm, and writes failing with ENOSPC), "
+                   "clock (clock drift, wall-clock jumps).")
 @click.option("-v", "--verbose", is_flag=True, help="Print the trace of each run.")
-def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float, queue_type: str,
+def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float, queue_type: str, faults: str,
                 verbose: bool) -> None:
-    """Run real hutch nodes in one process under simulated time, network and clients; any
-    failing seed replays exactly."""
+    """Run real hutch nodes in one process under simulated time, network, disks, clocks and clients;
+    any failing seed replays exactly."""
+    kinds = parse_faults(faults)
+    named = ",".join(k for k in FAULT_KINDS if k in kinds)
     failures = run_seeds(
         lambda s: run_seed(s, nodes=nodes, messages=messages, fault_s=fault_s, queue_type=queue_type,
-                           trace=verbose),
+                           trace=verbose, faults=kinds),
         seed, seeds,
         lambda s: (f"hutch sim cluster --seed {s} --nodes {nodes} --messages {messages} --fault-s {fault_s} "
-                   f"--queue-type {queue_type}"),
+                   f"--queue-type {queue_type} --faults {named}"),
         click.echo, verbose, progress_every=10)
     if failures:
         sys.exit(1)
 
 
-__all__ = ["ClusterSim", "ClusterSimOptions", "cluster_cmd", "run_seed", "seeded_entropy", "trace_digest"]
+__all__ = ["FAULT_KINDS", "NET_AND_CRASH", "ClusterSim", "ClusterSimOptions", "HostClock", "cluster_cmd", "parse_faults", "run_seed",
+           "seeded_entropy", "simulated_clocks", "trace_digest"]
