@@ -4,7 +4,8 @@
 A stream of three members; one member's node is cut off alone. Its consumers, over AMQP 0-9-1
 (`x-stream-offset`) and over the stream protocol (rstream 1.1.1, on that node's replica), go on
 reading what was replicated before the cut. The majority side goes on taking and confirming
-publishes; a publish on the cut-off node is not confirmed while it is alone. After the heal the
+publishes; a publish on the cut-off node (over AMQP 0-9-1 or the stream protocol) is not
+confirmed while it is alone. After the heal the
 returning member catches up from its own log plus what it missed, the consumers there read the
 rest without a gap, and every confirmed message is in the stream exactly once on every member.
 Both cases are run: the member cut off is a replica, and it is the leader.
@@ -19,6 +20,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import select
 import types
 import urllib.request
 import uuid
@@ -28,8 +30,10 @@ import pika
 import pytest
 
 from hutch.lab.cluster import Lab
+from hutch.streamproto import frames as f
 from tests.support.brokers import wait_until
 from tests.support.lab import free_base_port
+from tests.support.stream_client import Raw, amqp_body
 
 pytestmark = pytest.mark.timeout(300)
 STREAM = {"x-queue-type": "stream", "x-initial-cluster-size": 3}
@@ -181,7 +185,10 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
         consumer = Consumer("127.0.0.1", alone_port, username="guest", password="guest",
                             on_close_handler=lambda info: closed.append(info.reason))
         await consumer.start()
+        writer = Raw(alone_port)  # a stream-protocol publisher on the cut-off node
         try:
+            writer.handshake()
+            assert writer.call(f.DeclarePublisher(writer.cid(), 1, "minority-writer", name)).code == f.OK
             ch = await reader.channel()
             await ch.set_qos(prefetch_count=HELD)
             queue = await ch.get_queue(name, ensure=False)
@@ -209,6 +216,7 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
                 assert closed == [] and not reader.is_closed  # on the same connections
 
                 # a publish on the cut-off node is not confirmed while it is alone
+                writer.send(f.Publish(1, [(i + 1, amqp_body(f"s{i}")) for i in range(ON_MINORITY)]))
                 pch = await publisher.channel(publisher_confirms=True)
                 pending = {}
                 for i in range(ON_MINORITY):
@@ -217,6 +225,9 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
                         pch.default_exchange.publish(aio_pika.Message(body), routing_key=name, timeout=None))
                 done, _ = await asyncio.wait(pending.values(), timeout=NOT_CONFIRMED_S)
                 assert not [t for t in done if t.exception() is None], "confirmed on the minority side"
+                if select.select([writer.sock], [], [], 0)[0]:
+                    writer._read()
+                assert not [x for x in writer.inbox if type(x) is f.PublishConfirm], "confirmed on the minority side"
 
                 # the majority side elects (or keeps) a leader and confirms publishes
                 await blocking(wait_until, lambda: leader(lab, name, majority[0]) in
@@ -232,6 +243,14 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
             await asyncio.wait(pending.values(), timeout=WAIT_S)
             for body, t in pending.items():
                 minority_confirms[body] = t.done() and t.exception() is None
+
+            def stream_answers() -> None:
+                while sum(1 for b in minority_confirms if b.startswith(b"s")) < ON_MINORITY:
+                    x = writer.recv(f.PublishConfirm, f.PublishError)
+                    for pid, ok in ([(p, True) for p in x.publishing_ids] if type(x) is f.PublishConfirm
+                                    else [(p, False) for p, _code in x.errors]):
+                        minority_confirms[f"s{pid - 1}".encode()] = ok
+            await blocking(stream_answers)
             total = BEFORE + DURING + sum(minority_confirms.values())
             await blocking(wait_until, lambda: all(member_end(lab, name, i) is not None
                                                    and member_end(lab, name, i) >= total for i in range(3)),
@@ -239,6 +258,7 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
             await until(lambda: len(amqp_got) >= total and len(rstream_got) >= total,
                         "the cut-off node's readers got the rest")
         finally:
+            writer.close()
             await consumer.close()
             await publisher.close()
             await reader.close()
