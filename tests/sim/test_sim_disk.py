@@ -239,7 +239,7 @@ def test_seeds_with_disk_power_and_clock_faults_keep_every_promise(queue_type, f
 
 
 def test_a_classic_message_delivered_before_a_power_loss_may_come_back_unflagged():
-    """Classic seed 51 (found on 5c53610): m2 is delivered twice, then its node's fsync fails and it
+    """Classic seed 51 (found on b679bd1): m2 is delivered twice, then its node's fsync fails and it
     restarts as after a power loss, without the unsynced record of those deliveries; m2's next
     delivery has no `redelivered`. hutch promises the flag only while that record survives: the
     simulation counts such a delivery (`redelivered_flag_lost_to_power`) rather than failing."""
