@@ -2,12 +2,12 @@
 `hutch lab` whose peer links pass through fault proxies.
 
 A stream of three members; one member's node is cut off alone. Its consumers, over AMQP 0-9-1
-(`x-stream-offset`) and over the stream protocol (rstream 1.1.1, on that node's replica), go on
-reading what was replicated before the cut. The majority side goes on taking and confirming
-publishes; a publish on the cut-off node (over AMQP 0-9-1 or the stream protocol) is not
-confirmed while it is alone. After the heal the
-returning member catches up from its own log plus what it missed, the consumers there read the
-rest without a gap, and every confirmed message is in the stream exactly once on every member.
+(`x-stream-offset`) and over the stream protocol (rstream 1.1.1 and rbfly 0.10.0, on that
+node's replica), go on reading what was replicated before the cut. The majority side goes on
+taking and confirming publishes; a publish on the cut-off node (over AMQP 0-9-1 or the stream
+protocol) is not confirmed while it is alone. After the heal the returning member catches up
+from its own log plus what it missed, the consumers there read the rest without a gap, and
+every confirmed message is in the stream exactly once on every member.
 Both cases are run: the member cut off is a replica, and it is the leader.
 
 On the same lab, retention (by size and by age) trims every member's log from its old end, and
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import select
@@ -146,6 +147,7 @@ async def blocking(fn, *args):
 @pytest.mark.parametrize("cut_off", ["a replica", "the leader"])
 def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_after_the_heal(lab, cut_off, monkeypatch):
     import rstream.consumer
+    from rbfly.streams import Offset, get_message_ctx, streams_client
     from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, amqp_decoder
 
     name = f"sp.{uuid.uuid4().hex[:8]}"
@@ -168,6 +170,7 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
 
     amqp_got: list[tuple[int, bytes]] = []
     rstream_got: list[tuple[int, bytes]] = []
+    rbfly_got: list[tuple[int, bytes]] = []
     minority_confirms: dict[bytes, bool | None] = {}
 
     async def go() -> None:
@@ -178,6 +181,20 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
             if len(rstream_got) == HELD:
                 await gate.wait()  # no more credit until the cut is in place
 
+        async def rbfly_reader() -> None:  # rbfly reads from the node it is connected to
+            client = streams_client(f"rabbitmq-stream://guest:guest@127.0.0.1:{alone_port}/")
+            try:
+                async with contextlib.aclosing(client.subscribe(name, offset=Offset.FIRST)) as sub:
+                    async for body in sub:
+                        rbfly_got.append((get_message_ctx().stream_offset, bytes(body)))
+                        if len(rbfly_got) == HELD:
+                            await gate.wait()
+            finally:
+                await client.disconnect()
+
+        def readers_have(n: int) -> bool:
+            return len(amqp_got) >= n and len(rstream_got) >= n and len(rbfly_got) >= n
+
         reader = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{lab.nodes[alone].amqp_port}/%2F", timeout=30)
         publisher = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{lab.nodes[alone].amqp_port}/%2F",
                                            timeout=30)
@@ -186,6 +203,7 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
                             on_close_handler=lambda info: closed.append(info.reason))
         await consumer.start()
         writer = Raw(alone_port)  # a stream-protocol publisher on the cut-off node
+        rbfly_task = asyncio.create_task(rbfly_reader())
         try:
             writer.handshake()
             assert writer.call(f.DeclarePublisher(writer.cid(), 1, "minority-writer", name)).code == f.OK
@@ -203,7 +221,8 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
             await queue.consume(on_amqp_message, arguments={"x-stream-offset": "first"})
             await consumer.subscribe(name, on_stream_message, decoder=amqp_decoder, initial_credit=1,
                                      offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
-            await until(lambda: len(amqp_got) == HELD and len(rstream_got) == HELD, "the first messages")
+            await until(lambda: len(amqp_got) == HELD and len(rstream_got) == HELD and len(rbfly_got) == HELD,
+                        "the first messages")
 
             await blocking(lab.partition, lab.nodes[alone].name)
             try:
@@ -211,11 +230,11 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
                 gate.set()
                 for m in held:
                     await m.ack()
-                await until(lambda: len(amqp_got) >= BEFORE and len(rstream_got) >= BEFORE,
-                            "the cut-off node's readers through its replica")
+                await until(lambda: readers_have(BEFORE), "the cut-off node's readers through its replica")
                 assert closed == [] and not reader.is_closed  # on the same connections
 
-                # a publish on the cut-off node is not confirmed while it is alone
+                # publishes on the cut-off node, which must not be confirmed while it is alone
+                started = asyncio.get_running_loop().time()
                 writer.send(f.Publish(1, [(i + 1, amqp_body(f"s{i}")) for i in range(ON_MINORITY)]))
                 pch = await publisher.channel(publisher_confirms=True)
                 pending = {}
@@ -223,18 +242,20 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
                     body = f"m{i}".encode()
                     pending[body] = asyncio.ensure_future(
                         pch.default_exchange.publish(aio_pika.Message(body), routing_key=name, timeout=None))
-                done, _ = await asyncio.wait(pending.values(), timeout=NOT_CONFIRMED_S)
-                assert not [t for t in done if t.exception() is None], "confirmed on the minority side"
-                if select.select([writer.sock], [], [], 0)[0]:
-                    writer._read()
-                assert not [x for x in writer.inbox if type(x) is f.PublishConfirm], "confirmed on the minority side"
 
-                # the majority side elects (or keeps) a leader and confirms publishes
+                # meanwhile the majority side elects (or keeps) a leader and confirms publishes
                 await blocking(wait_until, lambda: leader(lab, name, majority[0]) in
                                [lab.nodes[i].name for i in majority], WAIT_S, "a leader on the majority side")
                 await blocking(publish_confirmed, lab, majority[0], name,
                                [f"b{i}".encode() for i in range(DURING)])
-                assert len(amqp_got) == BEFORE and len(rstream_got) == BEFORE  # nothing of it on the cut-off node
+                assert max(len(amqp_got), len(rstream_got), len(rbfly_got)) == BEFORE  # none of it there
+
+                waited_s = asyncio.get_running_loop().time() - started
+                done, _ = await asyncio.wait(pending.values(), timeout=max(0.0, NOT_CONFIRMED_S - waited_s))
+                assert not [t for t in done if t.exception() is None], "confirmed on the minority side"
+                if select.select([writer.sock], [], [], 0)[0]:
+                    writer._read()
+                assert not [x for x in writer.inbox if type(x) is f.PublishConfirm], "confirmed on the minority side"
             finally:
                 await blocking(lab.heal)
             await blocking(wait_until, lambda: healed(lab), WAIT_S, "the partition healed")
@@ -255,9 +276,11 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
             await blocking(wait_until, lambda: all(member_end(lab, name, i) is not None
                                                    and member_end(lab, name, i) >= total for i in range(3)),
                            WAIT_S, "every replica caught up")
-            await until(lambda: len(amqp_got) >= total and len(rstream_got) >= total,
-                        "the cut-off node's readers got the rest")
+            await until(lambda: readers_have(total), "the cut-off node's readers got the rest")
         finally:
+            rbfly_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rbfly_task
             writer.close()
             await consumer.close()
             await publisher.close()
@@ -277,6 +300,7 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
     assert set(bodies) <= set(before) | set(during) | set(minority_confirms)
     assert amqp_got[:end] == stored
     assert rstream_got[:end] == stored
+    assert rbfly_got[:end] == stored
     for i in range(3):
         assert read_everything(lab, i, name, end)[:end] == stored
 
