@@ -46,6 +46,9 @@ class DictStore:
             return None
         return msg
 
+    def read_paged_batch(self, q, items):
+        return [self.read_paged(q, seq, loc) for seq, loc in items]
+
     def drop_paged(self, q, locs):
         for loc in locs:
             self.bodies.pop(loc)

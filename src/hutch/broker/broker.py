@@ -259,8 +259,10 @@ class Broker:
                 if q.dispatch():
                     q.last_dispatch_ms = now
                 self._flow_check(q)
-        if self.journal is not None and self.journal.unsynced:
-            self.request_sync()
+        if self.journal is not None:
+            self.journal.flush()  # this iteration's V and A records, one of each per queue
+            if self.journal.unsynced:
+                self.request_sync()
         if self.scratch is not None and not self.scratch_failed:
             try:
                 self.scratch.flush()
@@ -381,29 +383,47 @@ class Broker:
 
     # ---------------------------------------------------------------- the queues' body store (hutch.queues.paging)
 
-    def read_paged(self, q: ClassicQueue, seq: int, loc: int) -> Message | None:
-        """BodyStore.read_paged: a paged message back from the journal or the scratch log."""
-        if loc >= SCRATCH:
-            sseq = loc - SCRATCH
-            try:
-                exchange, routing_key, props, body, persistent = self.scratch.read(sseq)
-            except Unreadable as e:
-                log.error("queue '%s' in vhost '%s': paged message %d (scratch record %d) cannot be read back "
-                          "(%s); it is dropped", q.name, q.vhost, seq, sseq, e)
-                self.scratch.release(sseq)
-                return None
+    def read_paged_batch(self, q: ClassicQueue, items: list[tuple[int, int]]) -> list[Message | None]:
+        """BodyStore.read_paged_batch: paged messages back from the journal and the scratch log,
+        each log read once for the lot (records that lie together come in one read)."""
+        if all(loc < SCRATCH for _seq, loc in items):  # a durable queue of persistent messages
+            return self._read_journalled(q, items)
+        got: list[Message | None] = [None] * len(items)
+        journal_at = [n for n, (_seq, loc) in enumerate(items) if loc < SCRATCH]
+        if journal_at:
+            for n, m in zip(journal_at, self._read_journalled(q, [items[n] for n in journal_at]), strict=True):
+                got[n] = m
+        if self.scratch is None:
+            return got
+        scratch_at = [n for n, (_seq, loc) in enumerate(items) if loc >= SCRATCH]
+        sseqs = [items[n][1] - SCRATCH for n in scratch_at]
+        routes = self._paged_routes
+        for n, sseq, r in zip(scratch_at, sseqs, self.scratch.read_many(sseqs), strict=True):
             self.scratch.release(sseq)
-            return self._message(exchange, routing_key, props, body, persistent, self._paged_routes)
+            if isinstance(r, Unreadable):
+                log.error("queue '%s' in vhost '%s': paged message %d (scratch record %d) cannot be read back "
+                          "(%s); it is dropped", q.name, q.vhost, items[n][0], sseq, r)
+                continue
+            exchange, routing_key, props, body, persistent = r
+            got[n] = self._message(exchange, routing_key, props, body, persistent, routes)
+        return got
+
+    def _read_journalled(self, q: ClassicQueue, items: list[tuple[int, int]]) -> list[Message | None]:
         if self.journal is None:
-            return None
-        try:
-            exchange, routing_key, props, body = self.journal.read_enqueue(loc)
-        except Unreadable as e:
-            log.error("queue '%s' in vhost '%s': paged message %d (journal record %d) cannot be read back "
-                      "(%s); it is dropped", q.name, q.vhost, seq, loc, e)
-            self._journal_drop(q, loc)
-            return None
-        return self._message(exchange, routing_key, props, body, True, self._paged_routes)
+            return [None] * len(items)
+        out: list[Message | None] = []
+        routes = self._paged_routes
+        message = self._message
+        for (seq, loc), r in zip(items, self.journal.read_enqueues([loc for _seq, loc in items]), strict=True):
+            if isinstance(r, Unreadable):
+                log.error("queue '%s' in vhost '%s': paged message %d (journal record %d) cannot be read back "
+                          "(%s); it is dropped", q.name, q.vhost, seq, loc, r)
+                self._journal_drop(q, loc)
+                out.append(None)
+                continue
+            exchange, routing_key, props, body = r
+            out.append(message(exchange, routing_key, props, body, True, routes))
+        return out
 
     def _journal_drop(self, q: ClassicQueue, log_seq: int) -> None:
         """Settle a journalled message that cannot be read back, so that it does not come back
@@ -447,6 +467,8 @@ class Broker:
     def after_sync(self, fn: Callable, arg: Any) -> None:
         """Call fn(arg) once everything journalled so far is on disk (now, if nothing waits)."""
         j = self.journal
+        if j is not None:
+            j.flush()
         if j is None or not j.unsynced:
             fn(arg)
             return
@@ -1277,7 +1299,7 @@ def _dead_letter_cycle(queue: str, deaths: list) -> bool:
 def priority_and_expiration(props: bytes) -> tuple[int, int | None]:
     """A recovered message's priority and per-message TTL (the TTL runs again from recovery,
     not from publish)."""
-    if props == b"\x00\x00":
+    if len(props) < 2 or not props[0] & 0x09:  # neither flag set: priority (bit 11), expiration (bit 8)
         return 0, None
     try:
         summary = codec.summarize_properties(props)

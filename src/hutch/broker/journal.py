@@ -3,14 +3,22 @@
 What is written (msgpack records, keyed by the queue's journal id):
 
     E  enqueue   [queue id, exchange, routing key, properties, body]
-    V  delivered [queue id, E seq]      first delivery: the message comes back `redelivered`
-    A  settled   [queue id, E seq]      acked, or discarded (reject, expiry, overflow)
+    V  delivered [queue id, [E seqs]]   first delivery: the messages come back `redelivered`
+    A  settled   [queue id, [E seqs]]   acked, or discarded (reject, expiry, overflow)
     P  purged    [queue id, [E seqs]]   a purge or a deleted queue's remains
+
+(A V or A record written before batching holds one E seq instead of a list; both are read.)
 
 Only persistent messages (delivery_mode 2) on durable queues are journalled; the rest live in
 memory only and die with the node, as in RabbitMQ. A publisher's confirm for a journalled
 message is sent once an fsync covers its E record (group commit: one fsync per loop iteration
 covers every record written before it).
+
+Deliveries and settles are batched: `delivered` and `settled` note the message (a settle
+releases its E record at once), and `flush`, once per loop iteration before the fsync is asked
+for, writes one V and one A record per queue for all of them. A message delivered and settled
+within one iteration gets no V record at all. So draining a backlog writes two records per loop
+iteration rather than two per message, and keeps as many guards.
 
 The log forgets released records by deleting whole segments. An E record is released when its
 message is settled; the A/V/P records that refer to it ("guards") must outlive it on disk, so a
@@ -73,6 +81,7 @@ _dec = msgspec.msgpack.Decoder()
 
 GUARD_CHECK_MAX = 4096  # guard records examined per collect() call
 MIRROR_REMOVED_PER_RECORD = 65536  # seqs in one MP record (a dropped copy of millions takes several)
+SEQS_PER_RECORD = 65536  # E seqs in one V or A record
 COMPACT_INTERVAL_S = 2.0  # the compactor's pace; each pass copies at most one segment's live bytes
 
 
@@ -162,6 +171,12 @@ class Journal:
         # (guard record seq, E seqs it protects): released once none of them is on disk
         self._guards: deque[tuple[int, list[int]]] = deque()
         self._delivered: dict[int, int] = {}  # E seq -> its V record, while the message is queued
+        # a V record's messages still queued, and those settled since (the guard's E seqs once none is left)
+        self._v_left: dict[int, int] = {}
+        self._v_settled: dict[int, list[int]] = {}
+        # noted since the last flush: E seq -> queue id (delivered), queue id -> E seqs (settled)
+        self._to_deliver: dict[int, int] = {}
+        self._to_settle: dict[int, list[int]] = {}
         self.appended = 0
         self.synced_seq = self.log.durable_seq
         self._deleted_at_collect = self.log.segments_deleted
@@ -184,28 +199,105 @@ class Journal:
             raise Unreadable(str(e)) from None
         return _message_of(rec.payload, "E")
 
+    def read_enqueues(self, e_seqs: list[int]) -> list[tuple[str, str, bytes, bytes] | Unreadable]:
+        """`read_enqueue` of many E records at once (`SegmentLog.read_many`: records that lie
+        together come from one read), each the message or the Unreadable it would raise."""
+        try:
+            recs = self.log.read_many(e_seqs)
+        except (StoreError, OSError) as e:
+            return [Unreadable(str(e)) for _ in e_seqs]
+        out: list[tuple[str, str, bytes, bytes] | Unreadable] = []
+        for rec in recs:
+            if isinstance(rec, StoreError):
+                out.append(Unreadable(str(rec)))
+                continue
+            try:
+                out.append(_message_of(rec.payload, "E"))
+            except Unreadable as e:
+                out.append(e)
+        return out
+
     def delivered(self, queue_id: int, e_seq: int) -> None:
-        self._delivered[e_seq] = self.log.append(_enc.encode(("V", queue_id, e_seq)), queue_id)
+        """The message's first delivery: its V record goes out with the next `flush`."""
+        self._to_deliver[e_seq] = queue_id
 
     def settled(self, queue_id: int, e_seq: int) -> None:
-        a = self.log.append(_enc.encode(("A", queue_id, e_seq)), queue_id)
+        """The message left its queue for good: its E record is released now, its A record goes
+        out with the next `flush` (durable, like any record, once the fsync after it has run)."""
         self.log.release(e_seq)
-        self._guard(a, [e_seq])
-        v = self._delivered.pop(e_seq, None)
-        if v is not None:
-            self._guard(v, [e_seq])
+        self._to_deliver.pop(e_seq, None)  # delivered and settled since the last flush: no V record
+        settles = self._to_settle.get(queue_id)
+        if settles is None:
+            self._to_settle[queue_id] = [e_seq]
+        else:
+            settles.append(e_seq)
+
+    def flush(self) -> None:
+        """Write the V and A records of what was delivered and settled since the last flush: one
+        of each per queue (per `SEQS_PER_RECORD` messages). The loop thread calls it once per
+        iteration, before it asks for the fsync; `collect`, `close` and `after_sync`'s callers
+        rely on it too."""
+        to_deliver = self._to_deliver
+        if to_deliver:
+            self._to_deliver = {}
+            by_queue: dict[int, list[int]] = {}
+            for e, qid in to_deliver.items():
+                if e in self._delivered:
+                    continue  # a V record names it already
+                seqs = by_queue.get(qid)
+                if seqs is None:
+                    by_queue[qid] = [e]
+                else:
+                    seqs.append(e)
+            delivered, v_left, v_settled = self._delivered, self._v_left, self._v_settled
+            for qid, seqs in by_queue.items():
+                for i in range(0, len(seqs), SEQS_PER_RECORD):
+                    chunk = seqs[i:i + SEQS_PER_RECORD]
+                    v = self.log.append(_enc.encode(("V", qid, chunk)), qid)
+                    v_left[v] = len(chunk)
+                    v_settled[v] = []
+                    for e in chunk:
+                        delivered[e] = v
+        to_settle = self._to_settle
+        if to_settle:
+            self._to_settle = {}
+            for qid, seqs in to_settle.items():
+                for i in range(0, len(seqs), SEQS_PER_RECORD):
+                    chunk = seqs[i:i + SEQS_PER_RECORD]
+                    a = self.log.append(_enc.encode(("A", qid, chunk)), qid)
+                    for v, deps in self._settle_delivered(chunk):
+                        self._guard(v, deps)
+                    self._guard(a, chunk)  # (last: it trims the list it is given)
+
+    def _settle_delivered(self, e_seqs: list[int]) -> list[tuple[int, list[int]]]:
+        """These messages are settled or purged. Returns the V records that named them and now
+        name no queued message, each with its E seqs: guards, to go once those are off the disk."""
+        done = []
+        delivered, v_left, v_settled = self._delivered, self._v_left, self._v_settled
+        for e in e_seqs:
+            v = delivered.pop(e, None)
+            if v is None:
+                continue
+            v_settled[v].append(e)
+            left = v_left[v] - 1
+            if left:
+                v_left[v] = left
+            else:
+                del v_left[v]
+                done.append((v, v_settled.pop(v)))
+        return done
 
     def purged(self, queue_id: int, e_seqs: list[int]) -> None:
         if not e_seqs:
             return
         p = self.log.append(_enc.encode(("P", queue_id, e_seqs)), queue_id)
+        to_deliver = self._to_deliver
         for s in e_seqs:
             self.log.release(s)
+            to_deliver.pop(s, None)
         self._guard(p, list(e_seqs))
-        for s in e_seqs:
-            v = self._delivered.pop(s, None)
-            if v is not None:
-                self._guard(v, [s])
+        for v, deps in self._settle_delivered(e_seqs):
+            self._guard(v, deps)
 
     # ---------------------------------------------------------------- mirror copies
 
@@ -264,18 +356,12 @@ class Journal:
             self.log.release(g)
 
     def _needed(self, g: int, deps: list[int]) -> bool:
-        base = self.log.segment_base
-        gb = base(g)
-        while deps:
-            db = base(deps[-1])
-            if db is None or db == gb:
-                deps.pop()
-            else:
-                return True
-        return False
+        return self.log.outlives(g, deps)
 
     @property
     def unsynced(self) -> bool:
+        """Records appended and not yet fsynced (call `flush` first: what it would write counts
+        only once written)."""
         return self.log.last_seq > self.synced_seq
 
     def sync(self) -> int:
@@ -289,6 +375,7 @@ class Journal:
         until the log has lost a segment since the last look (or `force`). Guards are examined
         oldest first and the scan stops at the first one still needed: E records die roughly
         in the order they were written."""
+        self.flush()
         deleted = self.log.segments_deleted
         if not force and deleted == self._deleted_at_collect:
             return 0
@@ -329,7 +416,7 @@ class Journal:
         if self._stop.is_set():
             return False
         try:
-            self.log.compact()
+            self.log.compact(quiet_only=True)  # a segment still being settled is left to go whole
         except Exception:  # a failed store is reported by the next sync; stop rewriting
             log.exception("Message journal: compaction failed; no further compaction")
             self._stop.set()
@@ -340,6 +427,10 @@ class Journal:
         self._stop.set()
         if self._compactor.is_alive():
             self._compactor.join()
+        try:
+            self.flush()
+        except StoreError:
+            pass  # a failed log: its sync has reported it, and nothing more is written
         self.log.close()
 
     # ---------------------------------------------------------------- recovery
@@ -397,28 +488,30 @@ class Journal:
                     dead.append(rec.seq)
             elif kind == "V":
                 q = pending.get(qid)
-                if q is not None and item[2] in q:
-                    mark(q, item[2])
-                    self._delivered[item[2]] = rec.seq
+                queued: list[int] = []
+                gone: list[int] = []
+                for s in (item[2] if isinstance(item[2], list) else [item[2]]):
+                    if q is not None and s in q:
+                        mark(q, s)
+                        queued.append(s)
+                    else:
+                        gone.append(s)
+                if queued:
+                    self._v_left[rec.seq] = len(queued)
+                    self._v_settled[rec.seq] = gone
+                    for s in queued:
+                        self._delivered[s] = rec.seq
                 else:
-                    settles.append((rec.seq, qid, [item[2]]))
-            elif kind == "A":
+                    settles.append((rec.seq, qid, gone))
+            elif kind == "A" or kind == "P":
                 q = pending.get(qid)
-                if q is not None and q.pop(item[2], None) is not None:
-                    dead.append(item[2])
-                settles.append((rec.seq, qid, [item[2]]))
-                v = self._delivered.pop(item[2], None)
-                if v is not None:
-                    settles.append((v, qid, [item[2]]))
-            elif kind == "P":
-                q = pending.get(qid)
-                for s in item[2]:
+                seqs = item[2] if isinstance(item[2], list) else [item[2]]
+                for s in seqs:
                     if q is not None and q.pop(s, None) is not None:
                         dead.append(s)
-                    v = self._delivered.pop(s, None)
-                    if v is not None:
-                        settles.append((v, qid, [s]))
-                settles.append((rec.seq, qid, list(item[2])))
+                settles.append((rec.seq, qid, list(seqs)))
+                for v, deps in self._settle_delivered(seqs):
+                    settles.append((v, qid, deps))
             elif kind == "ME":  # one the mirror copy's reader above could not take
                 log.error("Message journal: malformed mirror copy record %d skipped", rec.seq)
                 dead.append(rec.seq)
@@ -552,16 +645,33 @@ class ScratchLog:
 
     def read(self, seq: int) -> tuple[str, str, bytes, bytes, bool]:
         """The message of record `seq`, CRC checked. Raises Unreadable."""
+        got = self.read_many([seq])[0]
+        if isinstance(got, Unreadable):
+            raise got
+        return got
+
+    def read_many(self, seqs: list[int]) -> list[tuple[str, str, bytes, bytes, bool] | Unreadable]:
+        """The messages of many records at once (`SegmentLog.read_many`), each (exchange, routing
+        key, properties, body, persistent) or the Unreadable that stands for it."""
         try:
-            rec = self.log.read(seq)
+            recs = self.log.read_many(seqs)
         except (StoreError, OSError) as e:
-            raise Unreadable(str(e)) from None
-        exchange, routing_key, props, body = _message_of(rec.payload, "S")
-        try:
-            persistent = bool(_dec.decode(rec.payload)[6])
-        except (IndexError, msgspec.DecodeError):
-            persistent = False
-        return exchange, routing_key, props, body, persistent
+            return [Unreadable(str(e)) for _ in seqs]
+        out: list[tuple[str, str, bytes, bytes, bool] | Unreadable] = []
+        for rec in recs:
+            if isinstance(rec, StoreError):
+                out.append(Unreadable(str(rec)))
+                continue
+            try:
+                item = _dec.decode(rec.payload)
+            except msgspec.DecodeError as e:
+                out.append(Unreadable(f"undecodable record: {e}"))
+                continue
+            if not isinstance(item, (list, tuple)) or len(item) < 6 or item[0] != "S":
+                out.append(Unreadable("not a message record"))
+                continue
+            out.append((item[2], item[3], item[4], item[5], bool(item[6]) if len(item) > 6 else False))
+        return out
 
     def release(self, seq: int) -> None:
         try:

@@ -12,7 +12,7 @@ Consumers are the broker's objects; the queue needs only `can_take()` and
 
 Disk-first (hutch.queues.paging): past its memory window a queue homed here keeps only a
 compact record of each newer ready message (`tail`); the queue reads the bodies back through
-its `BodyStore` (the broker does the I/O) in batches when its in-memory part runs low, before
+its `BodyStore` (the broker does the I/O), a batch a call, when its in-memory part runs low, before
 delivering, so consumers see the order, flags and counts they would see without paging. Its
 counts (`message_count`, `figures`, `stat`) include the paged messages.
 
@@ -196,16 +196,20 @@ class ClassicQueue:
             tail.append(seq, loc, size, expires_at_ms, delivery_count)
         return seq
 
-    def _read_back(self, seq: int, loc: int, expires: int | None, count: int) -> Entry | None:
-        """A paged message as an entry (None: unreadable, dropped by the store)."""
-        msg = self.store.read_paged(self, seq, loc)
-        if msg is None:
-            return None
-        e = Entry(seq, msg, expires)
-        e.delivery_count = count
-        if loc < SCRATCH:
-            e.log_seq = loc
-        return e
+    def _read_back(self, items: list[tuple[int, int, int, int | None, int]]) -> list[Entry]:
+        """Paged messages (the tail's items) as entries, in order; one the store could not read
+        back is left out (it has dropped it)."""
+        out = []
+        msgs = self.store.read_paged_batch(self, [(seq, loc) for seq, loc, _size, _expires, _count in items])
+        for (seq, loc, _size, expires, count), msg in zip(items, msgs, strict=True):
+            if msg is None:
+                continue
+            e = Entry(seq, msg, expires)
+            e.delivery_count = count
+            if loc < SCRATCH:
+                e.log_seq = loc
+            out.append(e)
+        return out
 
     def page_in(self, level: int = -1) -> int:
         """Read one batch of paged messages back into memory, in order (a priority queue: from
@@ -222,13 +226,10 @@ class ClassicQueue:
             items = tail.pop_level(level, pol.batch_messages, pol.batch_bytes)
         else:
             items = tail.pop(pol.batch_messages, pol.batch_bytes)
-        n = 0
-        for seq, loc, _size, expires, count in items:
-            e = self._read_back(seq, loc, expires, count)
-            if e is not None:
-                st.restore(e)
-                n += 1
-        return n
+        entries = self._read_back(items)
+        for e in entries:
+            st.restore(e)
+        return len(entries)
 
     def _top_level(self) -> tuple[int, int, int]:
         """A paging priority queue's highest level that has messages: (level, in memory,
@@ -310,10 +311,10 @@ class ClassicQueue:
             else:
                 items = tail.pop(1, 0) if not st.ready_count else None
             if items:
-                seq, loc, _size, expires, count = items[0]
                 if read:
-                    return self._read_back(seq, loc, expires, count)
-                self.store.drop_paged(self, [loc])
+                    entries = self._read_back(items)
+                    return entries[0] if entries else None
+                self.store.drop_paged(self, [items[0][1]])
                 return None
         return self.discard(st.head().seq)
 

@@ -4,7 +4,8 @@ A classic queue keeps a small *window* of its ready messages in memory (`QueueSt
 `Entry` objects with their bodies) and, past it, only a compact record of each newer message:
 where its body lives on the node's disk, its size, its expiry time and its delivery count. As
 RabbitMQ's classic queues (CQv2) do, the bodies come back in publish order, a batch at a time,
-when the in-memory part falls below a low mark, ahead of delivery; a lazy queue
+when the in-memory part falls below a low mark, ahead of delivery (one `BodyStore` call a
+batch, so the store reads a run of records in one go); a lazy queue
 (`x-queue-mode: lazy`, policy key `queue-mode`) has a window of zero and holds no more than
 the read-ahead batch.
 
@@ -277,10 +278,12 @@ class PagedLevels:
 class BodyStore(Protocol):
     """What a queue with a paged tail needs of its node (`hutch.broker.broker.Broker`)."""
 
-    def read_paged(self, q: Any, seq: int, loc: int) -> Message | None:
-        """The message stored at `loc` (the queue's message `seq`), its scratch copy released.
-        None when it cannot be read back (a corrupt or missing record): the store has logged it
-        with the queue's name and the position and dropped it for good."""
+    def read_paged_batch(self, q: Any, items: list[tuple[int, int]]) -> list[Message | None]:
+        """The messages stored at these locations, one for each (the queue's message seq,
+        location), in that order, their scratch copies released. None for one that cannot be
+        read back (a corrupt or missing record): the store has logged it with the queue's name
+        and the position and dropped it for good. One call a batch: the store reads records that
+        lie together on disk in one go."""
         ...
 
     def drop_paged(self, q: Any, locs: list[int]) -> None:

@@ -29,6 +29,10 @@ What it must never do: report a record durable before its bytes were fsynced; re
 record whose CRC does not match; lose an intact record because a neighbour is damaged;
 grow a buffer, a record or a segment past its limit.
 
+Reading. `read(seq)` returns one record, CRC checked. `read_many(seqs)` returns many (a queue
+reading its backlog back in publish order): records that lie one after another in a segment
+come from one `pread` of up to `READ_RUN_BYTES_MAX`, and each is still checked against its CRC.
+
 On-disk layout: see `hutch.store.format` and docs/design/store.md.
 """
 
@@ -59,6 +63,8 @@ MiB = 1024 * KiB
 SEGMENT_BYTES_MAX_DEFAULT = 64 * MiB
 RECORD_BYTES_MAX_DEFAULT = 16 * MiB
 WRITE_BUFFER_BYTES_MAX_DEFAULT = 1 * MiB
+READ_RUN_BYTES_MAX = 1 * MiB  # read_many: one pread covers records that lie together, up to this much
+READ_RUN_GAP_BYTES_MAX = 64 * KiB  # ... skipping at most this much between two of them
 SEGMENT_BYTES_MAX_LIMIT = 1024 * MiB  # offsets are kept as u32
 SEGMENT_BYTES_MAX_MIN = 256
 
@@ -140,7 +146,7 @@ class _Segment:
     """The in-memory index of one segment file: where each seq's record is, and its state."""
 
     __slots__ = ("base_seq", "path", "size_bytes", "offsets", "lengths", "states",
-                 "live_count", "live_bytes", "read_fd", "compacting", "unsynced")
+                 "live_count", "live_bytes", "read_fd", "compacting", "unsynced", "live_at_look")
 
     def __init__(self, base_seq: int, path: Path, size_bytes: int):
         self.base_seq = base_seq
@@ -154,6 +160,7 @@ class _Segment:
         self.read_fd: int | None = None
         self.compacting = False
         self.unsynced = False               # sealed, its write fd not yet fsynced
+        self.live_at_look = -1              # live_count when compact(quiet_only=True) last looked
 
     @property
     def end_seq(self) -> int:
@@ -572,6 +579,28 @@ class SegmentLog:
                 return None
             return seg.base_seq if seg.states[i] != _ABSENT else None
 
+    def outlives(self, seq: int, seqs: list[int]) -> bool:
+        """Would some record of `seqs` stay on disk if record `seq`'s segment were deleted, that
+        is, is one of them on disk in another segment? Looks from the end of `seqs` and drops
+        there (in place) those that are not, stopping at the first that is: the next call goes on
+        from there. One lock for the lot, where `segment_base` takes one a record."""
+        with self._lock:
+            try:
+                base = self._locate(seq)[0].base_seq
+            except UnknownRecord:
+                base = -1
+            bases, segments = self._bases, self._segments
+            while seqs:
+                d = seqs[-1]
+                j = bisect.bisect_right(bases, d) - 1
+                if j >= 0:
+                    dseg = segments[j]
+                    k = d - dseg.base_seq
+                    if k < len(dseg.states) and dseg.states[k] != _ABSENT and dseg.base_seq != base:
+                        return True
+                seqs.pop()
+            return False
+
     def is_live(self, seq: int) -> bool:
         with self._lock:
             try:
@@ -629,6 +658,63 @@ class SegmentLog:
                              f"at offset {offset} is corrupt")
         return Record(seq, rec.key, data[fmt.RECORD_HEADER_BYTES:])
 
+    def read_many(self, seqs: list[int]) -> list[Record | StoreError]:
+        """The records `seqs`, each as `read` returns it (CRC checked), or the StoreError that
+        `read` would raise for it. One lock for the lot, and one `pread` for records that lie
+        one after another in a segment (gaps of up to READ_RUN_GAP_BYTES_MAX skipped, up to
+        READ_RUN_BYTES_MAX a read): a backlog read back in publish order costs a read per
+        megabyte, not one per record."""
+        header = fmt.RECORD_HEADER_BYTES
+        out: list[Record | StoreError | None] = [None] * len(seqs)
+        wanted: list[tuple[int, int, _Segment, int, int]] = []  # (index in seqs, seq, segment, offset, length)
+        runs: list[tuple[_Segment, int, int, int]] = []  # (segment, offset, end, first item of the run)
+        with self._lock:
+            if self._closed:
+                raise StoreClosed(f"Segment log {self.directory}: closed")
+            seg: _Segment | None = None
+            for n, seq in enumerate(seqs):
+                if seg is None or not seg.base_seq <= seq < seg.end_seq:
+                    try:
+                        seg, i = self._locate(seq)
+                    except UnknownRecord as e:
+                        out[n] = e
+                        seg = None
+                        continue
+                else:
+                    i = seq - seg.base_seq
+                if seg.states[i] == _ABSENT:
+                    out[n] = UnknownRecord(f"record {seq} is not in the log")
+                    continue
+                if seg is self._active and seq > self._written_seq:
+                    self._check_writable()
+                    self._write_buffer()
+                offset, length = seg.offsets[i], seg.lengths[i]
+                end = offset + header + length
+                if runs:
+                    rseg, rstart, rend, first = runs[-1]
+                    if (rseg is seg and 0 <= offset - rend <= READ_RUN_GAP_BYTES_MAX
+                            and end - rstart <= READ_RUN_BYTES_MAX):
+                        runs[-1] = (rseg, rstart, end, first)
+                        wanted.append((n, seq, seg, offset, length))
+                        continue
+                runs.append((seg, offset, end, len(wanted)))
+                wanted.append((n, seq, seg, offset, length))
+            datas = [os.pread(self._read_fd(rseg), rend - rstart, rstart) for rseg, rstart, rend, _f in runs]
+        checked = fmt.checked_record
+        for r, (_rseg, rstart, _rend, first) in enumerate(runs):
+            view = memoryview(datas[r])
+            last = runs[r + 1][3] if r + 1 < len(runs) else len(wanted)
+            for n, seq, seg, offset, length in wanted[first:last]:
+                got = checked(view, offset - rstart, seq, length)
+                if got is None:
+                    log.error("Segment log %s: record %d in segment %s at offset %d fails its check",
+                              self.directory, seq, seg.path.name, offset)
+                    out[n] = StoreError(f"Segment log {self.directory}: record {seq} in segment {seg.path.name} "
+                                        f"at offset {offset} is corrupt")
+                    continue
+                out[n] = Record(seq, got[0], got[1])
+        return out  # type: ignore[return-value]
+
     def _read_fd(self, seg: _Segment) -> int:
         if seg.read_fd is None:
             seg.read_fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -662,10 +748,14 @@ class SegmentLog:
 
     # -- compaction ---------------------------------------------------------------------
 
-    def compact(self, live_ratio_max: float = 0.5, rewrite_bytes_max: int | None = None) -> CompactionReport:
+    def compact(self, live_ratio_max: float = 0.5, rewrite_bytes_max: int | None = None,
+                quiet_only: bool = False) -> CompactionReport:
         """Rewrite sealed segments whose live bytes are under `live_ratio_max` of their
         records' bytes, keeping only the live records (same seqs). At most
         `rewrite_bytes_max` live bytes are copied per call (default: one segment's worth).
+        With `quiet_only`, a segment is rewritten only if none of its records was released
+        since the previous call looked at it: one still being settled (a backlog drained in
+        order) is likely to be deleted whole soon, and copying its rest would be wasted.
         Safe to call from a worker thread; appends, releases and reads go on meanwhile.
         """
         budget = self.segment_bytes_max if rewrite_bytes_max is None else rewrite_bytes_max
@@ -680,6 +770,11 @@ class SegmentLog:
                     if (seg is self._active or seg.unsynced or seg.compacting or body <= 0
                             or seg.live_bytes >= live_ratio_max * body):
                         continue
+                    if quiet_only:
+                        settling = seg.live_count != seg.live_at_look
+                        seg.live_at_look = seg.live_count
+                        if settling:
+                            continue
                     candidates.append((seg.live_bytes / body, seg))
                 candidates.sort(key=lambda c: c[0])
                 chosen = []
