@@ -39,6 +39,10 @@ PROBE_ID = 0xFFFFFFFF
 @pytest.fixture(scope="module")
 def node():
     with HutchNode() as n:
+        with raw(n) as c:
+            for name in NAMES[:2]:
+                create(c, name)
+                publish_chunks(c, name, [["one", "two"], ["three"]])
         yield n
 
 
@@ -133,7 +137,8 @@ def test_an_amqp_message_too_large_for_a_stream_entry_is_nacked_and_the_stream_g
 
 cids = st.integers(0, PROBE_ID - 1)
 small_ids = st.one_of(st.integers(0, 3), st.integers(0, 255))
-names = st.sampled_from(NAMES)
+names = st.one_of(st.just(NAMES[0]), st.sampled_from(NAMES))  # half of them a stream that is there
+deletable = st.sampled_from(NAMES[1:])  # fz-shared stays, for the commands that use a stream
 references = st.sampled_from(["", "ref", "g", "r" * 300])
 u64 = st.integers(0, 2 ** 64 - 1)
 offset_specs = st.one_of(st.tuples(st.sampled_from([f.OFFSET_TYPE_FIRST, f.OFFSET_TYPE_LAST, f.OFFSET_TYPE_NEXT]),
@@ -162,21 +167,22 @@ commands = st.one_of(
     st.builds(f.StoreOffset, references, names, u64),
     st.builds(f.QueryOffset, cids, references, names),
     st.builds(f.Unsubscribe, cids, small_ids),
-    st.builds(f.Create, cids, names, arguments),
-    st.builds(f.Delete, cids, names),
+    st.builds(f.Create, cids, deletable, arguments),
+    st.builds(f.Delete, cids, deletable),
     st.builds(f.Metadata, cids, st.lists(names, max_size=3)),
     st.builds(f.StreamStats, cids, names),
     st.builds(f.Route, cids, st.sampled_from(["0", "1", "", "k"]), st.sampled_from(SUPER)),
     st.builds(f.Partitions, cids, st.sampled_from(SUPER)),
     st.builds(lambda c, code, o: f.ConsumerUpdateResponse(c, code, o[0], o[1]), cids, st.integers(0, 0xFFFF),
               st.one_of(st.just((f.OFFSET_TYPE_NONE, None)), offset_specs)),
-    st.builds(f.CreateSuperStream, cids, st.sampled_from(SUPER), st.lists(names, max_size=2),
+    st.builds(f.CreateSuperStream, cids, st.sampled_from(SUPER), st.lists(deletable, max_size=2),
               st.lists(st.sampled_from(["0", "k", ""]), max_size=2), arguments),
     st.builds(f.DeleteSuperStream, cids, st.sampled_from(SUPER)),
     st.builds(f.ExchangeCommandVersions, cids,
               st.lists(st.tuples(st.integers(0, 0xFFFF), st.integers(0, 3), st.integers(0, 3)), max_size=3)),
     st.just(f.Heartbeat()),
-    # in the wrong place after open: the handshake's commands, and the server's own
+)
+misplaced = st.one_of(  # after open: the handshake's commands, and the server's own (they end the session)
     st.builds(f.Tune, st.integers(0, 2 ** 32 - 1), st.integers(0, 100)),
     st.builds(f.PeerProperties, cids, st.just({})),
     st.builds(f.PublishConfirm, small_ids, st.lists(u64, max_size=2)),
@@ -199,7 +205,8 @@ def _session(node: HutchNode, cmds: list[f.Command]) -> list[f.Command]:
 
 
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cmds=st.lists(commands, min_size=1, max_size=8))
+@given(cmds=st.lists(st.one_of(commands, commands, commands, commands, commands, commands, misplaced),
+                    min_size=1, max_size=12))
 def test_fuzz_well_formed_commands_with_any_values_get_answers_or_a_protocol_close(node, cmds):
     got = _session(node, cmds)
     closes = [x for x in got if type(x) is f.Close]
