@@ -173,9 +173,9 @@ class _TraceHandler(logging.Handler):
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad log call must not end the run
             text = str(record.msg)
-        text = _LONG_NUMBER.sub("#", text.replace(self.root, "$DATA"))
         if record.exc_info and record.levelno >= logging.ERROR:
             text += f" [{record.exc_info[0].__name__}: {record.exc_info[1]}]"
+        text = _LONG_NUMBER.sub("#", text.replace(self.root, "$DATA"))  # the run's directory differs per run
         self.kernel.log(f"{current_host.get()} {record.levelname.lower()} {record.name}: {text}")
 
 
@@ -339,6 +339,7 @@ class ClusterSim:
         run on with state that may have left its peers'; the simulation calls it a failure."""
         exc = context.get("exception")
         what = f"{type(exc).__name__}: {exc}" if exc is not None else context.get("message", "?")
+        what = what.replace(self.root, "$DATA")
         text = f"unhandled exception on {current_host.get()} ({context.get('message', '')}): {what}"
         self.kernel.log(text)
         if self._checked or any(n.exit_code for n in self.nodes.values()) or isinstance(exc, StoreFailed):

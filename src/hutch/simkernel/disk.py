@@ -116,11 +116,14 @@ class SimDisk:
         once the host's process is gone (`close_all`)."""
         paths = self._paths(host)
         files = bytes_lost = torn = 0
-        for key in sorted(k for k, u in self._unsynced.items() if u.host == host):
+        mine = [k for k, u in self._unsynced.items() if u.host == host]
+        for key in mine:
+            if key not in paths:  # unlinked since: nothing left to restore
+                del self._unsynced[key]
+        # in the order of their paths (inode numbers differ from run to run; the draws must not)
+        for key in sorted((k for k in mine if k in paths), key=paths.__getitem__):
             u = self._unsynced.pop(key)
-            path = paths.get(key)
-            if path is None:  # unlinked since: nothing left to restore
-                continue
+            path = paths[key]
             files += 1
             fd = _REAL["open"](path, os.O_WRONLY)
             try:
