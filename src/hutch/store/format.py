@@ -107,10 +107,11 @@ def decode_record_at(data: bytes | memoryview, offset: int, record_bytes_max: in
     return ScannedRecord(seq, key, offset, length)
 
 
-def checked_record(view: memoryview, offset: int, seq: int, length: int) -> tuple[int, bytes] | None:
+def checked_record(view: memoryview, offset: int, seq: int, length: int) -> tuple[int, memoryview] | None:
     """(key, payload) of the record at `offset` of `view` when it is the valid record `seq` with
     a payload of `length` bytes (magic, seq, length and CRC as `decode_record_at` checks them);
-    None otherwise. For a reader that knows where a record is and what it must be."""
+    None otherwise. The payload is a view into `view`, not a copy. For a reader that knows where
+    a record is and what it must be."""
     end = offset + RECORD_HEADER_BYTES + length
     if end > len(view):
         return None
@@ -119,7 +120,7 @@ def checked_record(view: memoryview, offset: int, seq: int, length: int) -> tupl
         return None
     if zlib.crc32(view[offset + _RECORD_CRC_FROM:end]) != crc:
         return None
-    return key, bytes(view[offset + RECORD_HEADER_BYTES:end])
+    return key, view[offset + RECORD_HEADER_BYTES:end]
 
 
 def record_seq_key(data: bytes, offset: int) -> tuple[int, int]:

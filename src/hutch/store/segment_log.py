@@ -663,7 +663,8 @@ class SegmentLog:
         `read` would raise for it. One lock for the lot, and one `pread` for records that lie
         one after another in a segment (gaps of up to READ_RUN_GAP_BYTES_MAX skipped, up to
         READ_RUN_BYTES_MAX a read): a backlog read back in publish order costs a read per
-        megabyte, not one per record."""
+        megabyte, not one per record. The payloads are memoryviews into those reads (no copy):
+        decode them and let them go, for one kept holds its whole read in memory."""
         header = fmt.RECORD_HEADER_BYTES
         out: list[Record | StoreError | None] = [None] * len(seqs)
         wanted: list[tuple[int, int, _Segment, int, int]] = []  # (index in seqs, seq, segment, offset, length)
