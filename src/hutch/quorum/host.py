@@ -211,6 +211,8 @@ class _QuorumApp:
             self.host.carry_out(self.q, effects, origin, req)
             if type(cmd) in LEADER_ONLY:
                 self.host.judge_again(self.q, cmd.node)
+            if type(cmd) is fifo.Checkout:  # registered by an earlier run of its node, and applied
+                self.host._cancel_stale(self.q, node_of(cmd.consumer_id))  # after this node began to lead
 
     def restore(self, data: bytes) -> None:
         self.q.machine = fifo.QuorumQueueState.restore(data)
