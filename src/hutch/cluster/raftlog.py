@@ -210,6 +210,7 @@ class RaftHostStorage:
         # (record, the record that replaced it): released once the second is durable.
         self._retiring: deque[tuple[int, int]] = deque()
         self.released_count = 0
+        self.closed = False
         try:
             self._recover()
         except BaseException:
@@ -273,6 +274,7 @@ class RaftHostStorage:
 
     def close(self) -> None:
         """Sync what was written and close the log."""
+        self.closed = True
         self.log.close()
 
     def __enter__(self) -> RaftHostStorage:

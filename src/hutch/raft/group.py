@@ -478,15 +478,23 @@ class RaftGroup:
         self.read_states = None
         return rd
 
-    def advance(self, rd: Ready) -> None:
-        """The runtime has persisted, sent and applied everything in `rd`."""
+    def advance(self, rd: Ready, durable: bool = True) -> None:
+        """The runtime has persisted, sent and applied everything in `rd`.
+
+        `durable=False`: a leader's Ready whose entries were written and sent but whose fsync
+        is still running (thesis §10.2.1: a leader may send AppendEntries before its own
+        write is durable, as long as it counts itself towards a commit only once it is). The
+        leader then does not count those entries as its own until `persisted_to`."""
         if self.ready_out is None:
             raise RaftError("advance without a Ready")
         last_entry, _ = self.ready_out
         self.ready_out = None
-        if rd.snapshot is not None:
+        if not durable and (rd.snapshot is not None or rd.hard_state is not None and (
+                rd.hard_state.term != self.term or rd.hard_state.vote != self.vote) or self.role != LEADER):
+            raise RaftError("only a leader's entries may be made durable after its Ready")
+        if durable and rd.snapshot is not None:
             self.persisted = max(self.persisted, min(rd.snapshot.meta.index, self.trunc_cap))
-        if last_entry is not None:
+        if durable and last_entry is not None:
             self.persisted = max(self.persisted, min(last_entry, self.trunc_cap))
         for e in rd.committed_entries:
             if e.index <= self.applied:
@@ -501,6 +509,22 @@ class RaftGroup:
                 me.next = self.persisted + 1
             if self._maybe_commit():
                 self.bcast = _BCAST_ALL
+
+    def persisted_to(self, index: int, term: int) -> None:
+        """The runtime's fsync made this node's log durable through `index`, entries it
+        appended as leader in `term` and handed over with `advance(rd, durable=False)`. Counted
+        only while it still leads in that term (a leader never truncates its own log, so those
+        entries are still the ones written); otherwise ignored: counting a member's entries
+        late is safe, counting them early is not, and the next durable Ready counts them."""
+        if self.role != LEADER or self.term != term or index <= self.persisted:
+            return
+        self.persisted = min(index, self.storage.last_index())
+        me = self.progress.get(self.id)
+        if me is not None:
+            me.match = max(me.match, self.persisted)
+            me.next = max(me.next, self.persisted + 1)
+        if self._maybe_commit():
+            self.bcast = _BCAST_ALL
 
     # ---- roles --------------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ messages, pending reads) exist only while needed. This module must not do I/O ei
 from __future__ import annotations
 
 import zlib
+from collections.abc import Collection
 
-from hutch.raft.group import RaftConfig, RaftGroup, Ready
+from hutch.raft.group import LEADER, RaftConfig, RaftGroup, Ready
 from hutch.raft.messages import GroupId, Message, NodeId
 from hutch.raft.storage import LogStorage
 
@@ -23,19 +24,43 @@ from hutch.raft.storage import LogStorage
 class MultiReady:
     """One loop iteration's work for every group that has some: `groups` is [(group, Ready)].
 
-    Order of work: persist `entries`/`hard_state`/`snapshot` of all groups, fsync once, send
-    `messages()`, apply each group's committed entries, then `MultiRaft.advance(this)`."""
+    The plain order of work: persist `entries`/`hard_state`/`snapshot` of all groups; fsync
+    once when `needs_fsync()` or `leader_writes`; send `messages()`; apply each group's
+    committed entries; then `MultiRaft.advance(this)`.
 
-    __slots__ = ("groups",)
+    What each group's Ready needs durable before its messages leave, so that a runtime may do
+    better than that order (one fsync, off its loop, for many Readies):
 
-    def __init__(self, groups: list[tuple[GroupId, Ready]]) -> None:
+    - `waiting`: groups whose Ready holds entries as a follower (it answers only for what it
+      holds durably), a received snapshot, or a new term or vote. Their messages wait for the
+      fsync, and they are advanced after it.
+    - `leader_writes`, `(group, term, last index)`: groups whose only writes are entries they
+      appended as leader of several voters. Thesis §10.2.1: a leader may send AppendEntries
+      before its own write is durable and counts itself towards a commit only once it is. Such
+      a Ready may be sent, applied and advanced with `durable=False`; once an fsync covered it,
+      the runtime calls the group's `persisted_to`.
+    - the rest: a hard state that only moves the commit index need not be durable (the commit
+      is known again from the leader after a restart, as etcd-raft's `MustSync` also has it),
+      nor heartbeats or their answers, nor committed entries, which a majority holds.
+
+    `sync_here`: a leader alone in its group wrote entries; nobody else's fsync can overlap
+    its own, so handing it elsewhere only adds the hand-off to every commit: fsync first."""
+
+    __slots__ = ("groups", "waiting", "leader_writes", "sync_here")
+
+    def __init__(self, groups: list[tuple[GroupId, Ready]], waiting: set[GroupId],
+                 leader_writes: list[tuple[GroupId, int, int]], sync_here: bool) -> None:
         self.groups = groups
+        self.waiting = waiting
+        self.leader_writes = leader_writes
+        self.sync_here = sync_here
 
     def messages(self) -> list[tuple[NodeId, GroupId, Message]]:
         return [(m.to, gid, m) for gid, rd in self.groups for m in rd.messages]
 
     def needs_fsync(self) -> bool:
-        return any(rd.entries or rd.hard_state is not None or rd.snapshot is not None for _, rd in self.groups)
+        """Whether some group's writes must be durable before its messages leave."""
+        return bool(self.waiting) or self.sync_here
 
 
 class MultiRaft:
@@ -92,6 +117,9 @@ class MultiRaft:
     def ready(self) -> MultiReady | None:
         """Everything all groups need done now, or None. Advance it before asking again."""
         out: list[tuple[GroupId, Ready]] = []
+        waiting: set[GroupId] = set()
+        leader_writes: list[tuple[GroupId, int, int]] = []
+        sync_here = False
         still: set[GroupId] = set()
         for gid in self._dirty:
             g = self.groups.get(gid)
@@ -100,15 +128,33 @@ class MultiRaft:
             if g.ready_out is not None or len(out) >= self.groups_per_ready_max:
                 still.add(gid)  # its previous Ready is not advanced yet, or this batch is full
             elif g.has_ready():
-                out.append((gid, g.ready()))
+                saved = g.hs_saved
+                rd = g.ready()
+                out.append((gid, rd))
+                hs = rd.hard_state
+                if rd.snapshot is not None or hs is not None and (hs.term != saved.term or hs.vote != saved.vote):
+                    waiting.add(gid)
+                elif rd.entries:
+                    if g.role != LEADER:
+                        waiting.add(gid)
+                    elif len(g.voters) > 1:
+                        leader_writes.append((gid, g.term, rd.entries[-1].index))
+                    else:
+                        sync_here = True
         self._dirty = still
-        return MultiReady(out) if out else None
+        return MultiReady(out, waiting, leader_writes, sync_here) if out else None
 
     def advance(self, mr: MultiReady) -> None:
-        for gid, rd in mr.groups:
+        """Advance every group of `mr`, all its writes durable."""
+        self.advance_groups(mr.groups, ())
+
+    def advance_groups(self, groups: list[tuple[GroupId, Ready]], not_durable: Collection[GroupId]) -> None:
+        """Advance these groups' Readies; those in `not_durable` are leaders whose entries are not
+        durable yet (see `MultiReady.leader_writes`)."""
+        for gid, rd in groups:
             g = self.groups.get(gid)
             if g is not None:
-                g.advance(rd)
+                g.advance(rd, durable=gid not in not_durable)
                 self._dirty.add(gid)
 
 

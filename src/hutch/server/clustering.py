@@ -197,7 +197,7 @@ class ClusterRuntime:
                              send=self._send_raft, schedule=self._schedule,
                              on_leader_known=self._group_leader_known,
                              on_leadership=self._group_leadership,
-                             fatal=self.fatal)
+                             fatal=self.fatal, sync_in_thread=True)
         self.multi = self.raft.multi
         self.group = self.raft.add_main_group(storage, CallbackApp(self._apply_catalogue, self._restore_catalogue,
                                                                    lambda: self.cluster.catalogue.snapshot()))

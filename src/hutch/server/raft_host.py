@@ -1,10 +1,22 @@
 """Hosting a node's Raft groups: the catalogue's (group 0) and one per quorum queue member here.
 
 `RaftHost` drives `hutch.raft.multi.MultiRaft` the way etcd's raft asks its application to
-(`Ready`, then `Advance`): every Ready is made durable on the node's `RaftHostStorage` (one
-fsync for all groups) before its messages leave, then each group's committed entries are
-handed to that group's application (`GroupApp`), then the groups advance, and a group whose
-log grew long enough is compacted behind a snapshot of its application.
+(`Ready`, then `Advance`): what a Ready writes is made durable on the node's `RaftHostStorage`
+(one fsync for all groups) before the messages that depend on it leave, each group's committed
+entries are handed to that group's application (`GroupApp`), then the groups advance, and a
+group whose log grew long enough is compacted behind a snapshot of its application.
+
+The fsync runs in a worker thread (`sync_in_thread`, the runtime's choice) so that the event
+loop serves clients meanwhile; what each group may do before it is `MultiReady`'s to say. A
+follower's Ready (its answers say what it holds durably), a new term or vote, an installed
+snapshot: its messages, its applying and its advance wait for the fsync. A leader's entries
+(Raft thesis §10.2.1): its AppendEntries leave at once, its Ready is applied and advanced, and
+the leader counts those entries as its own towards a commit (`RaftGroup.persisted_to`) only
+once the fsync returned. A hard state that only moves the commit index is not fsynced for its
+own sake. One fsync runs at a time and covers everything written before it started; what is
+written meanwhile waits for the next (a group commit). A leader alone in its group fsyncs
+here, on the loop: no other member's fsync can overlap its own, and the hand-off would only
+lengthen each commit (the same at start, before the loop serves anyone).
 
 It also tells its owner when a group other than the main (catalogue) group learns a leader
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
@@ -22,9 +34,10 @@ the entries mean (that is each `GroupApp`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import msgspec
@@ -88,7 +101,7 @@ class RaftHost:
     def __init__(self, my_id: int, my_name: str, storage: RaftHostStorage, cfg: RaftConfig, names: dict[int, str],
                  main_gid: Any, send: Callable[[str, Any, bytes], None], schedule: Callable[[], None],
                  on_leader_known: Callable[[Any], None], on_leadership: Callable[[Any, bool], None],
-                 fatal: Callable[[str], None] = lambda reason: None):
+                 fatal: Callable[[str], None] = lambda reason: None, sync_in_thread: bool = False):
         self.id = my_id
         self.name = my_name
         self.storage = storage
@@ -98,6 +111,12 @@ class RaftHost:
         self.apps: dict[Any, GroupApp] = {}
         self.failed = False  # set when this node's Raft state cannot be trusted: nothing more is done
         self._fatal = fatal  # the node stops (hutch.server.runtime.Node.fail_stop)
+        # True: the log's fsync runs in a worker thread while the loop goes on (see the module's
+        # doc); False: every Ready that writes is fsynced in `drain`, on the loop
+        self._sync_in_thread = sync_in_thread
+        self._syncing: asyncio.Future | None = None  # that fsync, while it runs
+        self._unsynced_writes: list = []  # (group id, group, term, index): leader entries for the next one
+        self._unsynced_waiting: list = []  # (group id, Ready, group): Readies waiting for the next one
         self._send = send
         self._schedule = schedule
         self._on_leader_known = on_leader_known
@@ -113,28 +132,85 @@ class RaftHost:
 
     def drain(self, initial: bool = False) -> None:
         """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
-        at start, before the transport exists, nothing is sent."""
+        at start, before the transport exists, nothing is sent, and the fsync runs here."""
         while not self.failed:
             mr = self.multi.ready()
             if mr is None:
                 self._leadership()
                 return
-            if mr.needs_fsync() and not self._sync():
-                return  # nothing may be sent or applied on the strength of writes that may be lost
-            if not self._finish(mr, initial):
+            if initial or not self._sync_in_thread or mr.sync_here:
+                if (mr.needs_fsync() or mr.leader_writes) and not self._sync():
+                    return  # nothing may be sent or applied on the strength of writes that may be lost
+                if not self._finish(mr.groups, initial):
+                    return
+                continue
+            groups = self.multi.groups
+            waiting = [(gid, rd, groups[gid]) for gid, rd in mr.groups if gid in mr.waiting]
+            now = [(gid, rd) for gid, rd in mr.groups if gid not in mr.waiting] if waiting else mr.groups
+            leader_writes = [(gid, groups[gid], term, index) for gid, term, index in mr.leader_writes]
+            if not self._finish(now, False, {gid for gid, _, _ in mr.leader_writes}):
                 return
+            if waiting or leader_writes:
+                self._sync_later(leader_writes, waiting)
 
-    def _finish(self, mr: Any, initial: bool) -> bool:
-        """The rest of a Ready whose writes are durable: send, apply, advance, compact. False
-        when the host stopped (an entry could not be applied, the disk failed)."""
+    def _sync_later(self, leader_writes: list, waiting: list) -> None:
+        """The fsync of what these Readies wrote, in a worker thread while the loop goes on;
+        then each leader counts its entries as its own (`persisted_to`) and the Readies that
+        waited for it are finished. One such fsync runs at a time; what is written meanwhile
+        waits for the next, which covers every group's writes since (a group commit)."""
+        self._unsynced_writes.extend(leader_writes)
+        self._unsynced_waiting.extend(waiting)
+        if self._syncing is not None or not (self._unsynced_writes or self._unsynced_waiting):
+            return
+        writes, self._unsynced_writes = self._unsynced_writes, []
+        waits, self._unsynced_waiting = self._unsynced_waiting, []
+        self._syncing = asyncio.get_running_loop().run_in_executor(None, self._thread_sync)
+        self._syncing.add_done_callback(lambda fut: self._synced(fut, writes, waits))
+
+    def _thread_sync(self) -> int:
+        """In the worker thread: the log's fsync (`SegmentLog.sync` is thread-safe); the durable seq."""
+        faults.check_fsync()
+        return self.storage.log.sync()
+
+    def _synced(self, fut: asyncio.Future, writes: list, waits: list) -> None:
+        """On the loop, once the worker thread's fsync returned."""
+        self._syncing = None
+        if self.failed or fut.cancelled() or self.storage.closed:
+            return  # failed before, or the node stopped (and synced and closed the log itself)
+        e = fut.exception()
+        if isinstance(e, StoreClosed):
+            return  # the node is stopping
+        if e is not None:
+            self._disk_failed(e)
+            return
+        try:
+            self.storage.settle(fut.result())
+        except StoreClosed:
+            return
+        multi = self.multi
+        for gid, g, term, index in writes:
+            if multi.groups.get(gid) is g:  # not a group dropped (and perhaps made again) since
+                g.persisted_to(index, term)
+                multi.touched(gid)
+        if waits and not self._finish([(gid, rd) for gid, rd, g in waits if multi.groups.get(gid) is g], False):
+            return
+        self._sync_later([], [])
+        self._schedule()
+
+    def _finish(self, groups: list, initial: bool, not_durable: Collection[Any] = ()) -> bool:
+        """The rest of these groups' Readies, whose writes are durable (but for the leaders'
+        entries of the groups in `not_durable`): send, apply, advance, compact. False when the
+        host stopped (an entry could not be applied, the disk failed)."""
         multi = self.multi
         if not initial:
-            for to, gid, m in mr.messages():
-                peer = self.names.get(to)
-                if peer is not None:
-                    self._send(peer, gid, rm.encode(m))
+            names = self.names
+            for gid, rd in groups:
+                for m in rd.messages:
+                    peer = names.get(m.to)
+                    if peer is not None:
+                        self._send(peer, gid, rm.encode(m))
         compact = []
-        for gid, rd in mr.groups:
+        for gid, rd in groups:
             app = self.apps.get(gid)
             g = multi.groups.get(gid)
             if app is None or g is None:
@@ -156,7 +232,7 @@ class RaftHost:
                 kept = g.applied - g.storage.first_index() + 1
                 if kept >= self._snapshot_refused.get(gid, 0) and app.snapshot_due(kept):
                     compact.append((gid, app))
-        multi.advance(mr)
+        multi.advance_groups(groups, not_durable)
         compacted = False
         for gid, app in compact:
             g = multi.groups.get(gid)

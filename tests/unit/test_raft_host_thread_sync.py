@@ -1,0 +1,223 @@
+"""The Raft log's fsync in a worker thread (hutch.server.raft_host, `sync_in_thread`), on three
+hosts of one group in this process, each with its own RaftHostStorage, their messages carried
+by the test. Raft thesis §10.2.1: a leader sends its entries before its own fsync and counts
+itself towards a commit only once that fsync returned; a follower answers only for what it has
+fsynced; a hard state that only moves the commit index costs no fsync; a failed fsync in the
+thread stops the node as one on the loop does."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import pytest
+
+from hutch.cluster.raftlog import RaftHostStorage
+from hutch.raft import messages as rm
+from hutch.raft.group import LEADER, RaftConfig
+from hutch.server import faults
+from hutch.server.raft_host import QueueGroups, RaftHost
+
+GID = 5
+NAMES = {1: "n1@h", 2: "n2@h", 3: "n3@h"}
+WAIT_S = 30.0
+
+
+class App:
+    def __init__(self):
+        self.applied: list[bytes] = []
+
+    def apply(self, data: bytes, index: int) -> None:
+        self.applied.append(data)
+
+    def restore(self, data: bytes) -> None:
+        raise AssertionError("no snapshot here")
+
+    def snapshot(self) -> bytes:
+        return b""
+
+    def snapshot_due(self, entries_kept: int) -> bool:
+        return False
+
+
+class Node:
+    def __init__(self, nid: int, tmp_path):
+        self.id = nid
+        self.storage = RaftHostStorage(tmp_path / f"raft-{nid}")
+        self.outbox: list[tuple[str, object, bytes]] = []  # sent, not yet delivered
+        self.fatal: list[str] = []
+        self.scheduled = False
+        self.app = App()
+        self.host = RaftHost(nid, NAMES[nid], self.storage,
+                             RaftConfig(election_timeout_ticks=10, heartbeat_interval_ticks=1, seed=nid),
+                             dict(NAMES), 0, send=lambda peer, gid, data: self.outbox.append((peer, gid, data)),
+                             schedule=self._schedule, on_leader_known=lambda gid: None,
+                             on_leadership=lambda gid, leading: None, fatal=self.fatal.append,
+                             sync_in_thread=True)
+        by_name = {v: k for k, v in NAMES.items()}
+        QueueGroups(self.host, by_name.__getitem__).ensure_group(GID, tuple(NAMES.values()), self.app,
+                                                                  leader_hint=NAMES[1])
+
+    def _schedule(self) -> None:
+        self.scheduled = True
+
+    @property
+    def group(self):
+        return self.host.multi.groups[GID]
+
+    def sent(self, kind: type) -> list:
+        return [rm.decode(data) for _, _, data in self.outbox if isinstance(rm.decode(data), kind)]
+
+
+class Cluster:
+    def __init__(self, tmp_path):
+        self.nodes = {nid: Node(nid, tmp_path) for nid in NAMES}
+        self.by_name = {NAMES[nid]: n for nid, n in self.nodes.items()}
+
+    def drain_all(self) -> None:
+        for n in self.nodes.values():
+            n.scheduled = False
+            n.host.drain()
+
+    def deliver(self, frm: int, to: int | None = None) -> int:
+        """Hand node `frm`'s sent messages (to `to` only, if given) to their nodes."""
+        n = self.nodes[frm]
+        keep, moved = [], 0
+        for peer, gid, data in n.outbox:
+            dest = self.by_name[peer]
+            if to is None or dest.id == to:
+                dest.host.step(NAMES[frm], [gid, data])
+                moved += 1
+            else:
+                keep.append((peer, gid, data))
+        n.outbox = keep
+        return moved
+
+    async def until(self, cond, what: str) -> None:
+        """Run the loop (the worker threads' callbacks) and drain scheduled hosts until `cond()`."""
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while not cond():
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.001)
+            for n in self.nodes.values():
+                if n.scheduled:
+                    n.scheduled = False
+                    n.host.drain()
+
+    async def settle(self) -> None:
+        """Deliver everything until no node has anything to send and no fsync runs."""
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while True:
+            moved = sum(self.deliver(nid) for nid in self.nodes)
+            self.drain_all()
+            busy = any(n.host._syncing is not None for n in self.nodes.values())
+            if not moved and not busy and not any(n.outbox for n in self.nodes.values()):
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError("the cluster did not settle")
+            await asyncio.sleep(0.001)
+
+    async def elect_node_1(self) -> Node:
+        leader = self.nodes[1]
+        self.drain_all()  # each applies the bootstrap entry: now they know the voters
+        for _ in range(10 * leader.group.cfg.election_timeout_ticks):  # only node 1's clock runs
+            if leader.group.role == LEADER:
+                break
+            leader.host.multi.tick()
+            await self.settle()
+        assert leader.group.role == LEADER
+        return leader
+
+    def close(self) -> None:
+        for n in self.nodes.values():
+            n.storage.close()
+
+
+def on_a_loop(test):
+    """Run an async test on a fresh event loop (whose default executor runs the fsyncs)."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        asyncio.run(test(*args, **kwargs))
+    return run
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+@on_a_loop
+async def test_a_leader_sends_its_entries_before_its_own_fsync_and_counts_itself_once_synced(cluster):
+    leader = await cluster.elect_node_1()
+    g = leader.group
+    fsyncs = leader.storage.log.fsync_count
+    index = g.propose(b"m1")
+    leader.host.multi.touched(GID)
+    leader.host.drain()
+    sent = leader.sent(rm.AppendEntries)
+    assert {m.to for m in sent if m.entries and m.entries[-1].index == index} == {2, 3}  # before the fsync
+    assert leader.storage.log.fsync_count == fsyncs and leader.host._syncing is not None
+    assert g.progress[1].match < index  # not counted as the leader's own yet
+    await cluster.until(lambda: g.progress[1].match >= index, "the leader's fsync")
+    assert leader.storage.log.fsync_count > fsyncs
+    assert g.commit < index  # one of three members is no majority
+    await cluster.settle()
+    assert g.commit >= index and leader.app.applied[-1:] == [b"m1"]
+
+
+@on_a_loop
+async def test_a_follower_answers_only_once_its_fsync_returned(cluster):
+    leader = await cluster.elect_node_1()
+    follower = cluster.nodes[2]
+    index = leader.group.propose(b"m1")
+    leader.host.multi.touched(GID)
+    leader.host.drain()
+    fsyncs = follower.storage.log.fsync_count
+    cluster.deliver(1, to=2)
+    follower.host.drain()
+    assert follower.group.storage.last_index() >= index  # written ...
+    assert follower.sent(rm.AppendResponse) == []  # ... but not answered for yet
+    await cluster.until(lambda: follower.sent(rm.AppendResponse), "the follower's answer")
+    assert follower.storage.log.fsync_count > fsyncs
+    assert max(m.index for m in follower.sent(rm.AppendResponse)) >= index
+
+
+@on_a_loop
+async def test_moving_the_commit_index_alone_costs_no_fsync(cluster):
+    leader = await cluster.elect_node_1()
+    leader.group.propose(b"m1")
+    leader.host.multi.touched(GID)
+    leader.host.drain()
+    cluster.deliver(1)
+    cluster.drain_all()
+    followers = [cluster.nodes[2], cluster.nodes[3]]
+    await cluster.until(lambda: all(f.sent(rm.AppendResponse) for f in followers), "the followers' answers")
+    cluster.deliver(2)
+    cluster.deliver(3)
+    cluster.drain_all()
+    assert leader.app.applied == [b"m1"]  # committed by the followers' copies, applied
+    fsyncs = {n.id: n.storage.log.fsync_count for n in cluster.nodes.values()}
+    cluster.deliver(1)  # the new commit index
+    cluster.drain_all()
+    assert [f.app.applied for f in followers] == [[b"m1"], [b"m1"]]
+    assert {n.id: n.storage.log.fsync_count for n in cluster.nodes.values()} == fsyncs
+
+
+@on_a_loop
+async def test_a_failed_fsync_in_the_worker_thread_stops_the_node(cluster, tmp_path, monkeypatch):
+    leader = await cluster.elect_node_1()
+    fault = tmp_path / "fsync-fails"
+    fault.touch()
+    monkeypatch.setattr(faults, "_fsync_file", str(fault))  # what HUTCH_FAULT_FSYNC_FILE switches on
+    leader.group.propose(b"m1")
+    leader.host.multi.touched(GID)
+    leader.host.drain()
+    await cluster.until(lambda: leader.host.failed, "the node to stop")
+    assert len(leader.fatal) == 1 and "Raft log fsync failed" in leader.fatal[0]
+    assert leader.group.progress[1].match < leader.group.storage.last_index()  # never counted as its own
+    leader.group.propose(b"m2")
+    leader.host.drain()  # a failed host does nothing more
+    assert leader.app.applied == []
