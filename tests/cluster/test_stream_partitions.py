@@ -341,3 +341,50 @@ def test_retention_by_size_and_by_age_trims_every_members_log_from_the_old_end_a
             assert first >= rows[name, i]["first_offset"]  # (by age, a later pass may take more)
             assert [o for o, _b in got] == list(range(first, total))  # whole chunks went, nothing else
             assert [b[:4] for _o, b in got] == [f"r{o:03}".encode() for o in range(first, total)]
+
+
+def test_a_stream_protocol_publisher_without_a_majority_is_not_read_from_past_its_window_then_goes_on(lab):
+    """A node cut off alone confirms nothing, so a publisher there is held by the connection's
+    window, 16 MiB of unconfirmed messages, instead of filling the node's memory; after the heal
+    every message it sent is confirmed and stored once."""
+    from hutch.broker.streamsession import PUBLISH_WINDOW_BYTES
+
+    name = f"sw.{uuid.uuid4().hex[:8]}"
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[0].amqp_port, heartbeat=0))
+    conn.channel().queue_declare(name, durable=True, arguments=STREAM)
+    conn.close()
+    wait_until(lambda: leader(lab, name, 2) == lab.nodes[0].name, WAIT_S, "node 1 leading the stream")
+    frame_bytes = 1000 << 10
+    offered = 2 * PUBLISH_WINDOW_BYTES // frame_bytes
+    writer = Raw(lab.nodes[2].stream_port)
+    try:
+        writer.handshake()
+        assert writer.call(f.DeclarePublisher(writer.cid(), 1, "held", name)).code == f.OK
+        lab.partition(lab.nodes[2].name)
+        try:
+            pending = b""
+            sent = 0
+            writer.sock.setblocking(False)
+            while sent < offered or pending:
+                if not pending:
+                    sent += 1
+                    pending = f.encode(f.Publish(1, [(sent, amqp_body(f"{sent:04}").ljust(frame_bytes, b"."))]))
+                if not select.select([], [writer.sock], [], 2.0)[1]:
+                    break  # the node has stopped reading
+                pending = pending[writer.sock.send(pending):]
+            writer.sock.setblocking(True)
+            assert sent < offered, "the node read everything offered"
+            assert (sent - 1) * frame_bytes <= PUBLISH_WINDOW_BYTES + (16 << 20)  # the window and the sockets' buffers
+        finally:
+            lab.heal()
+        if pending:
+            writer.sock.sendall(pending)
+        confirmed: set[int] = set()
+        while len(confirmed) < sent:
+            x = writer.recv(f.PublishConfirm, f.PublishError)
+            assert type(x) is f.PublishConfirm, x
+            confirmed.update(x.publishing_ids)
+        assert confirmed == set(range(1, sent + 1))
+    finally:
+        writer.close()
+    wait_until(lambda: member_end(lab, name, 0) == sent, WAIT_S, "every message stored")

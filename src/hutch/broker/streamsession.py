@@ -44,6 +44,7 @@ log = logging.getLogger("hutch.stream")
 
 CHUNK_READ_BYTES = 1 << 20  # what a subscription reads from the log at a time
 PUBLISH_WINDOW = 10_000  # messages a connection may have unconfirmed before it is not read from
+PUBLISH_WINDOW_BYTES = 16 << 20  # and bytes of them (a stream without a majority confirms nothing)
 SUB_BATCH_RECORDS_MAX = 65535
 # what a published sub-batch may inflate to: its messages are stored uncompressed, as one batch
 # (one entry, one chunk a consumer gets in one frame); a frame of 1 MiB of gzip could otherwise
@@ -125,6 +126,7 @@ class StreamSession:
         self.subscriptions: dict[int, _Subscription] = {}
         self.closed = False
         self.unconfirmed = 0
+        self.unconfirmed_bytes = 0
         self.paused = False
         self._pump_due = False
         self._creating: dict[str, tuple[f.Create, int]] = {}  # created streams waiting for a leader
@@ -271,8 +273,10 @@ class StreamSession:
         if not records:
             self._flush()
             return
+        size = sum(map(len, records))
         self.unconfirmed += len(confirm)
-        if self.unconfirmed >= PUBLISH_WINDOW and not self.paused:
+        self.unconfirmed_bytes += size
+        if (self.unconfirmed >= PUBLISH_WINDOW or self.unconfirmed_bytes >= PUBLISH_WINDOW_BYTES) and not self.paused:
             self.paused = True
             self._pause(True)
         dedup = bool(p.reference)
@@ -282,7 +286,9 @@ class StreamSession:
 
         def written(w: Any) -> None:
             self.unconfirmed -= len(confirm)
-            if self.paused and self.unconfirmed < PUBLISH_WINDOW // 2:
+            self.unconfirmed_bytes -= size
+            if (self.paused and self.unconfirmed < PUBLISH_WINDOW // 2
+                    and self.unconfirmed_bytes < PUBLISH_WINDOW_BYTES // 2):
                 self.paused = False
                 self._pause(False)
             if self.closed:
