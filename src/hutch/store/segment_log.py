@@ -298,7 +298,11 @@ class SegmentLog:
             log.error("Segment log %s: segment %s, of which %d bytes were synced, is missing", self.directory,
                       region.segment, mark[1])
         if not self._segments:
-            os.close(self._create_segment(1))
+            fd = self._create_segment(1)
+            try:
+                _fdatasync(fd)  # its header, before the synced mark below counts it
+            finally:
+                os.close(fd)
         self._synced_fd = os.open(self.directory / SYNCED_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._write_synced(self._segments[-1].base_seq, self._segments[-1].size_bytes)  # all of it is now
         os.fsync(self._dir_fd)
