@@ -111,3 +111,31 @@ def test_read_many_of_nothing_or_one(tmp_path, n):
     with SegmentLog(tmp_path) as log:
         seqs = _fill(log, n)
         assert [r.seq for r in log.read_many(seqs)] == seqs
+
+
+def test_release_many_releases_across_segments_and_deletes_those_left_empty(tmp_path):
+    with SegmentLog(tmp_path, segment_bytes_max=4096) as log:
+        seqs = _fill(log, 100)
+        segments = log.segment_count
+        log.release_many(seqs[:60])
+        assert log.segment_count < segments and not log.is_live(seqs[59]) and log.is_live(seqs[60])
+        with pytest.raises(UnknownRecord):
+            log.release_many([seqs[60], seqs[10]])
+        assert not log.is_live(seqs[60]), "those before the bad one are released"
+
+
+def test_outlives_drops_a_deleted_segments_seqs_in_one_step_and_skips_rewritten_ones(tmp_path):
+    with SegmentLog(tmp_path, segment_bytes_max=4096) as log:
+        seqs = _fill(log, 100)
+        first_base = log.segment_base(seqs[0])
+        head = [s for s in seqs if log.segment_base(s) == first_base]
+        second = [s for s in seqs if log.segment_base(s) == log.segment_base(seqs[len(head)])]
+        guard = seqs[-1]
+        log.release_many(second[:-1])  # the second segment keeps one live record
+        log.sync()
+        log.compact(live_ratio_max=0.9)  # the second segment rewritten: its released records are gone
+        log.release_many(head)  # the first segment deleted
+        deps = head + second[:-1]
+        assert not log.outlives(guard, deps) and deps == []
+        deps = head + second
+        assert log.outlives(guard, deps) and deps == head + second, "the live one keeps the guard"

@@ -14,9 +14,9 @@ memory only and die with the node, as in RabbitMQ. A publisher's confirm for a j
 message is sent once an fsync covers its E record (group commit: one fsync per loop iteration
 covers every record written before it).
 
-Deliveries and settles are batched: `delivered` and `settled` note the message (a settle
-releases its E record at once), and `flush`, once per loop iteration before the fsync is asked
-for, writes one V and one A record per queue for all of them. A message delivered and settled
+Deliveries and settles are batched: `delivered` and `settled` note the message, and `flush`,
+once per loop iteration before the fsync is asked for, releases the settled E records and
+writes one V and one A record per queue for all of them. A message delivered and settled
 within one iteration gets no V record at all. So draining a backlog writes two records per loop
 iteration rather than two per message, and keeps as many guards.
 
@@ -222,9 +222,8 @@ class Journal:
         self._to_deliver[e_seq] = queue_id
 
     def settled(self, queue_id: int, e_seq: int) -> None:
-        """The message left its queue for good: its E record is released now, its A record goes
-        out with the next `flush` (durable, like any record, once the fsync after it has run)."""
-        self.log.release(e_seq)
+        """The message left its queue for good: with the next `flush` its E record is released
+        and its A record written (durable, like any record, once the fsync after it has run)."""
         self._to_deliver.pop(e_seq, None)  # delivered and settled since the last flush: no V record
         settles = self._to_settle.get(queue_id)
         if settles is None:
@@ -262,6 +261,7 @@ class Journal:
         if to_settle:
             self._to_settle = {}
             for qid, seqs in to_settle.items():
+                self.log.release_many(seqs)
                 for i in range(0, len(seqs), SEQS_PER_RECORD):
                     chunk = seqs[i:i + SEQS_PER_RECORD]
                     a = self.log.append(_enc.encode(("A", qid, chunk)), qid)
@@ -350,6 +350,7 @@ class Journal:
     def _guard(self, g: int, deps: list[int]) -> None:
         """Release the guard record g now if its released E records share its segment (or are
         gone); otherwise keep it until their segment is deleted."""
+        deps.sort()  # (SegmentLog.outlives takes them in order)
         if self._needed(g, deps):
             self._guards.append((g, deps))
         else:

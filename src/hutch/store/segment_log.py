@@ -564,6 +564,32 @@ class SegmentLog:
             if seg.live_count == 0 and seg is not self._active and not seg.compacting:
                 self._delete(seg)
 
+    def release_many(self, seqs: list[int]) -> None:
+        """`release` each of `seqs`, under one lock (consecutive seqs of one segment without a
+        lookup each). An unknown or already released seq raises UnknownRecord; those before it
+        are released."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosed(f"Segment log {self.directory}: closed")
+            header = fmt.RECORD_HEADER_BYTES
+            seg: _Segment | None = None
+            for seq in seqs:
+                if seg is None or not 0 <= seq - seg.base_seq < len(seg.states):
+                    if seg is not None and seg.live_count == 0 and seg is not self._active and not seg.compacting:
+                        self._delete(seg)
+                    seg, i = self._locate(seq)
+                else:
+                    i = seq - seg.base_seq
+                states = seg.states
+                if states[i] != _LIVE:
+                    what = "already released" if states[i] == _RELEASED else "not in the log"
+                    raise UnknownRecord(f"record {seq} is {what}")
+                states[i] = _RELEASED
+                seg.live_count -= 1
+                seg.live_bytes -= header + seg.lengths[i]
+            if seg is not None and seg.live_count == 0 and seg is not self._active and not seg.compacting:
+                self._delete(seg)
+
     def contains(self, seq: int) -> bool:
         """True while the record `seq` is on disk (live, or released but not yet removed)."""
         with self._lock:
@@ -584,10 +610,11 @@ class SegmentLog:
             return seg.base_seq if seg.states[i] != _ABSENT else None
 
     def outlives(self, seq: int, seqs: list[int]) -> bool:
-        """Would some record of `seqs` stay on disk if record `seq`'s segment were deleted, that
-        is, is one of them on disk in another segment? Looks from the end of `seqs` and drops
-        there (in place) those that are not, stopping at the first that is: the next call goes on
-        from there. One lock for the lot, where `segment_base` takes one a record."""
+        """Would some record of `seqs` (in increasing order) stay on disk if record `seq`'s
+        segment were deleted, that is, is one of them on disk in another segment? Looks from the
+        end of `seqs` and drops there (in place) those that are not, stopping at the first that
+        is: the next call goes on from there. One lock for the lot, and one step for all those
+        of a deleted segment or of `seq`'s own."""
         with self._lock:
             try:
                 base = self._locate(seq)[0].base_seq
@@ -597,12 +624,20 @@ class SegmentLog:
             while seqs:
                 d = seqs[-1]
                 j = bisect.bisect_right(bases, d) - 1
+                gone_from = 0  # every seq from here to d is gone with d
                 if j >= 0:
                     dseg = segments[j]
                     k = d - dseg.base_seq
-                    if k < len(dseg.states) and dseg.states[k] != _ABSENT and dseg.base_seq != base:
+                    if k >= len(dseg.states):
+                        gone_from = dseg.base_seq + len(dseg.states)  # d was in a deleted segment
+                    elif dseg.base_seq == base:
+                        gone_from = base  # deleted with `seq`
+                    elif dseg.states[k] != _ABSENT:
                         return True
-                seqs.pop()
+                    else:  # removed from its segment by a rewrite
+                        seqs.pop()
+                        continue
+                del seqs[bisect.bisect_left(seqs, gone_from):]
             return False
 
     def is_live(self, seq: int) -> bool:
