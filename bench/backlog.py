@@ -12,7 +12,10 @@ For each broker in `--brokers` (hutch and RabbitMQ, each in its default mode and
 3. kill -9 with the queue full, start again, and time until the node serves again: a passive
    `queue.declare` succeeds and reports every message.
 4. Drain the queue with one consumer, manual acks, prefetch 1,000 (`hutch perf --producers 0
-   --consumers 1 --cmessages N --qos 1000`). Measured: the received rate.
+   --consumers 1 --cmessages N --qos 1000`). Measured: the received rate, and the CPU seconds
+   the node's process tree and the load tool spent on it (per message: on a machine shared
+   with other work the rates move with the load, the CPU a message much less; and a client
+   that used a core would say the bench, not the broker, set the rate).
 
 Peak RSS is polled (every 0.2 s) over the node's process tree from its start to the end of the
 drain, across the restart (for RabbitMQ that is beam.smp and its helpers); the main process's
@@ -23,6 +26,13 @@ message per broker); `--data-dir` puts the nodes' data elsewhere.
 `python bench/backlog.py [--messages 20000000] [--brokers hutch,hutch-lazy,rabbitmq,rabbitmq-lazy]
 [--data-dir DIR] [--json-out FILE]`, or `make bench-backlog` (BENCH_BACKLOG_ARGS). It starts and
 stops every node it uses; it prints, it asserts nothing.
+
+`python bench/backlog.py --count [--messages 100000]` instead drains a lazy queue inside this
+process (a node on its storage, AMQP bytes fed to its sessions, as bench/hotpath.py does) and
+counts the Python bytecodes and calls the node executes per message drained, over 10,000 messages
+well into the drain (read back, deliver, ack, journal): figures that do not move with the
+machine's load, so two trees compare to the bytecode (`PYTHONPATH=/other/tree/src python
+bench/backlog.py --count`). The fsync runs inline there, where a node runs it in a worker thread.
 """
 
 from __future__ import annotations
@@ -91,6 +101,21 @@ class RssPeak:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.peak = max(self.peak, self.sample())
+
+
+def tree_cpu_s(node) -> float:
+    """CPU seconds (user + system) of a node's process tree so far."""
+    proc = node.proc
+    if proc is None or proc.poll() is not None:
+        return 0.0
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+    return total
 
 
 def main_pid(node) -> int | None:
@@ -212,28 +237,98 @@ def run_one(kind: str, messages: int, base: Path, workdir: Path, timeout_s: floa
             print(f"  {kind}: kill -9 with the queue full: serving again (passive declare reports "
                   f"{out['count_after_kill']}) after {out['serves_again_after_kill_s']} s", flush=True)
             t0 = time.monotonic()
+            cpu0 = tree_cpu_s(node)
             drained = perf(node.url, workdir, "--producers", "0", "--consumers", "1", "--cmessages",
                            str(out["count_after_kill"] or messages), "--qos", "1000", "--queue", QUEUE,
                            "--predeclared")
             out["drain_s"] = round(time.monotonic() - t0, 1)
             out["drain_rate"] = round(drained["received_rate"])
+            received = max(drained["received"], 1)
+            out["drain_node_cpu_us_per_msg"] = round((tree_cpu_s(node) - cpu0) / received * 1e6, 1)
+            out["drain_client_cpu_us_per_msg"] = round(drained["client_cpu_s"] / received * 1e6, 1)
+            out["load_average"] = os.getloadavg()[0]
             out["peak_rss_mib"] = round(rss.peak / 2**20)
         out["vm_hwm_last_incarnation_mib"] = round(vm_hwm(main_pid(node)) / 2**20)
-        print(f"  {kind}: drained in {out['drain_s']} s ({out['drain_rate']} msg/s); peak RSS over the run "
-              f"{out['peak_rss_mib']} MiB", flush=True)
+        print(f"  {kind}: drained in {out['drain_s']} s ({out['drain_rate']} msg/s; CPU a message: node "
+              f"{out['drain_node_cpu_us_per_msg']} us, load tool {out['drain_client_cpu_us_per_msg']} us); peak RSS "
+              f"over the run {out['peak_rss_mib']} MiB", flush=True)
     finally:
         node.cleanup()
         shutil.rmtree(data, ignore_errors=True)
     return out
 
 
+COUNTED_MESSAGES = 10_000  # --count follows these bytecode by bytecode
+COUNT_QOS = 1000
+
+
+async def count_drain(messages: int) -> None:
+    """--count: publish `messages` persistent 1 KiB messages to a lazy durable queue of an
+    in-process node, then drain it with manual acks (prefetch COUNT_QOS, one multiple ack per
+    broker run, as a consumer that keeps up sends them) and count what the node executes per
+    message over COUNTED_MESSAGES of the drain, past its start."""
+    import asyncio
+
+    from hotpath import count, free_port, open_session, wait_for  # bench/hotpath.py
+    from pamqp import body, commands, frame, header
+
+    from hutch.broker.broker import Config
+    from hutch.server.runtime import Node
+
+    with tempfile.TemporaryDirectory(prefix="hutch-backlog-count-") as data_dir:
+        cfg = Config(node_name="backlog@localhost", data_dir=data_dir, amqp_host="127.0.0.1",
+                     amqp_port=free_port(), peer_port=free_port(), mgmt_port=0)
+        cfg.prometheus_port = 0
+        cfg.stream_port = free_port()
+        node = Node(cfg)
+        node.loop = asyncio.get_running_loop()
+        await node.start_app()
+        try:
+            b = node.broker
+            await wait_for(lambda: "guest" in b.users and "/" in b.vhosts, "the default user and vhost")
+            b.request_sync = lambda: b.durable_done(b.journal.sync())  # the worker thread's fsync, inline
+            pub = open_session(node, "127.0.0.1:1")
+            con = open_session(node, "127.0.0.1:2")
+            pub.receive(frame.marshal(commands.Queue.Declare(queue=QUEUE, durable=True,
+                                                             arguments={"x-queue-mode": "lazy"}), 1))
+            await wait_for(lambda: QUEUE in b.vhosts["/"].queues, "queue.declare")
+            q = b.vhosts["/"].queues[QUEUE]
+            one = (frame.marshal(commands.Basic.Publish(exchange="", routing_key=QUEUE), 1)
+                   + frame.marshal(header.ContentHeader(0, BODY_BYTES, commands.Basic.Properties(delivery_mode=2)), 1)
+                   + frame.marshal(body.ContentBody(b"x" * BODY_BYTES), 1))
+            for _ in range(messages // 1000):
+                pub.receive(one * 1000)
+                b.run()
+            total = q.message_count
+            con.receive(frame.marshal(commands.Basic.Qos(prefetch_count=COUNT_QOS), 1))
+            con.receive(frame.marshal(commands.Basic.Consume(queue=QUEUE, no_ack=False), 1))
+
+            def drain(n: int) -> None:
+                target = total - q.message_count - q.unacked_count + n  # settled so far, and n more
+                while True:
+                    b.run()
+                    delivered = total - q.message_count
+                    if delivered - q.unacked_count >= target or not delivered:
+                        return
+                    con.receive(frame.marshal(commands.Basic.Ack(delivery_tag=min(delivered, target),
+                                                                 multiple=True), 1))
+
+            drain(max(messages - COUNTED_MESSAGES - 2 * COUNT_QOS, COUNT_QOS))  # well into the drain
+            print(f"draining a lazy queue of {total:,} persistent {BODY_BYTES} B messages (paged: "
+                  f"{q.paged_count:,} left), prefetch {COUNT_QOS}, one multiple ack a broker run:")
+            count(lambda: drain(COUNTED_MESSAGES), COUNTED_MESSAGES)
+        finally:
+            await node.stop_app()
+
+
 def table(results: list[dict]) -> str:
-    rows = ["| broker | publish msg/s | blocked | drain msg/s | peak RSS MiB | disk MiB | serves again after kill -9 |",
-            "|---|---:|---|---:|---:|---:|---:|"]
+    rows = ["| broker | publish msg/s | blocked | drain msg/s | drain CPU µs/msg (node / load tool) | peak RSS MiB "
+            "| disk MiB | serves again after kill -9 |",
+            "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in results:
         rows.append(f"| {r['broker']} | {r['publish_rate']:,} | {'yes' if r['publisher_blocked'] else 'no'} | "
-                    f"{r['drain_rate']:,} | {r['peak_rss_mib']:,} | {r['disk_bytes'] / 2**20:,.0f} | "
-                    f"{r['serves_again_after_kill_s']} s |")
+                    f"{r['drain_rate']:,} | {r['drain_node_cpu_us_per_msg']} / {r['drain_client_cpu_us_per_msg']} | "
+                    f"{r['peak_rss_mib']:,} | {r['disk_bytes'] / 2**20:,.0f} | {r['serves_again_after_kill_s']} s |")
     return "\n".join(rows)
 
 
@@ -244,7 +339,15 @@ def main() -> int:
     ap.add_argument("--data-dir", type=Path, default=None, help="where the nodes' data goes (default: a temp dir)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for a node to serve again")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--count", action="store_true",
+                    help="bytecodes and calls a message of a lazy queue's drain, in process (deterministic: for "
+                         "comparing trees); --messages defaults to 100,000 then")
     a = ap.parse_args()
+    if a.count:
+        import asyncio
+
+        asyncio.run(count_drain(a.messages if a.messages != ap.get_default("messages") else 100_000))
+        return 0
     kinds = [k.strip() for k in a.brokers.split(",") if k.strip()]
     for k in kinds:
         if k not in BROKERS:
