@@ -28,39 +28,32 @@ class MultiReady:
     once when `needs_fsync()` or `leader_writes`; send `messages()`; apply each group's
     committed entries; then `MultiRaft.advance(this)`.
 
-    What each group's Ready needs durable before its messages leave, so that a runtime may do
-    better than that order (one fsync, off its loop, for many Readies):
+    What must be durable before the messages leave: a follower's entries (it answers only for
+    what it holds durably), a received snapshot, a new term or vote (`needs_fsync()`). Not a
+    hard state that only moves the commit index (the commit is known again from the leader
+    after a restart, as etcd-raft's `MustSync` also has it), nor committed entries, which a
+    majority holds. `leader_writes`, `(group, term, last index)`: groups whose only writes are
+    entries they appended as leader of several voters. Raft thesis §10.2.1: a leader may send
+    AppendEntries before its own write is durable, and counts itself towards a commit only once
+    it is. So when `needs_fsync()` is false the runtime may send, apply and advance the Ready
+    with `durable=False` at once, fsync afterwards (elsewhere, one fsync for many Readies) and
+    then call each of those groups' `persisted_to`. A leader alone in its group makes
+    `needs_fsync()` true: nobody else's fsync can overlap its own, so it may as well come first."""
 
-    - `waiting`: groups whose Ready holds entries as a follower (it answers only for what it
-      holds durably), a received snapshot, or a new term or vote. Their messages wait for the
-      fsync, and they are advanced after it.
-    - `leader_writes`, `(group, term, last index)`: groups whose only writes are entries they
-      appended as leader of several voters. Thesis §10.2.1: a leader may send AppendEntries
-      before its own write is durable and counts itself towards a commit only once it is. Such
-      a Ready may be sent, applied and advanced with `durable=False`; once an fsync covered it,
-      the runtime calls the group's `persisted_to`.
-    - the rest: a hard state that only moves the commit index need not be durable (the commit
-      is known again from the leader after a restart, as etcd-raft's `MustSync` also has it),
-      nor heartbeats or their answers, nor committed entries, which a majority holds.
+    __slots__ = ("groups", "leader_writes", "_must_sync")
 
-    `sync_here`: a leader alone in its group wrote entries; nobody else's fsync can overlap
-    its own, so handing it elsewhere only adds the hand-off to every commit: fsync first."""
-
-    __slots__ = ("groups", "waiting", "leader_writes", "sync_here")
-
-    def __init__(self, groups: list[tuple[GroupId, Ready]], waiting: set[GroupId],
-                 leader_writes: list[tuple[GroupId, int, int]], sync_here: bool) -> None:
+    def __init__(self, groups: list[tuple[GroupId, Ready]], leader_writes: list[tuple[GroupId, int, int]],
+                 must_sync: bool) -> None:
         self.groups = groups
-        self.waiting = waiting
         self.leader_writes = leader_writes
-        self.sync_here = sync_here
+        self._must_sync = must_sync
 
     def messages(self) -> list[tuple[NodeId, GroupId, Message]]:
         return [(m.to, gid, m) for gid, rd in self.groups for m in rd.messages]
 
     def needs_fsync(self) -> bool:
-        """Whether some group's writes must be durable before its messages leave."""
-        return bool(self.waiting) or self.sync_here
+        """Whether some group's writes must be durable before anything else is done with this Ready."""
+        return self._must_sync
 
 
 class MultiRaft:
@@ -117,9 +110,8 @@ class MultiRaft:
     def ready(self) -> MultiReady | None:
         """Everything all groups need done now, or None. Advance it before asking again."""
         out: list[tuple[GroupId, Ready]] = []
-        waiting: set[GroupId] = set()
         leader_writes: list[tuple[GroupId, int, int]] = []
-        sync_here = False
+        must_sync = False
         still: set[GroupId] = set()
         for gid in self._dirty:
             g = self.groups.get(gid)
@@ -133,16 +125,14 @@ class MultiRaft:
                 out.append((gid, rd))
                 hs = rd.hard_state
                 if rd.snapshot is not None or hs is not None and (hs.term != saved.term or hs.vote != saved.vote):
-                    waiting.add(gid)
+                    must_sync = True
                 elif rd.entries:
-                    if g.role != LEADER:
-                        waiting.add(gid)
-                    elif len(g.voters) > 1:
+                    if g.role == LEADER and len(g.voters) > 1:
                         leader_writes.append((gid, g.term, rd.entries[-1].index))
                     else:
-                        sync_here = True
+                        must_sync = True
         self._dirty = still
-        return MultiReady(out, waiting, leader_writes, sync_here) if out else None
+        return MultiReady(out, leader_writes, must_sync) if out else None
 
     def advance(self, mr: MultiReady) -> None:
         """Advance every group of `mr`, all its writes durable."""

@@ -6,17 +6,16 @@
 entries are handed to that group's application (`GroupApp`), then the groups advance, and a
 group whose log grew long enough is compacted behind a snapshot of its application.
 
-The fsync runs in a worker thread (`sync_in_thread`, the runtime's choice) so that the event
-loop serves clients meanwhile; what each group may do before it is `MultiReady`'s to say. A
-follower's Ready (its answers say what it holds durably), a new term or vote, an installed
-snapshot: its messages, its applying and its advance wait for the fsync. A leader's entries
-(Raft thesis §10.2.1): its AppendEntries leave at once, its Ready is applied and advanced, and
-the leader counts those entries as its own towards a commit (`RaftGroup.persisted_to`) only
-once the fsync returned. A hard state that only moves the commit index is not fsynced for its
-own sake. One fsync runs at a time and covers everything written before it started; what is
-written meanwhile waits for the next (a group commit). A leader alone in its group fsyncs
-here, on the loop: no other member's fsync can overlap its own, and the hand-off would only
-lengthen each commit (the same at start, before the loop serves anyone).
+A leader's entries are made durable in a worker thread (`sync_in_thread`, the runtime's
+choice), so that the event loop serves clients meanwhile (Raft thesis §10.2.1): when a Ready
+writes nothing else, its AppendEntries leave at once, it is applied and advanced, and each
+leader counts those entries as its own towards a commit (`RaftGroup.persisted_to`) only once
+the fsync returned. One such fsync runs at a time and covers everything written before it
+started; what is written meanwhile waits for the next (a group commit). A Ready that also
+writes what must be durable before its messages leave (a follower's entries: its answers say
+what it holds durably; a new term or vote; an installed snapshot; the entries of a leader
+alone in its group) is fsynced here, on the loop, first, as every Ready was before. A hard
+state that only moves the commit index is not fsynced for its own sake (`MultiReady`).
 
 It also tells its owner when a group other than the main (catalogue) group learns a leader
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
@@ -111,12 +110,11 @@ class RaftHost:
         self.apps: dict[Any, GroupApp] = {}
         self.failed = False  # set when this node's Raft state cannot be trusted: nothing more is done
         self._fatal = fatal  # the node stops (hutch.server.runtime.Node.fail_stop)
-        # True: the log's fsync runs in a worker thread while the loop goes on (see the module's
-        # doc); False: every Ready that writes is fsynced in `drain`, on the loop
+        # True: a leader's entries are fsynced in a worker thread while the loop goes on (see the
+        # module's doc); False: every Ready that writes is fsynced in `drain`, on the loop
         self._sync_in_thread = sync_in_thread
         self._syncing: asyncio.Future | None = None  # that fsync, while it runs
-        self._unsynced_writes: list = []  # (group id, group, term, index): leader entries for the next one
-        self._unsynced_waiting: list = []  # (group id, Ready, group): Readies waiting for the next one
+        self._unsynced: list = []  # (group id, group, term, index): leader entries for the next one
         self._send = send
         self._schedule = schedule
         self._on_leader_known = on_leader_known
@@ -138,41 +136,36 @@ class RaftHost:
             if mr is None:
                 self._leadership()
                 return
-            if initial or not self._sync_in_thread or mr.sync_here:
-                if (mr.needs_fsync() or mr.leader_writes) and not self._sync():
+            if mr.needs_fsync() or (mr.leader_writes and (initial or not self._sync_in_thread)):
+                if not self._sync():
                     return  # nothing may be sent or applied on the strength of writes that may be lost
                 if not self._finish(mr.groups, initial):
                     return
-                continue
-            groups = self.multi.groups
-            waiting = [(gid, rd, groups[gid]) for gid, rd in mr.groups if gid in mr.waiting]
-            now = [(gid, rd) for gid, rd in mr.groups if gid not in mr.waiting] if waiting else mr.groups
-            leader_writes = [(gid, groups[gid], term, index) for gid, term, index in mr.leader_writes]
-            if not self._finish(now, False, {gid for gid, _, _ in mr.leader_writes}):
-                return
-            if waiting or leader_writes:
-                self._sync_later(leader_writes, waiting)
+            else:
+                if not self._finish(mr.groups, initial, {gid for gid, _, _ in mr.leader_writes}):
+                    return
+                if mr.leader_writes:
+                    groups = self.multi.groups
+                    self._sync_later([(gid, groups[gid], term, index) for gid, term, index in mr.leader_writes])
 
-    def _sync_later(self, leader_writes: list, waiting: list) -> None:
-        """The fsync of what these Readies wrote, in a worker thread while the loop goes on;
-        then each leader counts its entries as its own (`persisted_to`) and the Readies that
-        waited for it are finished. One such fsync runs at a time; what is written meanwhile
-        waits for the next, which covers every group's writes since (a group commit)."""
-        self._unsynced_writes.extend(leader_writes)
-        self._unsynced_waiting.extend(waiting)
-        if self._syncing is not None or not (self._unsynced_writes or self._unsynced_waiting):
+    def _sync_later(self, leader_writes: list) -> None:
+        """The fsync of entries this node appended as leader and has sent already, in a worker
+        thread while the loop goes on; then each leader counts them as its own towards a commit
+        (`persisted_to`). One such fsync runs at a time; what is written meanwhile waits for the
+        next, which covers every group's writes since (a group commit)."""
+        self._unsynced.extend(leader_writes)
+        if self._syncing is not None or not self._unsynced:
             return
-        writes, self._unsynced_writes = self._unsynced_writes, []
-        waits, self._unsynced_waiting = self._unsynced_waiting, []
+        writes, self._unsynced = self._unsynced, []
         self._syncing = asyncio.get_running_loop().run_in_executor(None, self._thread_sync)
-        self._syncing.add_done_callback(lambda fut: self._synced(fut, writes, waits))
+        self._syncing.add_done_callback(lambda fut: self._synced(fut, writes))
 
     def _thread_sync(self) -> int:
         """In the worker thread: the log's fsync (`SegmentLog.sync` is thread-safe); the durable seq."""
         faults.check_fsync()
         return self.storage.log.sync()
 
-    def _synced(self, fut: asyncio.Future, writes: list, waits: list) -> None:
+    def _synced(self, fut: asyncio.Future, writes: list) -> None:
         """On the loop, once the worker thread's fsync returned."""
         self._syncing = None
         if self.failed or fut.cancelled() or self.storage.closed:
@@ -192,9 +185,7 @@ class RaftHost:
             if multi.groups.get(gid) is g:  # not a group dropped (and perhaps made again) since
                 g.persisted_to(index, term)
                 multi.touched(gid)
-        if waits and not self._finish([(gid, rd) for gid, rd, g in waits if multi.groups.get(gid) is g], False):
-            return
-        self._sync_later([], [])
+        self._sync_later([])
         self._schedule()
 
     def _finish(self, groups: list, initial: bool, not_durable: Collection[Any] = ()) -> bool:
