@@ -272,6 +272,39 @@ def test_check_queue_leader_changes_nothing_and_succeeds_only_for_the_leader():
     assert c.decode_command(c.encode_command(CheckQueueLeader("/", "q", "n1"))) == CheckQueueLeader("/", "q", "n1")
 
 
+def test_a_leader_fences_a_dead_synchronised_mirror_so_that_it_cannot_be_promoted_as_synchronised():
+    """A mirror the leader declared dead still takes itself for synchronised (its last view says
+    so) while the leader confirms what it lacks: once fenced, its promotion is refused where only
+    a synchronised mirror may take over, until a leader sees a mirror there synchronised again."""
+    k = cat(DeclareQueue("/", "q", leader_node="n1", member_nodes=("n2", "n3")))
+    assert k.apply(CheckQueueLeader("/", "q", "n2", fence=("n2",))).code == 406  # only the leader fences
+    assert k.queue("/", "q").fenced_nodes == ()
+    r = k.apply(CheckQueueLeader("/", "q", "n1", fence=("n2",)))
+    assert r.status == UPDATED and k.queue("/", "q").fenced_nodes == ("n2",)
+    refused = k.apply(SetQueueNodes("/", "q", "n2", ("n3",), expect_leader="n1", promotion=True,
+                                    synchronised_only=True))
+    assert refused.code == 406 and "the mirror on n2 is not synchronised" in refused.text
+    assert k.queue("/", "q").leader_node == "n1"
+    # an unfenced mirror may take over, and the fence stays on the other node
+    assert k.apply(SetQueueNodes("/", "q", "n3", ("n2",), expect_leader="n1", promotion=True,
+                                 synchronised_only=True)).ok
+    assert (k.queue("/", "q").leader_node, k.queue("/", "q").fenced_nodes) == ("n3", ("n2",))
+    # the new leader sees n2's mirror synchronised again: unfenced
+    assert k.apply(CheckQueueLeader("/", "q", "n3", unfence=("n2",))).ok
+    assert k.queue("/", "q").fenced_nodes == ()
+    cmd = CheckQueueLeader("/", "q", "n1", fence=("n2",), unfence=("n3",))
+    assert c.decode_command(c.encode_command(cmd)) == cmd
+
+
+def test_a_fenced_mirror_may_still_be_promoted_where_any_mirror_may_be():
+    """ha-promote-on-failure: always: a fenced mirror takes over (what it lacks is lost, as
+    RabbitMQ documents) and its node is no longer fenced: it leads."""
+    k = cat(DeclareQueue("/", "q", leader_node="n1", member_nodes=("n2",)))
+    k.apply(CheckQueueLeader("/", "q", "n1", fence=("n2",)))
+    assert k.apply(SetQueueNodes("/", "q", "n2", (), expect_leader="n1", promotion=True)).ok
+    assert (k.queue("/", "q").leader_node, k.queue("/", "q").fenced_nodes) == ("n2", ())
+
+
 def test_unknown_queue_type_is_refused():
     r = cat().apply(DeclareQueue("/", "q", "nosuchtype"))
     assert r.code == 406 and "unknown queue type 'nosuchtype'" in r.text

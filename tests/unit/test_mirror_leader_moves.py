@@ -90,3 +90,85 @@ def test_a_member_whose_message_was_dropped_is_dead_to_the_sender_and_the_ring_c
     host._pump_member(member)  # n2 is not up: what went to it is lost
     assert N2 in member.known_dead() and member.right == N3
     assert ("hutch@n3", N3) in peers.sent  # the ring goes on past it
+
+
+class _FencingCluster(_Cluster):
+    """A leader's node whose catalogue answers CheckQueueLeader when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__("hutch@n1")
+        self.submitted: list = []
+        self.fenced: tuple[str, ...] = ()
+
+    def cut_off(self) -> bool:
+        return False
+
+    def fenced_nodes(self, vhost: str, name: str) -> tuple[str, ...]:
+        return self.fenced
+
+    def mirror_params(self, vhost: str, name: str):
+        return None
+
+    def submit(self, cmd, callback) -> None:
+        self.submitted.append((cmd, callback))
+
+
+def _leader_with_a_synchronised_mirror() -> tuple[Leader, gm.GMMember, _FencingCluster, list]:
+    cluster = _FencingCluster()
+    host = SimpleNamespace(cluster=cluster, node=cluster.node, token=("", 0))
+    state = SimpleNamespace(next_seq=1, unacked={}, ready_heads=lambda: ())  # an empty queue
+    q = SimpleNamespace(vhost="/", name="orders", state=state, flow_waiters=None)
+    member = gm.GMMember.create(N1, [N1, N2])
+    ld = Leader(host, q, member)
+    ld.on_event(gm.MembersChanged(1, (N1, N2), (N2,), ()))
+    assert [m.node for m in ld.synchronised()] == ["hutch@n2"]
+    ld.removed(1)
+    ld.flush()
+    outcome: list = []
+    ld.after_stable(lambda seq: outcome.append(("confirmed", seq)), 7, lambda seq: outcome.append(("refused", seq)))
+    return ld, member, cluster, outcome
+
+
+def test_what_became_stable_because_a_synchronised_mirror_died_waits_until_its_node_is_fenced():
+    """The ring declares n2 dead and reports the leader's broadcast stable (n1 alone holds it).
+    n2 still takes itself for synchronised: where it is reachable and n1 is not, it may be
+    promoted. So nothing is confirmed until the catalogue, through its log, says n1 still leads
+    and has fenced n2 (seen in a campaign: a leader cut off alone confirmed as its mirror's node
+    was declared down, a moment before it found itself in the minority)."""
+    ld, member, cluster, outcome = _leader_with_a_synchronised_mirror()
+    member.member_down(N2)
+    for ev in member.take_events():
+        ld.on_event(ev)
+    assert outcome == [] and ld.stable_held
+    ld.tick(0.0)
+    (cmd, answer), = cluster.submitted
+    assert (cmd.leader_node, cmd.fence, cmd.unfence) == ("hutch@n1", ("hutch@n2",), ())
+    answer(SimpleNamespace(ok=True, code=200, text="", status=""))
+    assert outcome == [("confirmed", 7)] and not ld.to_fence and not ld.stable_held
+
+
+def test_a_leader_the_catalogue_no_longer_names_confirms_nothing_after_a_mirror_died():
+    ld, member, cluster, outcome = _leader_with_a_synchronised_mirror()
+    member.member_down(N2)
+    for ev in member.take_events():
+        ld.on_event(ev)
+    ld.tick(0.0)
+    (_cmd, answer), = cluster.submitted
+    answer(SimpleNamespace(ok=False, code=406, text="led by hutch@n2, not hutch@n1", status=""))
+    assert outcome == [] and ld.to_fence == {"hutch@n2"}
+    cluster.leader_in_catalogue = "hutch@n2"
+    ld.detach()
+    assert outcome == [("refused", 7)]
+
+
+def test_a_stable_reported_before_the_death_is_held_too():
+    """The ring may settle a broadcast past a member it declared dead before it reports the
+    death: the leader looks at the members the ring declared dead, not only at reported deaths."""
+    ld, member, cluster, outcome = _leader_with_a_synchronised_mirror()
+    member.member_down(N2)
+    events = member.take_events()
+    stable = [ev for ev in events if type(ev) is gm.Stable]
+    assert stable
+    ld.on_event(stable[0])  # before MembersChanged
+    assert outcome == [] and ld.to_fence == {"hutch@n2"}
+

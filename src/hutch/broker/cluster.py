@@ -504,6 +504,11 @@ class ClusterBroker:
         rec = self.catalogue.queue(vhost, name)
         return rec.leader_node if rec is not None else None
 
+    def fenced_nodes(self, vhost: str, name: str) -> tuple[str, ...]:
+        """The nodes whose mirror of a classic queue may not be promoted as synchronised."""
+        rec = self.catalogue.queue(vhost, name)
+        return rec.fenced_nodes if rec is not None else ()
+
     def mirror_status(self, vhost: str, name: str) -> tuple[list[str], list[str]]:
         """(mirror nodes, synchronised mirror nodes) of a classic queue, as its leader reports them."""
         v = self.broker.vhosts.get(vhost)

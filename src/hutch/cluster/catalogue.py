@@ -144,6 +144,11 @@ class QueueRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     # a transient (non-durable or exclusive) queue lives as long as its home node's run that
     # created it: the run's random incarnation, 0 when the proposer did not know it
     home_incarnation: int = 0
+    # a mirrored queue: nodes whose mirror its leader declared dead while synchronised, and then
+    # went on without. Such a mirror's last view says it is synchronised, but it lacks what the
+    # leader confirmed since; it may not be promoted where only a synchronised mirror may be,
+    # until a leader has seen a mirror on that node synchronised again (CheckQueueLeader)
+    fenced_nodes: tuple[str, ...] = ()
 
 
 class PolicyRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -295,16 +300,23 @@ class SetQueueNodes(Command, tag="queue.nodes"):
     # placement decided from an older record must not undo a change made since
     expect_leader: str = ""
     promotion: bool = False  # a mirror taking over from a failed leader (checked before it is proposed)
+    # the promotion is allowed only for a synchronised mirror (ha-promote-on-failure when-synced, or
+    # a stopping leader under ha-promote-on-shutdown when-synced): refused if its node is fenced
+    synchronised_only: bool = False
 
 
 class CheckQueueLeader(Command, tag="queue.check_leader"):
-    """Changes nothing: succeeds while `leader_node` leads the queue. A mirrored queue's leader
-    that was cut off from the majority asks it before it confirms again (a barrier through the
-    log: once committed, no other node took the queue over before it)."""
+    """Succeeds while `leader_node` leads the queue, and then adds `fence` to the queue's fenced
+    nodes and takes `unfence` from them (QueueRecord.fenced_nodes). A mirrored queue's leader asks
+    it before it confirms what became stable while it was cut off from the majority, or after a
+    synchronised mirror was declared dead: a barrier through the log (once committed, no other
+    node took the queue over before it, and the dead mirror can no longer be promoted)."""
 
     vhost: str
     name: str
     leader_node: str
+    fence: tuple[str, ...] = ()
+    unfence: tuple[str, ...] = ()
 
 
 class SetPolicy(Command, tag="policy.set"):
@@ -812,7 +824,15 @@ class Catalogue:
         if len(c.member_nodes) > MEMBER_NODES_MAX:
             return _err(PRECONDITION_FAILED, f"queue '{c.name}' in vhost '{c.vhost}': more than "
                                              f"{MEMBER_NODES_MAX} member nodes")
-        rec = msgspec.structs.replace(old, leader_node=c.leader_node, member_nodes=tuple(c.member_nodes))
+        fenced = old.fenced_nodes
+        if c.promotion and c.leader_node in fenced:
+            if c.synchronised_only:
+                return _err(PRECONDITION_FAILED, f"queue '{c.name}' in vhost '{c.vhost}': the mirror on "
+                                                 f"{c.leader_node} is not synchronised (its leader went on "
+                                                 f"without it)")
+            fenced = tuple(n for n in fenced if n != c.leader_node)
+        rec = msgspec.structs.replace(old, leader_node=c.leader_node, member_nodes=tuple(c.member_nodes),
+                                      fenced_nodes=fenced)
         self.queues[(c.vhost, c.name)] = rec
         return Result(EXISTED if rec == old else UPDATED, queue=rec)
 
@@ -823,7 +843,13 @@ class Catalogue:
         if rec.leader_node != c.leader_node:
             return _err(PRECONDITION_FAILED, f"queue '{c.name}' in vhost '{c.vhost}' is led by "
                                              f"{rec.leader_node}, not {c.leader_node}")
-        return Result(EXISTED, queue=rec)
+        if not c.fence and not c.unfence:
+            return Result(EXISTED, queue=rec)
+        fenced = [n for n in rec.fenced_nodes if n not in c.unfence]
+        fenced += [n for n in c.fence if n not in fenced and n != rec.leader_node]
+        new = msgspec.structs.replace(rec, fenced_nodes=tuple(sorted(fenced)))
+        self.queues[(c.vhost, c.name)] = new
+        return Result(EXISTED if new == rec else UPDATED, queue=new)
 
     def _set_policy(self, c: SetPolicy | SetOperatorPolicy) -> Result:
         if c.vhost not in self.vhosts:

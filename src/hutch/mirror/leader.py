@@ -86,6 +86,9 @@ class Leader:
         self.last_seq = 0  # last broadcast
         self.stable_seq = 0
         self.stable_held = 0  # stable while this node was cut off from the majority: not confirmed yet
+        # nodes of synchronised mirrors declared dead and not yet fenced in the catalogue: nothing
+        # is confirmed meanwhile (`_fence_due`)
+        self.to_fence: set[str] = set()
         self.checking_leader = False  # asking the catalogue whether this node still leads
         self.check_failed = 0  # the code of the last refused check (logged once)
         self.mirrors: dict[str, MirrorInfo] = {}
@@ -167,17 +170,29 @@ class Leader:
     def on_event(self, ev) -> None:
         t = type(ev)
         if t is gm.Stable:
-            if self.stable_held or self.host.cluster.cut_off():
-                # this node sees (or saw) no majority of the cluster: what became stable because
-                # mirrors beyond the cut were declared dead may exist nowhere that leads the queue
-                # next (the majority may promote one of them). Nothing is confirmed until the
-                # majority is back and the catalogue says, through its log, that this node still
-                # leads (`tick`); a paused node's clients are gone before that.
+            if self.stable_held or self._fence_due() or self.host.cluster.cut_off():
+                # what became stable because a synchronised mirror was declared dead may exist
+                # nowhere that leads the queue next: that mirror still takes itself for
+                # synchronised, and the nodes it reaches may promote it (this node may be the one
+                # cut off, and may not know it yet: the failure detector declares one peer down
+                # at a time). Nothing is confirmed until the catalogue says, through its log,
+                # that this node still leads, and has fenced the dead mirrors' nodes (`tick`);
+                # a paused node's clients are gone before that.
                 self.stable_held = max(self.stable_held, ev.seq)
                 return
             self._stable(ev.seq)
         elif t is gm.MembersChanged:
             self._members_changed(ev)
+
+    def _fence_due(self) -> bool:
+        """Whether a synchronised mirror was declared dead and its node is not fenced yet. The
+        ring may report a Stable that leaves a dead member out before it reports the death, so
+        the members the ring has declared dead are looked at too."""
+        dead = self.gm.known_dead()
+        if dead and any(m.member in dead for m in self.mirrors.values()):
+            f = self.floor()
+            self.to_fence.update(m.node for m in self.mirrors.values() if m.member in dead and m.since <= f)
+        return bool(self.to_fence)
 
     def _stable(self, seq: int) -> None:
         """Everything broadcast up to `seq` is with every mirror: confirm it."""
@@ -202,8 +217,11 @@ class Leader:
                 self._reconcile(info, *report)
         dead = [m for m in ev.deaths if m in self.mirrors]
         if dead:
+            f = self.floor()
             for m in dead:
-                del self.mirrors[m]
+                info = self.mirrors.pop(m)
+                if info.since <= f:
+                    self.to_fence.add(info.node)
             log.info("%s: Master %s saw deaths of mirrors %s", qname(q), self.gm.id, " ".join(dead))
         self.send_view()
         if ev.births and self.params().sync_mode == AUTOMATIC and self.unsynced():
@@ -324,26 +342,50 @@ class Leader:
             self.start_sync()  # a mirror that joined while the last one ran
 
     def tick(self, now: float) -> None:
-        if self.stable_held and not self.checking_leader and not self.host.cluster.cut_off():
-            self.checking_leader = True
-            q = self.q
-            self.host.cluster.submit(cat.CheckQueueLeader(q.vhost, q.name, self.host.node), self._checked_leader)
+        if not self.checking_leader and not self.host.cluster.cut_off():
+            self._check_leader()
         self.send_view()
         if self.sync is not None:
             self.sync.pump(now)
 
-    def _checked_leader(self, result: cat.Result) -> None:
+    def _check_leader(self) -> None:
+        """Ask the catalogue, through its log, whether this node still leads, fencing the nodes
+        of synchronised mirrors declared dead and unfencing those with a synchronised mirror
+        again; needed before confirming what waits (`on_event`), and to unfence."""
+        q = self.q
+        self._fence_due()
+        fence = tuple(sorted(self.to_fence))
+        fenced = self.host.cluster.fenced_nodes(q.vhost, q.name)
+        unfence = ()
+        if fenced:
+            dead = self.gm.known_dead()
+            synced = {m.node for m in self.synchronised() if m.member not in dead}
+            unfence = tuple(sorted(n for n in fenced if n in synced and n not in self.to_fence))
+        if not (self.stable_held or fence or unfence):
+            return
+        self.checking_leader = True
+        self.host.cluster.submit(cat.CheckQueueLeader(q.vhost, q.name, self.host.node, fence, unfence),
+                                 lambda result: self._checked_leader(result, fence))
+
+    def _checked_leader(self, result: cat.Result, fenced: tuple[str, ...] = ()) -> None:
         """The catalogue's answer: confirm what waited, or (another node leads, or no answer yet)
         keep it waiting; a leader that lost the queue is detached with everything that waits."""
         self.checking_leader = False
         if not result.ok:
             if result.code != self.check_failed:
                 self.check_failed = result.code
-                log.warning("%s: not confirming what became stable while this node was cut off from the "
-                            "cluster's majority: %s", qname(self.q), result.text or result.status)
+                log.warning("%s: not confirming what became stable after mirrors were lost or while this node "
+                            "was cut off from the cluster's majority: %s", qname(self.q),
+                            result.text or result.status)
             return
-        seq, self.stable_held, self.check_failed = self.stable_held, 0, 0
-        self._stable(seq)
+        self.check_failed = 0
+        if fenced:
+            self.to_fence.difference_update(fenced)
+            log.info("%s: mirrors on %s no longer count as synchronised for promotion", qname(self.q),
+                     ", ".join(fenced))
+        if self.stable_held and not self._fence_due():
+            seq, self.stable_held = self.stable_held, 0
+            self._stable(seq)
 
     def detach(self, deleted: bool = False) -> None:
         """The queue stops being mirrored, stops being led here, or is deleted (then the mirrors

@@ -227,8 +227,7 @@ class Mirror:
         if view is None:
             return None
         alive = set(self.member.members) if self.member is not None else set()
-        need_sync = (view.promote_on_failure == WHEN_SYNCED
-                     or (view.stopping and view.promote_on_shutdown != ALWAYS))
+        need_sync = _needs_sync(view)
         for mv in view.mirrors:
             if mv.member in alive and (mv.synchronised or not need_sync):
                 return mv.member
@@ -257,7 +256,8 @@ class Mirror:
         alive = set(self.member.members)
         others = [mv.node for mv in view.mirrors if mv.member != self.member.id and mv.member in alive]
         cmd = cat.SetQueueNodes(self.vhost, self.name, self.host.node, tuple(dict.fromkeys(others)),
-                                expect_leader=self.dead_leader_node, promotion=True)
+                                expect_leader=self.dead_leader_node, promotion=True,
+                                synchronised_only=_needs_sync(view))
 
         def done(res: cat.Result) -> None:
             if self.host.mirrors.get(key) is not self:
@@ -265,4 +265,14 @@ class Mirror:
             if res.code != cat.OK:
                 self.promoting = False
                 self.retry_at = self.host.now() + PROMOTE_RETRY_S
+                if not self.warned and res.code == cat.PRECONDITION_FAILED:
+                    self.warned = True
+                    log.warning("Mirrored queue '%s' in vhost '%s': not promoting the mirror on %s: %s; the queue "
+                                "is unavailable until its leader node %s returns", self.name, self.vhost,
+                                self.host.node, res.text, self.dead_leader_node)
         self.host.cluster.submit(cmd, done)
+
+
+def _needs_sync(view) -> bool:
+    """Whether only a synchronised mirror may take over from the leader of this view."""
+    return view.promote_on_failure == WHEN_SYNCED or (view.stopping and view.promote_on_shutdown != ALWAYS)
