@@ -125,7 +125,7 @@ class AMQPProtocol(asyncio.Protocol):
             self._hb_handle.cancel()
         if self.session is not None:
             self.session.connection_lost()
-        self.node.protocols.discard(self)
+        self.node.protocols.pop(self, None)
 
     def pause_writing(self) -> None:
         self.session.writable = False
@@ -201,7 +201,9 @@ class Node:
         self.network = network  # None: real sockets (the loop's create_server, asyncio's streams)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.broker: Broker | None = None
-        self.protocols: set[AMQPProtocol] = set()
+        # the client connections, in the order they were accepted (a set would close them in the
+        # order of their addresses, a different order on every run)
+        self.protocols: dict[AMQPProtocol, None] = {}
         self.streams: StreamListener | None = None  # the stream protocol's listener
         self.servers: list[asyncio.base_events.Server] = []
         self._stopping: asyncio.Event | None = None
@@ -221,12 +223,12 @@ class Node:
 
     def _protocol(self) -> AMQPProtocol:
         p = AMQPProtocol(self)
-        self.protocols.add(p)
+        self.protocols[p] = None
         return p
 
     def _tls_protocol(self) -> AMQPProtocol:
         p = AMQPProtocol(self, tls=True)
-        self.protocols.add(p)
+        self.protocols[p] = None
         return p
 
     def tls_context(self) -> ssl.SSLContext | None:
