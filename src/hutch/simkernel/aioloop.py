@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import heapq
 import math
 import selectors
 import weakref
+from asyncio.base_events import _MIN_CANCELLED_TIMER_HANDLES_FRACTION as _MIN_CANCELLED_FRACTION
+from asyncio.base_events import _MIN_SCHEDULED_TIMER_HANDLES, MAXIMUM_SELECT_TIMEOUT
+from asyncio.events import Handle, TimerHandle
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -123,19 +127,71 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self.kernel.now / 1_000_000
 
+    def _run_once(self) -> None:
+        """One iteration, as asyncio's `BaseEventLoop._run_once` runs it (the same order: timers
+        due, then the callbacks ready when the iteration began), without what a loop in debug mode
+        or one with real files needs: the selector only moves the clock."""
+        scheduled = self._scheduled
+        count = len(scheduled)
+        if count > _MIN_SCHEDULED_TIMER_HANDLES and self._timer_cancelled_count / count > _MIN_CANCELLED_FRACTION:
+            kept = []
+            for handle in scheduled:
+                if handle._cancelled:
+                    handle._scheduled = False
+                else:
+                    kept.append(handle)
+            heapq.heapify(kept)
+            self._scheduled = scheduled = kept
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0]._cancelled:
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)._scheduled = False
+        ready = self._ready
+        kernel = self.kernel
+        if ready or self._stopping:
+            self._selector.select(0)
+        elif scheduled:
+            self._selector.select(min(max(0, scheduled[0]._when - kernel.now / 1_000_000), MAXIMUM_SELECT_TIMEOUT))
+        else:
+            self._selector.select(None)
+        end_time = kernel.now / 1_000_000 + self._clock_resolution
+        while scheduled and scheduled[0]._when < end_time:
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if not handle._cancelled:
+                handle._run()
+
+    # asyncio's call_soon and call_at, without what only a loop in debug mode or one shared with
+    # other threads needs: a node schedules hundreds of thousands of callbacks in a run.
+
     def call_soon(self, callback: Callable, *args: Any, context: contextvars.Context | None = None):
-        handle = super().call_soon(callback, *args, context=context)
-        life = _life_of(context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = Handle(callback, args, self, context)
+        self._ready.append(handle)
+        life = life_var.get() if context is None else context.get(life_var)
         if life is not None and not life.alive:
             handle.cancel()
         return handle
 
     def call_at(self, when: float, callback: Callable, *args: Any, context: contextvars.Context | None = None):
-        handle = super().call_at(when, callback, *args, context=context)
-        life = _life_of(context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True
+        life = life_var.get() if context is None else context.get(life_var)
         if life is not None and not life.alive:
-            handle.cancel()
-        return handle
+            timer.cancel()
+        return timer
+
+    def call_later(self, delay: float, callback: Callable, *args: Any, context: contextvars.Context | None = None):
+        return self.call_at(self.kernel.now / 1_000_000 + delay, callback, *args, context=context)
 
     def create_task(self, coro: Any, *, name: str | None = None, context: contextvars.Context | None = None):
         task = super().create_task(coro, name=name, context=context)
