@@ -227,8 +227,7 @@ class ClassicQueue:
         else:
             items = tail.pop(pol.batch_messages, pol.batch_bytes)
         entries = self._read_back(items)
-        for e in entries:
-            st.restore(e)
+        st.restore_run(entries)
         return len(entries)
 
     def _top_level(self) -> tuple[int, int, int]:

@@ -32,6 +32,8 @@ mirrors sync from memory), quorum queues.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -147,31 +149,29 @@ class PagedTail:
     def pop(self, messages_max: int, bytes_max: int) -> list[tuple[int, int, int, int | None, int]]:
         """Up to `messages_max` items from the head (and at least one, whatever `bytes_max`):
         (seq, location, size, expires_at_ms, delivery_count) each."""
-        out = []
+        n = min(self.count, messages_max)
+        if n <= 0:
+            return []
         i = self._i
-        n = 0
-        taken_bytes = 0
-        locs, sizes, counts, exp, seqs = self._locs, self._sizes, self._counts, self._expiry, self._seqs
-        seq = self.first_seq
-        while n < self.count and n < messages_max:
-            size = sizes[i]
-            if n and taken_bytes + size > bytes_max:
-                break
-            e = _NO_EXPIRY if exp is None else exp[i]
-            if seqs is not None:
-                seq = seqs[i]
-            out.append((seq, locs[i], size, None if e == _NO_EXPIRY else e, counts[i]))
-            taken_bytes += size
-            seq += 1
-            i += 1
-            n += 1
-        self._i = i
+        sizes = self._sizes[i:i + n]
+        sums = list(accumulate(sizes))
+        n = max(bisect_right(sums, bytes_max), 1)  # the first always; then while the bytes fit
+        end = i + n
+        gaps = self._seqs
+        seqs = range(self.first_seq, self.first_seq + n) if gaps is None else gaps[i:end]
+        exp = self._expiry
+        expiries = [None] * n if exp is None else [None if e == _NO_EXPIRY else e for e in exp[i:end]]
+        out = list(zip(seqs, self._locs[i:end], sizes[:n], expiries, self._counts[i:end], strict=True))
+        self._i = end
         self.count -= n
-        self.first_seq = seqs[i] if seqs is not None and self.count else seq
-        self.bytes -= taken_bytes
+        self.bytes -= sums[n - 1]
+        if gaps is None:
+            self.first_seq += n
+        else:
+            self.first_seq = gaps[end] if self.count else gaps[end - 1] + 1
         if self.count == 0:
             self._clear()
-        elif i > 4096 and i * 2 > len(locs):
+        elif end > 4096 and end * 2 > len(self._locs):
             self._compact()
         return out
 

@@ -212,6 +212,21 @@ class QueueState:
         if entry.seq >= self.next_seq:
             self.next_seq = entry.seq + 1
 
+    def restore_run(self, entries: list[Entry]) -> None:
+        """`restore` each of `entries` (in sequence order), as one step when the queue has a
+        single level (a paged batch read back)."""
+        single = self._single
+        if single is None or not entries:
+            for e in entries:
+                self.restore(e)
+            return
+        single.fifo.extend(entries)
+        self.ready_count += len(entries)
+        self.ready_bytes += sum([len(e.message.body) for e in entries])
+        last = entries[-1].seq
+        if last >= self.next_seq:
+            self.next_seq = last + 1
+
     def ready_heads(self) -> Iterator[Entry]:
         """The oldest ready entry of each priority level (returned ones first)."""
         for level in self._levels:

@@ -706,50 +706,55 @@ class SegmentLog:
         decode them and let them go, for one kept holds its whole read in memory."""
         header = fmt.RECORD_HEADER_BYTES
         out: list[Record | StoreError | None] = [None] * len(seqs)
-        wanted: list[tuple[int, int, _Segment, int, int]] = []  # (index in seqs, seq, segment, offset, length)
-        runs: list[tuple[_Segment, int, int, int]] = []  # (segment, offset, end, first item of the run)
+        # the reads to make: (segment, offset, end, its records as (index in seqs, seq, offset, length))
+        runs: list[tuple[_Segment, int, int, list[tuple[int, int, int, int]]]] = []
         with self._lock:
             if self._closed:
                 raise StoreClosed(f"Segment log {self.directory}: closed")
+            active = self._active
             seg: _Segment | None = None
+            base = indexed = 0  # seg's base seq and how many seqs it indexes
+            rseg: _Segment | None = None  # the run being gathered
+            rstart = rend = 0
+            items: list[tuple[int, int, int, int]] = []
             for n, seq in enumerate(seqs):
-                if seg is None or not seg.base_seq <= seq < seg.end_seq:
+                i = seq - base
+                if seg is None or not 0 <= i < indexed:
                     try:
                         seg, i = self._locate(seq)
                     except UnknownRecord as e:
                         out[n] = e
                         seg = None
                         continue
-                else:
-                    i = seq - seg.base_seq
+                    base, indexed = seg.base_seq, len(seg.states)
                 if seg.states[i] == _ABSENT:
                     out[n] = UnknownRecord(f"record {seq} is not in the log")
                     continue
-                if seg is self._active and seq > self._written_seq:
+                if seg is active and seq > self._written_seq:
                     self._check_writable()
                     self._write_buffer()
-                offset, length = seg.offsets[i], seg.lengths[i]
+                offset = seg.offsets[i]
+                length = seg.lengths[i]
                 end = offset + header + length
-                if runs:
-                    rseg, rstart, rend, first = runs[-1]
-                    if (rseg is seg and 0 <= offset - rend <= READ_RUN_GAP_BYTES_MAX
-                            and end - rstart <= READ_RUN_BYTES_MAX):
-                        runs[-1] = (rseg, rstart, end, first)
-                        wanted.append((n, seq, seg, offset, length))
-                        continue
-                runs.append((seg, offset, end, len(wanted)))
-                wanted.append((n, seq, seg, offset, length))
-            datas = [os.pread(self._read_fd(rseg), rend - rstart, rstart) for rseg, rstart, rend, _f in runs]
+                if seg is rseg and 0 <= offset - rend <= READ_RUN_GAP_BYTES_MAX and end - rstart <= READ_RUN_BYTES_MAX:
+                    rend = end
+                else:
+                    if rseg is not None:
+                        runs.append((rseg, rstart, rend, items))
+                    rseg, rstart, rend, items = seg, offset, end, []
+                items.append((n, seq, offset, length))
+            if rseg is not None:
+                runs.append((rseg, rstart, rend, items))
+            datas = [os.pread(self._read_fd(rseg), rend - rstart, rstart) for rseg, rstart, rend, _items in runs]
         checked = fmt.checked_record
-        for r, (_rseg, rstart, _rend, first) in enumerate(runs):
-            view = memoryview(datas[r])
-            last = runs[r + 1][3] if r + 1 < len(runs) else len(wanted)
-            for n, seq, seg, offset, length in wanted[first:last]:
+        for (rseg, rstart, _rend, items), data in zip(runs, datas, strict=True):
+            view = memoryview(data)
+            for n, seq, offset, length in items:
                 got = checked(view, offset - rstart, seq, length)
                 if got is None:
                     log.error("Segment log %s: record %d in segment %s at offset %d fails its check",
-                              self.directory, seq, seg.path.name, offset)
-                    out[n] = StoreError(f"Segment log {self.directory}: record {seq} in segment {seg.path.name} "
+                              self.directory, seq, rseg.path.name, offset)
+                    out[n] = StoreError(f"Segment log {self.directory}: record {seq} in segment {rseg.path.name} "
                                         f"at offset {offset} is corrupt")
                     continue
                 out[n] = Record(seq, got[0], got[1])
