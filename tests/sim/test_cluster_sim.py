@@ -12,7 +12,7 @@ from functools import partial
 
 import pytest
 
-from hutch.sim.cluster import run_seed, trace_digest
+from hutch.sim.cluster import FAULT_KINDS, NET_AND_CRASH, run_seed, trace_digest
 from hutch.simkernel import SeedPool
 
 # The seeds `make test` runs, 2,000 consecutive seeds in all: each boots three nodes, publishes
@@ -24,6 +24,7 @@ from hutch.simkernel import SeedPool
 # test of its own; any failing seed fails its batch. (queue type, first seed, seeds)
 CI_SEEDS = [("quorum", 100, 750), ("classic", 100, 250), ("mirrored", 100, 1000)]
 BATCH_SEEDS = 250
+CI_FAULTS = NET_AND_CRASH  # partitions, link and client resets, crashes (`hutch sim cluster` draws every kind)
 BATCHES = [(qt, start, min(BATCH_SEEDS, first + count - start))
            for qt, first, count in CI_SEEDS for start in range(first, first + count, BATCH_SEEDS)]
 
@@ -74,18 +75,21 @@ def batches():
     tests below read them: the cores stay busy from the first seed to the last."""
     with SeedPool() as pool:
         submitted = {("quorum", "replay"): pool.submit(partial(run_seed, trace=True), [3])}
-        submitted |= {(qt, first): pool.submit(partial(run_seed, queue_type=qt), range(first, first + count))
+        submitted |= {(qt, first): pool.submit(_run(qt), range(first, first + count))
                       for qt, first, count in BATCHES}
-        submitted["mirrored", "regression"] = pool.submit(partial(run_seed, queue_type="mirrored"),
-                                                          MIRRORED_REGRESSION_SEEDS, chunk=1)
-        submitted["quorum", "regression"] = pool.submit(partial(run_seed, queue_type="quorum"),
-                                                        QUORUM_REGRESSION_SEEDS, chunk=1)
+        submitted["mirrored", "regression"] = pool.submit(_run("mirrored"), MIRRORED_REGRESSION_SEEDS, chunk=1)
+        submitted["quorum", "regression"] = pool.submit(_run("quorum"), QUORUM_REGRESSION_SEEDS, chunk=1)
         yield submitted
 
 
+def _run(queue_type: str):
+    return partial(run_seed, queue_type=queue_type, faults=CI_FAULTS)
+
+
 def _failures(results, queue_type: str) -> list[str]:
-    return [f"seed {r.seed} {r.stats.get('failed')}: {r.violation} "
-            f"(replay: hutch sim cluster --seed {r.seed} --queue-type {queue_type} -v)" for r in results if not r.ok]
+    faults = ",".join(k for k in FAULT_KINDS if k in CI_FAULTS)
+    return [f"seed {r.seed} {r.stats.get('failed')}: {r.violation} (replay: hutch sim cluster --seed {r.seed} "
+            f"--queue-type {queue_type} --faults {faults} -v)" for r in results if not r.ok]
 
 
 def test_a_seed_run_by_a_worker_process_replays_exactly(seed_3, batches):
