@@ -177,6 +177,7 @@ class ClusterRuntime:
         self.cluster = ClusterBroker(broker, self.name, self._send_q, self.is_up, self.submit,
                                      self.loop.call_soon, self.status)
         broker.cluster = self.cluster
+        self.cluster.recovering = True  # until the runtime has opened the broker's storage
         raft_dir = Path(cfg.data_dir) / "raft"
         self.host = RaftHostStorage(raft_dir)
         storage = self.host.group(CATALOGUE_GROUP)
@@ -203,7 +204,7 @@ class ClusterRuntime:
                                                                    lambda: self.cluster.catalogue.snapshot()))
         logged_at_start = storage.last_index()
         self.cluster.quorum.raft = QueueGroups(self.raft, node_id)
-        self.cluster.streams.raft = QueueGroups(self.raft, node_id)
+        self.cluster.streams.raft = QueueGroups(self.raft, node_id, leader_sync_on_loop=True)
         self._drain(initial=True)
         self.cluster.rebuild()
         for n, addr in self.cluster.members.items():
@@ -280,15 +281,16 @@ class ClusterRuntime:
         self._drain()
         await asyncio.wait_for(done.wait(), self.cfg.metadata_timeout_ms / 1000 + PROPOSAL_SLACK_S)
 
-    async def stop(self) -> None:
+    async def stop(self, failed: bool = False) -> None:
         # a controlled shutdown: peers hear it is not a partition; mirrored queues led here tell
         # their mirrors (which then apply ha-promote-on-shutdown) and leave their rings before
-        # the links close
+        # the links close. A node whose storage `failed` hands nothing over: it goes as a crashed
+        # node does (its mirrors elsewhere are promoted as after a failure), at once
         peers = self.transport.up_peers
         for peer in peers:
             self.transport.send(peer, "rpc", ["leaving"])
         mirroring = self.cluster.mirroring
-        if mirroring.leaders:
+        if mirroring.leaders and not failed:
             # every mirror must hold the "stopping" view before this node leaves the rings
             announced = asyncio.Event()
             mirroring.announce_shutdown()
@@ -296,7 +298,7 @@ class ClusterRuntime:
             mirroring.after_all_stable(lambda _arg: announced.set(), None)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(announced.wait(), SHUTDOWN_ANNOUNCE_WAIT_S)
-        if mirroring.leaders or mirroring.mirrors:
+        if (mirroring.leaders or mirroring.mirrors) and not failed:
             mirroring.shutdown()
             mirroring.flush()
         if peers:
