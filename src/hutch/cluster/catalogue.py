@@ -299,7 +299,9 @@ class SetQueueNodes(Command, tag="queue.nodes"):
     # applied only while the leader is still this node ("" = whatever it is): a promotion or a
     # placement decided from an older record must not undo a change made since
     expect_leader: str = ""
-    promotion: bool = False  # a mirror taking over from a failed leader (checked before it is proposed)
+    # a mirror taking over from a failed leader (checked before it is proposed); refused if its node
+    # is no longer among the queue's member nodes (its mirror was taken off since)
+    promotion: bool = False
     # the promotion is allowed only for a synchronised mirror (ha-promote-on-failure when-synced, or
     # a stopping leader under ha-promote-on-shutdown when-synced): refused if its node is fenced
     synchronised_only: bool = False
@@ -824,6 +826,11 @@ class Catalogue:
         if len(c.member_nodes) > MEMBER_NODES_MAX:
             return _err(PRECONDITION_FAILED, f"queue '{c.name}' in vhost '{c.vhost}': more than "
                                              f"{MEMBER_NODES_MAX} member nodes")
+        if c.promotion and c.leader_node not in old.member_nodes:
+            # its mirror was taken off the queue after it proposed this (its node no longer held a
+            # mirror by then): a queue made afresh there would lose what the mirror held
+            return _err(PRECONDITION_FAILED, f"queue '{c.name}' in vhost '{c.vhost}' has no mirror on "
+                                             f"{c.leader_node} to promote")
         fenced = old.fenced_nodes
         if c.promotion and c.leader_node in fenced:
             if c.synchronised_only:
