@@ -301,6 +301,8 @@ class Broker:
                 gc.enable()
         gc.freeze()  # what recovery built stays: keep it out of every later collection
         log.info("recovered %d queue(s) and %d persistent message(s)", len(queues), total)
+        if self.cluster is not None:
+            self.cluster.recovered()  # mirrored queues are led here from now on
 
     def _recover_messages(self, queues: dict) -> int:
         """Put the journal's surviving messages back on their queues, in publish order. A queue

@@ -71,6 +71,7 @@ from hutch.mirror.host import MirrorHost
 from hutch.mirror.placement import MirrorParams, declare_node, mirrors_for, params_of
 from hutch.queues.message import Message
 from hutch.quorum.host import QuorumHost
+from hutch.store import StoreFailed
 from hutch.streamproto import amqp10
 from hutch.streams.handle import STREAM
 from hutch.streams.host import StreamHost
@@ -156,6 +157,14 @@ class ClusterBroker:
         # classic queues on other nodes, and this node's classic queues for them
         self.remote = RemoteHost(self.peers, BrokerRemotePort(self))
         self.failover = Failover(self, self.mirroring.now)  # consumers following a mirrored queue's leader
+        # A booting node's queues are not recovered from its disk yet (Broker.open_storage): until
+        # they are, it leads no mirrored queue (nor does a mirror here join: Mirror._claim), and
+        # what peers send for queues waits here (a publish taken into a queue before its
+        # recovery was confirmed unjournalled, and the recovery went on without it). The
+        # runtime sets this for the boot.
+        self.recovering = False
+        self._held: list[tuple[str, Any]] = []
+        self.store_failed = False  # set once the message store refused a peer's operation
 
     # the remote-queue protocol's tables, as the rest of the broker reaches them
     @property
@@ -447,8 +456,21 @@ class ClusterBroker:
             log.error("malformed message from %s in group q: %.200r; ignored", peer, payload)
             return
         kind = payload[0]
+        if self.recovering and kind == REMOTE:
+            self._held.append((peer, payload))
+            return
         if kind == REMOTE or kind == "ST":
-            self.remote.on_batch(peer, payload[1])
+            if self.store_failed:
+                return  # the node is stopping, as gone for its peers (their links stay until it exits)
+            try:
+                self.remote.on_batch(peer, payload[1])
+            except StoreFailed as e:
+                # A record the message store refused: the node stops (its next sync reports the
+                # failure). Sent again, the operation would be applied again in memory and
+                # refused again (a publish enqueued once more each time); the rest is not taken.
+                self.store_failed = True
+                log.error("the message store refused an operation from node %s (%s); this node takes no more "
+                          "queue operations from its peers", peer, e)
         elif kind == "QP":
             self.quorum.on_forwarded(payload[1], payload[2])
         elif kind == "QE":
@@ -488,7 +510,25 @@ class ClusterBroker:
         self.remote.retry_orphans()
         self.broker.schedule()
 
+    def recovered(self) -> None:
+        """This node's queues are recovered from its disk: it leads its mirrored queues now
+        (its mirrors join on their own once storage is open), then handles what peers sent
+        meanwhile, in order."""
+        self.recovering = False
+        vhosts = self.broker.vhosts
+        for rec in list(self.catalogue.queues.values()):
+            if rec.type != cat.CLASSIC or rec.leader_node != self.node or (v := vhosts.get(rec.vhost)) is None:
+                continue
+            q = v.queues.get(rec.name)
+            if q is not None and q.local and not q.deleted:
+                self.mirroring.record_changed(rec, q)
+        held, self._held = self._held, []
+        for peer, payload in held:
+            self.on_message(peer, payload)
+
     def peer_down(self, peer: str) -> None:
+        if self._held:  # lost with the link, as if they had not arrived
+            self._held = [(p, payload) for p, payload in self._held if p != peer]
         self.quorum.peer_down(peer)
         self.mirroring.peer_down(peer)
         self.remote.peer_down(peer)  # its publishes, calls and consumers

@@ -75,6 +75,7 @@ class MirrorCluster(Protocol):
     broker: Any
     node: str
     incarnation: int
+    recovering: bool  # the node's queues are not recovered from its disk yet
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> Any: ...
     def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None: ...
@@ -130,7 +131,8 @@ class MirrorHost:
                 m.leader_dead = False
         elif m is not None and not (rec.leader_node == self.node and m.wants_lead):
             self.drop_mirror(m, copy=SHELVE)  # it may come back here: a mirror made then takes the copy
-        if rec.leader_node == self.node and q.local:
+        if rec.leader_node == self.node and q.local and not self.cluster.recovering:
+            # (a booting node leads once its queues are recovered: ClusterBroker.recovered)
             self.ensure_leader(q, bool(rec.member_nodes))
 
     def ensure_leader(self, q: ClassicQueue, mirrored: bool) -> None:

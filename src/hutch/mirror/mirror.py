@@ -110,7 +110,9 @@ class Mirror:
         """Take this queue's copy recovered from disk, if any (False: storage is not open yet)."""
         journal = self.host.broker.journal
         if journal is None:
-            return not self.persists  # the catalogue comes back before storage opens: wait for it
+            # the catalogue comes back before storage opens: wait for it (a mirror joins once its
+            # node has recovered its queues, whether or not it persists its own copy)
+            return False
         self.claimed = True
         copy = journal.take_mirror_copy(self.vhost, self.name)
         if copy is None:

@@ -415,7 +415,7 @@ class Node:
                 break
             await asyncio.sleep(SYNC_DRAIN_POLL_S)
         if self.clustering is not None:
-            await self.clustering.stop()
+            await self.clustering.stop(failed=self.exit_code != 0)
         try:
             self.broker.close_storage()
         except OSError as e:  # a failing disk: what was not synced is not claimed durable
