@@ -222,9 +222,8 @@ class SparkCheck:
                 F.col("n_unflagged") - F.greatest(F.col("n_publish"), F.lit(1)), F.lit(0))).otherwise(0))
             .withColumn("confirm_lat", F.col("confirm_ts") - F.col("pub_ts"))
             .withColumn("e2e_lat", F.col("first_ts") - F.col("pub_ts"))
-            .withColumn("window", _window_expr(windows))
-            .persist(StorageLevel.MEMORY_AND_DISK)
         )
+        msgs = _with_window(self.spark, msgs, windows).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(msgs)
 
         def n(c):
@@ -372,17 +371,25 @@ class SparkCheck:
         self._persisted.clear()
 
 
-def _window_expr(windows: list[FaultWindow]):
-    """The fault window a message was published in, as a column (latest-opened window first)."""
+def _with_window(spark, msgs, windows: list[FaultWindow]):
+    """`msgs` with the fault window each message was published in (`window`): of the windows
+    open at its publish, the latest opened; a range join with the windows as a broadcast table
+    (one CASE expression over every window of every run outgrew what Spark compiles once a
+    hundred runs were checked together)."""
     from pyspark.sql import functions as F
 
-    expr = F.when(F.col("pub_ts").isNull(), F.lit(UNKNOWN_WINDOW))
-    for w in sorted(windows, key=lambda w: w.start_ns, reverse=True):
-        expr = expr.when(
-            (F.col("run_id") == w.run_id) & (F.col("pub_ts") >= w.start_ns) & (F.col("pub_ts") < w.end_ns),
-            F.lit(w.name),
-        )
-    return expr.otherwise(F.lit(HEALTHY))
+    outside = F.when(F.col("pub_ts").isNull(), F.lit(UNKNOWN_WINDOW)).otherwise(F.lit(HEALTHY))
+    if not windows:
+        return msgs.withColumn("window", outside)
+    ranked = sorted(windows, key=lambda w: w.start_ns, reverse=True)  # stable: ties keep their order
+    wdf = spark.createDataFrame([(w.run_id, w.start_ns, w.end_ns, w.name, i) for i, w in enumerate(ranked)],
+                                "w_run string, w_start long, w_end long, w_name string, w_rank int")
+    key = ["run_id", "queue", "msg_id"]
+    m = msgs.select(*key, "pub_ts").where(F.col("pub_ts").isNotNull())
+    hit = (m.join(F.broadcast(wdf), (m.run_id == wdf.w_run) & (m.pub_ts >= wdf.w_start) & (m.pub_ts < wdf.w_end))
+           .groupBy(*key).agg(F.min_by("w_name", "w_rank").alias("w_name")))
+    return (msgs.join(hit, key, "left")
+            .withColumn("window", F.coalesce(F.col("w_name"), outside)).drop("w_name"))
 
 
 def _latency(pct, max_ns, count) -> dict:
