@@ -55,12 +55,16 @@ from hutch.queues.message import Message
 from hutch.queues.state import Entry
 from hutch.quorum import fifo
 from hutch.quorum.handle import QuorumQueue
+from hutch.store.segment_log import RECORD_BYTES_MAX_DEFAULT
 
 log = logging.getLogger("hutch.quorum")
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
+# the largest publish a queue proposes: the node's Raft log takes records up to its record limit,
+# the entry's framing around it; a larger message (under max_message_size) is nacked at once
+ENTRY_BYTES_MAX = RECORD_BYTES_MAX_DEFAULT - (64 << 10)
 RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
 # ... except one handed to a leader that is up: that one is sent again at once when another
 # leader is known (leader_known) or the leader's node comes back (peer_up), otherwise only after
@@ -247,6 +251,7 @@ class QuorumHost:
         self._publishers: dict[Any, _PublisherIds] = {}  # channel (None: the broker's own) -> ids; PUBLISHERS_MAX
         self._gone_due: list[tuple[float, _PublisherIds]] = []  # channels closed in the last few seconds
         self._out: dict[str, list] = {}  # node -> outcomes to send it; emptied every loop iteration (flush)
+        self._refused: list[tuple[Any, Any, int]] = []  # publishes too large for an entry, nacked by flush
         self._leading: set[int] = set()
         self._gapped: set[QuorumQueue] = set()  # queues with a consumer here waiting for missed deliveries
         self._gone_seen: set[QuorumQueue] = set()  # on_effects': queues with a delivery to a consumer gone from here
@@ -562,21 +567,29 @@ class QuorumHost:
             pub = self._new_publisher(channel)
         seqs = pub.seqs
         pseq = seqs.get(q.gid, 0) + 1
-        seqs[q.gid] = pseq
-        pub.inflight += 1
         publisher = pub.id
         # the lowest of this publisher's numbers still unanswered: the queue decides them in order
         low = pub.low.get(q.gid, 1)
         while low < pseq and (publisher, low) not in self._pubs:
             low += 1
-        pub.low[q.gid] = low
         now = self.now_ms()
         cmd = fifo.Enqueue(msg.exchange, msg.routing_key, msg.props, msg.body, msg.persistent, msg.priority,
                            msg.expiration_ms, now, publisher, pseq, low)
         env = _enc.encode([self.peers.node, 0, fifo.encode_command(cmd)])
-        item = self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, 0.0, pub]
         if session is not None:
             self.port.window_add(session)
+        if len(env) > ENTRY_BYTES_MAX:
+            # never proposed (the Raft log would refuse its record): nacked after the channel
+            # has counted it, at the end of this loop iteration; its publisher number is not used
+            log.warning("queue '%s' in vhost '%s': refused a message of %d bytes, over the largest entry "
+                        "a quorum queue takes (%d bytes)", q.name, q.vhost, len(env), ENTRY_BYTES_MAX)
+            self._refused.append((channel, session, seq))
+            self.port.schedule()
+            return
+        seqs[q.gid] = pseq
+        pub.low[q.gid] = low
+        pub.inflight += 1
+        item = self._pubs[(publisher, pseq)] = [q, env, channel, seq, session, 0.0, pub]
         item[5] = now / 1000 + self._retry_s(q, self._send(q, env))
 
     def _confirmed(self, publisher: str, pseq: int, accepted: bool) -> None:
@@ -657,7 +670,11 @@ class QuorumHost:
 
     def flush(self) -> None:
         """Send what the groups this node leads decided, once per loop iteration and node (to
-        this node itself without encoding)."""
+        this node itself without encoding), and nack the publishes refused as too large."""
+        if self._refused:
+            refused, self._refused = self._refused, []
+            for channel, session, seq in refused:
+                self.port.publish_answered(channel, session, seq, False)
         if self._out:
             out, self._out = self._out, {}
             for node, items in out.items():
