@@ -58,6 +58,7 @@ import msgspec
 from hutch.raft.messages import Entry, HardState, Snapshot, SnapshotMeta
 from hutch.raft.storage import EntryWindow, bootstrap_log
 from hutch.store import SegmentLog
+from hutch.store.segment_log import RECORD_BYTES_MAX_DEFAULT
 
 
 class RaftLogError(Exception):
@@ -86,6 +87,9 @@ _decode = msgspec.msgpack.Decoder(LogRecord).decode
 _EMPTY_HS = HardState()
 _EMPTY_SNAP = Snapshot(SnapshotMeta())
 GROUP_ID_MAX = (1 << 64) - 1
+# the largest entry a queue's group proposes: the log takes records up to its record limit, and
+# an entry's framing goes around it; a larger publish or batch is refused before it is proposed
+ENTRY_BYTES_MAX = RECORD_BYTES_MAX_DEFAULT - (64 << 10)
 
 
 class RaftLog(EntryWindow):

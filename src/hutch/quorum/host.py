@@ -51,20 +51,17 @@ import msgspec
 from hutch.amqp import codec, spec
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers, incarnation_in, node_of
+from hutch.cluster.raftlog import ENTRY_BYTES_MAX
 from hutch.queues.message import Message
 from hutch.queues.state import Entry
 from hutch.quorum import fifo
 from hutch.quorum.handle import QuorumQueue
-from hutch.store.segment_log import RECORD_BYTES_MAX_DEFAULT
 
 log = logging.getLogger("hutch.quorum")
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
-# the largest publish a queue proposes: the node's Raft log takes records up to its record limit,
-# the entry's framing around it; a larger message (under max_message_size) is nacked at once
-ENTRY_BYTES_MAX = RECORD_BYTES_MAX_DEFAULT - (64 << 10)
 RETRY_S = 1.0  # a proposal not answered by then is sent again (to the leader known by then)
 # ... except one handed to a leader that is up: that one is sent again at once when another
 # leader is known (leader_known) or the leader's node comes back (peer_up), otherwise only after

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
-from hutch.store.segment_log import RECORD_BYTES_MAX_DEFAULT
+from hutch.cluster.raftlog import ENTRY_BYTES_MAX
 from hutch.store.stream_log import StreamLog, StreamLogError
 from hutch.streamproto import chunk as chunks
 from hutch.streams import machine as sm
@@ -58,9 +58,6 @@ READ_BYTES_MAX = 8 << 20  # what one read call returns at most
 # the records of one writer's batch (so one entry, one chunk): a chunk is delivered in one frame,
 # and 1 MiB is the stream protocol's default frame_max
 BATCH_BYTES_MAX = 1000 << 10
-# the largest entry a stream proposes: the node's Raft log takes records up to its record limit,
-# the entry's framing around it; a larger batch (one AMQP 0-9-1 message over it) is refused
-ENTRY_BYTES_MAX = RECORD_BYTES_MAX_DEFAULT - (64 << 10)
 S_REQUEST = "s"
 STATUS_S = 1.0  # how often a member reports a stream's extent to the nodes without a replica
 
