@@ -267,58 +267,42 @@ async def count_drain(messages: int) -> None:
     in-process node, then drain it with manual acks (prefetch COUNT_QOS, one multiple ack per
     broker run, as a consumer that keeps up sends them) and count what the node executes per
     message over COUNTED_MESSAGES of the drain, past its start."""
-    import asyncio
-
-    from hotpath import count, free_port, open_session, wait_for  # bench/hotpath.py
+    from hotpath import count, free_port, in_process_node, open_session, wait_for  # bench/hotpath.py
     from pamqp import body, commands, frame, header
 
-    from hutch.broker.broker import Config
-    from hutch.server.runtime import Node
+    async with in_process_node("backlog-count", stream_port=free_port()) as node:
+        b = node.broker
+        b.request_sync = lambda: b.durable_done(b.journal.sync())  # the worker thread's fsync, inline
+        pub = open_session(node, "127.0.0.1:1")
+        con = open_session(node, "127.0.0.1:2")
+        pub.receive(frame.marshal(commands.Queue.Declare(queue=QUEUE, durable=True,
+                                                         arguments={"x-queue-mode": "lazy"}), 1))
+        await wait_for(lambda: QUEUE in b.vhosts["/"].queues, "queue.declare")
+        q = b.vhosts["/"].queues[QUEUE]
+        one = (frame.marshal(commands.Basic.Publish(exchange="", routing_key=QUEUE), 1)
+               + frame.marshal(header.ContentHeader(0, BODY_BYTES, commands.Basic.Properties(delivery_mode=2)), 1)
+               + frame.marshal(body.ContentBody(b"x" * BODY_BYTES), 1))
+        for _ in range(messages // 1000):
+            pub.receive(one * 1000)
+            b.run()
+        total = q.message_count
+        con.receive(frame.marshal(commands.Basic.Qos(prefetch_count=COUNT_QOS), 1))
+        con.receive(frame.marshal(commands.Basic.Consume(queue=QUEUE, no_ack=False), 1))
 
-    with tempfile.TemporaryDirectory(prefix="hutch-backlog-count-") as data_dir:
-        cfg = Config(node_name="backlog@localhost", data_dir=data_dir, amqp_host="127.0.0.1",
-                     amqp_port=free_port(), peer_port=free_port(), mgmt_port=0)
-        cfg.prometheus_port = 0
-        cfg.stream_port = free_port()
-        node = Node(cfg)
-        node.loop = asyncio.get_running_loop()
-        await node.start_app()
-        try:
-            b = node.broker
-            await wait_for(lambda: "guest" in b.users and "/" in b.vhosts, "the default user and vhost")
-            b.request_sync = lambda: b.durable_done(b.journal.sync())  # the worker thread's fsync, inline
-            pub = open_session(node, "127.0.0.1:1")
-            con = open_session(node, "127.0.0.1:2")
-            pub.receive(frame.marshal(commands.Queue.Declare(queue=QUEUE, durable=True,
-                                                             arguments={"x-queue-mode": "lazy"}), 1))
-            await wait_for(lambda: QUEUE in b.vhosts["/"].queues, "queue.declare")
-            q = b.vhosts["/"].queues[QUEUE]
-            one = (frame.marshal(commands.Basic.Publish(exchange="", routing_key=QUEUE), 1)
-                   + frame.marshal(header.ContentHeader(0, BODY_BYTES, commands.Basic.Properties(delivery_mode=2)), 1)
-                   + frame.marshal(body.ContentBody(b"x" * BODY_BYTES), 1))
-            for _ in range(messages // 1000):
-                pub.receive(one * 1000)
+        def drain(n: int) -> None:
+            target = total - q.message_count - q.unacked_count + n  # settled so far, and n more
+            while True:
                 b.run()
-            total = q.message_count
-            con.receive(frame.marshal(commands.Basic.Qos(prefetch_count=COUNT_QOS), 1))
-            con.receive(frame.marshal(commands.Basic.Consume(queue=QUEUE, no_ack=False), 1))
+                delivered = total - q.message_count
+                if delivered - q.unacked_count >= target or not delivered:
+                    return
+                con.receive(frame.marshal(commands.Basic.Ack(delivery_tag=min(delivered, target),
+                                                             multiple=True), 1))
 
-            def drain(n: int) -> None:
-                target = total - q.message_count - q.unacked_count + n  # settled so far, and n more
-                while True:
-                    b.run()
-                    delivered = total - q.message_count
-                    if delivered - q.unacked_count >= target or not delivered:
-                        return
-                    con.receive(frame.marshal(commands.Basic.Ack(delivery_tag=min(delivered, target),
-                                                                 multiple=True), 1))
-
-            drain(max(messages - COUNTED_MESSAGES - 2 * COUNT_QOS, COUNT_QOS))  # well into the drain
-            print(f"draining a lazy queue of {total:,} persistent {BODY_BYTES} B messages (paged: "
-                  f"{q.paged_count:,} left), prefetch {COUNT_QOS}, one multiple ack a broker run:")
-            count(lambda: drain(COUNTED_MESSAGES), COUNTED_MESSAGES)
-        finally:
-            await node.stop_app()
+        drain(max(messages - COUNTED_MESSAGES - 2 * COUNT_QOS, COUNT_QOS))  # well into the drain
+        print(f"draining a lazy queue of {total:,} persistent {BODY_BYTES} B messages (paged: "
+              f"{q.paged_count:,} left), prefetch {COUNT_QOS}, one multiple ack a broker run:")
+        count(lambda: drain(COUNTED_MESSAGES), COUNTED_MESSAGES)
 
 
 def table(results: list[dict]) -> str:

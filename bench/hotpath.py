@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import pstats
 import socket
@@ -119,55 +120,66 @@ def count(run, n: int) -> None:
         print(f"  {k / n:7.2f} bytecodes {calls[code] / n:5.2f} calls  {code.co_qualname}  ({where})")
 
 
-async def bench(n: int, rounds: int, size: int, profile: bool, batch_n: int = BATCH, counting: bool = False) -> None:
-    with tempfile.TemporaryDirectory(prefix="hutch-hotpath-") as data_dir:
-        cfg = Config(node_name="hotpath@localhost", data_dir=data_dir, amqp_host="127.0.0.1",
+@contextlib.asynccontextmanager
+async def in_process_node(name: str, **fields):
+    """A single node in this process, on this loop, in a temporary data directory, once its default
+    user and vhost exist; `fields` set more of its Config."""
+    with tempfile.TemporaryDirectory(prefix=f"hutch-{name}-") as data_dir:
+        cfg = Config(node_name=f"{name}@localhost", data_dir=data_dir, amqp_host="127.0.0.1",
                      amqp_port=free_port(), peer_port=free_port(), mgmt_port=0)
         cfg.prometheus_port = 0  # (a field older trees lack: this script also measures them)
+        for key, value in fields.items():
+            setattr(cfg, key, value)
         node = Node(cfg)
         node.loop = asyncio.get_running_loop()
         await node.start_app()
         try:
             b = node.broker
             await wait_for(lambda: "guest" in b.users and "/" in b.vhosts, "the default user and vhost")
-            pub = open_session(node, "127.0.0.1:1")
-            con = open_session(node, "127.0.0.1:2")
-            con.receive(frame.marshal(commands.Queue.Declare(queue="hotpath"), 1))
-            await wait_for(lambda: "hotpath" in b.vhosts["/"].queues, "queue.declare")
-            con.receive(frame.marshal(commands.Basic.Consume(queue="hotpath", no_ack=True), 1))
-            b.run()
-            one = (frame.marshal(commands.Basic.Publish(exchange="", routing_key="hotpath"), 1)
-                   + frame.marshal(header.ContentHeader(0, size, commands.Basic.Properties()), 1)
-                   + frame.marshal(body.ContentBody(b"x" * size), 1))
-            batch = one * batch_n
-
-            def run(n: int = n) -> None:
-                for _ in range(n // batch_n):
-                    pub.receive(batch)
-                    b.run()
-
-            run()  # warm up
-            if counting:
-                count(lambda: run(COUNT_MESSAGES), COUNT_MESSAGES // batch_n * batch_n)
-                return
-            if profile:
-                cProfile.runctx("run()", globals(), locals(), "/tmp/hotpath.prof")
-                pstats.Stats("/tmp/hotpath.prof").sort_stats("tottime").print_stats(20)
-                return
-            best = None
-            for _ in range(rounds):
-                before = con.transport_hooks.bytes
-                c0 = time.process_time()
-                run()
-                cpu = time.process_time() - c0
-                delivered = con.transport_hooks.bytes - before
-                per_msg = cpu / (n // batch_n * batch_n) * 1e6
-                print(f"  {per_msg:.2f} µs CPU per message, {delivered / n:.0f} bytes delivered per message")
-                best = per_msg if best is None else min(best, per_msg)
-            print(f"{n} messages x {rounds} rounds: best {best:.2f} µs CPU per message "
-                  f"({1e6 / best:,.0f} msg/s on one core)")
+            yield node
         finally:
             await node.stop_app()
+
+
+async def bench(n: int, rounds: int, size: int, profile: bool, batch_n: int = BATCH, counting: bool = False) -> None:
+    async with in_process_node("hotpath") as node:
+        b = node.broker
+        pub = open_session(node, "127.0.0.1:1")
+        con = open_session(node, "127.0.0.1:2")
+        con.receive(frame.marshal(commands.Queue.Declare(queue="hotpath"), 1))
+        await wait_for(lambda: "hotpath" in b.vhosts["/"].queues, "queue.declare")
+        con.receive(frame.marshal(commands.Basic.Consume(queue="hotpath", no_ack=True), 1))
+        b.run()
+        one = (frame.marshal(commands.Basic.Publish(exchange="", routing_key="hotpath"), 1)
+               + frame.marshal(header.ContentHeader(0, size, commands.Basic.Properties()), 1)
+               + frame.marshal(body.ContentBody(b"x" * size), 1))
+        batch = one * batch_n
+
+        def run(n: int = n) -> None:
+            for _ in range(n // batch_n):
+                pub.receive(batch)
+                b.run()
+
+        run()  # warm up
+        if counting:
+            count(lambda: run(COUNT_MESSAGES), COUNT_MESSAGES // batch_n * batch_n)
+            return
+        if profile:
+            cProfile.runctx("run()", globals(), locals(), "/tmp/hotpath.prof")
+            pstats.Stats("/tmp/hotpath.prof").sort_stats("tottime").print_stats(20)
+            return
+        best = None
+        for _ in range(rounds):
+            before = con.transport_hooks.bytes
+            c0 = time.process_time()
+            run()
+            cpu = time.process_time() - c0
+            delivered = con.transport_hooks.bytes - before
+            per_msg = cpu / (n // batch_n * batch_n) * 1e6
+            print(f"  {per_msg:.2f} µs CPU per message, {delivered / n:.0f} bytes delivered per message")
+            best = per_msg if best is None else min(best, per_msg)
+        print(f"{n} messages x {rounds} rounds: best {best:.2f} µs CPU per message "
+              f"({1e6 / best:,.0f} msg/s on one core)")
 
 
 def main() -> None:
