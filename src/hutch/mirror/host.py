@@ -191,8 +191,19 @@ class MirrorHost:
         """The catalogue names this node leader of a queue it mirrors. Promote the replica now if
         the old leader is gone from the ring; otherwise wait for it to leave (False)."""
         m = self.mirrors.get((rec.vhost, rec.name))
-        if m is None or m.member is None or m.member.status != gm.MEMBER:
+        if m is None:
             return True  # nothing to promote: the caller makes a fresh queue
+        if m.member is None:
+            # between rings (it left the ring of a leader it saw die, to join that leader's node
+            # again once it is back, or the ring took it off): a promotion decided while it was in
+            # the ring commits now. What it held there is the queue; it leads a ring of its own.
+            if m.replica.view is None:
+                return True
+            if m.copy_from_ring:  # offered for judging on its way back, but not from disk
+                m.replica.recovered_epoch, m.replica.unreconciled = 0, set()
+            return self.promote(m)
+        if m.member.status != gm.MEMBER:
+            return True
         m.wants_lead = True
         if m.leader_member is not None and m.leader_member in set(m.member.members):
             return False
@@ -207,7 +218,8 @@ class MirrorHost:
         if rec is None or v is None or rec.leader_node != self.node:
             return False
         cur = v.queues.get(m.name)
-        log.info("Mirrored queue '%s' in vhost '%s': Promoting slave %s to master", m.name, m.vhost, m.member.id)
+        me = m.replica.member if m.member is None else m.member.id  # its id in the ring its view is of
+        log.info("Mirrored queue '%s' in vhost '%s': Promoting slave %s to master", m.name, m.vhost, me)
         q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=False, auto_delete=rec.auto_delete,
                             arguments=dict(rec.arguments), owner=None)
         q.journal_id = rec.journal_id if rec.durable else 0
@@ -247,16 +259,20 @@ class MirrorHost:
         m.forget_copy()  # the queue's own journal has the messages now
         view = m.replica.view
         del self.mirrors[key]
-        ld = self._attach(q, m.member, new_epochs(m.replica.epochs, st.next_seq))
+        member = m.member
+        if member is None:
+            mid = self.new_member_id()
+            member = gm.GMMember.create(mid, [mid])
+        ld = self._attach(q, member, new_epochs(m.replica.epochs, st.next_seq))
         ld.recent_tokens = m.replica.tokens
         my_since = 0
         viewed = view.mirrors if view is not None else ()
         for mv in viewed:
-            if mv.member == m.member.id:
+            if mv.member == me:
                 my_since = mv.since
-        alive = set(m.member.members)
+        alive = set(member.members)
         for mv in viewed:
-            if mv.member != m.member.id and mv.member in alive:
+            if mv.member != me and mv.member in alive:
                 ld._order += 1
                 since = 0 if mv.since <= my_since else mv.since
                 ld.mirrors[mv.member] = MirrorInfo(mv.member, mv.node, since, ld._order)

@@ -63,6 +63,9 @@ class Mirror:
         self.wants_lead = False  # the catalogue names this node leader; waiting for the old one to go
         self.dead_leader_node = ""
         self.warned = False
+        # its copy is the one it held in a ring of this run, offered to the leader's node on its
+        # return (Mirror.start) and not judged yet: exact as of its view all the same
+        self.copy_from_ring = False
 
     def __repr__(self) -> str:
         return f"Mirror({self.vhost!r}, {self.name!r}, leader {self.leader_node})"
@@ -79,6 +82,7 @@ class Mirror:
         self.joining_as = self.host.new_member_id()
         args = [self.vhost, self.name]
         if self.copy_id and self.replica.entries:
+            self.copy_from_ring = self.replica.view is not None and not self.replica.unreconciled
             self.replica.recovered_epoch = self.epoch
             ranges = self.replica.held_ranges()
             self.replica.unreconciled = set(self.replica.entries)
