@@ -5,10 +5,7 @@ nothing diverges."""
 
 from __future__ import annotations
 
-import base64
-import json
 import time
-import urllib.request
 
 import pika
 import pika.exceptions
@@ -16,7 +13,7 @@ import pytest
 
 from hutch.lab.cluster import Lab
 from tests.support.brokers import wait_until
-from tests.support.lab import free_base_port
+from tests.support.lab import api, free_base_port, queue_leader
 
 pytestmark = pytest.mark.timeout(300)
 QUORUM = {"x-queue-type": "quorum"}
@@ -37,20 +34,6 @@ def connect(lab: Lab, i: int) -> pika.BlockingConnection:
                                                              blocked_connection_timeout=60))
 
 
-def api(lab: Lab, i: int, path: str):
-    req = urllib.request.Request(lab.nodes[i].http_url + path)
-    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    with urllib.request.urlopen(req, timeout=5) as r:
-        return json.loads(r.read())
-
-
-def leader(lab: Lab, queue: str, via: int) -> str | None:
-    try:
-        return api(lab, via, f"/api/queues/%2F/{queue}").get("leader")
-    except OSError:
-        return None
-
-
 def drain(conn: pika.BlockingConnection, queue: str, timeout_s: float = 30.0) -> list[bytes]:
     ch = conn.channel()
     out = []
@@ -67,7 +50,7 @@ def test_a_suspended_leader_is_replaced_within_seconds_and_nothing_is_lost(lab):
     c = connect(lab, 0)
     ch = c.channel()
     ch.queue_declare("qq.sigstop", durable=True, arguments=QUORUM)
-    wait_until(lambda: leader(lab, "qq.sigstop", 0) == lab.nodes[0].name, 10, "leader on node 1")
+    wait_until(lambda: queue_leader(lab, "qq.sigstop", 0) == lab.nodes[0].name, 10, "leader on node 1")
     ch.confirm_delivery()
     for i in range(100):
         ch.basic_publish("", "qq.sigstop", f"s{i}".encode(), pika.BasicProperties(delivery_mode=2))
@@ -75,7 +58,7 @@ def test_a_suspended_leader_is_replaced_within_seconds_and_nothing_is_lost(lab):
     started = time.monotonic()
     lab.suspend(1)
     try:
-        wait_until(lambda: leader(lab, "qq.sigstop", 1) in (lab.nodes[1].name, lab.nodes[2].name), 20,
+        wait_until(lambda: queue_leader(lab, "qq.sigstop", 1) in (lab.nodes[1].name, lab.nodes[2].name), 20,
                    "a new leader while the old one is suspended")
         failover_s = time.monotonic() - started
         c2 = connect(lab, 1)
@@ -103,7 +86,7 @@ def test_minority_member_stops_serving_majority_goes_on_and_heal_converges(lab):
     lab.partition(3)
     try:
         # the majority side elects (or keeps) a leader and takes publishes
-        wait_until(lambda: leader(lab, "qq.partition", 0) in (lab.nodes[0].name, lab.nodes[1].name), 20,
+        wait_until(lambda: queue_leader(lab, "qq.partition", 0) in (lab.nodes[0].name, lab.nodes[1].name), 20,
                    "a leader on the majority side")
         m = connect(lab, 1)
         mch = m.channel()

@@ -17,13 +17,10 @@ a reader from "first" on any node starts at that member's new first offset.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
-import json
 import select
 import types
-import urllib.request
 import uuid
 
 import aio_pika
@@ -33,7 +30,7 @@ import pytest
 from hutch.lab.cluster import Lab
 from hutch.streamproto import frames as f
 from tests.support.brokers import wait_until
-from tests.support.lab import free_base_port
+from tests.support.lab import api, free_base_port, queue_leader
 from tests.support.stream_client import Raw, amqp_body
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,20 +51,6 @@ def lab(tmp_path_factory):
         yield lab
     finally:
         lab.down(wipe=True)
-
-
-def api(lab: Lab, i: int, path: str):
-    req = urllib.request.Request(lab.nodes[i].http_url + path)
-    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def leader(lab: Lab, name: str, via: int) -> str | None:
-    try:
-        return api(lab, via, f"/api/queues/%2F/{name}").get("leader")
-    except OSError:
-        return None
 
 
 def member_end(lab: Lab, name: str, i: int) -> int | None:
@@ -154,7 +137,7 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[0].amqp_port, heartbeat=0))
     conn.channel().queue_declare(name, durable=True, arguments=STREAM)  # client-local: node 1 leads
     conn.close()
-    wait_until(lambda: leader(lab, name, 1) == lab.nodes[0].name, WAIT_S, "node 1 leading the stream")
+    wait_until(lambda: queue_leader(lab, name, 1) == lab.nodes[0].name, WAIT_S, "node 1 leading the stream")
     alone = 0 if cut_off == "the leader" else 2
     majority = [i for i in range(3) if i != alone]
     before = [f"a{i}".encode() for i in range(BEFORE)]
@@ -244,7 +227,7 @@ def test_a_reader_on_the_node_cut_off_alone_keeps_reading_and_gets_the_rest_afte
                         pch.default_exchange.publish(aio_pika.Message(body), routing_key=name, timeout=None))
 
                 # meanwhile the majority side elects (or keeps) a leader and confirms publishes
-                await blocking(wait_until, lambda: leader(lab, name, majority[0]) in
+                await blocking(wait_until, lambda: queue_leader(lab, name, majority[0]) in
                                [lab.nodes[i].name for i in majority], WAIT_S, "a leader on the majority side")
                 await blocking(publish_confirmed, lab, majority[0], name,
                                [f"b{i}".encode() for i in range(DURING)])
@@ -353,7 +336,7 @@ def test_a_stream_protocol_publisher_without_a_majority_is_not_read_from_past_it
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", lab.nodes[0].amqp_port, heartbeat=0))
     conn.channel().queue_declare(name, durable=True, arguments=STREAM)
     conn.close()
-    wait_until(lambda: leader(lab, name, 2) == lab.nodes[0].name, WAIT_S, "node 1 leading the stream")
+    wait_until(lambda: queue_leader(lab, name, 2) == lab.nodes[0].name, WAIT_S, "node 1 leading the stream")
     frame_bytes = 1000 << 10
     offered = 2 * PUBLISH_WINDOW_BYTES // frame_bytes
     writer = Raw(lab.nodes[2].stream_port)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import urllib.request
+
 from hutch.lab.cluster import (
     MGMT_PORT_OFFSET,
     PEER_PORT_OFFSET,
     PROMETHEUS_PORT_OFFSET,
     STREAM_PORT_OFFSET,
+    Lab,
     port_in_use,
 )
 from tests.support.brokers import free_port
@@ -25,3 +30,19 @@ def free_base_port(count: int) -> int:
         if not any(port_in_use(p) for p in ports):
             return base
     raise RuntimeError("no free base port")
+
+
+def api(lab: Lab, i: int, path: str, timeout_s: float = 10.0):
+    """GET `path` of node i's management API as guest, decoded."""
+    req = urllib.request.Request(lab.nodes[i].http_url + path)
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def queue_leader(lab: Lab, queue: str, via: int) -> str | None:
+    """The leader of a queue in / as node `via` reports it (None when that node does not answer)."""
+    try:
+        return api(lab, via, f"/api/queues/%2F/{queue}").get("leader")
+    except OSError:
+        return None
