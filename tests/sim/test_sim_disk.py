@@ -6,6 +6,7 @@ crash model")."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -32,6 +33,15 @@ def host_dir(tmp_path):
     return tmp_path / "n1"
 
 
+@contextlib.contextmanager
+def _log_on_a_simulated_disk(host_dir, rng: Random):
+    """(disk, log): a segment log in host n1's directory, on a simulated disk installed meanwhile."""
+    disk = SimDisk(rng)
+    disk.mount("n1", host_dir)
+    with disk.installed(BOUND):
+        yield disk, SegmentLog(host_dir)
+
+
 def _crash(disk: SimDisk, log: SegmentLog) -> None:
     """The process dies: its descriptors close, the log object is never used again."""
     disk.close_all("n1")
@@ -50,10 +60,7 @@ def _records(directory) -> list[bytes]:
 
 
 def test_a_power_failure_loses_every_write_not_fsynced(host_dir):
-    disk = SimDisk(Random(1))
-    disk.mount("n1", host_dir)
-    with disk.installed(BOUND):
-        log = SegmentLog(host_dir)
+    with _log_on_a_simulated_disk(host_dir, Random(1)) as (disk, log):
         for i in range(5):
             log.append(b"synced-%d" % i)
         log.sync()
@@ -70,10 +77,7 @@ def test_a_power_failure_loses_every_write_not_fsynced(host_dir):
 
 
 def test_a_crash_without_power_loss_keeps_what_was_written(host_dir):
-    disk = SimDisk(Random(1))
-    disk.mount("n1", host_dir)
-    with disk.installed(BOUND):
-        log = SegmentLog(host_dir)
+    with _log_on_a_simulated_disk(host_dir, Random(1)) as (disk, log):
         log.append(b"a")
         log.sync()
         log.append(b"b")
@@ -84,10 +88,7 @@ def test_a_crash_without_power_loss_keeps_what_was_written(host_dir):
 
 
 def test_a_torn_tail_is_cut_at_recovery_not_reported_as_corruption(host_dir):
-    disk = SimDisk(_AlwaysTear(3))
-    disk.mount("n1", host_dir)
-    with disk.installed(BOUND):
-        log = SegmentLog(host_dir)
+    with _log_on_a_simulated_disk(host_dir, _AlwaysTear(3)) as (disk, log):
         log.append(b"durable")
         log.sync()
         log.append(b"x" * 4000)
@@ -101,10 +102,7 @@ def test_a_torn_tail_is_cut_at_recovery_not_reported_as_corruption(host_dir):
 
 
 def test_damage_below_the_synced_mark_is_refused_not_taken_for_a_torn_write(host_dir):
-    disk = SimDisk(Random(1))
-    disk.mount("n1", host_dir)
-    with disk.installed(BOUND):
-        log = SegmentLog(host_dir)
+    with _log_on_a_simulated_disk(host_dir, Random(1)) as (disk, log):
         log.append(b"first")
         log.append(b"second")
         log.sync()
@@ -122,10 +120,7 @@ def test_damage_below_the_synced_mark_is_refused_not_taken_for_a_torn_write(host
 
 
 def test_a_full_disk_fails_writes_with_enospc_and_reports_no_free_space(host_dir):
-    disk = SimDisk(Random(1))
-    disk.mount("n1", host_dir)
-    with disk.installed(BOUND):
-        log = SegmentLog(host_dir)
+    with _log_on_a_simulated_disk(host_dir, Random(1)) as (disk, log):
         assert shutil.disk_usage(host_dir).free > 1 << 30
         disk.full.add("n1")
         assert shutil.disk_usage(host_dir).free == 0
@@ -140,10 +135,7 @@ def test_a_full_disk_fails_writes_with_enospc_and_reports_no_free_space(host_dir
 
 
 def test_a_failing_disk_fails_fsync_with_eio(host_dir):
-    disk = SimDisk(Random(1))
-    disk.mount("n1", host_dir)
-    with disk.installed(BOUND):
-        log = SegmentLog(host_dir)
+    with _log_on_a_simulated_disk(host_dir, Random(1)) as (disk, log):
         log.append(b"kept")
         log.sync()
         disk.fsync_failing.add("n1")
@@ -269,10 +261,7 @@ def test_a_power_loss_right_after_a_new_log_is_opened_is_no_corruption(host_dir)
     """A segment log that opens an empty directory creates its first segment and records it as
     synced: the segment's header must be on disk first, or the next recovery takes the lost
     header for synced bytes that are gone (found by the whole-cluster simulation)."""
-    disk = SimDisk(Random(1))
-    disk.mount("n1", host_dir)
-    with disk.installed(BOUND):
-        log = SegmentLog(host_dir)
+    with _log_on_a_simulated_disk(host_dir, Random(1)) as (disk, log):
         _crash(disk, log)
         disk.power_loss("n1")
     records, report = _records(host_dir)
