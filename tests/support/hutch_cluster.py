@@ -22,6 +22,7 @@ import contextlib
 import json
 import secrets
 import shutil
+import sys
 import tempfile
 import urllib.error
 import urllib.parse
@@ -124,8 +125,16 @@ class HutchCluster:
     def __enter__(self) -> HutchCluster:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.print_log_tails()
         self.cleanup()
+
+    def print_log_tails(self, lines: int = 80) -> None:
+        """The end of every node's log on stderr, where pytest shows it beside a failure."""
+        for node in self.nodes:
+            tail = node.log().splitlines()[-lines:]
+            print(f"--- last {len(tail)} lines of {node.name}'s log ---", *tail, sep="\n", file=sys.stderr)
 
     # -- what the cluster says about itself --------------------------------------------------
 

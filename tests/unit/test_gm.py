@@ -484,11 +484,28 @@ def test_a_member_that_leaves_is_reported_gone_after_its_last_message():
         net.m["b"].broadcast(b"more")
 
 
+def test_a_silent_member_the_group_declared_dead_is_told_so():
+    """A mirror only passes on what reaches it: one declared dead on a false suspicion, that
+    the ring now closes past, would wait for the leader's traffic for ever. Every member that
+    learns of the death tells it (seen when a paused leader resumed as its mirror was promoted:
+    the other mirror, declared dead by the old leader, never rejoined)."""
+    net = Net(["a", "b", "c"])
+    net.m["b"].member_down("a")  # a false suspicion: a is out for good
+    net.run()
+    assert net.m["a"].status == REMOVED
+    assert net.of("a", Removed)[0].reason == "declared dead by the group"
+    assert {m for (frm, _to), q in net.links.items() for m in q if frm == "a"} == set()
+
+
 def test_a_member_the_group_declared_dead_is_told_so_when_it_speaks():
     net = Net(["a", "b", "c"])
     for x in "bc":
         net.m[x].member_down("a")  # a false suspicion: a is out for good
+    net.collect()
+    for x in "bc":  # their telling a so is lost (a's node was unreachable)
+        net.links[(x, "a")].clear()
     net.run()
+    assert net.m["a"].status == MEMBER
     net.m["a"].broadcast(b"zombie")
     net.run()
     assert net.m["a"].status == REMOVED

@@ -521,7 +521,7 @@ class ClusterBroker:
                 continue
             q = v.queues.get(rec.name)
             if q is not None and q.local and not q.deleted:
-                self.mirroring.record_changed(rec, q)
+                self.mirroring.record_changed(rec, q, recovered=True)
         held, self._held = self._held, []
         for peer, payload in held:
             self.on_message(peer, payload)

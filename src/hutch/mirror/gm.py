@@ -284,6 +284,7 @@ class GMMember:
         self._view_version = 0
         self._probed: set[str] = set()
         self._told_dead: set[str] = set()
+        self._deaths_told: set[str] = set()  # dead members told so when this one learnt it (`_tell_dead`)
         self._welcomed: set[str] = set()
         self._eos_dead: list[str] = []
         self._resync_sent = False
@@ -511,7 +512,20 @@ class GMMember:
         if self.id in self._dead:
             self._remove("declared dead by the group")
             return
+        self._tell_dead()
         self._recompute()
+
+    def _tell_dead(self) -> None:
+        """Tell each member newly known dead that it is: one declared dead on a false suspicion
+        may be alive, and an idle one (a mirror only passes on what reaches it) would otherwise
+        never hear of it, since the ring now closes past it. Every member that learns of the
+        death tells it once, so the news gets through while some links are still down; one that
+        still missed it is told again when it speaks (`_on_activity`)."""
+        told = self._deaths_told
+        for d in sorted(self._dead - told):
+            told.add(d)
+            if d != self.id:
+                self._msgs.append((d, Notice((d,), ())))
 
     def _recompute(self) -> None:
         ring, dead, joins, me = self._ring, self._dead, self._joins, self.id

@@ -114,9 +114,10 @@ class MirrorHost:
 
     # ---------------------------------------------------------------- the catalogue, applied
 
-    def record_changed(self, rec: cat.QueueRecord, q) -> None:
+    def record_changed(self, rec: cat.QueueRecord, q, recovered: bool = False) -> None:
         """Bring this node's part of a classic queue's mirroring in line with its record; `q` is
-        this node's object for the queue (a ClassicQueue here, or a RemoteQueue)."""
+        this node's object for the queue (a ClassicQueue here, or a RemoteQueue; `recovered`: a
+        queue this node recovered from disk at boot, whose mirrors were another run's)."""
         key = (rec.vhost, rec.name)
         mirrored_here = self.node in rec.member_nodes and rec.leader_node != self.node
         m = self.mirrors.get(key)
@@ -133,15 +134,17 @@ class MirrorHost:
             self.drop_mirror(m, copy=SHELVE)  # it may come back here: a mirror made then takes the copy
         if rec.leader_node == self.node and q.local and not self.cluster.recovering:
             # (a booting node leads once its queues are recovered: ClusterBroker.recovered)
-            self.ensure_leader(q, bool(rec.member_nodes))
+            self.ensure_leader(q, rec.member_nodes, recovered)
 
-    def ensure_leader(self, q: ClassicQueue, mirrored: bool) -> None:
+    def ensure_leader(self, q: ClassicQueue, member_nodes: tuple[str, ...], recovered: bool = False) -> None:
         key = (q.vhost, q.name)
         ld = self.leaders.get(key)
-        if mirrored and ld is None and q.exclusive_owner is None:
+        if member_nodes and ld is None and q.exclusive_owner is None:
             mid = self.new_member_id()
-            self._attach(q, gm.GMMember.create(mid, [mid]))
-        elif not mirrored and ld is not None:
+            ld = self._attach(q, gm.GMMember.create(mid, [mid]))
+            if recovered:
+                ld.admit_after_fencing(n for n in member_nodes if n != self.node)
+        elif not member_nodes and ld is not None:
             self.drop_leader(ld)
 
     def _attach(self, q: ClassicQueue, member: gm.GMMember, epochs: list | None = None) -> Leader:
@@ -151,6 +154,25 @@ class MirrorHost:
         self.members[member.id] = ld
         self.touched()
         return ld
+
+    def member_replaced(self, old: gm.GMMember, ld: Leader) -> None:
+        """A leader founded a new ring (`Leader._refound`): its new member takes the old one's place."""
+        if self.members.get(old.id) is ld:
+            del self.members[old.id]
+        self.members[ld.gm.id] = ld
+        self.touched()
+
+    def leave_ring(self, m: Mirror) -> None:
+        """A mirror leaves its ring to join its leader's again (`Mirror.look_for_ring`)."""
+        member = m.member
+        if member is None:
+            return
+        self.members.pop(member.id, None)  # its leaving is no event for the mirror, which goes on
+        m.member = None
+        member.leave()
+        self._pump_member(member)
+        m.retry_at = 0.0
+        self.touched()
 
     def drop_leader(self, ld: Leader, deleted: bool = False) -> None:
         ld.detach(deleted)
@@ -364,8 +386,10 @@ class MirrorHost:
         for m in list(self.mirrors.values()):
             if m.member is None:
                 m.start(now)
-            elif m.leader_dead and not m.promoting and now >= m.retry_at:
-                m.consider_promotion()
+            elif m.leader_dead:
+                m.look_for_ring(now)
+                if not m.promoting and now >= m.retry_at:
+                    m.consider_promotion()
         self.touched()
 
     def peer_down(self, peer: str) -> None:
@@ -397,6 +421,8 @@ class MirrorHost:
         ld = self.leaders.get((vhost, name))
         if ld is None or ld.gm.status != gm.MEMBER:
             return [spec.NOT_FOUND, f"queue '{name}' in vhost '{vhost}' is not led by a mirrored queue here"]
+        if not ld.admitting:  # (the mirror asks again shortly)
+            return [spec.NOT_FOUND, f"queue '{name}' in vhost '{vhost}': its leader is not yet confirmed"]
         accepted = bool(member) and ld.recovery_report(str(member), int(epoch), list(ranges))
         return [200, ld.gm.id, ld.epochs, accepted]
 

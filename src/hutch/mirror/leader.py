@@ -84,18 +84,25 @@ class Leader:
         self.op_msgs = 0
         self.backlog = Backlog()
         self.last_seq = 0  # last broadcast
+        # this leader's broadcasts are numbered on across the rings it leads (`_refound`): a
+        # ring's own seq plus what the rings before it had broadcast
+        self._seq_base = 0
         self.stable_seq = 0
         self.stable_held = 0  # stable while this node was cut off from the majority: not confirmed yet
         # nodes of synchronised mirrors declared dead and not yet fenced in the catalogue: nothing
         # is confirmed meanwhile (`_fence_due`)
         self.to_fence: set[str] = set()
         self.checking_leader = False  # asking the catalogue whether this node still leads
+        # mirrors may join (`MirrorHost.leader_member`): False from a ring founded afresh until the
+        # catalogue says this node leads and has fenced the nodes whose mirrors are not in it
+        self.admitting = True
         self.check_failed = 0  # the code of the last refused check (logged once)
         self.mirrors: dict[str, MirrorInfo] = {}
         self._order = 0
         self.sync: SyncJob | None = None
         self.sync_waiters: list[Callable[[Any], None]] = []
         self.stopping = False
+        self.detached = False
         self._view_sent: View | None = None
         self.recent_tokens: dict[tuple[str, int], None] = {}
 
@@ -129,10 +136,14 @@ class Leader:
         if not self.ops or self.gm.status != gm.MEMBER:
             return
         ops, self.ops = self.ops, []
-        n = self.gm.broadcast(encode_ops(ops))
-        self.last_seq = n
+        n = self.broadcast(encode_ops(ops))
         self.backlog.sent(n, self.op_msgs)
         self.op_msgs = 0
+
+    def broadcast(self, payload: bytes) -> int:
+        """Send `payload` round the ring; its seq (what `Stable` events count in)."""
+        self.last_seq = n = self._seq_base + self.gm.broadcast(payload)
+        return n
 
     def after_stable(self, fn: Callable[[Any], None], arg: Any,
                      refused: Callable[[Any], None] | None = None) -> None:
@@ -178,11 +189,52 @@ class Leader:
                 # at a time). Nothing is confirmed until the catalogue says, through its log,
                 # that this node still leads, and has fenced the dead mirrors' nodes (`tick`);
                 # a paused node's clients are gone before that.
-                self.stable_held = max(self.stable_held, ev.seq)
+                self.stable_held = max(self.stable_held, self._seq_base + ev.seq)
                 return
-            self._stable(ev.seq)
+            self._stable(self._seq_base + ev.seq)
         elif t is gm.MembersChanged:
             self._members_changed(ev)
+        elif t is gm.Removed and not self.detached:  # (not its own leaving: `detach`)
+            self._refound(ev.reason)
+
+    def _refound(self, reason: str) -> None:
+        """The ring declared this leader dead, and it may lead still. Two nodes that each lost
+        sight of the other declare each other's members dead, and a ring's record of deaths is
+        a union, so both go: a paused leader that resumes just as its mirror is promoted takes
+        the new leader out of the ring with it. Nothing could then be broadcast, and no mirror
+        could join. The leader founds a ring of its own instead: every mirror counts as lost
+        (their nodes are fenced before anything more is confirmed or any mirror joins, and what
+        the old ring had not made stable waits for the catalogue to say this node still leads),
+        and the mirrors join the new ring (`Mirror.look_for_ring`). A leader that no longer
+        leads is dropped when the catalogue's record arrives here, refusing what waits."""
+        q = self.q
+        lost = sorted(self.mirrors.values(), key=lambda m: m.order)
+        self.mirrors.clear()
+        if self.sync is not None:
+            self.sync.finish(cancelled=True)
+        old = self.gm
+        self._seq_base = self.last_seq
+        self.stable_held = max(self.stable_held, self.last_seq)
+        mid = self.host.new_member_id()
+        self.gm = gm.GMMember.create(mid, [mid])
+        self._view_sent = None
+        self.admit_after_fencing(m.node for m in lost)
+        log.warning("%s: Master %s was %s; it leads a new ring as %s, and its mirrors on %s join it again",
+                    qname(q), old.id, reason, mid, ", ".join(m.node for m in lost) or "no node")
+        self.host.member_replaced(old, self)
+        self.send_view()
+
+    def admit_after_fencing(self, nodes) -> None:
+        """A ring founded afresh (a leader that recovered its queue from disk, or whose ring
+        declared it dead): the mirrors on `nodes`, whatever they hold, are not in it, and a
+        mirror that joins it gives up its copy unless this leader takes it. A promotion of one
+        of them proposed earlier may still commit, so no mirror joins until the catalogue says
+        this node leads and has fenced those nodes (a promotion that commits after that is
+        refused where only a synchronised mirror may take over; one that committed before it
+        leaves this node's check refused, and the queue goes to the promoted mirror, which
+        still holds its copy). Each node is unfenced once its mirror is synchronised here."""
+        self.to_fence.update(nodes)
+        self.admitting = False
 
     def _fence_due(self) -> bool:
         """Whether a synchronised mirror was declared dead and its node is not fenced yet. The
@@ -383,6 +435,8 @@ class Leader:
             self.to_fence.difference_update(fenced)
             log.info("%s: mirrors on %s no longer count as synchronised for promotion", qname(self.q),
                      ", ".join(fenced))
+        if not self.to_fence:
+            self.admitting = True
         if self.stable_held and not self._fence_due():
             seq, self.stable_held = self.stable_held, 0
             self._stable(seq)
@@ -390,6 +444,7 @@ class Leader:
     def detach(self, deleted: bool = False) -> None:
         """The queue stops being mirrored, stops being led here, or is deleted (then the mirrors
         are told, so that none of them takes the leader's leaving for a failure)."""
+        self.detached = True
         if self.sync is not None:
             self.sync.finish(cancelled=True)
         if deleted:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 JOIN_RETRY_S = 0.3
 PROMOTE_RETRY_S = 1.0
+LOOK_FOR_RING_S = 1.0  # how often a mirror whose leader's node is up asks it for its ring
 
 
 class Mirror:
@@ -59,6 +60,7 @@ class Mirror:
         self.leader_dead = False
         self.retry_at = 0.0
         self.asking = False
+        self.ring_asked_at = 0.0  # when `look_for_ring` last asked the leader's node
         self.promoting = False
         self.wants_lead = False  # the catalogue names this node leader; waiting for the old one to go
         self.dead_leader_node = ""
@@ -226,6 +228,37 @@ class Mirror:
             self.host.members.pop(self.member.id, None)
             self.member = None
             self.retry_at = self.host.now() + JOIN_RETRY_S
+
+    def look_for_ring(self, now: float) -> None:
+        """The ring says the leader died, but the catalogue still names its node, which is up:
+        that leader may have been declared dead in a race (a paused leader coming back as its
+        mirror is promoted) and founded a ring of its own (`Leader._refound`). Ask its node; a
+        leader member other than the one this ring lost means the ring is over for this mirror,
+        and it joins the leader's ring again (offering its copy, as any mirror coming back does).
+        It asks while it proposes its own promotion too: the catalogue refuses that while the
+        leader's node runs, and a promotion that commits after all is made from between rings
+        (`MirrorHost.become_leader`)."""
+        cl = self.host.cluster
+        if (self.asking or now - self.ring_asked_at < LOOK_FOR_RING_S
+                or not cl.is_up(self.leader_node)
+                or cl.catalogue_leader_of(self.vhost, self.name) != self.leader_node):
+            return
+        self.ring_asked_at = now
+        self.asking = True
+        cl.call(self.leader_node, "gmid", [self.vhost, self.name], self._ring_answer)
+
+    def _ring_answer(self, result) -> None:
+        self.asking = False
+        if (self.host.mirrors.get((self.vhost, self.name)) is not self or self.member is None
+                or not self.leader_dead or not result or result[0] != 200):
+            return
+        leader = result[1]
+        if leader == self.leader_member or leader in self.member.members:
+            return
+        log.info("Mirrored queue '%s' in vhost '%s': its leader on %s leads a new ring (%s); the mirror "
+                 "leaves its old ring and joins it", self.name, self.vhost, self.leader_node, leader)
+        self.leader_dead = False
+        self.host.leave_ring(self)
 
     def successor(self) -> str | None:
         """The member every survivor picks from the leader's last view (None: nobody may lead)."""

@@ -109,14 +109,12 @@ class SyncJob:
                 batch_bytes += len(m.body)
             self.sent_bytes += batch_bytes
             ld.flush()  # operations recorded before this batch go first
-            n = ld.gm.broadcast(encode_ops([SyncBatch(tuple(items))]))
-            ld.last_seq = n
+            n = ld.broadcast(encode_ops([SyncBatch(tuple(items))]))
             self.inflight.append((n, batch_bytes))
             self.inflight_bytes += batch_bytes
         if self.pos >= len(self.entries) and not self.done_seq:
             ld.flush()
-            self.done_seq = ld.gm.broadcast(encode_ops([SyncDone(self.floor_at_start)]))
-            ld.last_seq = self.done_seq
+            self.done_seq = ld.broadcast(encode_ops([SyncDone(self.floor_at_start)]))
 
     def on_stable(self, seq: int) -> None:
         self.inflight = [b for b in self.inflight if b[0] > seq]
