@@ -93,7 +93,9 @@ class Observer:
             return
         assert ev.channel in self.open_channels or t is ChannelOpened, ev
         if t is ChannelOpened:
-            assert ev.channel not in self.open_channels and 0 < ev.channel <= self.conn.channel_max
+            # channel_max bounds how many are open, not their numbers (as RabbitMQ's reader does)
+            assert ev.channel not in self.open_channels and 0 < ev.channel <= 65535
+            assert len(self.open_channels) < self.conn.channel_max
             self.open_channels.add(ev.channel)
         elif t is ChannelClosed:
             self.open_channels.discard(ev.channel)

@@ -196,10 +196,14 @@ class StreamSession:
         for s in self.subscriptions.values():
             self.sac.gone(s)
         self.subscriptions.clear()
+        streams = self.streams if self.broker.cluster is not None else None
+        if streams is not None:
+            for p in self.publishers.values():
+                if not p.reference:
+                    streams.forget_writer(p.writer)
         self.publishers.clear()
         if self.record is not None:
             self.registry.remove_connection(self.name)
-        streams = self.streams if self.broker.cluster is not None else None
         if streams is not None:
             streams.watchers.pop(self, None)
 
@@ -300,8 +304,9 @@ class StreamSession:
                 rec["messages_confirmed"] = rec.get("messages_confirmed", 0) + len(confirm)
                 self.conn.send(f.PublishConfirm(pub_id, confirm))
             self._flush()
+        # without a reference the publisher's ids are not deduplicated (as in RabbitMQ); the node
+        # numbers its records itself (StreamHost.write)
         self.streams.write(p.q, p.writer, pids if dedup else None, records, filters, written)
-        # without a reference nothing is deduplicated (as in RabbitMQ)
 
     def query_publisher_sequence(self, cmd: f.QueryPublisherSequence) -> None:
         q, code = self._stream(cmd.stream, "read")
@@ -319,7 +324,10 @@ class StreamSession:
         self.streams.query(q, "writer", cmd.reference, got)
 
     def delete_publisher(self, cmd: f.DeletePublisher) -> None:
-        code = f.OK if self.publishers.pop(cmd.publisher_id, None) is not None else f.PUBLISHER_DOES_NOT_EXIST
+        p = self.publishers.pop(cmd.publisher_id, None)
+        code = f.OK if p is not None else f.PUBLISHER_DOES_NOT_EXIST
+        if p is not None and not p.reference:
+            self.streams.forget_writer(p.writer)
         self.registry.remove_publisher(self.name, cmd.publisher_id)
         self.conn.respond(cmd, code)
 

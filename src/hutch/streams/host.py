@@ -326,14 +326,26 @@ class StreamHost:
     def channel_closed(self, channel: Any) -> None:
         w = self._writer_ids.pop(channel, None)
         if w is not None:
-            for k in [k for k in self._writer_seqs if k[0] == w]:
-                del self._writer_seqs[k]
+            self.forget_writer(w)
+
+    def forget_writer(self, writer: str) -> None:
+        """A writer numbered here is gone (an AMQP channel, a stream publisher without a reference)."""
+        for k in [k for k in self._writer_seqs if k[0] == writer]:
+            del self._writer_seqs[k]
 
     def write(self, q: StreamQueue, writer: str, pids: list[int] | None, records: list[bytes],
               filters: list[bytes | None] | None, answer: Callable[[sm.Written | None], None]) -> None:
         """A batch from a stream-protocol publisher: `answer(Written)` once the stream has it
-        (or None when the stream went). `writer` "" with pids None: no deduplication. It joins
-        the writer's other batches of this loop iteration in one entry."""
+        (or None when the stream went). It joins the writer's other batches of this loop
+        iteration in one entry. `pids` None: a publisher without a reference, whose own ids are
+        not deduplicated (as in RabbitMQ: what it sends twice is stored twice). Its records are
+        numbered here instead, under its writer id (unique in the cluster), so that an entry this
+        node sends again after a leader change, which the old leader may have replicated before
+        it died, is stored once (`forget_writer` when the publisher goes)."""
+        if pids is None and writer:
+            last = self._writer_seqs.get((writer, q.gid), 0)
+            pids = list(range(last + 1, last + 1 + len(records)))
+            self._writer_seqs[(writer, q.gid)] = last + len(records)
         b = self._batch(q, writer, pids, sum(map(len, records)))
         b.add(pids, records, filters)
         b.answers.append(answer)
