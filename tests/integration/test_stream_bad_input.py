@@ -133,6 +133,19 @@ def test_an_amqp_message_too_large_for_a_stream_entry_is_nacked_and_the_stream_g
     assert f"stream '{name}' in vhost '/': refused 1 message(s)" in node.log()
 
 
+@pytest.mark.parametrize("argument", ["max-length-bytes", "initial-cluster-size", "stream-max-segment-size-bytes"])
+def test_a_create_with_an_integer_argument_past_64_bits_is_refused(node, argument):
+    """Found by the fuzzing below: the value could not be written to the catalogue's log, and
+    the connection was closed with an internal error."""
+    with raw(node) as c:
+        name = unique()
+        got = c.call(f.Create(c.cid(), name, {argument: "99999999999999999999999"}))
+        assert got.code == f.PRECONDITION_FAILED
+        meta = c.call(f.Metadata(c.cid(), [name]))  # the connection goes on; no stream was made
+        assert [(s[0], s[1]) for s in meta.streams] == [(name, f.STREAM_DOES_NOT_EXIST)]
+    assert "error while handling a command" not in node.log()
+
+
 # ---------------------------------------------------------------- fuzzing with well-formed commands
 
 cids = st.integers(0, PROBE_ID - 1)

@@ -57,15 +57,17 @@ CREATE_WAIT_TICKS = 10  # timer ticks a create waits for its stream's leader bef
 def _declare_arguments(arguments: dict[str, str] | None) -> dict[str, Any] | None:
     """A Create's (or CreateSuperStream's) arguments as the streams' declare arguments; an
     argument RabbitMQ does not know is ignored, as RabbitMQ ignores it; None for a value that is
-    not of its argument's kind."""
+    not of its argument's kind, or an integer out of range."""
     args: dict[str, Any] = {"x-queue-type": "stream"}
     for k, v in (arguments or {}).items():
         spec_ = NAMED_ARGUMENTS.get(k)
         if spec_ is not None:
             try:
-                args[spec_[0]] = spec_[1](v)
+                value = args[spec_[0]] = spec_[1](v)
             except ValueError:
                 return None
+            if type(value) is int and not -(1 << 63) <= value < 1 << 63:
+                return None  # (a queue argument is a signed 64-bit integer, as over AMQP 0-9-1)
     return args
 
 
@@ -130,6 +132,7 @@ class StreamSession:
         self.paused = False
         self._pump_due = False
         self._creating: dict[str, tuple[f.Create, int]] = {}  # created streams waiting for a leader
+        self.publishers_declared = 0
         self.write_blocked = False  # the socket's buffer is full: no chunk is read until it drains
         self.id = broker.cluster.peers.owner_id() if broker.cluster is not None else peer
         self.name = peer  # the connection's name in listings ("client:port -> server:port"; set by the runtime)
@@ -227,7 +230,11 @@ class StreamSession:
             # an id, or a reference on the stream, already taken on this connection
             self.conn.respond(cmd, code if q is None else f.PRECONDITION_FAILED)
             return
-        writer = cmd.reference or f"{self.id}/{cmd.publisher_id}"
+        # without a reference: an id of its own, never used again (the stream remembers the last
+        # record number of every writer, and a publisher declared again under the same publisher
+        # id starts numbering afresh)
+        self.publishers_declared += 1
+        writer = cmd.reference or f"{self.id}/{self.publishers_declared}"
         p = self.publishers[cmd.publisher_id] = _Publisher(cmd.publisher_id, q, cmd.reference or "", writer)
         p.record = self.registry.add_publisher(self.name, cmd.publisher_id, {
             "stream": q.name, "vhost": q.vhost, "reference": cmd.reference or ""})
