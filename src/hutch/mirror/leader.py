@@ -89,8 +89,9 @@ class Leader:
         self._seq_base = 0
         self.stable_seq = 0
         self.stable_held = 0  # stable while this node was cut off from the majority: not confirmed yet
-        # nodes of synchronised mirrors declared dead and not yet fenced in the catalogue: nothing
-        # is confirmed meanwhile (`_fence_due`)
+        # nodes to fence in the catalogue (those of synchronised mirrors declared dead, and of
+        # every mirror a ring founded afresh lost: `admit_after_fencing`): nothing is confirmed
+        # meanwhile (`_fence_due`)
         self.to_fence: set[str] = set()
         self.checking_leader = False  # asking the catalogue whether this node still leads
         # mirrors may join (`MirrorHost.leader_member`): False from a ring founded afresh until the
