@@ -134,7 +134,27 @@ class MirrorHost:
             self.drop_mirror(m, copy=SHELVE)  # it may come back here: a mirror made then takes the copy
         if rec.leader_node == self.node and q.local and not self.cluster.recovering:
             # (a booting node leads once its queues are recovered: ClusterBroker.recovered)
+            if recovered:
+                self._take_own_copy(rec, q)
             self.ensure_leader(q, rec.member_nodes, recovered)
+
+    def _take_own_copy(self, rec: cat.QueueRecord, q: ClassicQueue) -> None:
+        """At boot, a queue this node leads and that its journal holds nothing of, while the copy
+        of a mirror this node had of it survives: the mirror here was promoted while the node
+        was down (the promotion was proposed before it went, and committed after). The copy is
+        the queue: its messages come back, each redelivered, as a promotion's would."""
+        journal = self.broker.journal
+        copy = journal.mirror_copies.get((rec.vhost, rec.name)) if journal is not None else None
+        if copy is None or not copy.items or len(q.state) or q.mirror is not None:
+            return
+        m = Mirror(self, rec.vhost, rec.name, self.node, rec.durable, rec.journal_id if rec.durable else 0)
+        if not m._claim() or not m.replica.entries:
+            journal.mirror_copies.pop((rec.vhost, rec.name), None)
+            return
+        log.info("Mirrored queue '%s' in vhost '%s': this node was made its leader while it was down; it "
+                 "leads with the %d messages of its mirror's copy", rec.name, rec.vhost, len(m.replica.entries))
+        self._restore_copy(m, q, failed=True)
+        self.broker.dirty_queues.add(q)
 
     def ensure_leader(self, q: ClassicQueue, member_nodes: tuple[str, ...], recovered: bool = False) -> None:
         key = (q.vhost, q.name)
@@ -219,9 +239,12 @@ class MirrorHost:
             # between rings (it left the ring of a leader it saw die, to join that leader's node
             # again once it is back, or the ring took it off): a promotion decided while it was in
             # the ring commits now. What it held there is the queue; it leads a ring of its own.
-            if m.replica.view is None:
+            if m.replica.view is None and not m.replica.entries:
                 return True
-            if m.copy_from_ring:  # offered for judging on its way back, but not from disk
+            if m.copy_from_ring or m.replica.view is None:
+                # offered for judging on its way back (not from disk), or the copy this node's
+                # mirror kept on disk before a restart, its promotion proposed before the node
+                # went and committed after: what it holds is the queue
                 m.replica.recovered_epoch, m.replica.unreconciled = 0, set()
             return self.promote(m)
         if m.member.status != gm.MEMBER:
@@ -231,30 +254,13 @@ class MirrorHost:
             return False
         return self.promote(m)
 
-    def promote(self, m: Mirror) -> bool:
-        cl = self.cluster
+    def _restore_copy(self, m: Mirror, q: ClassicQueue, failed: bool) -> None:
+        """Put the messages of mirror `m`'s copy into the queue `q` this node now leads, and into
+        its journal, then drop the copy; `failed`: the leader went without a controlled stop
+        (each message comes back redelivered)."""
         b = self.broker
-        key = (m.vhost, m.name)
-        rec = cl.catalogue.queue(m.vhost, m.name)
-        v = b.vhosts.get(m.vhost)
-        if rec is None or v is None or rec.leader_node != self.node:
-            return False
-        cur = v.queues.get(m.name)
-        me = m.replica.member if m.member is None else m.member.id  # its id in the ring its view is of
-        log.info("Mirrored queue '%s' in vhost '%s': Promoting slave %s to master", m.name, m.vhost, me)
-        q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=False, auto_delete=rec.auto_delete,
-                            arguments=dict(rec.arguments), owner=None)
-        q.journal_id = rec.journal_id if rec.durable else 0
-        q.ever_consumed = bool(cur is not None and getattr(cur, "local_consumers", None))
         st = q.state
         routes: dict[tuple[str, str], bytes] = {}
-        if m.replica.recovered_epoch:  # its copy from disk was never reconciled: only what came since counts
-            m.replica.forget_unreconciled()
-        # A leader that failed may have delivered any message just before it died (it delivers
-        # before its mirrors hear of it; cut off, it went on for a moment): every message comes
-        # back `redelivered`, so a consumer that got one already can tell. After a controlled
-        # stop the copy is exact.
-        failed = not (m.replica.view is not None and m.replica.view.stopping)
         journal = b.journal
         for e in m.replica.in_order():
             if e.body is None:  # recovered from disk by reference: read it back from its ME record
@@ -279,6 +285,30 @@ class MirrorHost:
                 b.ttl_queues.add(q)
         st.next_seq = max(st.next_seq, m.replica.max_seq + 1)
         m.forget_copy()  # the queue's own journal has the messages now
+
+    def promote(self, m: Mirror) -> bool:
+        cl = self.cluster
+        b = self.broker
+        key = (m.vhost, m.name)
+        rec = cl.catalogue.queue(m.vhost, m.name)
+        v = b.vhosts.get(m.vhost)
+        if rec is None or v is None or rec.leader_node != self.node:
+            return False
+        cur = v.queues.get(m.name)
+        me = m.replica.member if m.member is None else m.member.id  # its id in the ring its view is of
+        log.info("Mirrored queue '%s' in vhost '%s': Promoting slave %s to master", m.name, m.vhost, me)
+        q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=False, auto_delete=rec.auto_delete,
+                            arguments=dict(rec.arguments), owner=None)
+        q.journal_id = rec.journal_id if rec.durable else 0
+        q.ever_consumed = bool(cur is not None and getattr(cur, "local_consumers", None))
+        if m.replica.recovered_epoch:  # its copy from disk was never reconciled: only what came since counts
+            m.replica.forget_unreconciled()
+        # A leader that failed may have delivered any message just before it died (it delivers
+        # before its mirrors hear of it; cut off, it went on for a moment): every message comes
+        # back `redelivered`, so a consumer that got one already can tell. After a controlled
+        # stop the copy is exact.
+        self._restore_copy(m, q, failed=not (m.replica.view is not None and m.replica.view.stopping))
+        st = q.state
         view = m.replica.view
         del self.mirrors[key]
         member = m.member
