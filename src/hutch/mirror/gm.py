@@ -522,10 +522,9 @@ class GMMember:
         death tells it once, so the news gets through while some links are still down; one that
         still missed it is told again when it speaks (`_on_activity`)."""
         told = self._deaths_told
-        for d in sorted(self._dead - told):
+        for d in sorted(self._dead - told):  # (not this member: `_changed` removed it if it is dead)
             told.add(d)
-            if d != self.id:
-                self._msgs.append((d, Notice((d,), ())))
+            self._msgs.append((d, Notice((d,), ())))
 
     def _recompute(self) -> None:
         ring, dead, joins, me = self._ring, self._dead, self._joins, self.id

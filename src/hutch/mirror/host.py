@@ -144,12 +144,12 @@ class MirrorHost:
         was down (the promotion was proposed before it went, and committed after). The copy is
         the queue: its messages come back, each redelivered, as a promotion's would."""
         journal = self.broker.journal
-        copy = journal.mirror_copies.get((rec.vhost, rec.name)) if journal is not None else None
-        if copy is None or not copy.items or len(q.state) or q.mirror is not None:
+        if (journal is None or (rec.vhost, rec.name) not in journal.mirror_copies or len(q.state)
+                or q.mirror is not None):
             return
         m = Mirror(self, rec.vhost, rec.name, self.node, rec.durable, rec.journal_id if rec.durable else 0)
-        if not m._claim() or not m.replica.entries:
-            journal.mirror_copies.pop((rec.vhost, rec.name), None)
+        m._claim()  # takes the copy (one of another declaration of the queue, or not kept, is dropped)
+        if not m.replica.entries:
             return
         log.info("Mirrored queue '%s' in vhost '%s': this node was made its leader while it was down; it "
                  "leads with the %d messages of its mirror's copy", rec.name, rec.vhost, len(m.replica.entries))

@@ -1,0 +1,89 @@
+"""A mirror's promotion that commits late (docs/mirroring.md, "The leader fails" and "Nodes
+that come back").
+
+A mirror that saw its leader die proposes its promotion; the catalogue may commit it only much
+later, and the mirror's copy must be the queue all the same:
+
+- Its node was cut off from the majority, and meanwhile the old leader's node came back: the
+  mirror left its ring to join it again, offering its copy to be judged. It is promoted with
+  what it held, leading a ring of its own. Found by hutch sim cluster (mirrored seeds 749 and
+  987): the mirror's node made the queue afresh instead, and the messages confirmed with the
+  mirror synchronised were lost.
+- Its node went down before the promotion committed. When it starts again, the catalogue names
+  it leader of a queue its own journal holds nothing of, while the copy its mirror kept on disk
+  holds the queue: it leads with that copy, each message redelivered. Found by hutch sim
+  cluster (mirrored seed 1030, every fault kind, with nodes that resume from a pause only once
+  the catalogue has caught up): the node made the queue afresh, and three confirmed messages
+  were lost."""
+
+from __future__ import annotations
+
+from hutch.broker.broker import Broker, Config
+from hutch.broker.cluster import ClusterBroker
+from hutch.cluster import catalogue as cat
+from hutch.mirror.placement import WHEN_SYNCED
+from hutch.mirror.replica import Enqueued, MirrorView, View
+
+A, B = "a@h", "b@h"
+A_MEMBER = "a@h|1.1"
+
+
+def _enqueued(seq: int) -> Enqueued:
+    return Enqueued(seq, "", "orders", b"", b"m%d" % seq, True, 0, None, None, "", 0)
+
+
+def test_a_promotion_that_commits_while_the_mirror_rejoins_keeps_what_it_held(tmp_path) -> None:
+    cl = ClusterBroker(Broker(Config()), B, lambda peer, payload: True, lambda _n: True,
+                       lambda _cmd, _cb: None, lambda fn, *args: None)
+    cl.recovering = True
+    cl.apply_command(cat.AddVhost("/"))
+    cl.broker.open_storage(str(tmp_path))
+    cl.apply_command(cat.DeclareQueue("/", "orders", leader_node=A, member_nodes=(B,), journal_id=7))
+    m = cl.mirroring.mirrors[("/", "orders")]
+    m._got_leader([200, A_MEMBER, [(1, 1)]])  # joined the leader's ring: a new copy on disk
+    me = m.member.id
+    m.replica.apply([_enqueued(1), _enqueued(2),
+                     View((MirrorView(me, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
+    m.persist()
+    cl.peer_down(A)  # the leader's node goes; the promotion proposed now commits much later
+    cl.peer_up(A)  # it is back: the mirror leaves the ring to join it again, offering its copy
+    assert m.member is None and m.replica.unreconciled == {1, 2}
+
+    cl.apply_command(cat.SetQueueNodes("/", "orders", B, (), expect_leader=A, promotion=True,
+                                       synchronised_only=True))
+
+    q = cl.broker.vhosts["/"].queues["orders"]
+    assert q.local and ("/", "orders") in cl.mirroring.leaders
+    assert ("/", "orders") not in cl.mirroring.mirrors
+    assert [(e.seq, e.message.body, e.redelivered) for e in q.state.ready()] == [(1, b"m1", True), (2, b"m2", True)]
+
+
+def _node(tmp_path, leader: str) -> ClusterBroker:
+    cl = ClusterBroker(Broker(Config()), B, lambda peer, payload: True, lambda _n: False,
+                       lambda _cmd, _cb: None, lambda fn, *args: None)
+    cl.broker.cluster = cl  # (as the node's runtime does: recovery ends with ClusterBroker.recovered)
+    cl.recovering = True
+    cl.apply_command(cat.AddVhost("/"))
+    cl.apply_command(cat.DeclareQueue("/", "orders", leader_node=A, member_nodes=(B,), journal_id=7))
+    if leader != A:  # the promotion, committed while this node was down
+        cl.apply_command(cat.SetQueueNodes("/", "orders", B, (A,), expect_leader=A, promotion=True,
+                                           synchronised_only=True))
+    cl.broker.open_storage(str(tmp_path))
+    return cl
+
+
+def test_a_node_whose_mirror_was_promoted_while_it_was_down_leads_with_the_copy_it_kept(tmp_path):
+    cl = _node(tmp_path, leader=A)  # the first run: a mirror of the queue led by a@h
+    m = cl.mirroring.mirrors[("/", "orders")]
+    m._got_leader([200, A_MEMBER, [(1, 1)]])  # joined the leader's ring: a new copy on disk
+    m.replica.apply([_enqueued(1), _enqueued(2), _enqueued(3),
+                     View((MirrorView(m.member.id, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
+    m.persist()
+    cl.broker.close_storage()
+
+    again = _node(tmp_path, leader=B)  # the second run: the catalogue names this node leader
+    q = again.broker.vhosts["/"].queues["orders"]
+    assert q.local and ("/", "orders") in again.mirroring.leaders
+    assert [(e.message.body, e.redelivered) for e in q.state.ready()] == [(b"m1", True), (b"m2", True),
+                                                                           (b"m3", True)]
+    assert again.broker.journal.mirror_copies == {}  # the queue's own journal holds them now
