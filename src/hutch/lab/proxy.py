@@ -25,6 +25,7 @@ import contextlib
 import logging
 import socket
 import struct
+import time
 
 log = logging.getLogger("hutch.lab.proxy")
 
@@ -143,14 +144,15 @@ class FaultProxy:
                     w.transport.abort()
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(self.chunks_in_flight_max)
 
         async def read() -> None:
             while True:
                 await self._open.wait()
                 data = await reader.read(READ_SIZE)
-                await chunks.put((loop.time(), data))
+                # The system clock, not the loop's: uvloop's loop time is cached per iteration in
+                # whole milliseconds, which would let a chunk go up to a millisecond early.
+                await chunks.put((time.monotonic(), data))
                 if not data:
                     return
 
@@ -158,8 +160,10 @@ class FaultProxy:
             while True:
                 read_at_s, data = await chunks.get()
                 release_s = read_at_s + self.delay_ms / 1000.0
-                if release_s > loop.time():
-                    await asyncio.sleep(release_s - loop.time())
+                # A timer may fire a little before its deadline (uvloop rounds to milliseconds):
+                # sleep again until the whole delay has passed.
+                while (wait_s := release_s - time.monotonic()) > 0:
+                    await asyncio.sleep(wait_s)
                 await self._open.wait()
                 if not data:
                     # Half-close: pass the FIN on, then the whole connection ends.
