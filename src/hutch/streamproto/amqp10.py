@@ -562,8 +562,8 @@ def _dec_char(buf: bytes, off: int, end: int, depth: int) -> tuple[Char, int]:
     if off + 4 > end:
         raise _truncated("char", off - 1)
     cp = _I.unpack_from(buf, off)[0]
-    if cp > 0x10FFFF:
-        raise AmqpDecodeError(f"char U+{cp:X} at offset {off - 1} is not a Unicode code point")
+    if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:  # (a surrogate has no UTF-8 form to pass on)
+        raise AmqpDecodeError(f"char U+{cp:X} at offset {off - 1} is not a Unicode character")
     return Char(chr(cp)), off + 4
 
 
