@@ -243,6 +243,29 @@ def test_a_remote_consumer_is_attached_fed_and_given_credit() -> None:
     assert home_q.consumers == [] and b.proxies == {} and b.port.gone == ["q"]
 
 
+def test_deliveries_from_a_node_that_no_longer_leads_the_queue_are_not_passed_on() -> None:
+    """Mirrored seed 343: the queue's leader moved from b to another node while b still had
+    deliveries for the consumer on the wire; the consumer follows the new leader under the same
+    id, so b's deliveries must not reach its client (the new leader delivers those messages
+    again, flagged redelivered). b is told to drop the consumer, and takes them back."""
+    net, a, b, home_q = _two()
+    rq = RemoteQueue(Side(a), _rec("q", "b"))
+    c = type("C", (), {"tag": "t", "no_ack": False, "exclusive": False, "priority": 0, "prefetch": 0,
+                       "arguments": {}, "received": 0, "ref": None})()
+    c.queue = rq
+    rq.consume(c, lambda _r: None)
+    net.pump()
+    (proxy,) = home_q.consumers
+    rq.home_node = "c"  # the catalogue moved the queue's leader (hutch.mirror.failover.leader_moved)
+    entry = type("E", (), {"seq": 1, "delivery_count": 1, "log_seq": 0,
+                           "message": Message("", "q", b"\x00\x01q", b"\x00\x00", b"body")})()
+    proxy.deliver(home_q, entry)
+    b.flush()
+    assert net.pump() == ["Deliveries", "Cancel"]
+    assert a.port.delivered_to == []
+    assert home_q.consumers == [] and b.proxies == {}
+
+
 def test_a_consume_of_a_missing_queue_is_refused_and_calls_are_answered() -> None:
     net, a, b, _q = _two()
     got: list = []

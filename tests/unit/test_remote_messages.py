@@ -97,12 +97,13 @@ def test_a_malformed_batch_is_refused_with_a_clear_error(data: bytes, says: str)
 
 
 @pytest.fixture
-def node():
+def node(tmp_path):
     sent: list = []
     soon: list = []
     cl = ClusterBroker(Broker(Config()), "a@h", lambda peer, payload: sent.append((peer, payload)) or True,
                        lambda _n: True, lambda _cmd, _cb: None, lambda fn, *args: soon.append((fn, args)))
     cl.sent = sent
+    cl.data_dir = tmp_path
     return cl
 
 
@@ -161,3 +162,25 @@ def test_figures_reach_the_peers_listing(node: ClusterBroker) -> None:
     report = node.stats()
     assert decode_batch(report) == [FiguresReport([])]
     node.on_message("b@h", ["ST", report])  # as the runtime sends it
+
+
+def test_a_forwarded_publish_sent_again_to_the_same_leader_is_stored_once(node: ClusterBroker) -> None:
+    """Mirrored seed 654: a node re-sends a forwarded publish whose answer was lost with its link
+    (hutch.cluster.remote_host.retry_orphans) to a leader that took it the first time. The leader
+    remembers the publishes other nodes forwarded, as a promoted mirror does, and answers the
+    repeat without storing it again; before, every link reset added a copy."""
+    from hutch.cluster import catalogue as cat
+    from hutch.cluster.remote import Publish, Publishes
+
+    node.recovering = True
+    node.apply_command(cat.AddVhost("/"))
+    node.broker.open_storage(str(node.data_dir))
+    node.recovering = False
+    node.apply_command(cat.DeclareQueue("/", "q", leader_node="a@h", member_nodes=("b@h",), journal_id=3))
+    q = node.broker.vhosts["/"].queues["q"]
+    assert q.mirror is not None
+    pub = Publish(77, "/", ["q"], "", "q", b"\x00\x00", b"once", False)
+    node.on_message("b@h", [REMOTE, encode_batch([Publishes([pub])])])
+    node.on_message("b@h", [REMOTE, encode_batch([Publishes([msgspec.structs.replace(pub, resent=True)])])])
+    assert [e.message.body for e in q.state.ready()] == [b"once"]
+    node.broker.close_storage()

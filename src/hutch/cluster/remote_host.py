@@ -287,14 +287,16 @@ class RemoteHost:
                 continue
             mirrored = [q for q in queues if q.mirror is not None]
             if mirrored and any((origin, token) in q.mirror.recent_tokens for q in mirrored):
-                # sent again after a promotion, and the old leader had passed it on: it is here
-                self._out_acks.setdefault(origin, []).append(PublishAnswer(token, ACCEPTED))
-                continue
-            exchange, rk, props = pub.exchange, pub.routing_key, pub.props
-            priority, expiration_ms = port.priority_and_expiration(props)
-            msg = Message(exchange, rk, codec.route_encoding(exchange, rk), props, pub.body, pub.persistent, priority,
-                          expiration_ms)
-            refused, journalled = port.enqueue_local(queues, msg, (origin, token), pub.resent)
+                # Sent again: its answer was lost with a link, or the old leader had passed it on
+                # before a promotion. It is here already; the answer waits as the first one's
+                # would (its fsync, its mirrors), for the first may still be waiting.
+                refused, journalled = False, True
+            else:
+                exchange, rk, props = pub.exchange, pub.routing_key, pub.props
+                priority, expiration_ms = port.priority_and_expiration(props)
+                msg = Message(exchange, rk, codec.route_encoding(exchange, rk), props, pub.body, pub.persistent,
+                              priority, expiration_ms)
+                refused, journalled = port.enqueue_local(queues, msg, (origin, token), pub.resent)
             arg = (origin, token, refused, queues)
             if mirrored and not refused:
                 arg = (self._ack_publish, arg, mirrored)
@@ -348,12 +350,21 @@ class RemoteHost:
     def queue_delivery(self, origin: str, cid: int, item: Delivery) -> None:
         self._out_deliveries.setdefault((origin, cid), []).append(item)
 
-    def _on_deliveries(self, cid: int, items: list[Delivery]) -> None:
+    def _on_deliveries(self, peer: str, cid: int, items: list[Delivery]) -> None:
         c = self.consumers.get(cid)
         if c is None:
             # cancelled meanwhile: give them back
             return self._orphan_deliveries(cid, [it.seq for it in items])
         q = c.queue
+        if peer != q.home_node:
+            # From a node that led the queue before a failover this node has applied (the
+            # consumer follows the new leader under the same id): the client must not get them.
+            # The new leader delivers those messages again, flagged redelivered; the old one
+            # drops the consumer and takes them back.
+            log.info("queue '%s' in vhost '%s': %d delivery(ies) from %s, which no longer leads it, not passed "
+                     "on", q.name, q.vhost, len(items), peer)
+            self.send(peer, Cancel(cid))
+            return
         self.port.deliver(c, q, items)
         c.received += len(items)
         if c.received >= CREDIT_RETURN:
@@ -524,7 +535,7 @@ class RemoteHost:
             elif t is PublishAnswers:
                 self._on_publish_answers(m.items)
             elif t is Deliveries:
-                self._on_deliveries(m.cid, m.items)
+                self._on_deliveries(peer, m.cid, m.items)
             elif t is Settle:
                 self._on_settle(peer, m)
             elif t is Credit:

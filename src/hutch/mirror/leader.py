@@ -31,6 +31,7 @@ from hutch.mirror.replica import (
     View,
     encode_ops,
     in_ranges,
+    remember_token,
     to_ranges,
 )
 from hutch.mirror.sync import SyncJob
@@ -115,6 +116,8 @@ class Leader:
         self.ops.append(Enqueued(entry.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent,
                                  m.priority, m.expiration_ms, entry.expires_at_ms, origin, token))
         self.op_msgs += 1
+        if origin:  # a publish another node forwarded: it may send it again (retry_orphans)
+            remember_token(self.recent_tokens, origin, token)
 
     def _seqs(self, kind: type[CheckedOut] | type[Removed], seq: int) -> None:
         ops = self.ops

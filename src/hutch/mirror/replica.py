@@ -61,6 +61,14 @@ TOKENS_KEPT = 65536  # publish ids remembered for deduplication after a promotio
 # -- the operations (msgpack arrays with an integer tag first) --------------------------------
 
 
+def remember_token(tokens: dict[tuple[str, int], None], origin: str, token: int) -> None:
+    """Note a forwarded publish's id (its node, its token) among the last TOKENS_KEPT: a node
+    that sends it again (its answer lost with a link, or a promotion) gets it deduplicated."""
+    tokens[(origin, token)] = None
+    if len(tokens) > TOKENS_KEPT:
+        del tokens[next(iter(tokens))]
+
+
 class _Message(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """The fields of a message that every copy keeps (the first fields of Enqueued and SyncItem)."""
 
@@ -251,7 +259,7 @@ class Replica:
             if t is Enqueued:
                 self._add(MirrorEntry(op))
                 if op.origin:
-                    self._remember(op.origin, op.token)
+                    remember_token(self.tokens, op.origin, op.token)
             elif t is CheckedOut:
                 for seq in op.seqs:
                     e = self.entries.get(seq)
@@ -297,12 +305,6 @@ class Replica:
             self.to_write.append(e)
         if e.seq > self.max_seq:
             self.max_seq = e.seq
-
-    def _remember(self, origin: str, token: int) -> None:
-        t = self.tokens
-        t[(origin, token)] = None
-        if len(t) > TOKENS_KEPT:
-            del t[next(iter(t))]
 
     def restore(self, e: MirrorEntry) -> None:
         """An entry recovered from disk (already written)."""
