@@ -199,6 +199,7 @@ def test_kill_9_under_confirmed_persistent_load_loses_no_confirmed_message(tmp_p
     assert report.confirmed == messages  # the publisher got every message confirmed in the end
     assert report.lost == 0
     assert report.duplicates_unexplained == 0
+    assert report.redelivered_flag_missing == 0  # after a crash every recovered message is flagged
 
 
 if __name__ == "__main__":

@@ -49,6 +49,11 @@ REGRESSION_SEEDS = [
     # 749 and 987, a promotion that committed while the mirror was between rings (it had left a
     # dead leader's ring to join that node's next run) made the queue afresh
     *[("mirrored", EVERY, seed) for seed in (17, 82, 90, 97, 170, 178, 368, 749, 987)],
+    # mirrored, every fault kind, with nodes that resume from a pause only after a catalogue
+    # barrier: 343, a consumer's node passed on deliveries from the queue's old leader after it
+    # had moved the consumer to the new one; 654, a node re-sent a forwarded publish to the same
+    # leader after each of many link resets, and the leader stored it every time
+    *[("mirrored", EVERY, seed) for seed in (343, 654)],
     # quorum: on 417 the leader, cut off from both other nodes, proposed NodeDown for the
     # consumer's node, committed after the heal, and the consumer stayed suspended; on 729 a
     # consumer's node gave back deliveries to a consumer whose Cancel waited for its resend
@@ -59,6 +64,9 @@ REGRESSION_SEEDS = [
     # classic: 161, a restarted home node confirmed a forwarded publish before it had recovered
     # its queue
     ("classic", NET_AND_CRASH, 161),
+    # classic, every fault kind: 293, a start whose catalogue was behind did not know the queue
+    # and released its messages' records, with the journal's mark of the crash before it
+    ("classic", EVERY, 293),
 ]
 
 

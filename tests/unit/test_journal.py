@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hutch.broker.journal import Journal
+from hutch.broker.journal import REF_DELIVERED, Journal
 
 
 def _journal(tmp_path, segment_bytes_max=4096):
@@ -69,3 +69,77 @@ def test_records_of_deleted_queues_are_not_recovered(tmp_path):
     j3 = _journal(tmp_path)
     assert j3.recover([1]) == {}  # queue 2 deleted meanwhile: its message is dropped
     j3.close()
+
+
+def _crash(j: Journal) -> None:
+    """The node dies with everything written on disk but without closing the journal."""
+    j.sync()
+    j._stop.set()
+    j.log.close()
+
+
+def test_after_a_stop_without_a_clean_close_every_recovered_message_counts_as_delivered(tmp_path):
+    j = _journal(tmp_path)
+    j.recover([1])
+    assert not j.closed_cleanly  # a new directory: nothing says how it was left
+    seqs = [j.enqueue(1, "", "q", b"\x00\x00", b"m%d" % i) for i in range(3)]
+    j.delivered(1, seqs[0])
+    j.flush()
+    _crash(j)
+
+    j = _journal(tmp_path)
+    assert not j.closed_cleanly
+    assert [m.delivered for m in j.recover([1])[1]] == [True, True, True]
+    later = j.enqueue(1, "", "q", b"\x00\x00", b"later")  # published after the crash, never delivered
+    j.close()
+
+    j = _journal(tmp_path)  # a clean close since: the crash's mark still holds for what it covered
+    assert j.closed_cleanly
+    assert [(m.log_seq, m.delivered) for m in j.recover([1])[1]] == [(s, True) for s in seqs] + [(later, False)]
+    refs = j.recover_refs([1])[1]
+    assert [bool(ref & REF_DELIVERED) for _s, ref in refs.items()] == [True, True, True, False]
+    for s in seqs:
+        j.settled(1, s)
+    j.close()
+
+    j = _journal(tmp_path)  # the covered messages are gone; the message after them is not marked
+    assert [(m.log_seq, m.delivered) for m in j.recover([1])[1]] == [(later, False)]
+    _crash(j)
+    j = _journal(tmp_path)
+    assert [(m.log_seq, m.delivered) for m in j.recover([1])[1]] == [(later, True)]
+    j.close()
+
+
+def test_the_mark_of_a_crash_survives_a_second_crash_before_it_reached_the_disk(tmp_path):
+    """The clean-shutdown file goes for good when the journal opens, so a crash before the D
+    record is on disk still leaves the next start counting every message delivered."""
+    j = _journal(tmp_path)
+    j.recover([1])
+    s = j.enqueue(1, "", "q", b"\x00\x00", b"m")
+    j.close()
+    j = _journal(tmp_path)
+    assert j.closed_cleanly and not j.recover([1])[1][0].delivered
+    j.delivered(1, s)  # its V record is never written: the node dies first
+    j._stop.set()
+    j.log.close()
+    j = _journal(tmp_path)
+    assert not j.closed_cleanly and j.recover([1])[1][0].delivered
+    j.close()
+
+
+def test_the_mark_of_a_crash_outlives_a_start_that_did_not_know_the_queue(tmp_path):
+    """A node whose catalogue is behind starts without one of its queues, and stops cleanly;
+    when the queue is back, its messages from before the crash still count as delivered."""
+    j = _journal(tmp_path)
+    j.recover([1])
+    s = j.enqueue(1, "", "q", b"\x00\x00", b"m")
+    j.delivered(1, s)  # never written: the node dies first
+    j._stop.set()
+    j.log.close()
+    j = _journal(tmp_path)
+    assert j.recover([]) == {}  # queue 1 unknown at this start
+    j.close()
+    j = _journal(tmp_path)
+    assert j.closed_cleanly
+    assert [(m.log_seq, m.delivered) for m in j.recover([1])[1]] == [(s, True)]
+    j.close()

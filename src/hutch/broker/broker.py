@@ -283,9 +283,10 @@ class Broker:
 
     # ---------------------------------------------------------------- storage
 
-    def open_storage(self, data_dir: str) -> None:
+    def open_storage(self, data_dir: str, keep_unknown: bool = False) -> None:
         """Recover journalled messages into the queues homed here (start-up, after the
-        catalogue has been replayed and has made those queues)."""
+        catalogue has been replayed and has made those queues). `keep_unknown`: the catalogue
+        did not catch up (`_recover_messages`)."""
         self.journal = Journal(os.path.join(data_dir, "msgs"))  # first: its lock keeps a second node out
         self.scratch = ScratchLog(os.path.join(data_dir, "scratch"))
         queues = {q.journal_id: q for v in self.vhosts.values() for q in v.queues.values()
@@ -295,7 +296,7 @@ class Broker:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            total = self._recover_messages(queues)
+            total = self._recover_messages(queues, keep_unknown)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -304,62 +305,76 @@ class Broker:
         if self.cluster is not None:
             self.cluster.recovered()  # mirrored queues are led here from now on
 
-    def _recover_messages(self, queues: dict) -> int:
+    def _recover_messages(self, queues: dict, keep_unknown: bool = False) -> int:
         """Put the journal's surviving messages back on their queues, in publish order. A queue
-        that pages takes only its window's bodies into memory; the rest stay in the journal."""
-        recovered = self.journal.recover_refs(queues)
-        total = 0
+        that pages takes only its window's bodies into memory; the rest stay in the journal.
+        `keep_unknown`: the catalogue has not caught up, so a queue missing from it may only be
+        declared late; the journal holds on to such a queue's messages (`adopt_journalled`)."""
+        recovered = self.journal.recover_refs(queues, keep_unknown=keep_unknown)
+        return sum(self._recover_queue(queues[qid], refs) for qid, refs in recovered.items())
+
+    def adopt_journalled(self, q: ClassicQueue) -> None:
+        """A durable queue made here after start-up, by a catalogue entry this node applied
+        late: the messages the journal kept for it since (see `_recover_messages`)."""
+        if self.journal is None or not q.journal_id:
+            return
+        refs = self.journal.take_orphans(q.journal_id)
+        if refs is not None:
+            log.info("queue '%s' in vhost '%s': its declaration was applied after start-up; taking the "
+                     "messages the journal kept for it", q.name, q.vhost)
+            self._recover_queue(q, refs)
+
+    def _recover_queue(self, q: ClassicQueue, refs) -> int:
+        """One queue's surviving messages (the journal's refs table) back on it; how many."""
+        qid = q.journal_id
         routes: dict[tuple[str, str], bytes] = {}
         journal = self.journal
-        for qid, refs in recovered.items():
-            q = queues[qid]
-            now = self.now_ms()
-            lost = 0
-            for log_seq, ref in refs.items():
-                size = ref & REF_SIZE_MASK
-                count = 1 if ref & REF_DELIVERED else 0
-                if q.pages_out():
-                    if q.refuses(size):  # reject-publish: the queue's limit leaves no room for it any more
-                        journal.settled(qid, log_seq)
+        now = self.now_ms()
+        lost = 0
+        for log_seq, ref in refs.items():
+            size = ref & REF_SIZE_MASK
+            count = 1 if ref & REF_DELIVERED else 0
+            if q.pages_out():
+                if q.refuses(size):  # reject-publish: the queue's limit leaves no room for it any more
+                    journal.settled(qid, log_seq)
+                    continue
+                expiration_ms = None
+                if ref & REF_EXPIRATION:
+                    msg = self._journal_message(q, log_seq, routes)
+                    if msg is None:
+                        lost += 1
                         continue
-                    expiration_ms = None
-                    if ref & REF_EXPIRATION:
-                        msg = self._journal_message(q, log_seq, routes)
-                        if msg is None:
-                            lost += 1
-                            continue
-                        expiration_ms = msg.expiration_ms
-                    ttl = expiration_ms
-                    if q.message_ttl_ms is not None:
-                        ttl = q.message_ttl_ms if ttl is None else min(ttl, q.message_ttl_ms)
-                    q.publish_paged(log_seq, size, None if ttl is None else now + ttl, count,
-                                    (ref >> REF_PRIORITY_SHIFT) & 0xFF)
-                    if ttl is not None:
-                        self.ttl_queues.add(q)
-                    continue
-                msg = self._journal_message(q, log_seq, routes)
-                if msg is None:
-                    lost += 1
-                    continue
-                entry, dropped = q.publish(msg, now)
-                for d in dropped:  # the queue's limits leave no room for it any more
-                    self.settled(q, d)
-                if entry is None:
-                    journal.settled(qid, log_seq)
-                    continue
-                if dropped and dropped[-1] is entry:
-                    journal.settled(qid, log_seq)
-                    continue
-                entry.log_seq = log_seq
-                entry.delivery_count = count
-                if msg.expiration_ms is not None:
+                    expiration_ms = msg.expiration_ms
+                ttl = expiration_ms
+                if q.message_ttl_ms is not None:
+                    ttl = q.message_ttl_ms if ttl is None else min(ttl, q.message_ttl_ms)
+                q.publish_paged(log_seq, size, None if ttl is None else now + ttl, count,
+                                (ref >> REF_PRIORITY_SHIFT) & 0xFF)
+                if ttl is not None:
                     self.ttl_queues.add(q)
-            for d in q.drop_over_limit(read=False):  # drop-head over the paged messages too
+                continue
+            msg = self._journal_message(q, log_seq, routes)
+            if msg is None:
+                lost += 1
+                continue
+            entry, dropped = q.publish(msg, now)
+            for d in dropped:  # the queue's limits leave no room for it any more
                 self.settled(q, d)
-            total += len(refs) - lost
-            log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)%s", q.name, q.vhost,
-                     len(refs) - lost, f" ({q.paged_count} of them paged)" if q.paged_count else "")
-        return total
+            if entry is None:
+                journal.settled(qid, log_seq)
+                continue
+            if dropped and dropped[-1] is entry:
+                journal.settled(qid, log_seq)
+                continue
+            entry.log_seq = log_seq
+            entry.delivery_count = count
+            if msg.expiration_ms is not None:
+                self.ttl_queues.add(q)
+        for d in q.drop_over_limit(read=False):  # drop-head over the paged messages too
+            self.settled(q, d)
+        log.info("queue '%s' in vhost '%s': recovered %d persistent message(s)%s", q.name, q.vhost,
+                 len(refs) - lost, f" ({q.paged_count} of them paged)" if q.paged_count else "")
+        return len(refs) - lost
 
     def _journal_message(self, q: ClassicQueue, log_seq: int, routes: dict | None = None) -> Message | None:
         """A journalled message read back (CRC checked); None, logged and settled, when it cannot be."""

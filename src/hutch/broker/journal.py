@@ -6,6 +6,7 @@ What is written (msgpack records, keyed by the queue's journal id):
     V  delivered [queue id, [E seqs]]   first delivery: the messages come back `redelivered`
     A  settled   [queue id, [E seqs]]   acked, or discarded (reject, expiry, overflow)
     P  purged    [queue id, [E seqs]]   a purge or a deleted queue's remains
+    D  delivered below [0, seq]        every E record before `seq` may have been delivered
 
 (A V or A record written before batching holds one E seq instead of a list; both are read.)
 
@@ -27,6 +28,22 @@ refers to is released with them (the segment goes as a whole); a guard in a late
 live until the earlier segment is deleted. Guards always point back, so segments never wait on
 each other in a cycle. Recovery replays the log: every E without a matching A or P is a message
 still queued, `redelivered` if a V was seen.
+
+A V record is not fsynced before its message goes out, so a node that stops without closing
+the journal (a crash, a power loss) may have delivered messages whose V records never reached
+the disk. The segment log says whether it was closed cleanly (its `CLEAN` file, left by a
+close after the last fsync and removed when the log opens). Opened after a stop without a
+clean close, the journal counts every message it recovers as delivered, and writes one D
+record saying so, so that the mark outlives the next restart too, clean or not. Only the
+newest D record counts; it stays live, and the compactor keeps it when it rewrites its
+segment, as any live record. The flag is then set on some messages that were never
+delivered, which AMQP allows (it means "may have been delivered"); a redelivery without it
+is what must never happen.
+
+A node whose catalogue has not caught up when it starts may not know some of its durable
+queues yet (their declaration is applied late): `recover_refs(keep_unknown=True)` then keeps
+the messages of every queue it was not asked for, and the queue takes them when it is made
+(`take_orphans`), instead of releasing them as a deleted queue's.
 
 A mirror of a durable mirrored queue (hutch.mirror.mirror) keeps the persistent messages of its
 copy in the same log, in a namespace of its own: records of kinds that no queue writes, keyed
@@ -168,6 +185,8 @@ class Journal:
 
     def __init__(self, directory: str, segment_bytes_max: int = 64 * 1024 * 1024):
         self.log = SegmentLog(directory, segment_bytes_max=segment_bytes_max)
+        # False after a crash or a power loss: recovery counts every message as delivered
+        self.closed_cleanly = self.log.closed_cleanly
         # (guard record seq, E seqs it protects): released once none of them is on disk
         self._guards: deque[tuple[int, list[int]]] = deque()
         self._delivered: dict[int, int] = {}  # E seq -> its V record, while the message is queued
@@ -181,6 +200,7 @@ class Journal:
         self.synced_seq = self.log.durable_seq
         self._deleted_at_collect = self.log.segments_deleted
         self.mirror_copies: dict[tuple[str, str], MirrorCopy] = {}  # recovered, not claimed yet
+        self.orphans: dict[int, _RefTable] = {}  # queue id -> messages kept for a queue declared late
         self._stop = threading.Event()
         self._compactor = threading.Thread(target=self._compact_loop, name="journal-compactor", daemon=True)
 
@@ -442,19 +462,51 @@ class Journal:
         Records of queues that no longer exist, and every record that only settles
         something, are released or kept as guards so the log can shrink."""
         found = self._replay(live_queue_ids, lambda seq, item: RecoveredMessage(seq, item[2], item[3], item[4],
-                                                                                 item[5], False), _mark_delivered)
+                                                                                 item[5], False), _mark_delivered,
+                             mark_below=_mark_delivered_below)
         return {qid: list(msgs.values()) for qid, msgs in found.items()}
 
-    def recover_refs(self, live_queue_ids: Iterable[int]) -> dict[int, _RefTable]:
+    def recover_refs(self, live_queue_ids: Iterable[int], keep_unknown: bool = False) -> dict[int, _RefTable]:
         """As `recover`, but without the messages: per queue id, a table of E seq -> size |
         flags (REF_DELIVERED, REF_EXPIRATION) | priority << REF_PRIORITY_SHIFT whose `items()` come in
         publish order. 16 bytes a
         message while it runs, so a node can come back with a backlog far larger than its
-        memory; read the messages with `read_enqueue`."""
-        return self._replay(live_queue_ids, _ref_of, _ref_delivered, _RefTable)
+        memory; read the messages with `read_enqueue`.
 
-    def _replay(self, live_queue_ids: Iterable[int], make, mark, table=dict) -> dict:
+        `keep_unknown`: the messages of queues not in `live_queue_ids` are kept, not released,
+        for `take_orphans` (the node's catalogue is behind: such a queue may be declared late).
+        They are released at a later start that does not ask for them."""
+        found = self._replay(None if keep_unknown else live_queue_ids, _ref_of, _ref_delivered, table=_RefTable,
+                             mark_below=_RefTable.flag_delivered_below)
         live = set(live_queue_ids)
+        self.orphans = {qid: refs for qid, refs in found.items() if qid not in live}
+        return {qid: refs for qid, refs in found.items() if qid in live}
+
+    def take_orphans(self, queue_id: int) -> _RefTable | None:
+        """The messages `recover_refs(keep_unknown=True)` kept for a queue it did not know."""
+        return self.orphans.pop(queue_id, None)
+
+    def _mark_delivered_below(self, pending: dict, delivered_below: int, d_seqs: list[int], mark_below) -> list[int]:
+        """Flag the recovered messages the newest D record names, or after a stop without a clean
+        close all of them, writing the D record that says so. Returns the D records no longer
+        needed: all but the newest. That one stays even when no queue recovered here needs it,
+        for a queue this start does not know yet (its catalogue behind) may come back later."""
+        if not self.closed_cleanly and self.log.last_seq:
+            delivered_below = self.log.last_seq + 1
+            self.log.append(_enc.encode(("D", 0, delivered_below)))
+            stale = d_seqs
+        else:
+            stale = d_seqs[:-1]
+        marked = sum(mark_below(q, delivered_below) for q in pending.values()) if delivered_below else 0
+        if marked and not self.closed_cleanly:
+            log.warning("Message journal: not closed cleanly; %d recovered message(s) will be delivered as "
+                        "redelivered", marked)
+        return stale
+
+    def _replay(self, live_queue_ids: Iterable[int] | None, make, mark, *, mark_below, table=dict) -> dict:
+        """Every queue's surviving messages; with `live_queue_ids` None, every queue is live."""
+        live = None if live_queue_ids is None else set(live_queue_ids)
+        delivered_below, d_seqs = 0, []  # the seq the newest D record names; every D record's own
         pending: dict[int, Any] = {}
         settles: list[tuple[int, int, list[int]]] = []  # (record seq, queue, E seqs)
         dead: list[int] = []
@@ -480,7 +532,7 @@ class Journal:
                 continue
             kind, qid = item[0], item[1]
             if kind == "E":
-                if qid in live:
+                if live is None or qid in live:
                     q = pending.get(qid)
                     if q is None:
                         q = pending[qid] = table()
@@ -513,6 +565,9 @@ class Journal:
                 settles.append((rec.seq, qid, list(seqs)))
                 for v, deps in self._settle_delivered(seqs):
                     settles.append((v, qid, deps))
+            elif kind == "D":
+                d_seqs.append(rec.seq)
+                delivered_below = item[2]  # each D names a later seq than the one before
             elif kind == "ME":  # one the mirror copy's reader above could not take
                 log.error("Message journal: malformed mirror copy record %d skipped", rec.seq)
                 dead.append(rec.seq)
@@ -545,6 +600,7 @@ class Journal:
                 dead.extend(old.items)
                 dead.append(old.header_seq)
             self.mirror_copies[(c.vhost, c.name)] = c
+        dead.extend(self._mark_delivered_below(pending, delivered_below, d_seqs, mark_below))
         for s in dead:
             if self.log.is_live(s):
                 self.log.release(s)
@@ -559,6 +615,16 @@ class Journal:
 
 def _mark_delivered(q: dict, e_seq: int) -> None:
     q[e_seq].delivered = True
+
+
+def _mark_delivered_below(q: dict, below: int) -> int:
+    marked = 0
+    for e_seq, m in q.items():
+        if e_seq >= below:
+            break  # (the log replays in seq order)
+        m.delivered = True
+        marked += 1
+    return marked
 
 
 def _ref_of(_seq: int, item: list) -> int:
@@ -613,6 +679,15 @@ class _RefTable:
         self.refs[i] = self.GONE
         self.live -= 1
         return ref
+
+    def flag_delivered_below(self, below: int) -> int:
+        """Flag every surviving message before seq `below` delivered; how many there were."""
+        refs, gone, marked = self.refs, self.GONE, 0
+        for i in range(bisect_left(self.seqs, below)):
+            if refs[i] != gone:
+                refs[i] |= REF_DELIVERED
+                marked += 1
+        return marked
 
     def set_flag(self, seq: int, flag: int) -> None:
         i = self._index(seq)

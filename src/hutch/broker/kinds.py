@@ -147,6 +147,7 @@ class ClassicKind:
             q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=rec.exclusive_owner is not None,
                                 auto_delete=rec.auto_delete, arguments=dict(rec.arguments), owner=owner)
             q.journal_id = rec.journal_id if rec.durable and rec.exclusive_owner is None else 0
+            b.adopt_journalled(q)
         else:
             q = v.queues[rec.name] = RemoteQueue(cl, rec)
             v.topology_changed()

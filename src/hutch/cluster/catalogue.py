@@ -321,6 +321,11 @@ class CheckQueueLeader(Command, tag="queue.check_leader"):
     unfence: tuple[str, ...] = ()
 
 
+class Barrier(Command, tag="barrier"):
+    """Changes nothing. A node that has applied it has applied everything committed before it:
+    a node resuming after a pause waits for one before it lets clients in again."""
+
+
 class SetPolicy(Command, tag="policy.set"):
     vhost: str
     name: str
@@ -375,7 +380,7 @@ class ClearGlobalParameter(Command, tag="global_parameter.clear"):
 
 AnyCommand = (AddVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions | ClearPermissions
               | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue | SetQueueNodes
-              | CheckQueueLeader
+              | CheckQueueLeader | Barrier
               | SetPolicy | ClearPolicy | SetParameter | ClearParameter | SetGlobalParameter
               | ClearGlobalParameter | SetOperatorPolicy | ClearOperatorPolicy)
 
@@ -1121,6 +1126,7 @@ _HANDLERS = {
     DeleteQueue: Catalogue._delete_queue,
     SetQueueNodes: Catalogue._set_queue_nodes,
     CheckQueueLeader: Catalogue._check_queue_leader,
+    Barrier: lambda _self, _c: Result(EXISTED),
     SetPolicy: Catalogue._set_policy,
     ClearPolicy: Catalogue._clear_policy,
     SetOperatorPolicy: Catalogue._set_policy,

@@ -144,6 +144,7 @@ class ClusterRuntime:
         self.on_partition = on_partition
         self.fatal = fatal
         self.network = network  # the peer transport's sockets (hutch.cluster.transport)
+        self.caught_up = False  # at start: every entry this node's log held was applied
         self.name = cfg.node_name
         self.id = node_id(self.name)
         self.loop = asyncio.get_running_loop()
@@ -229,7 +230,8 @@ class ClusterRuntime:
                     break
                 self.multi.tick()
                 self._drain()
-        if await self._catch_up(logged_at_start):
+        self.caught_up = await self._catch_up(logged_at_start)
+        if self.caught_up:
             self.cluster.streams.forget_orphans()  # safe only with every entry this node had applied
         if alone:
             await self._lead_alone()
@@ -451,6 +453,13 @@ class ClusterRuntime:
         peers.requests.open(req, lambda res: callback(res if res is not None else self._timed_out()), None,
                             now + self.cfg.metadata_timeout_ms / 1000, CATALOGUE_REQUEST, [env, now + RETRY_S])
         self._propose(env)
+
+    async def barrier(self) -> bool:
+        """Whether a catalogue barrier committed and this node applied it (False after
+        metadata_timeout_ms): everything committed before it is then applied here too."""
+        done: asyncio.Future[cat.Result] = self.loop.create_future()
+        self.submit(cat.Barrier(), lambda res: done.done() or done.set_result(res))
+        return (await done).ok
 
     def _timed_out(self) -> cat.Result:
         leader = self.leader_name()

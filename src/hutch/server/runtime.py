@@ -213,6 +213,7 @@ class Node:
         self.clock = clock or NodeClock()  # the time this node's broker, catalogue and queues share
         self._app_running = False
         self.paused = False  # pause_minority / pause_if_all_down: clients closed until the condition clears
+        self._resumes = 0  # resumes begun (only the newest may open the listeners)
         self.clustering = None
         self._tasks = TaskSet("node", log)  # closing and reopening client listeners on pause and resume
         self._total_mem = psutil.virtual_memory().total
@@ -316,7 +317,8 @@ class Node:
                                          network=self.network or asyncio)
         await self.clustering.start()
         self._wire_node_info()
-        self.broker.open_storage(self.config.data_dir)
+        # a catalogue still behind may declare some of this node's queues late: their messages wait
+        self.broker.open_storage(self.config.data_dir, keep_unknown=not self.clustering.caught_up)
         if self.config.load_definitions:  # before clients are let in, as RabbitMQ's boot step
             await definitions.load_at_boot(self.broker, self.config.load_definitions)
         await self._open_listeners()
@@ -388,7 +390,23 @@ class Node:
             log.warning("Cluster %s (reachable: %s): resuming node %s",
                         "majority status regained" if cfg.cluster_partition_handling == "pause_minority"
                         else "recovery detected", ", ".join(reached) or "none", cfg.node_name)
-            self._tasks.spawn(self._open_listeners(), "resume")
+            self._tasks.spawn(self._resume(), "resume")
+
+    async def _resume(self) -> None:
+        """Clients come back once this node has applied everything the cluster committed while
+        it was paused (a catalogue barrier): until then it may still take itself for the leader
+        of a queue that another node leads now."""
+        self._resumes += 1
+        this = self._resumes
+
+        def current() -> bool:  # not paused again (a later resume opens the listeners), nor stopping
+            return this == self._resumes and not self.paused and self._app_running
+
+        while current() and not await self.clustering.barrier():
+            log.warning("node %s waits for the cluster metadata store before it lets clients in again",
+                        self.config.node_name)
+        if current():
+            await self._open_listeners()
 
     def _wire_node_info(self) -> None:
         """Peers show this node in their /api/nodes as it describes itself."""

@@ -18,8 +18,7 @@ run checks (FAILURE_KINDS):
   (`starved`) from messages nobody receives (`lost`);
 - nothing delivered that was never published;
 - a message delivered again is flagged `redelivered` (each message is published once, so a
-  second delivery is always a redelivery), unless a node lost power since its last delivery
-  (the record of a delivery is not fsynced: counted in the stats);
+  second delivery is always a redelivery), power losses and all;
 - every node's catalogue is the same (canonical snapshot bytes, once all have applied the
   same index);
 - no two nodes lead one Raft group in the same term (sampled every 10 ms of simulated time);
@@ -158,8 +157,6 @@ class _History:
     confirmed: set[str] = field(default_factory=set)
     nacked: set[str] = field(default_factory=set)
     delivered: dict[str, int] = field(default_factory=dict)  # message id -> deliveries seen
-    delivered_at: dict[str, float] = field(default_factory=dict)  # message id -> when last delivered
-    power_lost_at: list[float] = field(default_factory=list)  # when a node lost power, or exited distrusting its cache
 
 
 class _TraceHandler(logging.Handler):
@@ -528,7 +525,6 @@ class ClusterSim:
         self.net.kill_host(host)
         self.disk.close_all(host)
         if power:
-            self.history.power_lost_at.append(self.loop.time())
             loss = self.disk.power_loss(host)
             self.kernel.log(f"nemesis: {host} lost {loss.bytes_lost} unsynced bytes in {loss.files} file(s), "
                             f"{loss.torn} write(s) torn")
@@ -686,15 +682,8 @@ class ClusterSim:
             self._fail("unpublished", f"delivered {mid!r}, which was never published")
         seen = h.delivered.get(mid, 0)
         if seen and not redelivered:
-            if h.power_lost_at and h.power_lost_at[-1] > h.delivered_at[mid]:
-                # a durable classic queue writes down a delivery without an fsync of its own: a
-                # power loss since the last delivery may have taken the record (the flag is a hint)
-                self.stats["redelivered_flag_lost_to_power"] = self.stats.get("redelivered_flag_lost_to_power", 0) + 1
-                self.kernel.log(f"client {who}: {mid} delivered again without the redelivered flag, after a power loss")
-            else:
-                self._fail("redelivered-flag", f"{mid} delivered again without the redelivered flag")
+            self._fail("redelivered-flag", f"{mid} delivered again without the redelivered flag")
         h.delivered[mid] = seen + 1
-        h.delivered_at[mid] = self.loop.time()
         self.kernel.log(f"client {who}: delivered {mid}{' (redelivered)' if redelivered else ''}")
         settle = self._requeue if self.rng.random() < REQUEUE_P else self._ack
         self.loop.call_later(self.rng.uniform(0, 0.02), settle, this[0], tag)

@@ -72,6 +72,7 @@ SEGMENT_SUFFIX = ".hseg"
 COMPACT_SUFFIX = ".compact"
 LOCK_FILE = "LOCK"
 SYNCED_FILE = "SYNCED"  # the synced extent of the active segment, rewritten at most once a second
+CLEAN_FILE = "CLEAN"  # there only while the log is closed, and only after a clean close
 SYNCED_INTERVAL_S = 1.0
 _SYNCED = struct.Struct("<4sQQI")  # magic, segment base seq, bytes known synced, crc32 of the first two
 _SYNCED_MAGIC = b"HSYN"
@@ -212,6 +213,15 @@ class SegmentLog:
             os.close(self._lock_fd)
             raise StoreError(f"Segment log {self.directory}: in use by another process") from None
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # Whether the last process to open the log closed it (False after a crash or a power
+        # loss). The mark goes, durably, before anything is written: it must not outlive this run.
+        self.closed_cleanly = True
+        try:
+            os.unlink(self.directory / CLEAN_FILE)
+        except FileNotFoundError:
+            self.closed_cleanly = False
+        else:
+            os.fsync(self._dir_fd)
 
         # _lock guards everything below; _sync_lock makes syncs one at a time;
         # _compact_lock makes compactions one at a time. Order: sync/compact, then _lock.
@@ -927,7 +937,8 @@ class SegmentLog:
     # -- closing ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Sync what was appended (unless the log failed) and release the files."""
+        """Sync what was appended (unless the log failed), record the clean close (`CLEAN_FILE`,
+        read back as `closed_cleanly` by the next open) and release the files."""
         if self._closed:
             return
         if self._failed is None:
@@ -937,8 +948,21 @@ class SegmentLog:
                 return
             if self._failed is None and self._synced_mark != (self._active.base_seq, self._active.size_bytes):
                 self._write_synced(self._active.base_seq, self._active.size_bytes)  # all of it: just synced
+            if self._failed is None:
+                self._leave_clean_mark()
             self._closed = True
             self._close_fds()
+
+    def _leave_clean_mark(self) -> None:
+        try:
+            fd = os.open(self.directory / CLEAN_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.fsync(self._dir_fd)
+        except OSError as e:  # the next open takes the log for one that was not closed: safe
+            log.warning("Segment log %s: could not record the clean close: %s", self.directory, e)
 
     def _close_fds(self) -> None:
         for _seg, fd in self._sealed_unsynced:
