@@ -22,6 +22,8 @@ run checks (FAILURE_KINDS):
 - every node's catalogue is the same (canonical snapshot bytes, once all have applied the
   same index);
 - no two nodes lead one Raft group in the same term (sampled every 10 ms of simulated time);
+- a node that resumes from a pause lets clients in only once it has applied every catalogue
+  entry committed when it resumed;
 - no exception escapes a node's callbacks or tasks.
 
 What is real: every line of the node's code above the socket, and the files. What is simulated:
@@ -130,6 +132,7 @@ FAILURE_KINDS = frozenset({
     "redelivered-flag",  # a second delivery without `redelivered`
     "catalogue",  # catalogues that differ at one applied index, or never reach one
     "two-leaders",  # two leaders of one Raft group in one term
+    "stale-resume",  # a node let clients in after a pause before it had caught up with the catalogue
     "unhandled",  # an exception that escaped a node's callback or task
     "boot",  # the cluster did not boot
     "stuck",  # the run did not end in RUN_S_MAX of simulated time, or its clock stopped (a livelock)
@@ -160,10 +163,11 @@ class _History:
 
 
 class _TraceHandler(logging.Handler):
-    def __init__(self, kernel: Kernel, root: str) -> None:
+    def __init__(self, kernel: Kernel, root: str, watch=None) -> None:
         super().__init__(logging.INFO)
         self.kernel = kernel
         self.root = root
+        self.watch = watch  # watch(host, message): checks that follow what the nodes log
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -172,6 +176,8 @@ class _TraceHandler(logging.Handler):
             text = str(record.msg)
         if record.exc_info and record.levelno >= logging.ERROR:
             text += f" [{record.exc_info[0].__name__}: {record.exc_info[1]}]"
+        if self.watch is not None:
+            self.watch(current_host.get(), text)
         text = _LONG_NUMBER.sub("#", text.replace(self.root, "$DATA"))  # the run's directory differs per run
         self.kernel.log(f"{current_host.get()} {record.levelname.lower()} {record.name}: {text}")
 
@@ -261,6 +267,7 @@ class ClusterSim:
             for c in self.clocks.values():
                 c.drift = self.rng2.uniform(-DRIFT_PPM_MAX, DRIFT_PPM_MAX) / 1e6
         self._leaders: dict[tuple, str] = {}  # (group, term) -> the node that led it
+        self._resuming: dict[str, int] = {}  # a node resuming from a pause -> the catalogue's commit index then
         self._restarts: list[asyncio.Task] = []
         self._checked = False  # the checks have run; the nodes are being stopped
         self.failures: list[tuple[str, str]] = []  # (kind, what): the checks that failed (FAILURE_KINDS)
@@ -270,10 +277,12 @@ class ClusterSim:
     def run(self) -> SimResult:
         self.root = tempfile.mkdtemp(prefix="hutch-sim-", dir=_memory_fs())
         hutch_log = logging.getLogger("hutch")
-        saved = (hutch_log.level, hutch_log.propagate, Journal.compactor_thread)
-        handler = _TraceHandler(self.kernel, self.root)
+        node_log = logging.getLogger("hutch.node")  # its pauses and listeners: _watch_resume
+        saved = (hutch_log.level, hutch_log.propagate, Journal.compactor_thread, node_log.level)
+        handler = _TraceHandler(self.kernel, self.root, self._watch_resume)
         hutch_log.addHandler(handler)
         hutch_log.setLevel(logging.INFO if self.opts.trace else logging.ERROR)
+        node_log.setLevel(logging.INFO)
         hutch_log.propagate = False
         Journal.compactor_thread = False
         try:
@@ -296,6 +305,7 @@ class ClusterSim:
             hutch_log.setLevel(saved[0])
             hutch_log.propagate = saved[1]
             Journal.compactor_thread = saved[2]
+            node_log.setLevel(saved[3])
             shutil.rmtree(self.root, ignore_errors=True)
         violation = "; ".join(text for _, text in self.failures[:5]) or None
         h = self.history
@@ -522,6 +532,7 @@ class ClusterSim:
         """The node's process is gone: its tasks stop, its connections reset, its files close.
         What it wrote stays in the page cache, unless the power went too."""
         self.nodes.pop(host, None)
+        self._resuming.pop(host, None)
         self.net.kill_host(host)
         self.disk.close_all(host)
         if power:
@@ -793,6 +804,21 @@ class ClusterSim:
         self.kernel.log(f"catalogues at index {next(iter(applied.values()))}: {digests}")
         if len(set(digests.values())) != 1:
             self._fail("catalogue", f"catalogues differ at the same applied index: {digests}")
+
+    def _watch_resume(self, host: str, text: str) -> None:
+        """A node resuming from a pause lets clients in ("started TCP listener") only once it has
+        applied every catalogue entry that was committed when it resumed: until then it may take
+        itself for the leader of a queue another node leads now."""
+        if "status regained" in text or "recovery detected" in text:
+            self._resuming[host] = max((n.clustering.group.commit for n in self.nodes.values()
+                                        if n.clustering is not None and hasattr(n.clustering, "group")), default=0)
+        elif text.startswith("started TCP listener") and host in self._resuming:
+            committed = self._resuming.pop(host)
+            node = self.nodes.get(host)
+            applied = node.clustering.group.applied if node is not None and node.clustering is not None else 0
+            if applied < committed:
+                self._fail("stale-resume", f"{host} let clients in after a pause with the catalogue applied to "
+                                           f"{applied}, short of {committed}, committed when it resumed")
 
     def _check_leaders(self) -> None:
         for host, node in self.nodes.items():
