@@ -71,11 +71,16 @@ def test_records_of_deleted_queues_are_not_recovered(tmp_path):
     j3.close()
 
 
+def _die(j: Journal) -> None:
+    """The process is gone: its files close, nothing more is written (no clean-close mark)."""
+    j._stop.set()
+    j.log._close_fds()
+
+
 def _crash(j: Journal) -> None:
     """The node dies with everything written on disk but without closing the journal."""
     j.sync()
-    j._stop.set()
-    j.log.close()
+    _die(j)
 
 
 def test_after_a_stop_without_a_clean_close_every_recovered_message_counts_as_delivered(tmp_path):
@@ -120,8 +125,7 @@ def test_the_mark_of_a_crash_survives_a_second_crash_before_it_reached_the_disk(
     j = _journal(tmp_path)
     assert j.closed_cleanly and not j.recover([1])[1][0].delivered
     j.delivered(1, s)  # its V record is never written: the node dies first
-    j._stop.set()
-    j.log.close()
+    _die(j)
     j = _journal(tmp_path)
     assert not j.closed_cleanly and j.recover([1])[1][0].delivered
     j.close()
@@ -134,8 +138,8 @@ def test_the_mark_of_a_crash_outlives_a_start_that_did_not_know_the_queue(tmp_pa
     j.recover([1])
     s = j.enqueue(1, "", "q", b"\x00\x00", b"m")
     j.delivered(1, s)  # never written: the node dies first
-    j._stop.set()
-    j.log.close()
+    j.sync()
+    _die(j)
     j = _journal(tmp_path)
     assert j.recover([]) == {}  # queue 1 unknown at this start
     j.close()

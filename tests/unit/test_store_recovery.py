@@ -352,3 +352,19 @@ def test_kill_9_loses_no_record_that_sync_reported_durable(tmp_path):
         beyond_durable.append(len(recovered) - durable)
     # Records written but not yet synced at the kill are recovered too (page cache survives).
     assert any(n > 0 for n in beyond_durable), f"seed {seed}: every kill landed on a sync boundary"
+
+
+def test_a_log_knows_whether_it_was_closed_cleanly(tmp_path):
+    log = SegmentLog(tmp_path)
+    assert not log.closed_cleanly  # nothing says how a new directory was left
+    log.append(b"x")
+    log.close()
+    assert (tmp_path / "CLEAN").exists()
+    log = SegmentLog(tmp_path)
+    assert log.closed_cleanly and not (tmp_path / "CLEAN").exists()  # the mark goes as the log opens
+    log.append(b"y")
+    log.sync()
+    log._close_fds()  # the process dies: no close
+    log = SegmentLog(tmp_path)
+    assert not log.closed_cleanly and [r.payload for r in log.replay()] == [b"x", b"y"]
+    log.close()

@@ -213,15 +213,7 @@ class SegmentLog:
             os.close(self._lock_fd)
             raise StoreError(f"Segment log {self.directory}: in use by another process") from None
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        # Whether the last process to open the log closed it (False after a crash or a power
-        # loss). The mark goes, durably, before anything is written: it must not outlive this run.
-        self.closed_cleanly = True
-        try:
-            os.unlink(self.directory / CLEAN_FILE)
-        except FileNotFoundError:
-            self.closed_cleanly = False
-        else:
-            os.fsync(self._dir_fd)
+        self.closed_cleanly = False  # whether the last process to open the log closed it
 
         # _lock guards everything below; _sync_lock makes syncs one at a time;
         # _compact_lock makes compactions one at a time. Order: sync/compact, then _lock.
@@ -247,12 +239,23 @@ class SegmentLog:
         self._synced_mark = (0, 0)
         self._synced_at = 0.0
         try:
+            self.closed_cleanly = self._take_clean_mark()
             self.recovery = self._recover()
         except BaseException:
             self._close_fds()
             raise
 
     # -- recovery -----------------------------------------------------------------
+
+    def _take_clean_mark(self) -> bool:
+        """Whether the log was closed cleanly (not after a crash or a power loss). The mark goes,
+        durably, before anything is written: it must not outlive this run."""
+        try:
+            os.unlink(self.directory / CLEAN_FILE)
+        except FileNotFoundError:
+            return False
+        os.fsync(self._dir_fd)
+        return True
 
     def _read_synced(self) -> tuple[int, int] | None:
         """(segment base seq, bytes of it known synced) as last recorded, or None."""
