@@ -205,6 +205,18 @@ def test_a_publish_is_confirmed_once_its_home_accepts_it() -> None:
     assert a._pub_tokens == {}
 
 
+def test_a_publish_to_a_queue_its_home_does_not_know_is_nacked_not_confirmed() -> None:
+    """Classic seed 45 (with every client kind): the queue's home node started before its
+    catalogue caught up, so the queue's declaration was not applied there yet; it confirmed the
+    publishes forwarded to it, which no queue had taken."""
+    net, a, b, _q = _two()
+    rq = RemoteQueue(Side(a), _rec("late", "b"))  # in a's catalogue; not (yet) in b's
+    a.forward([rq], Message("", "late", b"", b"", b"hello"), Chan(), 7)
+    a.flush()
+    assert net.pump() == ["Publishes", "PublishAnswers"]
+    assert b.port.enqueued == [] and a.port.answered == [(7, False)]
+
+
 def test_a_publish_to_a_home_that_goes_down_is_nacked() -> None:
     net, a, b, _q = _two()
     rq = RemoteQueue(Side(a), _rec("q", "b"))
@@ -264,6 +276,24 @@ def test_deliveries_from_a_node_that_no_longer_leads_the_queue_are_not_passed_on
     assert net.pump() == ["Deliveries", "Cancel"]
     assert a.port.delivered_to == []
     assert home_q.consumers == [] and b.proxies == {}
+
+
+def test_a_consumer_whose_channel_closed_before_its_home_attached_it_is_dropped_there() -> None:
+    """Mirrored seed 7 (with every client kind): the client's connection closed while the
+    queue's home attached its consumer; the home then sent it half the queue's messages, which
+    no channel would settle, for ever. Now the consumer's node cancels it at once, and what
+    was sent meanwhile goes back."""
+    net, a, b, home_q = _two()
+    rq = RemoteQueue(Side(a), _rec("q", "b"))
+    c = type("C", (), {"tag": "t", "no_ack": False, "exclusive": False, "priority": 0, "prefetch": 0,
+                       "arguments": {}, "received": 0, "ref": None})()
+    c.queue, c.channel = rq, Chan()
+    rq.consume(c, lambda _r: None)
+    c.channel.closed = True  # the connection goes before the answer comes
+    assert net.pump() == ["Consume", "ConsumeAnswer", "Cancel"]
+    assert a.consumers == {} and rq.local_consumers == {}
+    assert home_q.consumers == [] and b.proxies == {}
+    assert c.ref in a._cancelled  # a delivery that crossed the cancel is given back
 
 
 def test_a_consume_of_a_missing_queue_is_refused_and_calls_are_answered() -> None:

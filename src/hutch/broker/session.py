@@ -766,7 +766,19 @@ class Session:
     def basic_get(self, ch: Channel, m) -> None:
         q = ops.queue_to_purge(self.broker, self.vhost, self.user, self._queue_name(ch, m.queue), self)
         no_ack = bool(m.no_ack)
-        self.ask(ch, m, lambda reply: q.get(no_ack, reply), lambda got: self._get_ok(ch, q, no_ack, got))
+
+        def get(reply) -> Any:
+            def answered(got) -> None:
+                if self.closed or ch.closed:
+                    # The channel went while the queue (on another node, or a quorum queue's
+                    # leader) looked: nobody will settle what it took, so it goes back at once.
+                    if isinstance(got, Got) and not no_ack and not q.deleted:
+                        q.requeue(got.entry.seq)
+                        self.broker.dirty_queues.add(q)
+                        self.broker.schedule()
+                reply(got)
+            return q.get(no_ack, answered)
+        self.ask(ch, m, get, lambda got: None if ch.closed else self._get_ok(ch, q, no_ack, got))
 
     def _get_ok(self, ch: Channel, q, no_ack: bool, got: Got | None) -> None:
         """get-ok (or get-empty) for a basic.get's answer, whatever the queue's type."""

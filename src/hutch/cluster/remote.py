@@ -376,8 +376,16 @@ class RemoteQueue:
         def answered(result: Any) -> None:
             r = self._answer(result)
             if not isinstance(r, Exception):
-                self.add_consumer(c)
                 r = None
+                channel = getattr(c, "channel", None)
+                if channel is not None and channel.closed:
+                    # The channel closed while the home node attached the consumer: nobody is
+                    # left to settle what it gets, so the home drops it at once, and what it
+                    # already sent comes back (see RemoteHost._orphan_deliveries).
+                    cl.cancelled(cid, self.home_node, self.vhost, self.name)
+                    cl.send(self.home_node, Cancel(cid))
+                else:
+                    self.add_consumer(c)
             reply(r)
         cl.expect_reply(cid, self.home_node, answered)
         cl.send(self.home_node, Consume(cid, self.vhost, self.name, c.tag, c.no_ack, c.exclusive, c.priority,

@@ -276,10 +276,13 @@ class RemoteHost:
             vq = port.queues_of(vhost)
             queues = tuple(q for q in (vq.get(n) for n in names) if q is not None and not q.deleted
                            and q.local) if vq is not None else ()
-            if len(queues) < len(names) and vq is not None and any(
-                    port.in_catalogue(vhost, n) and _led_elsewhere(vq.get(n)) for n in names):
-                # a queue that has just moved to another leader (or whose promotion here is not
-                # done yet): its publisher's node sends it again when it can, or nacks it
+            if len(queues) < len(names) and (vq is None or any(
+                    not port.in_catalogue(vhost, n) or _led_elsewhere(vq.get(n)) for n in names)):
+                # A queue that has just moved to another leader (or whose promotion here is not
+                # done yet), or one this node's catalogue does not hold: deleted, or declared by
+                # an entry not applied here yet (a node that started before its catalogue caught
+                # up). Its publisher's node sends it again when it can, or nacks it: never a
+                # confirm for a message no queue took.
                 self._out_acks.setdefault(origin, []).append(PublishAnswer(token, RETRY))
                 continue
             if not queues:

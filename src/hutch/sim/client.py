@@ -118,6 +118,19 @@ class SimClient:
     def reject(self, delivery_tag: int, requeue: bool) -> None:
         self._send(1, commands.Basic.Reject(delivery_tag=delivery_tag, requeue=requeue))
 
+    def nack(self, delivery_tag: int, requeue: bool) -> None:
+        self._send(1, commands.Basic.Nack(delivery_tag=delivery_tag, requeue=requeue))
+
+    async def cancel(self, consumer_tag: str) -> None:
+        await self._rpc(1, commands.Basic.Cancel(consumer_tag=consumer_tag), (commands.Basic.CancelOk,))
+
+    async def get(self, queue: str) -> tuple[int, bool, bytes] | None:
+        """basic.get with acknowledgement: (delivery tag, redelivered, body), or None if empty."""
+        got = await self._rpc(1, commands.Basic.Get(queue=queue), (_GotMessage, commands.Basic.GetEmpty))
+        if isinstance(got, commands.Basic.GetEmpty):
+            return None
+        return got.ok.delivery_tag, got.ok.redelivered, got.body
+
     # -- frames
 
     def _check_open(self) -> None:
@@ -189,7 +202,7 @@ class SimClient:
                 if self._content[3] <= 0:
                     self._content_done()
             return
-        if isinstance(value, commands.Basic.Deliver):
+        if isinstance(value, (commands.Basic.Deliver, commands.Basic.GetOk)):
             self._content = [value, None, [], 0]
         elif isinstance(value, (commands.Basic.Ack, commands.Basic.Nack)):
             if self.on_confirm is not None:
@@ -209,8 +222,20 @@ class SimClient:
     def _content_done(self) -> None:
         deliver, head, parts, _ = self._content
         self._content = None
-        if self.on_delivery is not None:
+        if isinstance(deliver, commands.Basic.GetOk):
+            if self._waiting is not None and not self._waiting[1].done():
+                self._waiting[1].set_result(_GotMessage(deliver, b"".join(parts)))
+        elif self.on_delivery is not None:
             self.on_delivery(deliver.delivery_tag, deliver.redelivered, head.properties, b"".join(parts))
+
+
+class _GotMessage:
+    """A basic.get-ok with its content, as `get` waits for it."""
+
+    __slots__ = ("ok", "body")
+
+    def __init__(self, ok: commands.Basic.GetOk, body: bytes) -> None:
+        self.ok, self.body = ok, body
 
 
 __all__ = ["ClientClosed", "SimClient"]

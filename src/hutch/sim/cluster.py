@@ -106,6 +106,7 @@ STEP_TIMEOUT_S = 5.0  # a client's connect, declare or consume
 CLIENT_BACKOFF_S = (0.05, 0.5)
 AUDIT_S = 5.0  # how long the audit's consumer waits on each node
 REQUEUE_P = 0.05  # the share of deliveries a consumer rejects with requeue instead of acking
+CONSUME_SPELL_S = (0.5, 3.0)  # with "cancel": how long the consumer consumes before it cancels
 CONFIRM_TIMEOUT_S = 10.0  # a publisher whose window is full gives its connection up after this long
 RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is stuck
 # The nemesis's fault kinds (--faults): "net" partitions and resets links and client connections,
@@ -119,6 +120,12 @@ FAULT_KINDS = ("net", "crash", "power", "fsync", "disk-full", "clock")
 # and clocks, with which a seed names the same run as it did then (the batches in
 # tests/sim/test_cluster_sim.py and their regression seeds). `hutch sim cluster` draws them all.
 NET_AND_CRASH = frozenset({"net", "crash"})
+# What the clients do besides publishing with confirms and consuming with acks and rejects:
+# "get" adds a client that takes messages with basic.get (acked or rejected); "cancel" has the
+# consumer cancel its subscription now and then and subscribe again, settling what it holds;
+# "nack" has it requeue with basic.nack as often as with basic.reject. They draw from a
+# generator of their own: without them a seed names the run it named before they existed.
+CLIENT_KINDS = ("get", "cancel", "nack")
 DISK_FAULT_S = (0.5, 3.0)  # how long an fsync error or a full disk lasts
 DRIFT_PPM_MAX = 200  # each node's clocks run this much fast or slow at most
 WALL_JUMP_S_MAX = 300  # the largest jump of a node's wall clock, forward or back
@@ -151,6 +158,7 @@ class ClusterSimOptions:
     net_ticktime_s: float = 4.0
     queue_type: str = "quorum"  # one of QUEUE_TYPES
     faults: frozenset[str] = NET_AND_CRASH  # the fault kinds the nemesis draws (FAULT_KINDS)
+    clients: frozenset[str] = frozenset()  # what more the clients do (CLIENT_KINDS)
     trace: bool = False
 
 
@@ -262,6 +270,7 @@ class ClusterSim:
         # them (--faults net,crash) is the run the seed named before they existed
         self.rng2 = random.Random(opts.seed * 1_000_003 + 0xD15C)
         self.disk = SimDisk(random.Random(self.rng2.getrandbits(64)))
+        self.rng3 = random.Random(opts.seed * 1_000_037 + 0xC11E)  # the clients' CLIENT_KINDS
         self.clocks = {h: HostClock(self.loop.time) for h in self.hosts}
         if "clock" in opts.faults:
             for c in self.clocks.values():
@@ -382,6 +391,7 @@ class ClusterSim:
         async with asyncio.TaskGroup() as tg:
             publisher = tg.create_task(self._publisher())
             consumer = tg.create_task(self._consumer())
+            getter = tg.create_task(self._getter()) if "get" in self.opts.clients else None
             if self.opts.faults & {"power", "fsync", "disk-full", "clock"}:
                 tg.create_task(self._disk_and_clock_nemesis())
             await self._nemesis()
@@ -390,6 +400,8 @@ class ClusterSim:
             await publisher
             drained = await self._drain()
             consumer.cancel()
+            if getter is not None:
+                getter.cancel()
         missing = set(self.history.confirmed) - set(self.history.delivered)
         if not drained:
             await self._audit()
@@ -720,7 +732,20 @@ class ClusterSim:
             try:
                 async with asyncio.timeout(STEP_TIMEOUT_S):
                     await client.qos(10)
-                    await client.consume(QUEUE)
+                    tag = await client.consume(QUEUE)
+                while "cancel" in self.opts.clients:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.rng3.uniform(*CONSUME_SPELL_S)):
+                            await client.closed_event.wait()
+                    if client.closed is not None:
+                        break
+                    async with asyncio.timeout(STEP_TIMEOUT_S):
+                        await client.cancel(tag)  # what it holds unacknowledged is still its to settle
+                    self.kernel.log("client con: cancelled its consumer")
+                    await asyncio.sleep(self.rng3.uniform(0, 0.3))
+                    async with asyncio.timeout(STEP_TIMEOUT_S):
+                        tag = await client.consume(QUEUE)
+                    self.kernel.log("client con: consumes again")
                 await client.closed_event.wait()
                 self.kernel.log(f"client con: {client.closed}")
             except asyncio.CancelledError:
@@ -730,6 +755,28 @@ class ClusterSim:
                 self.kernel.log(f"client con: {type(e).__name__}: {e}")
             client.abort()
 
+    async def _getter(self) -> None:
+        """A client that takes messages one at a time with basic.get, as a polling worker would."""
+        while True:
+            client, _ = await self._connect("get")
+            try:
+                while client.closed is None:
+                    async with asyncio.timeout(STEP_TIMEOUT_S):
+                        got = await client.get(QUEUE)
+                    if got is None:
+                        await asyncio.sleep(self.rng3.uniform(0.05, 0.3))
+                        continue
+                    tag, redelivered, body = got
+                    self._on_delivery("get", [client], tag, redelivered, body)
+                    await asyncio.sleep(self.rng3.uniform(0.01, 0.2))
+                self.kernel.log(f"client get: {client.closed}")
+            except asyncio.CancelledError:
+                await client.close()
+                raise
+            except Exception as e:  # noqa: BLE001 - reconnect
+                self.kernel.log(f"client get: {type(e).__name__}: {e}")
+            client.abort()
+
     def _ack(self, client, tag: int) -> None:
         if client.closed is None:
             client.ack(tag)
@@ -737,6 +784,10 @@ class ClusterSim:
     def _requeue(self, client, tag: int) -> None:
         """basic.reject with requeue: the message comes back, and its next delivery must say so."""
         if client.closed is None:
+            if "nack" in self.opts.clients and self.rng3.random() < 0.5:
+                self.kernel.log(f"client {client.name}: requeues delivery {tag} (basic.nack)")
+                client.nack(tag, requeue=True)
+                return
             self.kernel.log(f"client {client.name}: requeues delivery {tag}")
             client.reject(tag, requeue=True)
 
@@ -847,20 +898,25 @@ def _names(mids: list[str]) -> str:
 
 
 def run_seed(seed: int, nodes: int = 3, messages: int = 40, fault_s: float = 8.0, queue_type: str = "quorum",
-             trace: bool = False, faults: frozenset[str] | set[str] | tuple[str, ...] = NET_AND_CRASH) -> SimResult:
+             trace: bool = False, faults: frozenset[str] | set[str] | tuple[str, ...] = NET_AND_CRASH,
+             clients: frozenset[str] | set[str] | tuple[str, ...] = ()) -> SimResult:
     return ClusterSim(ClusterSimOptions(seed=seed, nodes=nodes, messages=messages, fault_s=fault_s,
-                                        queue_type=queue_type, faults=frozenset(faults), trace=trace)).run()
+                                        queue_type=queue_type, faults=frozenset(faults), clients=frozenset(clients),
+                                        trace=trace)).run()
 
 
-def parse_faults(text: str) -> frozenset[str]:
-    """`--faults net,crash,...`: the kinds named, each one of FAULT_KINDS ("all": every one)."""
+def parse_faults(text: str, known: tuple[str, ...] = FAULT_KINDS, what: str = "fault") -> frozenset[str]:
+    """`--faults net,crash,...`: the kinds named, each one of `known` ("all": every one, "none":
+    none)."""
     if text.strip() == "all":
-        return frozenset(FAULT_KINDS)
+        return frozenset(known)
+    if text.strip() == "none":
+        return frozenset()
     kinds = {k.strip() for k in text.split(",") if k.strip()}
-    unknown = kinds - set(FAULT_KINDS)
+    unknown = kinds - set(known)
     if unknown:
-        raise click.BadParameter(f"unknown fault kind(s) {', '.join(sorted(unknown))}; "
-                                 f"choose from {', '.join(FAULT_KINDS)}")
+        raise click.BadParameter(f"unknown {what} kind(s) {', '.join(sorted(unknown))}; "
+                                 f"choose from {', '.join(known)}")
     return frozenset(kinds)
 
 
@@ -883,23 +939,29 @@ def trace_digest(result: SimResult) -> str:
                    "resets), crash (kill -9), power (power loss: unsynced writes lost, the last one torn), fsync "
                    "(fsync errors: the node stops), disk-full (the disk alarm, and writes failing with ENOSPC), "
                    "clock (clock drift, wall-clock jumps).")
+@click.option("--clients", "client_kinds", default=",".join(CLIENT_KINDS), show_default=True,
+              help="What more the clients do, comma-separated, or none: get (a client taking messages with "
+                   "basic.get), cancel (the consumer cancels and subscribes again now and then), nack (it "
+                   "requeues with basic.nack as well as basic.reject).")
 @click.option("-v", "--verbose", is_flag=True, help="Print the trace of each run.")
 def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float, queue_type: str, faults: str,
-                verbose: bool) -> None:
+                client_kinds: str, verbose: bool) -> None:
     """Run real hutch nodes in one process under simulated time, network, disks, clocks and clients;
     any failing seed replays exactly."""
     kinds = parse_faults(faults)
+    clients = parse_faults(client_kinds, CLIENT_KINDS, "client")
     named = ",".join(k for k in FAULT_KINDS if k in kinds)
+    named_clients = ",".join(k for k in CLIENT_KINDS if k in clients) or "none"
     failures = run_seeds(
         lambda s: run_seed(s, nodes=nodes, messages=messages, fault_s=fault_s, queue_type=queue_type,
-                           trace=verbose, faults=kinds),
+                           trace=verbose, faults=kinds, clients=clients),
         seed, seeds,
         lambda s: (f"hutch sim cluster --seed {s} --nodes {nodes} --messages {messages} --fault-s {fault_s} "
-                   f"--queue-type {queue_type} --faults {named}"),
+                   f"--queue-type {queue_type} --faults {named} --clients {named_clients}"),
         click.echo, verbose, progress_every=10)
     if failures:
         sys.exit(1)
 
 
-__all__ = ["FAULT_KINDS", "NET_AND_CRASH", "ClusterSim", "ClusterSimOptions", "HostClock", "cluster_cmd", "parse_faults", "run_seed",
+__all__ = ["CLIENT_KINDS", "FAULT_KINDS", "NET_AND_CRASH", "ClusterSim", "ClusterSimOptions", "HostClock", "cluster_cmd", "parse_faults", "run_seed",
            "seeded_entropy", "simulated_clocks", "trace_digest"]
