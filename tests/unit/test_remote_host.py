@@ -234,7 +234,7 @@ def test_a_remote_consumer_is_attached_fed_and_given_credit() -> None:
     net, a, b, home_q = _two()
     rq = RemoteQueue(Side(a), _rec("q", "b"))
     c = type("C", (), {"tag": "t", "no_ack": True, "exclusive": False, "priority": 0, "prefetch": 0,
-                       "arguments": {}, "received": 0, "ref": None})()
+                       "arguments": {}, "received": 0, "ref": None, "channel": Chan()})()
     c.queue = rq
     answers: list = []
     rq.consume(c, answers.append)
@@ -263,7 +263,7 @@ def test_deliveries_from_a_node_that_no_longer_leads_the_queue_are_not_passed_on
     net, a, b, home_q = _two()
     rq = RemoteQueue(Side(a), _rec("q", "b"))
     c = type("C", (), {"tag": "t", "no_ack": False, "exclusive": False, "priority": 0, "prefetch": 0,
-                       "arguments": {}, "received": 0, "ref": None})()
+                       "arguments": {}, "received": 0, "ref": None, "channel": Chan()})()
     c.queue = rq
     rq.consume(c, lambda _r: None)
     net.pump()
@@ -286,8 +286,8 @@ def test_a_consumer_whose_channel_closed_before_its_home_attached_it_is_dropped_
     net, a, b, home_q = _two()
     rq = RemoteQueue(Side(a), _rec("q", "b"))
     c = type("C", (), {"tag": "t", "no_ack": False, "exclusive": False, "priority": 0, "prefetch": 0,
-                       "arguments": {}, "received": 0, "ref": None})()
-    c.queue, c.channel = rq, Chan()
+                       "arguments": {}, "received": 0, "ref": None, "channel": Chan()})()
+    c.queue = rq
     rq.consume(c, lambda _r: None)
     c.channel.closed = True  # the connection goes before the answer comes
     assert net.pump() == ["Consume", "ConsumeAnswer", "Cancel"]

@@ -377,8 +377,7 @@ class RemoteQueue:
             r = self._answer(result)
             if not isinstance(r, Exception):
                 r = None
-                channel = getattr(c, "channel", None)
-                if channel is not None and channel.closed:
+                if c.channel.closed:
                     # The channel closed while the home node attached the consumer: nobody is
                     # left to settle what it gets, so the home drops it at once, and what it
                     # already sent comes back (see RemoteHost._orphan_deliveries).
