@@ -15,7 +15,7 @@ import pytest
 from hutch.sim.cluster import CLIENT_KINDS, FAULT_KINDS, NET_AND_CRASH, run_seed, trace_digest
 from hutch.simkernel import SeedPool
 
-# The seeds `make test` runs, 2,370 in all: each boots three nodes, publishes with confirms and
+# The seeds `make test` runs, 2,320 in all: each boots three nodes, publishes with confirms and
 # consumes with acks through one queue under faults, heals, and checks every kind in
 # hutch.sim.cluster.FAILURE_KINDS. Every queue type draws every fault kind (partitions, link and
 # client resets, crashes, power losses with torn writes, fsync errors, full disks, clock drift
@@ -29,14 +29,16 @@ from hutch.simkernel import SeedPool
 # answered after its channel closed kept the message for ever), mirrored seed 7 (a consumer
 # whose channel closed while its queue's home attached it got half the queue, never settled)
 # and classic seed 45 (a home node whose catalogue was behind confirmed publishes to a queue it
-# did not know yet). (queue type, fault kinds, client kinds, first seed, seeds)
+# did not know yet). mirrored-always (two mirrors, manual sync, any mirror promoted) counts
+# the losses RabbitMQ documents for it instead of failing on them. (queue type, fault kinds,
+# client kinds, first seed, seeds)
 EVERY = frozenset(FAULT_KINDS)
 ALL_CLIENTS = frozenset(CLIENT_KINDS)
 NO_CLIENTS = frozenset()
 CI_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 650), ("classic", EVERY, NO_CLIENTS, 100, 250),
-            ("mirrored", EVERY, NO_CLIENTS, 100, 1000), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 250),
+            ("mirrored", EVERY, NO_CLIENTS, 100, 850), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 250),
             ("quorum", EVERY, ALL_CLIENTS, 1, 60), ("classic", EVERY, ALL_CLIENTS, 1, 60),
-            ("mirrored", EVERY, ALL_CLIENTS, 1, 100)]
+            ("mirrored", EVERY, ALL_CLIENTS, 1, 100), ("mirrored-always", EVERY, ALL_CLIENTS, 1, 100)]
 BATCH_SEEDS = 250
 BATCHES = [(qt, faults, clients, start, min(BATCH_SEEDS, first + count - start))
            for qt, faults, clients, first, count in CI_SEEDS for start in range(first, first + count, BATCH_SEEDS)]
