@@ -45,6 +45,23 @@ def test_a_ttl_zero_message_reaches_a_waiting_consumer_when_the_run_comes_late()
     assert c.delivered + q.mstats[DELIVER_NO_ACK] == 1  # delivered, not expired
 
 
+def test_a_timer_that_fires_before_the_run_leaves_the_message_to_it():
+    """Under uvloop a due timer (the broker's tick) runs before a callback asked for with
+    call_soon: the tick must not expire by the time it runs what the run, asked for earlier,
+    would deliver (found by CI under heavy load:
+    test_message_ttl_zero_delivers_only_to_a_waiting_consumer)."""
+    broker, clock, q, ch = setup()
+    c = ChannelConsumer("ctag", q, ch, True, False, 0, 0, {})
+    ch.consumers[c.tag] = c
+    q.add_consumer(c)
+    publish(broker, q, b"taken")
+    clock[0] += 25
+    broker.tick()
+    broker.run()
+    assert q.message_count == 0
+    assert c.delivered + q.mstats[DELIVER_NO_ACK] == 1  # delivered, not expired
+
+
 def test_a_ttl_zero_message_with_no_consumer_expires():
     broker, clock, q, _ch = setup()
     publish(broker, q, b"nobody-waits")

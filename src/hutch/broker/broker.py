@@ -1145,7 +1145,11 @@ class Broker:
             if q.deleted:
                 self.ttl_queues.discard(q)
                 continue
-            self.expire_queue(q)
+            if not (self._scheduled and q in self.dirty_queues):
+                # (a run already asked for expires it by the time it was asked for: under uvloop
+                # a due timer may run first, and would expire a TTL 0 message a waiting
+                # consumer was to get)
+                self.expire_queue(q)
             if q.expires_ms is not None and q.consumer_count == 0 and now - q.last_used_ms >= q.expires_ms:
                 log.info("queue '%s' in vhost '%s' expired (x-expires %s ms)", q.name, q.vhost, q.expires_ms)
                 self.delete_queue(q)
