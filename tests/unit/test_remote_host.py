@@ -255,17 +255,23 @@ def test_a_remote_consumer_is_attached_fed_and_given_credit() -> None:
     assert home_q.consumers == [] and b.proxies == {} and b.port.gone == ["q"]
 
 
+def _consuming(a: RemoteHost) -> tuple[RemoteQueue, Any]:
+    """A consumer on node a of queue q on node b, its Consume sent (not yet pumped)."""
+    rq = RemoteQueue(Side(a), _rec("q", "b"))
+    c = type("C", (), {"tag": "t", "no_ack": False, "exclusive": False, "priority": 0, "prefetch": 0,
+                       "arguments": {}, "received": 0, "ref": None, "channel": Chan()})()
+    c.queue = rq
+    rq.consume(c, lambda _r: None)
+    return rq, c
+
+
 def test_deliveries_from_a_node_that_no_longer_leads_the_queue_are_not_passed_on() -> None:
     """Mirrored seed 343: the queue's leader moved from b to another node while b still had
     deliveries for the consumer on the wire; the consumer follows the new leader under the same
     id, so b's deliveries must not reach its client (the new leader delivers those messages
     again, flagged redelivered). b is told to drop the consumer, and takes them back."""
     net, a, b, home_q = _two()
-    rq = RemoteQueue(Side(a), _rec("q", "b"))
-    c = type("C", (), {"tag": "t", "no_ack": False, "exclusive": False, "priority": 0, "prefetch": 0,
-                       "arguments": {}, "received": 0, "ref": None, "channel": Chan()})()
-    c.queue = rq
-    rq.consume(c, lambda _r: None)
+    rq, c = _consuming(a)
     net.pump()
     (proxy,) = home_q.consumers
     rq.home_node = "c"  # the catalogue moved the queue's leader (hutch.mirror.failover.leader_moved)
@@ -284,11 +290,7 @@ def test_a_consumer_whose_channel_closed_before_its_home_attached_it_is_dropped_
     no channel would settle, for ever. Now the consumer's node cancels it at once, and what
     was sent meanwhile goes back."""
     net, a, b, home_q = _two()
-    rq = RemoteQueue(Side(a), _rec("q", "b"))
-    c = type("C", (), {"tag": "t", "no_ack": False, "exclusive": False, "priority": 0, "prefetch": 0,
-                       "arguments": {}, "received": 0, "ref": None, "channel": Chan()})()
-    c.queue = rq
-    rq.consume(c, lambda _r: None)
+    rq, c = _consuming(a)
     c.channel.closed = True  # the connection goes before the answer comes
     assert net.pump() == ["Consume", "ConsumeAnswer", "Cancel"]
     assert a.consumers == {} and rq.local_consumers == {}

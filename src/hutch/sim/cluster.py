@@ -734,60 +734,64 @@ class ClusterSim:
             self.kernel.log(f"client pub: no confirm for {CONFIRM_TIMEOUT_S:.0f} s; giving the connection up")
             client.abort()
 
-    async def _consumer(self) -> None:
+    async def _reconnecting(self, who: str, session, deliveries: bool = False) -> None:
+        """Connect as `who` (its deliveries, if it takes any, to `_on_delivery`), run
+        `session(client)` until the connection dies, and connect again, for as long as the run
+        lasts."""
         while True:
             this: list = []  # the client these deliveries come through, once it exists
-            client, _ = await self._connect(
-                "con", on_delivery=lambda tag, redelivered, props, body, this=this:
-                self._on_delivery("con", this, tag, redelivered, body))
+            callbacks = {}
+            if deliveries:
+                callbacks["on_delivery"] = lambda tag, redelivered, props, body, this=this: self._on_delivery(
+                    who, this, tag, redelivered, body)
+            client, _ = await self._connect(who, **callbacks)
             this.append(client)
             try:
-                async with asyncio.timeout(STEP_TIMEOUT_S):
-                    await client.qos(10)
-                    tag = await client.consume(QUEUE)
-                while "cancel" in self.opts.clients:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.rng3.uniform(*CONSUME_SPELL_S)):
-                            await client.closed_event.wait()
-                    if client.closed is not None:
-                        break
-                    async with asyncio.timeout(STEP_TIMEOUT_S):
-                        await client.cancel(tag)  # what it holds unacknowledged is still its to settle
-                    self.kernel.log("client con: cancelled its consumer")
-                    await asyncio.sleep(self.rng3.uniform(0, 0.3))
-                    async with asyncio.timeout(STEP_TIMEOUT_S):
-                        tag = await client.consume(QUEUE)
-                    self.kernel.log("client con: consumes again")
-                await client.closed_event.wait()
-                self.kernel.log(f"client con: {client.closed}")
+                await session(client)
+                self.kernel.log(f"client {who}: {client.closed}")
             except asyncio.CancelledError:
                 await client.close()
                 raise
             except Exception as e:  # noqa: BLE001 - reconnect
-                self.kernel.log(f"client con: {type(e).__name__}: {e}")
+                self.kernel.log(f"client {who}: {type(e).__name__}: {e}")
             client.abort()
+
+    async def _consumer(self) -> None:
+        await self._reconnecting("con", self._consume, deliveries=True)
+
+    async def _consume(self, client: SimClient) -> None:
+        async with asyncio.timeout(STEP_TIMEOUT_S):
+            await client.qos(10)
+            tag = await client.consume(QUEUE)
+        while "cancel" in self.opts.clients:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.rng3.uniform(*CONSUME_SPELL_S)):
+                    await client.closed_event.wait()
+            if client.closed is not None:
+                break
+            async with asyncio.timeout(STEP_TIMEOUT_S):
+                await client.cancel(tag)  # what it holds unacknowledged is still its to settle
+            self.kernel.log("client con: cancelled its consumer")
+            await asyncio.sleep(self.rng3.uniform(0, 0.3))
+            async with asyncio.timeout(STEP_TIMEOUT_S):
+                tag = await client.consume(QUEUE)
+            self.kernel.log("client con: consumes again")
+        await client.closed_event.wait()
 
     async def _getter(self) -> None:
         """A client that takes messages one at a time with basic.get, as a polling worker would."""
-        while True:
-            client, _ = await self._connect("get")
-            try:
-                while client.closed is None:
-                    async with asyncio.timeout(STEP_TIMEOUT_S):
-                        got = await client.get(QUEUE)
-                    if got is None:
-                        await asyncio.sleep(self.rng3.uniform(0.05, 0.3))
-                        continue
-                    tag, redelivered, body = got
-                    self._on_delivery("get", [client], tag, redelivered, body)
-                    await asyncio.sleep(self.rng3.uniform(0.01, 0.2))
-                self.kernel.log(f"client get: {client.closed}")
-            except asyncio.CancelledError:
-                await client.close()
-                raise
-            except Exception as e:  # noqa: BLE001 - reconnect
-                self.kernel.log(f"client get: {type(e).__name__}: {e}")
-            client.abort()
+        await self._reconnecting("get", self._get)
+
+    async def _get(self, client: SimClient) -> None:
+        while client.closed is None:
+            async with asyncio.timeout(STEP_TIMEOUT_S):
+                got = await client.get(QUEUE)
+            if got is None:
+                await asyncio.sleep(self.rng3.uniform(0.05, 0.3))
+                continue
+            tag, redelivered, body = got
+            self._on_delivery("get", [client], tag, redelivered, body)
+            await asyncio.sleep(self.rng3.uniform(0.01, 0.2))
 
     def _ack(self, client, tag: int) -> None:
         if client.closed is None:
