@@ -269,7 +269,7 @@ def test_deliveries_from_a_node_that_no_longer_leads_the_queue_are_not_passed_on
     """Mirrored seed 343: the queue's leader moved from b to another node while b still had
     deliveries for the consumer on the wire; the consumer follows the new leader under the same
     id, so b's deliveries must not reach its client (the new leader delivers those messages
-    again, flagged redelivered). b is told to drop the consumer, and takes them back."""
+    again, flagged redelivered). b is told to drop the consumer."""
     net, a, b, home_q = _two()
     rq, c = _consuming(a)
     net.pump()

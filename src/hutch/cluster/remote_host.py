@@ -362,8 +362,8 @@ class RemoteHost:
         if peer != q.home_node:
             # From a node that led the queue before a failover this node has applied (the
             # consumer follows the new leader under the same id): the client must not get them.
-            # The new leader delivers those messages again, flagged redelivered; the old one
-            # drops the consumer and takes them back.
+            # The new leader delivers those messages again, flagged redelivered; the old one is
+            # told to drop the consumer (what it holds of the queue is stale).
             log.info("queue '%s' in vhost '%s': %d delivery(ies) from %s, which no longer leads it, not passed "
                      "on", q.name, q.vhost, len(items), peer)
             self.send(peer, Cancel(cid))
