@@ -36,8 +36,12 @@ SYNC_LINE = re.compile(r"Mirrored queue 'mr\.q' in vhost '/': Synchronising: (\d
                        r"(?: \(the mirror on (\S+) recovered (\d+) from disk\))?")
 
 
-def publish(conn: pika.BlockingConnection, first: int, count: int) -> None:
+def publish(conn: pika.BlockingConnection, first: int, count: int, confirmed: bool = False) -> None:
+    """`confirmed`: each publish waits for its confirm, which a mirrored queue sends once every
+    mirror has the message."""
     ch = conn.channel()
+    if confirmed:
+        ch.confirm_delivery()
     for i in range(first, first + count):
         ch.basic_publish("", QUEUE, str(i).encode(), PERSISTENT)
     ch.close()
@@ -167,7 +171,7 @@ def test_with_mirroring_recover_from_disk_false_a_restarted_mirror_needs_a_full_
 def test_a_mirror_of_a_queue_declared_anew_while_its_node_was_down_discards_its_copy():
     with HutchCluster(n=3) as cluster:
         conn = mirrored_everywhere(cluster, QUEUE, pattern="^mr\\.", timeout_s=120)
-        publish(conn, 0, 100)
+        publish(conn, 0, 100, confirmed=True)  # node 3's mirror holds all 100 before it stops
         wait_depth(cluster, 0, 100)
         cluster.stop(2)
         wait_mirrors(cluster, QUEUE, 1, synced=1, timeout_s=120)

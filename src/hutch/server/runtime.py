@@ -403,6 +403,13 @@ class Node:
             return this == self._resumes and not self.paused and self._app_running
 
         while current() and not await self.clustering.barrier():
+            if self.config.cluster_partition_handling != "pause_minority":
+                # pause_if_all_down resumes on reaching a listed node, which need not make a
+                # majority: this node may not catch up before the partition ends, and serves
+                # as RabbitMQ's would
+                log.warning("node %s lets clients in again without having caught up with the cluster "
+                            "metadata store (no majority reachable)", self.config.node_name)
+                break
             log.warning("node %s waits for the cluster metadata store before it lets clients in again",
                         self.config.node_name)
         if current():
