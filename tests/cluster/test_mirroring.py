@@ -522,7 +522,6 @@ def test_002_pause_minority_a_node_cut_off_from_the_majority_closes_its_clients(
         wait_until(lambda: "Cluster majority status regained" in log_of(cluster, 0), 60, "node 1 resuming")
         # it lets clients in once a catalogue barrier has committed (docs/operations.md)
         wait_until(lambda: accepts_connections(cluster, 0), 30, "node 1 serving again")
-        assert "lets clients in again without" not in log_of(cluster, 0)
 
 
 def test_000_randomised_leader_kills_with_when_synced_and_automatic_sync_lose_no_confirmed_message():

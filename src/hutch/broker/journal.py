@@ -463,7 +463,7 @@ class Journal:
         something, are released or kept as guards so the log can shrink."""
         found = self._replay(live_queue_ids, lambda seq, item: RecoveredMessage(seq, item[2], item[3], item[4],
                                                                                  item[5], False), _mark_delivered,
-                             mark_below=_mark_delivered_below)
+                             mark_below=_flag_delivered_below)
         return {qid: list(msgs.values()) for qid, msgs in found.items()}
 
     def recover_refs(self, live_queue_ids: Iterable[int], keep_unknown: bool = False) -> dict[int, _RefTable]:
@@ -617,7 +617,8 @@ def _mark_delivered(q: dict, e_seq: int) -> None:
     q[e_seq].delivered = True
 
 
-def _mark_delivered_below(q: dict, below: int) -> int:
+def _flag_delivered_below(q: dict, below: int) -> int:
+    """`_RefTable.flag_delivered_below` for `recover`'s tables of whole messages."""
     marked = 0
     for e_seq, m in q.items():
         if e_seq >= below:
