@@ -499,9 +499,9 @@ class Node:
 
     def _sync_done(self, fut) -> None:
         self._sync_running = False
+        exc = None if fut.cancelled() else fut.exception()  # retrieved even while stopping: no "never retrieved"
         if self._stopping.is_set():
             return  # shutdown syncs and closes the store itself
-        exc = fut.exception()
         if exc is not None:
             # After a failed fsync the page cache cannot be trusted to hold what was written (the
             # "fsyncgate" lesson); carrying on would mean never confirming again, or confirming

@@ -98,8 +98,8 @@ class SimClient:
     async def qos(self, prefetch_count: int) -> None:
         await self._rpc(1, commands.Basic.Qos(prefetch_count=prefetch_count), (commands.Basic.QosOk,))
 
-    async def consume(self, queue: str) -> str:
-        ok = await self._rpc(1, commands.Basic.Consume(queue=queue), (commands.Basic.ConsumeOk,))
+    async def consume(self, queue: str, arguments: dict | None = None) -> str:
+        ok = await self._rpc(1, commands.Basic.Consume(queue=queue, arguments=arguments), (commands.Basic.ConsumeOk,))
         return ok.consumer_tag
 
     def publish(self, routing_key: str, body_bytes: bytes, properties: commands.Basic.Properties) -> int:

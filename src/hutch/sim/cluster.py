@@ -3,8 +3,9 @@
 `hutch sim cluster --seed N` boots N real nodes (`hutch.server.runtime.Node`: sessions,
 channels, routing, queue types, the catalogue on Raft, membership, the peer transport) on one
 `VirtualLoop` (hutch.simkernel.aioloop), joined by the in-memory TCP of hutch.simkernel.net.
-Simulated clients speak AMQP 0-9-1 to them (hutch.sim.client): a publisher with confirms and a
-consumer with acks on one queue (quorum, classic or mirrored). A nemesis drawn from the seed
+Simulated clients speak AMQP 0-9-1 to them (hutch.sim.client): publishers with confirms and
+consumers with acks on one queue (QUEUE_TYPES: quorum, classic, a stream, or classic mirrored
+under one of MIRROR_POLICIES). A nemesis drawn from the seed
 partitions the nodes (every shape `draw_partition` knows), resets peer links and client
 connections, crashes nodes (kill -9: tasks stop, sockets reset, files closed as written), cuts
 their power (what was not fsynced is lost, the last write may be torn), fails their fsyncs or
@@ -22,6 +23,8 @@ run checks (FAILURE_KINDS):
 - every node's catalogue is the same (canonical snapshot bytes, once all have applied the
   same index);
 - no two nodes lead one Raft group in the same term (sampled every 10 ms of simulated time);
+- a stream delivers each subscription's offsets in sequence, the same message at one offset on
+  every read and every node, and a message published once at one offset only;
 - a node that resumes from a pause lets clients in only once it has applied every catalogue
   entry committed when it resumed;
 - no exception escapes a node's callbacks or tasks.
@@ -39,7 +42,8 @@ fed from a generator seeded by it, and `time.monotonic` and `time.time` read the
 clocks of the host whose code runs (all restored afterwards), so a seed replays in any process.
 The disk, power and clock faults draw from a generator of their own: with `--faults net,crash`
 (what `run_seed` draws by default) a seed names the run it named before they existed. Not yet
-covered (docs/design/simulation.md): slow disks, the loop's timers drifting per node, streams.
+covered (docs/design/simulation.md): slow disks, the loop's timers drifting per node, the
+stream protocol.
 
 A failing seed replays exactly; `-v` prints the trace: the nemesis, connections, client
 operations, and every log line of every node, stamped with simulated time and the node.
@@ -94,7 +98,11 @@ QUEUE_TYPES = {
     "classic": {},  # durable, persistent messages: confirmed once fsynced on the queue's home node
     "mirrored": {},  # the same, mirrored by MIRROR_POLICY: confirmed once every mirror has it
     "mirrored-always": {},  # mirrored by ALWAYS_POLICY: RabbitMQ's semantics allow it to lose messages
+    "mirrored-nodes": {},  # mirrored by NODES_POLICY: confirmed once both named nodes have it
+    "mirrored-automatic-always": {},  # AUTOMATIC_ALWAYS_POLICY: may lose what a mirror had not synchronised
+    "stream": {"x-queue-type": "stream"},  # confirmed once a majority of replicas has it on disk
 }
+STREAM = "stream"
 # the operator's policy for --queue-type mirrored (set as `hutchctl set_policy` would): mirrors on
 # every node, synchronised automatically, a leader promoted only from synchronised mirrors; with
 # pause_minority (RabbitMQ's advice for mirroring) a partition cannot split the queue in two.
@@ -109,8 +117,21 @@ MIRROR_POLICY = {"pattern": "^sim-", "apply-to": "queues",
 ALWAYS_POLICY = {"pattern": "^sim-", "apply-to": "queues",
                  "definition": {"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "manual",
                                 "ha-promote-on-failure": "always", "ha-promote-on-shutdown": "always"}}
-MIRROR_POLICIES = {"mirrored": MIRROR_POLICY, "mirrored-always": ALWAYS_POLICY}
-LOSS_ALLOWED = {"mirrored-always"}
+# --queue-type mirrored-nodes: mirrors on two named nodes (the third node holds none, so clients
+# there reach the queue through another node), synchronised automatically, when-synced promotion.
+NODES_POLICY = {"pattern": "^sim-", "apply-to": "queues",
+                "definition": {"ha-mode": "nodes", "ha-params": ["hutch@n1", "hutch@n2"],
+                               "ha-sync-mode": "automatic", "ha-promote-on-failure": "when-synced",
+                               "ha-promote-on-shutdown": "when-synced"}}
+# --queue-type mirrored-automatic-always: mirrors on every node, synchronised automatically, but any
+# mirror promoted, synchronised or not: a mirror that joined after a restart and had not finished
+# its synchronisation may take over without what it lacked (RabbitMQ's documented loss, counted).
+AUTOMATIC_ALWAYS_POLICY = {"pattern": "^sim-", "apply-to": "queues",
+                           "definition": {"ha-mode": "all", "ha-sync-mode": "automatic",
+                                          "ha-promote-on-failure": "always", "ha-promote-on-shutdown": "always"}}
+MIRROR_POLICIES = {"mirrored": MIRROR_POLICY, "mirrored-always": ALWAYS_POLICY, "mirrored-nodes": NODES_POLICY,
+                   "mirrored-automatic-always": AUTOMATIC_ALWAYS_POLICY}
+LOSS_ALLOWED = {"mirrored-always", "mirrored-automatic-always"}
 LEADER_CHECK_S = 0.01  # how often the one-leader-per-term check samples the nodes
 BOOT_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 5.0  # a client's connect, declare or consume
@@ -119,6 +140,7 @@ AUDIT_S = 5.0  # how long the audit's consumer waits on each node
 REQUEUE_P = 0.05  # the share of deliveries a consumer rejects with requeue instead of acking
 CONSUME_SPELL_S = (0.5, 3.0)  # with "cancel": how long the consumer consumes before it cancels
 CONFIRM_TIMEOUT_S = 10.0  # a publisher whose window is full gives its connection up after this long
+RETRIES_MAX = 4  # with "retry": the most times a publisher sends one message
 RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is stuck
 # The nemesis's fault kinds (--faults): "net" partitions and resets links and client connections,
 # "crash" kills a node's process (kill -9), "power" cuts a node's power (its unsynced writes are
@@ -136,7 +158,9 @@ NET_AND_CRASH = frozenset({"net", "crash"})
 # consumer cancel its subscription now and then and subscribe again, settling what it holds;
 # "nack" has it requeue with basic.nack as often as with basic.reject. They draw from a
 # generator of their own: without them a seed names the run it named before they existed.
-CLIENT_KINDS = ("get", "cancel", "nack")
+# "retry" has a publisher send again what a dead connection left unconfirmed, and what was nacked;
+# "many" runs two publishers and two consumers instead of one of each.
+CLIENT_KINDS = ("get", "cancel", "nack", "retry", "many")
 DISK_FAULT_S = (0.5, 3.0)  # how long an fsync error or a full disk lasts
 DRIFT_PPM_MAX = 200  # each node's clocks run this much fast or slow at most
 WALL_JUMP_S_MAX = 300  # the largest jump of a node's wall clock, forward or back
@@ -151,6 +175,8 @@ FAILURE_KINDS = frozenset({
     "catalogue",  # catalogues that differ at one applied index, or never reach one
     "two-leaders",  # two leaders of one Raft group in one term
     "stale-resume",  # a node let clients in after a pause before it had caught up with the catalogue
+    "duplicate",  # a stream holds a message twice, though its publisher (a deduplicating writer) sent it once
+    "offsets",  # a stream reader got offsets out of sequence, or two reads of one offset found different messages
     "unhandled",  # an exception that escaped a node's callback or task
     "boot",  # the cluster did not boot
     "stuck",  # the run did not end in RUN_S_MAX of simulated time, or its clock stopped (a livelock)
@@ -290,6 +316,16 @@ class ClusterSim:
         self._resuming: dict[str, int] = {}  # a node resuming from a pause -> the catalogue's commit index then
         self._restarts: list[asyncio.Task] = []
         self._checked = False  # the checks have run; the nodes are being stopped
+        # a stream's readers: a client -> [the offset its subscription must deliver next, the host
+        # it reads on]; what was found at each offset, and where each message was found
+        self._reading: dict[SimClient, list] = {}
+        self._at_offset: dict[int, str] = {}
+        self._offset_of: dict[str, int] = {}
+        self._resume_at: dict[str, int] = {}  # a stream's consumer -> the offset it subscribes at next
+        self._next_id = 0  # the next message the publishers send
+        many = "many" in opts.clients
+        self._publishers = ["pub", "pub2"] if many else ["pub"]
+        self._consumers = ["con", "con2"] if many else ["con"]
         self.failures: list[tuple[str, str]] = []  # (kind, what): the checks that failed (FAILURE_KINDS)
 
     # -- the run
@@ -400,21 +436,25 @@ class ClusterSim:
             await self._set_mirror_policy(MIRROR_POLICIES[self.opts.queue_type])
         self.loop.call_later(LEADER_CHECK_S, self._check_leaders)
         async with asyncio.TaskGroup() as tg:
-            publisher = tg.create_task(self._publisher())
-            consumer = tg.create_task(self._consumer())
-            getter = tg.create_task(self._getter()) if "get" in self.opts.clients else None
+            publishers = [tg.create_task(self._publisher(who)) for who in self._publishers]
+            consumers = [tg.create_task(self._consumer(who)) for who in self._consumers]
+            getter = tg.create_task(self._getter()) if "get" in self._client_kinds() else None
             if self.opts.faults & {"power", "fsync", "disk-full", "clock"}:
                 tg.create_task(self._disk_and_clock_nemesis())
             await self._nemesis()
             self._heal()
             await self._everyone_back()
-            await publisher
+            for publisher in publishers:
+                await publisher
             drained = await self._drain()
-            consumer.cancel()
+            for consumer in consumers:
+                consumer.cancel()
             if getter is not None:
                 getter.cancel()
         missing = set(self.history.confirmed) - set(self.history.delivered)
-        if not drained:
+        if self.opts.queue_type == STREAM:
+            await self._read_every_replica()
+        elif not drained:
             await self._audit()
         await self._check_catalogues()
         self._check_messages(missing)
@@ -469,7 +509,7 @@ class ClusterSim:
         try:
             await node.serve_forever()
         except Exception as e:  # noqa: BLE001 - a stop that breaks still ends the process
-            self.kernel.log(f"{host}: stopping raised {type(e).__name__}: {e}")
+            self.kernel.log(f"{host}: stopping raised {type(e).__name__}: {str(e).replace(self.root, '$DATA')}")
         if self.nodes.get(host) is node:
             self.loop.call_soon(self._exited, host, node, context=contextvars.Context())
 
@@ -527,7 +567,7 @@ class ClusterSim:
                 self.kernel.log(f"nemesis: reset the link {a} <-> {b}")
                 self._reset_between(a, b)
             else:
-                client = self.rng.choice(["pub", "con"])
+                client = self.rng.choice(self._publishers + self._consumers)
                 self.kernel.log(f"nemesis: reset the connections of client {client}")
                 for h in self.hosts:
                     self._reset_between(client, h)
@@ -665,15 +705,20 @@ class ClusterSim:
         so that the expiry paths run on every node's clock and a confirmed message that expires
         shows a clock that went wrong."""
         args = dict(QUEUE_TYPES[self.opts.queue_type])
-        if "clock" in self.opts.faults:
+        if "clock" in self.opts.faults and self.opts.queue_type != STREAM:
             args["x-message-ttl"] = MESSAGE_TTL_MS
         return args
 
-    async def _publisher(self) -> None:
+    async def _publisher(self, who: str) -> None:
+        """Publish with confirms, a window of 8, until the messages are all sent. With "retry", a
+        copy left unconfirmed when a connection died, or nacked, is sent again (on the next
+        connection, or at once) as a new copy, m5 -> m5.2, as a client library that publishes
+        at least once would; each copy is its own message to the checks, up to RETRIES_MAX."""
         h = self.history
-        next_id = 0
         window_max = 8
-        while next_id < self.opts.messages:
+        retrying = "retry" in self.opts.clients
+        again: list[str] = []  # copies to send again
+        while self._next_id < self.opts.messages or again:
             tags: dict[int, str] = {}
 
             def on_confirm(tag: int, multiple: bool, ack: bool, tags=tags) -> None:
@@ -683,22 +728,27 @@ class ClusterSim:
                     if mid is None:
                         continue
                     (h.confirmed if ack else h.nacked).add(mid)
-                    self.kernel.log(f"client pub: {'confirmed' if ack else 'nacked'} {mid}")
+                    self.kernel.log(f"client {who}: {'confirmed' if ack else 'nacked'} {mid}")
+                    if not ack and retrying:
+                        _send_again(again, mid)
 
-            client, _ = await self._connect("pub", on_confirm=on_confirm)
+            client, _ = await self._connect(who, on_confirm=on_confirm)
             try:
                 async with asyncio.timeout(STEP_TIMEOUT_S):
                     await client.confirm_select()
-                while next_id < self.opts.messages and client.closed is None:
+                while (self._next_id < self.opts.messages or again) and client.closed is None:
                     if len(tags) >= window_max:
                         await self._confirms_below(client, tags, window_max)
                         continue
-                    mid = f"m{next_id}"
-                    next_id += 1
-                    props = commands.Basic.Properties(delivery_mode=2, message_id=mid)
+                    if again:
+                        mid = again.pop(0)
+                    else:
+                        mid = f"m{self._next_id}"
+                        self._next_id += 1
+                    props = commands.Basic.Properties(delivery_mode=2, message_id=mid.partition(".")[0])
                     tags[client.publish(QUEUE, mid.encode(), props)] = mid
                     h.published.add(mid)
-                    self.kernel.log(f"client pub: published {mid}")
+                    self.kernel.log(f"client {who}: published {mid}")
                     await asyncio.sleep(self.rng.uniform(0.005, 0.1))
                 while tags and client.closed is None:  # the last confirms
                     with contextlib.suppress(TimeoutError):
@@ -706,15 +756,21 @@ class ClusterSim:
                             await client.closed_event.wait()
                     break
             except Exception as e:  # noqa: BLE001 - the connection died: what was not confirmed is unknown
-                self.kernel.log(f"client pub: {type(e).__name__}: {e}")
-            self.kernel.log(f"client pub: {len(tags)} publish(es) left unconfirmed on this connection")
+                self.kernel.log(f"client {who}: {type(e).__name__}: {e}")
+            self.kernel.log(f"client {who}: {len(tags)} publish(es) left unconfirmed on this connection")
+            if retrying:
+                for mid in sorted(tags.values(), key=_copy_order):
+                    _send_again(again, mid)
             await client.close()
 
-    def _on_delivery(self, who: str, this: list, tag: int, redelivered: bool, body: bytes) -> None:
+    def _on_delivery(self, who: str, this: list, tag: int, redelivered: bool, body: bytes, props=None) -> None:
         h = self.history
         mid = body.decode()
         if mid not in h.published:
             self._fail("unpublished", f"delivered {mid!r}, which was never published")
+        if self.opts.queue_type == STREAM:
+            self._on_stream_delivery(who, this[0], tag, props, mid)
+            return
         seen = h.delivered.get(mid, 0)
         if seen and not redelivered:
             self._fail("redelivered-flag", f"{mid} delivered again without the redelivered flag")
@@ -722,6 +778,42 @@ class ClusterSim:
         self.kernel.log(f"client {who}: delivered {mid}{' (redelivered)' if redelivered else ''}")
         settle = self._requeue if self.rng.random() < REQUEUE_P else self._ack
         self.loop.call_later(self.rng.uniform(0, 0.02), settle, this[0], tag)
+
+    def _on_stream_delivery(self, who: str, client: SimClient, tag: int, props, mid: str) -> None:
+        """A stream's offsets are dense and every replica numbers them alike: a subscription
+        delivers exactly the offsets from where it asked, one after another; every read of an
+        offset, on any node, finds the same message; a message published once is at one offset."""
+        h = self.history
+        offset = (props.headers or {}).get("x-stream-offset") if props is not None else None
+        reading = self._reading.get(client)
+        if not isinstance(offset, int) or reading is None:
+            self._fail("offsets", f"client {who}: {mid} delivered without an x-stream-offset header ({offset!r})")
+        else:
+            expected, host = reading
+            if isinstance(expected, int) and offset != expected:
+                self._fail("offsets", f"client {who} reading on {host}: offset {offset} ({mid}) delivered where "
+                                      f"{expected} was next")
+            reading[0] = offset + 1
+            found = self._at_offset.setdefault(offset, mid)
+            if found != mid:
+                self._fail("offsets", f"offset {offset} holds {found} on one read and {mid} on another "
+                                      f"(client {who} on {host})")
+            first_at = self._offset_of.setdefault(mid, offset)
+            if first_at != offset:
+                self._fail("duplicate", f"{mid}, published once, is in the stream at offsets {first_at} and {offset}")
+            if who in self._consumers:
+                self._resume_at[who] = offset + 1
+        h.delivered[mid] = h.delivered.get(mid, 0) + 1
+        self.kernel.log(f"client {who}: delivered {mid} at offset {offset}")
+        self.loop.call_later(self.rng.uniform(0, 0.02), self._ack, client, tag)  # the ack gives credit back
+
+    async def _subscribe(self, client: SimClient, host: str, start: int | str) -> str:
+        """Consume the queue; on a stream, from `start` (an offset, or "first"), with the checks
+        of `_on_stream_delivery` on what the subscription delivers."""
+        if self.opts.queue_type != STREAM:
+            return await client.consume(QUEUE)
+        self._reading[client] = [0 if start == "first" else start, host]  # no retention: "first" is 0
+        return await client.consume(QUEUE, {"x-stream-offset": start})
 
     async def _confirms_below(self, client: SimClient, tags: dict, window_max: int) -> None:
         """Wait for a place in the publisher's window; a connection whose confirms stop for
@@ -743,11 +835,11 @@ class ClusterSim:
             callbacks = {}
             if deliveries:
                 callbacks["on_delivery"] = lambda tag, redelivered, props, body, this=this: self._on_delivery(
-                    who, this, tag, redelivered, body)
-            client, _ = await self._connect(who, **callbacks)
+                    who, this, tag, redelivered, body, props)
+            client, host = await self._connect(who, **callbacks)
             this.append(client)
             try:
-                await session(client)
+                await session(client, host)
                 self.kernel.log(f"client {who}: {client.closed}")
             except asyncio.CancelledError:
                 await client.close()
@@ -756,13 +848,18 @@ class ClusterSim:
                 self.kernel.log(f"client {who}: {type(e).__name__}: {e}")
             client.abort()
 
-    async def _consumer(self) -> None:
-        await self._reconnecting("con", self._consume, deliveries=True)
+    async def _consumer(self, who: str) -> None:
+        await self._reconnecting(who, self._consume, deliveries=True)
 
-    async def _consume(self, client: SimClient) -> None:
+    def _client_kinds(self) -> frozenset[str]:
+        """The client kinds this run has: a stream has no basic.get and no requeue (RabbitMQ
+        refuses both), so its clients only cancel."""
+        return self.opts.clients & {"cancel"} if self.opts.queue_type == STREAM else self.opts.clients
+
+    async def _consume(self, client: SimClient, host: str) -> None:
         async with asyncio.timeout(STEP_TIMEOUT_S):
             await client.qos(10)
-            tag = await client.consume(QUEUE)
+            tag = await self._subscribe(client, host, self._resume_at.get(client.name, "first"))
         while "cancel" in self.opts.clients:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.rng3.uniform(*CONSUME_SPELL_S)):
@@ -771,18 +868,18 @@ class ClusterSim:
                 break
             async with asyncio.timeout(STEP_TIMEOUT_S):
                 await client.cancel(tag)  # what it holds unacknowledged is still its to settle
-            self.kernel.log("client con: cancelled its consumer")
+            self.kernel.log(f"client {client.name}: cancelled its consumer")
             await asyncio.sleep(self.rng3.uniform(0, 0.3))
             async with asyncio.timeout(STEP_TIMEOUT_S):
-                tag = await client.consume(QUEUE)
-            self.kernel.log("client con: consumes again")
+                tag = await self._subscribe(client, host, self._resume_at.get(client.name, "first"))
+            self.kernel.log(f"client {client.name}: consumes again")
         await client.closed_event.wait()
 
     async def _getter(self) -> None:
         """A client that takes messages one at a time with basic.get, as a polling worker would."""
         await self._reconnecting("get", self._get)
 
-    async def _get(self, client: SimClient) -> None:
+    async def _get(self, client: SimClient, host: str) -> None:
         while client.closed is None:
             async with asyncio.timeout(STEP_TIMEOUT_S):
                 got = await client.get(QUEUE)
@@ -840,12 +937,45 @@ class ClusterSim:
             if h.confirmed <= set(h.delivered):
                 return
 
+    async def _read_every_replica(self) -> None:
+        """After the drain, a stream is read from its first offset on every node: each read must
+        find at every offset what every other read found there, and reach the end of what was
+        read anywhere (a confirmed message no read finds is lost)."""
+        h = self.history
+        for host in self.hosts:
+            who = f"read-{host}"
+            this: list = []
+            client = SimClient(who, on_delivery=lambda tag, redelivered, props, body, this=this, who=who:
+                               self._on_delivery(who, this, tag, redelivered, body, props))
+            this.append(client)
+            try:
+                async with asyncio.timeout(STEP_TIMEOUT_S):
+                    await client.connect(self.net.host(who), host, AMQP_PORT)
+                    await client.qos(10)
+                    await self._subscribe(client, host, "first")
+                deadline = self.loop.time() + AUDIT_S
+                while self.loop.time() < deadline and (self._reading[client][0] < self._stream_end()
+                                                       or not h.confirmed <= set(h.delivered)):
+                    await asyncio.sleep(0.05)
+            except Exception as e:  # noqa: BLE001 - reported below as a read that fell short
+                self.kernel.log(f"client {who}: {type(e).__name__}: {e}")
+            reached = self._reading[client][0] if client in self._reading else 0
+            self.kernel.log(f"client {who}: read the stream to offset {reached} of {self._stream_end()}")
+            if reached < self._stream_end():
+                self._fail("starved", f"a reader of the stream on {host} got to offset {reached} of "
+                                      f"{self._stream_end()} in {AUDIT_S:.0f} s after the drain")
+            await client.close()
+        self.stats["stream_offsets"] = self._stream_end()
+
+    def _stream_end(self) -> int:
+        return max(self._at_offset, default=-1) + 1
+
     # -- checks
 
     def _check_messages(self, missing: set[str]) -> None:
         """`missing`: the confirmed messages the consumer had not received by the end of the drain."""
         h = self.history
-        lost = sorted(h.confirmed - set(h.delivered), key=_number)
+        lost = sorted(h.confirmed - set(h.delivered), key=_copy_order)
         if lost and self.opts.queue_type in LOSS_ALLOWED:
             self.stats["lost_allowed"] = len(lost)
             self.kernel.log(f"confirmed message(s) lost as the queue's policy allows: {_names(lost)}")
@@ -853,7 +983,7 @@ class ClusterSim:
             self._fail("lost", f"confirmed message(s) never delivered: {_names(lost)} ({len(lost)} of "
                                f"{len(h.confirmed)} confirmed; not within {self.opts.drain_s:.0f} s after the heal, "
                                f"nor to a new consumer on any node)")
-        found = sorted(missing - set(lost), key=_number)
+        found = sorted(missing - set(lost), key=_copy_order)
         if found:
             self._fail("starved", f"the consumer was left without confirmed message(s) the queue still held "
                                   f"{self.opts.drain_s:.0f} s after the heal (a new consumer got them): {_names(found)}")
@@ -908,8 +1038,18 @@ class ClusterSim:
 _FSYNCS_BOUND_AT_IMPORT = ((segment_log, "_fdatasync"), (stream_log, "_fdatasync"))
 
 
-def _number(mid: str) -> int:
-    return int(mid[1:])
+def _send_again(again: list[str], mid: str) -> None:
+    """Queue the next copy of `mid` (m5 -> m5.2 -> m5.3), unless it has been sent RETRIES_MAX times."""
+    base, _, attempt = mid.partition(".")
+    n = int(attempt or 1) + 1
+    if n <= RETRIES_MAX:
+        again.append(f"{base}.{n}")
+
+
+def _copy_order(mid: str) -> tuple[int, int]:
+    """m12 -> (12, 1); a copy sent again, m12.2 -> (12, 2)."""
+    base, _, attempt = mid.partition(".")
+    return int(base[1:]), int(attempt or 1)
 
 
 def _names(mids: list[str]) -> str:
@@ -952,8 +1092,10 @@ def trace_digest(result: SimResult) -> str:
               help="Seconds of simulated time during which faults are injected.")
 @click.option("--queue-type", type=click.Choice(sorted(QUEUE_TYPES)), default="quorum", show_default=True,
               help="The queue the clients use (classic: durable, with persistent messages; mirrored: the same, "
-                   "with mirrors on every node, when-synced promotion and pause_minority; mirrored-always: two "
-                   "mirrors, manual sync, any mirror promoted, its documented losses counted, not failed).")
+                   "with mirrors on every node, when-synced promotion and pause_minority; mirrored-nodes: mirrors "
+                   "on two named nodes; mirrored-always: two mirrors, manual sync, any mirror promoted, its "
+                   "documented losses counted, not failed; mirrored-automatic-always: mirrors everywhere, "
+                   "automatic sync, any mirror promoted, losses counted; stream: read by offset).")
 @click.option("--faults", default=",".join(FAULT_KINDS), show_default=True,
               help="The fault kinds the nemesis draws, comma-separated: net (partitions, link and client "
                    "resets), crash (kill -9), power (power loss: unsynced writes lost, the last one torn), fsync "
@@ -962,7 +1104,8 @@ def trace_digest(result: SimResult) -> str:
 @click.option("--clients", "client_kinds", default=",".join(CLIENT_KINDS), show_default=True,
               help="What more the clients do, comma-separated, or none: get (a client taking messages with "
                    "basic.get), cancel (the consumer cancels and subscribes again now and then), nack (it "
-                   "requeues with basic.nack as well as basic.reject).")
+                   "requeues with basic.nack as well as basic.reject), retry (the publisher sends again what "
+                   "was left unconfirmed or nacked), many (two publishers and two consumers).")
 @click.option("-v", "--verbose", is_flag=True, help="Print the trace of each run.")
 def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float, queue_type: str, faults: str,
                 client_kinds: str, verbose: bool) -> None:

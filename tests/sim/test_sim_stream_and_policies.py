@@ -1,0 +1,108 @@
+"""The whole-cluster simulation's stream workload and its further mirroring configurations
+(hutch.sim.cluster): the stream checks catch what they name, and seeds of each run clean."""
+
+from __future__ import annotations
+
+import pytest
+from pamqp import commands
+
+from hutch.sim.cluster import FAULT_KINDS, ClusterSim, ClusterSimOptions, run_seed
+
+
+class _Reader:
+    """Stands for a simulated client in the delivery callbacks (they only read `.closed`)."""
+
+    closed = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.acked: list[int] = []
+
+    def ack(self, tag: int) -> None:
+        self.acked.append(tag)
+
+
+def _sim_reading(*readers: tuple[_Reader, int]) -> ClusterSim:
+    sim = ClusterSim(ClusterSimOptions(seed=1, queue_type="stream"))
+    sim.history.published.update(f"m{i}" for i in range(10))
+    for client, start in readers:
+        sim._reading[client] = [start, "n1"]
+    return sim
+
+
+def _deliver(sim: ClusterSim, who: str, client: _Reader, offset: int | None, mid: str) -> None:
+    headers = None if offset is None else {"x-stream-offset": offset}
+    sim._on_delivery(who, [client], 1, False, mid.encode(), commands.Basic.Properties(headers=headers))
+
+
+def _kinds(sim: ClusterSim) -> set[str]:
+    return {kind for kind, _ in sim.failures}
+
+
+def test_a_subscription_that_delivers_its_offsets_in_sequence_passes_and_moves_the_consumers_resume_point():
+    con = _Reader("con")
+    sim = _sim_reading((con, 0))
+    for i in range(3):
+        _deliver(sim, "con", con, i, f"m{i}")
+    assert sim.failures == []
+    assert sim._resume_at == 3 and sim._stream_end() == 3
+    assert sim.history.delivered == {"m0": 1, "m1": 1, "m2": 1}
+
+
+def test_a_gap_a_repeat_or_a_missing_header_in_a_subscription_fails_the_offsets_check():
+    for offsets in ([0, 2], [0, 1, 1], [0, None]):
+        con = _Reader("con")
+        sim = _sim_reading((con, 0))
+        for i, offset in enumerate(offsets):
+            _deliver(sim, "con", con, offset, f"m{i}")
+        assert _kinds(sim) == {"offsets"}, (offsets, sim.failures)
+
+
+def test_a_subscription_must_start_where_it_asked():
+    con = _Reader("con")
+    sim = _sim_reading((con, 5))
+    _deliver(sim, "con", con, 4, "m4")
+    assert _kinds(sim) == {"offsets"}
+
+
+def test_two_replicas_that_hold_different_messages_at_one_offset_fail_the_offsets_check():
+    a, b = _Reader("read-n1"), _Reader("read-n2")
+    sim = _sim_reading((a, 0), (b, 0))
+    _deliver(sim, "read-n1", a, 0, "m0")
+    _deliver(sim, "read-n2", b, 0, "m1")
+    assert _kinds(sim) == {"offsets"}
+    assert "offset 0 holds m0 on one read and m1 on another" in sim.failures[0][1]
+
+
+def test_a_message_published_once_and_stored_twice_fails_the_duplicate_check():
+    con = _Reader("con")
+    sim = _sim_reading((con, 0))
+    _deliver(sim, "con", con, 0, "m0")
+    _deliver(sim, "con", con, 1, "m0")
+    assert _kinds(sim) == {"duplicate"}
+
+
+def test_a_stream_run_reads_every_replica_from_the_start_and_checks_what_each_holds():
+    result = run_seed(1, queue_type="stream", faults=FAULT_KINDS, trace=True)
+    assert result.ok, result.violation
+    assert result.stats["confirmed"] > 0 and result.stats["stream_offsets"] >= result.stats["confirmed"]
+    for host in ("n1", "n2", "n3"):
+        reached = [line for line in result.trace if f"client read-{host}: read the stream to offset" in line]
+        assert reached and reached[0].endswith(f"offset {result.stats['stream_offsets']} of "
+                                               f"{result.stats['stream_offsets']}"), reached
+
+
+def test_stream_clients_neither_get_nor_requeue_which_streams_refuse():
+    sim = ClusterSim(ClusterSimOptions(seed=1, queue_type="stream", clients=frozenset({"get", "cancel", "nack"})))
+    assert sim._client_kinds() == {"cancel"}
+
+
+@pytest.mark.parametrize("queue_type", ["mirrored-nodes", "mirrored-automatic-always"])
+def test_the_further_mirroring_configurations_set_their_policy_and_keep_every_promise(queue_type):
+    from hutch.sim.cluster import MIRROR_POLICIES
+
+    result = run_seed(2, queue_type=queue_type, faults=FAULT_KINDS, trace=True)
+    assert result.ok, result.violation
+    definition = MIRROR_POLICIES[queue_type]["definition"]
+    assert any("policy 'ha' set on" in line and repr(definition["ha-mode"]) in line for line in result.trace)
+    assert any("Adding mirror on node" in line for line in result.trace)
