@@ -120,9 +120,9 @@ soak: install
 	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000
 
 # Real nodes in one process on simulated time and network (docs/design/simulation.md): 1,000 quorum
-# seeds under every fault kind, about 0.15 s of CPU a seed on one core; each failure prints the
-# command that replays it. `make test` runs 2,000 seeds of the three queue types under network
-# faults and crashes on every core (tests/sim/test_cluster_sim.py).
+# seeds under every fault kind and client kind, about 0.3 s of CPU a seed on one core; each failure
+# prints the command that replays it. `make test` runs 2,050 seeds of every queue type and
+# mirroring configuration on every core (tests/sim/test_cluster_sim.py).
 sim-cluster: install
 	$(BIN)/hutch sim cluster --seed 1 --seeds 1000
 

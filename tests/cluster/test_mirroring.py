@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -315,6 +317,44 @@ def test_002_automatic_sync_blocks_a_slow_consumer_until_it_is_complete(cluster)
 
 # ---------------------------------------------------------------- failure and promotion (seed 000)
 
+def test_000_tx_commit_ok_comes_only_once_every_mirror_has_the_transaction(cluster):
+    """Seed 000, "Publisher Confirms and Transactions": tx.commit-ok is returned only when the
+    transaction has been applied across all mirrors. With one mirror's node suspended, a commit
+    on the mirrored queue waits (a commit on an unmirrored queue of the same node does not), and
+    it completes when the node runs again."""
+    conn = mirrored_everywhere(cluster, "ha.tx", via=0)
+    leader = node_index(cluster, info(cluster, "ha.tx")["node"])
+    mirror = next(i for i in range(3) if i != leader)
+    plain_conn = connect(cluster, leader)
+    plain_conn.channel().queue_declare("plain.tx", durable=True)
+    conn.close()
+    conn = connect(cluster, leader)
+    tx, plain = conn.channel(), plain_conn.channel()
+    tx.tx_select()
+    plain.tx_select()
+    tx.basic_publish("", "ha.tx", b"in-a-transaction", PERSISTENT)
+    plain.basic_publish("", "plain.tx", b"in-a-transaction", PERSISTENT)
+    committed = threading.Event()
+    pid = cluster.nodes[mirror].proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        waiter = threading.Thread(target=lambda: (tx.tx_commit(), committed.set()), daemon=True)
+        waiter.start()
+        started = time.monotonic()
+        plain.tx_commit()  # no mirror: at once
+        assert time.monotonic() - started < 1.0
+        assert not committed.wait(1.5), "tx.commit-ok came while a mirror could not have the transaction"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert committed.wait(15), "tx.commit-ok never came after the mirror's node ran again"
+    waiter.join(5)
+    assert wait_mirrors(cluster, "ha.tx", 2, synced=2)[2] == sorted(n for i, n in enumerate(cluster.names) if i != leader)
+    got = drain(connect(cluster, mirror), "ha.tx")
+    assert got == [(b"in-a-transaction", False)]
+    conn.close()
+    plain_conn.close()
+
+
 def test_000_leader_failure_promotes_the_oldest_mirror_requeues_unacked_and_loses_nothing_confirmed():
     with HutchCluster(n=3) as cluster:
         c1 = mirrored_everywhere(cluster, "ha.fail")
@@ -402,11 +442,13 @@ def test_004_a_publish_in_flight_while_the_leader_fails_is_confirmed_and_not_los
 def test_000_promote_on_failure_when_synced_an_unsynchronised_mirror_is_not_promoted():
     with HutchCluster(n=3) as cluster:
         c1 = connect(cluster, 0)
-        c1.channel().queue_declare("ws.q", durable=True)
-        publish_confirmed(c1, "ws.q", [b"%d" % i for i in range(50)])
+        for q in ("ws.q", "ws.gone"):
+            c1.channel().queue_declare(q, durable=True)
+            publish_confirmed(c1, q, [b"%d" % i for i in range(50)])
         assert ctl(cluster, 0, "set_policy", "ha-ws", "^ws\\.",
                    '{"ha-mode":"all","ha-promote-on-failure":"when-synced"}').returncode == 0
         wait_mirrors(cluster, "ws.q", 2, synced=0)
+        wait_mirrors(cluster, "ws.gone", 2, synced=0)
         c1.close()
         cluster.kill(0)
         time.sleep(8)  # the failure is noticed (net_ticktime 4 s) and nobody may take over
@@ -417,33 +459,56 @@ def test_000_promote_on_failure_when_synced_an_unsynchronised_mirror_is_not_prom
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
             c2.channel().basic_get("ws.q")
         assert e.value.reply_code == 404 and "is down or inaccessible" in e.value.reply_text
+        # a publish with confirms to the queue without a leader is nacked: nothing is confirmed
+        # that no copy of the queue holds
+        ch = connect(cluster, 2).channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", "ws.q", b"while-down", PERSISTENT)
+        # seed 001: if the leader is lost for good, the queue is deleted (with its contents) and
+        # declared again; the new queue is mirrored by the same policy and serves at once
+        c3 = connect(cluster, 1)
+        c3.channel().queue_delete("ws.gone")
+        c3.channel().queue_declare("ws.gone", durable=True)
+        publish_confirmed(c3, "ws.gone", [b"new-%d" % i for i in range(5)])
+        assert info(cluster, "ws.gone", via=1)["node"] != "hutch-1@localhost"
         cluster.start(0)  # the leader returns with its messages
         got = drain(connect(cluster, 1), "ws.q")
         assert sorted(int(b) for b, _r in got) == list(range(50))
+        # the returning node's old copy of the deleted queue does not come back with it
+        wait_mirrors(cluster, "ws.gone", 2, via=1)
+        got = drain(connect(cluster, 0), "ws.gone")
+        assert sorted(b for b, _r in got) == [b"new-%d" % i for i in range(5)]
 
 
 def test_000_stopping_nodes_a_controlled_shutdown_does_not_promote_an_unsynchronised_mirror():
     with HutchCluster(n=3) as cluster:
         c1 = connect(cluster, 0)
-        for q in ("stop.synced", "stop.always"):
+        for q in ("stop.synced", "stop.always", "stop.overridden"):
             c1.channel().queue_declare(q, durable=True)
             publish_confirmed(c1, q, [b"%d" % i for i in range(20)])
         assert ctl(cluster, 0, "set_policy", "ha-stop", "^stop\\.synced$", '{"ha-mode":"all"}').returncode == 0
         assert ctl(cluster, 0, "set_policy", "ha-always", "^stop\\.always$",
                    '{"ha-mode":"all","ha-promote-on-shutdown":"always"}').returncode == 0
-        wait_mirrors(cluster, "stop.synced", 2, synced=0)
-        wait_mirrors(cluster, "stop.always", 2, synced=0)
+        # seed 001: when-synced on failure overrides always on shutdown
+        assert ctl(cluster, 0, "set_policy", "ha-overridden", "^stop\\.overridden$",
+                   '{"ha-mode":"all","ha-promote-on-shutdown":"always",'
+                   '"ha-promote-on-failure":"when-synced"}').returncode == 0
+        for q in ("stop.synced", "stop.always", "stop.overridden"):
+            wait_mirrors(cluster, q, 2, synced=0)
         c1.close()
         cluster.stop(0)
         wait_until(lambda: info(cluster, "stop.always", via=1)["node"] != "hutch-1@localhost", 30,
                    "ha-promote-on-shutdown always promotes")
         time.sleep(2)
         assert info(cluster, "stop.synced", via=1)["node"] == "hutch-1@localhost"  # the queue shut down
+        assert info(cluster, "stop.overridden", via=1)["node"] == "hutch-1@localhost"
         # the promoted one lost the 20 messages only its old leader had: the documented price
         assert drain(connect(cluster, 1), "stop.always") == []
         cluster.start(0)
-        got = drain(connect(cluster, 2), "stop.synced")
-        assert sorted(int(b) for b, _r in got) == list(range(20))
+        for q in ("stop.synced", "stop.overridden"):
+            got = drain(connect(cluster, 2), q)
+            assert sorted(int(b) for b, _r in got) == list(range(20)), q
 
 
 def test_000_exactly_a_mirror_on_a_node_that_goes_down_is_replaced_elsewhere():
@@ -730,4 +795,37 @@ def test_000_configuring_synchronisation_max_throughput_paces_a_sync_and_gets_wa
         lines = [ln for ln in log_of(cluster, 0).splitlines() if "'ha.paced'" in ln and "Synchronising" in ln]
         assert any(ln.endswith("Synchronising: complete") for ln in lines)
         assert any(ln.endswith("Synchronising: 120 messages to synchronise") for ln in lines)
+        # seed 000, "Unsynchronised Mirrors": an in-progress synchronisation is cancelled with
+        # `cancel_sync_queue` (and the HTTP API's cancel_sync action); the mirrors stay
+        # unsynchronised, and the queue serves again at once
+        c.channel().queue_declare("hb.cancel", durable=True)
+        publish_confirmed(c, "hb.cancel", [b"%04d" % i + b"x" * 1020 for i in range(240)])  # 6 s at 40 kB/s
+        assert ctl(cluster, 0, "set_policy", "hb-all", "^hb\\.",
+                   '{"ha-mode":"all","ha-sync-batch-size":10}').returncode == 0
+        for how in ("cli", "http"):
+            wait_mirrors(cluster, "hb.cancel", 2, synced=0)
+            assert ctl(cluster, 0, "sync_queue", "hb.cancel").returncode == 0
+            wait_until(lambda how=how: "Synchronising: 240 messages to synchronise" in _after_cancels(cluster, how), 10,
+                       f"a synchronisation started ({how})")
+            if how == "cli":
+                done = ctl(cluster, 1, "cancel_sync_queue", "hb.cancel")
+                assert done.returncode == 0, done.stderr
+            else:
+                assert http(cluster, 1, "POST", "/api/queues/%2F/hb.cancel/actions", {"action": "cancel_sync"}) == 204
+            wait_until(lambda how=how: "Synchronising: cancelled after" in _after_cancels(cluster, how), 10,
+                       f"the synchronisation cancelled ({how})")
+            assert mirrors(cluster, "hb.cancel")[2] == []
+            started = time.monotonic()
+            method, _p, _b = connect(cluster, 1).channel().basic_get("hb.cancel", auto_ack=False)
+            assert method is not None and time.monotonic() - started < 2.0
         c.close()
+
+
+def _after_cancels(cluster: HutchCluster, how: str) -> str:
+    """Node 1's log of queue hb.cancel, from its first cancelled synchronisation on (how="http"),
+    or all of it."""
+    text = "\n".join(ln for ln in log_of(cluster, 0).splitlines() if "'hb.cancel'" in ln)
+    if how == "http":
+        at = text.find("Synchronising: cancelled after")
+        return text[text.index("\n", at) + 1:] if at >= 0 else ""
+    return text

@@ -214,6 +214,13 @@ class Channel:
             raise precondition_failed(f"unknown delivery tag {tag}")
         return [item]
 
+    def queues_of(self, tag: int, multiple: bool) -> list[ClassicQueue]:
+        """The queues of the deliveries an ack of `tag` would settle (nothing is taken)."""
+        if multiple:
+            return [q for t, (q, _e, _c) in self.unacked.items() if tag == 0 or t <= tag]
+        item = self.unacked.get(tag)
+        return [] if item is None else [item[0]]
+
     def check_tag(self, tag: int, multiple: bool) -> None:
         if multiple and tag == 0:
             return

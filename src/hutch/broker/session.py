@@ -492,7 +492,9 @@ class Session:
         else:
             self._publish_ok.add(x)
 
-    def deliver_publish(self, ch: Channel, x: Exchange, msg: Message, headers: dict | None, mandatory: bool) -> None:
+    def deliver_publish(self, ch: Channel, x: Exchange, msg: Message, headers: dict | None,
+                        mandatory: bool) -> list[Any]:
+        """Route and enqueue one publish; the queues it was routed to."""
         if ch.confirm:
             ch.publish_seq += 1
             seq = ch.publish_seq
@@ -508,7 +510,7 @@ class Session:
             refused = self.broker.enqueue(queues, msg, ch, seq)  # (counts each queue's publish)
             if refused and seq:
                 ch.nack_publish(seq)
-                return
+                return queues
         elif x.name == "" and msg.routing_key.startswith(DIRECT_REPLY_PREFIX):
             # direct reply-to: no queue can have such a name (amq.* is reserved), so routing found none
             if not self.broker.direct_reply(msg) and mandatory:
@@ -526,6 +528,7 @@ class Session:
             xst[X_DROP_UNROUTABLE] += 1
         if seq:
             self.confirms_due(ch)
+        return queues
 
     # ---------------------------------------------------------------- methods
 
@@ -829,22 +832,27 @@ class Session:
             raise precondition_failed("channel is not transactional")
         ops, ch.tx = ch.tx, []
         ch.tx_bytes = 0
+        touched: set[tuple[str, str]] | None = set()  # the queues whose mirrors must have it; None: all
         for op in ops:
             if op[0] == "publish":
                 _, x, msg, headers, mandatory = op
-                self.deliver_publish(ch, x, msg, headers, mandatory)
+                for q in self.deliver_publish(ch, x, msg, headers, mandatory):
+                    touched.add((q.vhost, q.name))
             elif op[0] == "ack":
+                if touched is not None:
+                    touched.update((q.vhost, q.name) for q in ch.queues_of(op[1], op[2]))
                 ch.ack(op[1], op[2])
             else:
+                touched = None  # a rejected message may be dead-lettered anywhere
                 ch.reject(op[1], op[2], op[3])
         # commit-ok once what the transaction journalled is on disk, every mirror of a mirrored
-        # queue has it, and every other node has accepted what went there
+        # queue it touched has it, and every other node has accepted what went there
         cl = self.broker.cluster
         if cl is None:
             self.broker.after_sync(self._commit_ok, ch)
             return
         self.broker.after_sync(lambda c: cl.mirroring.after_all_stable(
-            lambda c2: cl.after_forwarded(self, self._commit_ok, c2), c), ch)
+            lambda c2: cl.after_forwarded(self, self._commit_ok, c2), c, touched), ch)
 
     def _commit_ok(self, ch: Channel) -> None:
         if not ch.closed and not self.closed:

@@ -482,9 +482,11 @@ class MirrorHost:
         for m in list(self.mirrors.values()):
             self.drop_mirror(m, copy=KEEP)
 
-    def after_all_stable(self, fn: Callable[[Any], None], arg: Any) -> None:
-        """fn(arg) once every queue led here has passed everything so far to its mirrors."""
-        pending = [ld for ld in self.leaders.values() if ld.ops or ld.last_seq > ld.stable_seq]
+    def after_all_stable(self, fn: Callable[[Any], None], arg: Any, keys: set[tuple[str, str]] | None = None) -> None:
+        """fn(arg) once every queue led here (or those of `keys`, (vhost, name)) has passed
+        everything so far to its mirrors."""
+        leaders = self.leaders.values() if keys is None else [ld for k in keys if (ld := self.leaders.get(k))]
+        pending = [ld for ld in leaders if ld.ops or ld.last_seq > ld.stable_seq]
         if not pending:
             fn(arg)
             return
