@@ -45,7 +45,7 @@ def test_a_subscription_that_delivers_its_offsets_in_sequence_passes_and_moves_t
     for i in range(3):
         _deliver(sim, "con", con, i, f"m{i}")
     assert sim.failures == []
-    assert sim._resume_at == 3 and sim._stream_end() == 3
+    assert sim._resume_at == {"con": 3} and sim._stream_end() == 3
     assert sim.history.delivered == {"m0": 1, "m1": 1, "m2": 1}
 
 
