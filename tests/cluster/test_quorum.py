@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pika
@@ -131,15 +132,35 @@ def test_with_two_of_three_members_down_the_queue_stops_and_resumes_without_loss
         cluster.kill(1)
         ch.basic_publish("", "qq.majority", b"one-down", pika.BasicProperties(delivery_mode=2))  # still a majority
         cluster.kill(2)
+        # a publish while the queue has no leader is held, as RabbitMQ's are: neither confirmed
+        # nor nacked until a majority is back, then confirmed
+        held = connect(cluster, 0)
+        outcome: list = []
+
+        def publish_held() -> None:
+            hch = held.channel()
+            hch.confirm_delivery()
+            try:
+                hch.basic_publish("", "qq.majority", b"held", pika.BasicProperties(delivery_mode=2))
+                outcome.append("confirmed")
+            except pika.exceptions.NackError:
+                outcome.append("nacked")
+        publisher = threading.Thread(target=publish_held, daemon=True)
+        publisher.start()
         ch2 = c1.channel()
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
             ch2.basic_get("qq.majority")
         assert e.value.reply_code == 541 and "no majority of its members" in e.value.reply_text
+        publisher.join(2.0)
+        assert outcome == [], "a publish without a leader was answered before a majority returned"
         cluster.start_node(1, wait_healthy=False)
         cluster.start_node(2)
+        publisher.join(30)
+        assert outcome == ["confirmed"]
+        held.close()
         c = connect(cluster, 2)
-        got = consume_all(c, "qq.majority", 2)
-        assert sorted(got) == [b"before", b"one-down"]  # the timed-out get's message may come back later
+        got = consume_all(c, "qq.majority", 3)
+        assert sorted(got) == [b"before", b"held", b"one-down"]  # the timed-out get's message may come back later
         c.close()
 
 
@@ -198,6 +219,50 @@ def test_delete_member_then_add_member_and_the_new_member_catches_up(cluster):
     # the new member serves a consumer connected to it
     got = consume_all(connect(cluster, 2), "qq.members", 80)
     assert got == [f"x{i}".encode() for i in range(80)]
+    c.close()
+
+
+def test_grow_and_shrink_add_and_remove_one_nodes_replicas_across_the_matching_queues(cluster):
+    """`hutch-queues grow NODE all|even` and `shrink NODE`, as rabbitmq-queues' (seed 003's
+    membership commands): grow adds a replica on NODE to every matching queue (`even`: only to
+    those with an even member count), and the new replica catches up; shrink removes NODE's
+    replicas, never a queue's last one."""
+    c = connect(cluster, 0)
+    ch = c.channel()
+    ch.queue_declare("qg.two", durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 2})
+    ch.confirm_delivery()
+    for i in range(10):
+        ch.basic_publish("", "qg.two", f"g{i}".encode())
+    third = next(n for n in cluster.names if n not in queue_info(cluster, "qg.two")["members"])
+    solo = connect(cluster, cluster.names.index(third))  # client-local: its one member is on `third`
+    solo.channel().queue_declare("qg.solo", durable=True, arguments={
+        **QUORUM, "x-quorum-initial-group-size": 1, "x-queue-leader-locator": "client-local"})
+    solo.close()
+    assert queue_info(cluster, "qg.solo")["members"] == [third]
+    ch.queue_declare("qg.one", durable=True, arguments={
+        **QUORUM, "x-quorum-initial-group-size": 1, "x-queue-leader-locator": "client-local"})
+    assert third not in queue_info(cluster, "qg.one")["members"]
+
+    def grow(strategy: str) -> dict[str, str]:
+        p = hutch_queues(cluster, 0, "--formatter", "json", "grow", third, strategy, "--queue-pattern", "^qg\\.")
+        assert p.returncode == 0, p.stderr
+        return {r["name"]: r["result"] for r in json.loads(p.stdout)}
+    assert grow("even") == {"qg.two": "ok"}  # qg.one has one member, qg.solo already has `third`
+    assert third in queue_info(cluster, "qg.two")["members"]
+    assert grow("all") == {"qg.one": "ok"}
+    assert len(queue_info(cluster, "qg.one")["members"]) == 2
+    got = consume_all(connect(cluster, cluster.names.index(third)), "qg.two", 10)
+    assert got == [f"g{i}".encode() for i in range(10)]
+
+    p = hutch_queues(cluster, 0, "--formatter", "json", "shrink", third)
+    assert p.returncode == 0, p.stderr
+    rows = {r["name"]: r for r in json.loads(p.stdout) if r["name"].startswith("qg.")}
+    assert rows["qg.two"]["result"] == "ok" and rows["qg.one"]["result"] == "ok"
+    assert rows["qg.solo"]["result"].startswith("error"), rows["qg.solo"]
+    assert third not in queue_info(cluster, "qg.two")["members"] + queue_info(cluster, "qg.one")["members"]
+    assert queue_info(cluster, "qg.solo")["members"] == [third]
+    for name in ("qg.two", "qg.one", "qg.solo"):
+        ch.queue_delete(name)
     c.close()
 
 
