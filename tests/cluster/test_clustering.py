@@ -144,6 +144,49 @@ def test_queue_master_locator_client_local_min_masters_and_random(cluster):
             c.close()
 
 
+def _declare_and_count_homes(cluster: HutchCluster, ch, names: list[str]) -> list[tuple[str, int, int]]:
+    """Declare each queue through `ch`; (its home, the queues its home held before, the fewest any
+    node held before) for each."""
+    out = []
+    for name in names:
+        counts = dict.fromkeys(cluster.names, 0)
+        for q in cluster.api(0, "/api/queues"):
+            counts[q["node"]] += 1
+        ch.queue_declare(name)
+        home = home_of(cluster, name)
+        out.append((home, counts[home], min(counts.values())))
+    return out
+
+
+def test_queue_master_locator_set_by_policy_places_the_queues_it_matches(cluster):
+    """Seed 000, "Queue Leader Location": the locator comes from the queue's x-queue-master-locator
+    argument, else its policy's queue-master-locator key, else the node's queue_master_locator."""
+    p = subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--url", f"http://127.0.0.1:{cluster.nodes[0].mgmt_port}",
+                        "set_policy", "loc", "^pl\\.", '{"queue-master-locator":"min-masters"}',
+                        "--apply-to", "queues"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    conn = connect(cluster, 0)
+    try:
+        ch = conn.channel()
+        placed = _declare_and_count_homes(cluster, ch, [f"pl.{i}" for i in range(6)])
+        assert all(before == fewest for _home, before, fewest in placed), placed
+        assert len({home for home, _b, _f in placed}) >= 2, placed  # client-local would put all on node 1
+        ch.queue_declare("other.local")  # the policy does not match: client-local
+        assert home_of(cluster, "other.local") == cluster.names[0]
+    finally:
+        conn.close()
+
+
+def test_queue_master_locator_set_in_the_config_file_is_every_queues_default(tmp_path):
+    conf = tmp_path / "hutch.conf"
+    conf.write_text("queue_master_locator = min-masters\n")
+    with HutchCluster(n=3, extra_args=["--config", str(conf)]) as cluster:
+        conn = connect(cluster, 0)
+        placed = _declare_and_count_homes(cluster, conn.channel(), ["cf.0", "cf.1", "cf.2"])
+        assert sorted(home for home, _b, _f in placed) == sorted(cluster.names), placed
+        conn.close()
+
+
 def test_exclusive_queue_lives_on_the_declaring_node_and_vanishes_with_its_connection(cluster):
     c2, c3 = connect(cluster, 1), connect(cluster, 2)
     ch2 = c2.channel()
