@@ -355,6 +355,44 @@ def test_000_tx_commit_ok_comes_only_once_every_mirror_has_the_transaction(clust
     plain_conn.close()
 
 
+def test_000_flow_control_a_mirror_that_gives_no_credit_stalls_the_publisher_until_it_does():
+    """Seed 000, "Flow Control": publishers may publish as long as every mirror gives credit; a
+    mirror that does not (its node suspended, not yet considered disconnected) stalls them. Here
+    the leader holds back a publisher once 20,000 messages wait for the ring (docs/mirroring.md),
+    and lets it go on when the mirror runs again."""
+    with HutchCluster(n=3, net_ticktime_s=30) as cluster:  # the suspended node is not declared down
+        conn = mirrored_everywhere(cluster, "ha.flow", via=0, definition='{"ha-mode":"all"}')
+        leader = node_index(cluster, info(cluster, "ha.flow")["node"])
+        mirror = next(i for i in range(3) if i != leader)
+        publisher = connect(cluster, leader)
+        total = 30_000
+        done = threading.Event()
+
+        def publish() -> None:
+            ch = publisher.channel()
+            for i in range(total):
+                ch.basic_publish("", "ha.flow", b"%d" % i)
+            ch.close()  # once the broker has read every publish (the client buffers what it cannot send)
+            done.set()
+        pid = cluster.nodes[mirror].proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            threading.Thread(target=publish, daemon=True).start()
+            depths: list[int] = []
+
+            def plateau() -> bool:  # the queue past the ring's limit, and no longer growing
+                depths.append(info(cluster, "ha.flow", via=leader)["messages"])
+                return len(depths) > 10 and depths[-1] == depths[-10] >= 20_000
+            wait_until(plateau, 60, "the queue past 20,000 messages and no longer growing")
+            assert depths[-1] < total and not done.is_set(), depths[-10:]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert done.wait(60), "the publisher was never let go on"
+        wait_until(lambda: info(cluster, "ha.flow", via=leader)["messages"] == total, 30, "every message in the queue")
+        publisher.close()
+        conn.close()
+
+
 def test_000_leader_failure_promotes_the_oldest_mirror_requeues_unacked_and_loses_nothing_confirmed():
     with HutchCluster(n=3) as cluster:
         c1 = mirrored_everywhere(cluster, "ha.fail")
