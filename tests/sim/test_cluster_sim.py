@@ -70,6 +70,11 @@ REGRESSION_SEEDS = [
     # had moved the consumer to the new one; 654, a node re-sent a forwarded publish to the same
     # leader after each of many link resets, and the leader stored it every time
     *[("mirrored", EVERY, NO_CLIENTS, seed) for seed in (343, 654)],
+    # mirrored, every fault kind, with a node whose store failed cut from its peers at once: 222,
+    # a mirror that left its dead leader's ring and offered its copy again when that node came
+    # back, had its join asked again, took the copy for one read from disk, and was promoted
+    # without the six confirmed messages it held
+    ("mirrored", EVERY, NO_CLIENTS, 222),
     # quorum: on 417 the leader, cut off from both other nodes, proposed NodeDown for the
     # consumer's node, committed after the heal, and the consumer stayed suspended; on 729 a
     # consumer's node gave back deliveries to a consumer whose Cancel waited for its resend

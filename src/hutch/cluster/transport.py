@@ -164,12 +164,17 @@ class PeerTransport:
         for peer in self._peers:
             self._start_dialling(peer)
 
-    async def close(self) -> None:
+    def isolate(self) -> None:
+        """Close every link and accept or dial no more, at once (`close` finishes the job): peers
+        see this node go as after a crash; this node reports no peer down."""
         self._closing = True
         if self._server is not None:
             self._server.close()
         for link in list(self._links.values()):
             self._forget(link)
+
+    async def close(self) -> None:
+        self.isolate()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

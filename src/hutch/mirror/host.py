@@ -301,7 +301,11 @@ class MirrorHost:
                             arguments=dict(rec.arguments), owner=None)
         q.journal_id = rec.journal_id if rec.durable else 0
         q.ever_consumed = bool(cur is not None and getattr(cur, "local_consumers", None))
-        if m.replica.recovered_epoch:  # its copy from disk was never reconciled: only what came since counts
+        if m.replica.recovered_epoch and m.copy_from_ring:
+            # offered for judging on its way back to a ring, not read from disk: what it holds came
+            # through the old ring, confirmed messages among it, and is the queue
+            m.replica.recovered_epoch, m.replica.unreconciled = 0, set()
+        elif m.replica.recovered_epoch:  # its copy from disk was never reconciled: only what came since counts
             m.replica.forget_unreconciled()
         # A leader that failed may have delivered any message just before it died (it delivers
         # before its mirrors hear of it; cut off, it went on for a moment): every message comes

@@ -84,7 +84,10 @@ class Mirror:
         self.joining_as = self.host.new_member_id()
         args = [self.vhost, self.name]
         if self.copy_id and self.replica.entries:
-            self.copy_from_ring = self.replica.view is not None and not self.replica.unreconciled
+            if not self.replica.recovered_epoch:
+                # the first offer of this copy (a join that failed is asked again, and must not
+                # take the entries it marked unreconciled then for a copy read from disk)
+                self.copy_from_ring = self.replica.view is not None and not self.replica.unreconciled
             self.replica.recovered_epoch = self.epoch
             ranges = self.replica.held_ranges()
             self.replica.unreconciled = set(self.replica.entries)
