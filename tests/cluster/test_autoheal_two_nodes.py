@@ -10,10 +10,7 @@ message is still there."""
 
 from __future__ import annotations
 
-import base64
-import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pika
@@ -21,20 +18,10 @@ import pytest
 
 from hutch.lab.cluster import Lab
 from tests.support.brokers import wait_until
-from tests.support.lab import free_base_port
+from tests.support.lab import api, free_base_port
 
 pytestmark = pytest.mark.timeout(240)
 MESSAGES = 100
-
-
-def _api(lab: Lab, i: int, method: str, path: str, body=None):
-    req = urllib.request.Request(lab.nodes[i].http_url + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode())
-    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        raw = r.read()
-        return json.loads(raw) if raw else None
 
 
 def _log(lab: Lab, i: int) -> str:
@@ -58,11 +45,11 @@ def test_an_unsynchronised_mirror_is_not_promoted_across_a_partition_and_nothing
         for i in range(MESSAGES):
             ch.basic_publish("", "ah.q", b"%d" % i, pika.BasicProperties(delivery_mode=2))
         conn.close()
-        _api(lab, 0, "PUT", "/api/policies/%2F/ah", {"pattern": "^ah\\.", "apply-to": "queues",
-                                                      "definition": {"ha-mode": "all"}})
+        api(lab, 0, "/api/policies/%2F/ah", method="PUT", body={"pattern": "^ah\\.", "apply-to": "queues",
+                                                                "definition": {"ha-mode": "all"}})
 
         def view() -> dict:
-            return _api(lab, 0, "GET", "/api/queues/%2F/ah.q")
+            return api(lab, 0, "/api/queues/%2F/ah.q")
         wait_until(lambda: view().get("slave_nodes") == [b], 30, f"a mirror on {b}")
         assert view()["node"] == a and not view().get("synchronised_slave_nodes")
 
@@ -73,7 +60,7 @@ def test_an_unsynchronised_mirror_is_not_promoted_across_a_partition_and_nothing
         # here), B names A as the queue's leader
         held_until = time.monotonic() + 3.0
         while time.monotonic() < held_until:
-            assert _api(lab, 1, "GET", "/api/queues/%2F/ah.q")["node"] == a
+            assert api(lab, 1, "/api/queues/%2F/ah.q")["node"] == a
             time.sleep(0.2)
         lab.heal()
         wait_until(lambda: all(p is None for p in lab.health().values()), 60, "the lab healthy again")

@@ -32,12 +32,16 @@ def free_base_port(count: int) -> int:
     raise RuntimeError("no free base port")
 
 
-def api(lab: Lab, i: int, path: str, timeout_s: float = 10.0):
-    """GET `path` of node i's management API as guest, decoded."""
-    req = urllib.request.Request(lab.nodes[i].http_url + path)
+def api(lab: Lab, i: int, path: str, timeout_s: float = 10.0, method: str = "GET", body=None):
+    """`path` of node i's management API as guest (GET, or `method` with a JSON `body`), decoded
+    (None for an empty answer)."""
+    req = urllib.request.Request(lab.nodes[i].http_url + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode())
     req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        return json.loads(r.read())
+        raw = r.read()
+        return json.loads(raw) if raw else None
 
 
 def queue_leader(lab: Lab, queue: str, via: int) -> str | None:
