@@ -241,11 +241,10 @@ class MirrorHost:
             # the ring commits now. What it held there is the queue; it leads a ring of its own.
             if m.replica.view is None and not m.replica.entries:
                 return True
-            if m.copy_from_ring or m.replica.view is None:
-                # offered for judging on its way back (not from disk), or the copy this node's
-                # mirror kept on disk before a restart, its promotion proposed before the node
-                # went and committed after: what it holds is the queue
-                m.replica.recovered_epoch, m.replica.unreconciled = 0, set()
+            if m.replica.view is None:
+                # the copy this node's mirror kept on disk before a restart, its promotion proposed
+                # before the node went and committed after: what it holds is the queue
+                m.replica.keep_unreconciled()
             return self.promote(m)
         if m.member.status != gm.MEMBER:
             return True
@@ -301,10 +300,10 @@ class MirrorHost:
                             arguments=dict(rec.arguments), owner=None)
         q.journal_id = rec.journal_id if rec.durable else 0
         q.ever_consumed = bool(cur is not None and getattr(cur, "local_consumers", None))
-        if m.replica.recovered_epoch and m.copy_from_ring:
+        if m.copy_from_ring:
             # offered for judging on its way back to a ring, not read from disk: what it holds came
             # through the old ring, confirmed messages among it, and is the queue
-            m.replica.recovered_epoch, m.replica.unreconciled = 0, set()
+            m.replica.keep_unreconciled()
         elif m.replica.recovered_epoch:  # its copy from disk was never reconciled: only what came since counts
             m.replica.forget_unreconciled()
         # A leader that failed may have delivered any message just before it died (it delivers

@@ -313,6 +313,12 @@ class Replica:
         if e.seq > self.max_seq:
             self.max_seq = e.seq
 
+    def keep_unreconciled(self) -> None:
+        """Promoted with a copy that is the queue as it stands: take what the leader never judged
+        as judged."""
+        self.unreconciled = set()
+        self.recovered_epoch = 0
+
     def forget_unreconciled(self) -> None:
         """Promoted before the leader judged the copy from disk: keep only what came since."""
         for seq in self.unreconciled:

@@ -144,6 +144,7 @@ class ClusterRuntime:
         self.on_partition = on_partition
         self.fatal = fatal
         self.network = network  # the peer transport's sockets (hutch.cluster.transport)
+        self.transport: PeerTransport | None = None  # from `start`
         self.caught_up = False  # at start: every entry this node's log held was applied
         self.name = cfg.node_name
         self.id = node_id(self.name)
@@ -282,6 +283,13 @@ class ClusterRuntime:
             self.submit(cat.DeleteExchange(x.vhost, x.name), one)
         self._drain()
         await asyncio.wait_for(done.wait(), self.cfg.metadata_timeout_ms / 1000 + PROPOSAL_SLACK_S)
+
+    def isolate(self) -> None:
+        """This node's storage failed: peers see it go now, as after a crash, rather than once it
+        has stopped. Until then they would go on sending it work (a mirror to add, a sync) that
+        its failed store refuses, and each refusal closes the link and starts it all again."""
+        if self.transport is not None:
+            self.transport.isolate()
 
     async def stop(self, failed: bool = False) -> None:
         # a controlled shutdown: peers hear it is not a partition; mirrored queues led here tell

@@ -548,12 +548,8 @@ class Node:
         if self.exit_code == 0:
             log.critical("%s; stopping node %s", reason, self.config.node_name)
         self.exit_code = EXIT_STORAGE_FAILED
-        transport = getattr(self.clustering, "transport", None)  # (none before the cluster layer started)
-        if transport is not None:
-            # peers see this node go now, as after a crash, rather than once it has stopped: until
-            # then they would go on sending it work (a mirror to add, a sync) that its failed
-            # store refuses, and each refusal closes the link and starts it all again
-            transport.isolate()
+        if self.clustering is not None:
+            self.clustering.isolate()
         self.request_stop()
 
     def request_stop(self) -> None:

@@ -790,7 +790,7 @@ class ClusterSim:
             self._fail("offsets", f"client {who}: {mid} delivered without an x-stream-offset header ({offset!r})")
         else:
             expected, host = reading
-            if isinstance(expected, int) and offset != expected:
+            if offset != expected:
                 self._fail("offsets", f"client {who} reading on {host}: offset {offset} ({mid}) delivered where "
                                       f"{expected} was next")
             reading[0] = offset + 1
@@ -919,22 +919,8 @@ class ClusterSim:
         tells a queue that still holds them (a consumer left starving) from one that lost them."""
         h = self.history
         for host in self.hosts:
-            this: list = []
-            client = SimClient("audit", on_delivery=lambda tag, redelivered, props, body, this=this:
-                               self._on_delivery("audit", this, tag, redelivered, body))
-            this.append(client)
-            try:
-                async with asyncio.timeout(STEP_TIMEOUT_S):
-                    await client.connect(self.net.host("audit"), host, AMQP_PORT)
-                    await client.qos(10)
-                    await client.consume(QUEUE)
-                deadline = self.loop.time() + AUDIT_S
-                while self.loop.time() < deadline and not h.confirmed <= set(h.delivered):
-                    await asyncio.sleep(0.05)
-            except Exception as e:  # noqa: BLE001 - try the next node
-                self.kernel.log(f"client audit: on {host}: {type(e).__name__}: {e}")
-            await client.close()
-            if h.confirmed <= set(h.delivered):
+            _client, done = await self._read_on("audit", host, lambda _c: h.confirmed <= set(h.delivered))
+            if done:
                 return
 
     async def _read_every_replica(self) -> None:
@@ -942,30 +928,38 @@ class ClusterSim:
         find at every offset what every other read found there, and reach the end of what was
         read anywhere (a confirmed message no read finds is lost)."""
         h = self.history
+
+        def reached(client: SimClient) -> int:  # the offset its subscription delivers next
+            return self._reading[client][0] if client in self._reading else 0
         for host in self.hosts:
             who = f"read-{host}"
-            this: list = []
-            client = SimClient(who, on_delivery=lambda tag, redelivered, props, body, this=this, who=who:
-                               self._on_delivery(who, this, tag, redelivered, body, props))
-            this.append(client)
-            try:
-                async with asyncio.timeout(STEP_TIMEOUT_S):
-                    await client.connect(self.net.host(who), host, AMQP_PORT)
-                    await client.qos(10)
-                    await self._subscribe(client, host, "first")
-                deadline = self.loop.time() + AUDIT_S
-                while self.loop.time() < deadline and (self._reading[client][0] < self._stream_end()
-                                                       or not h.confirmed <= set(h.delivered)):
-                    await asyncio.sleep(0.05)
-            except Exception as e:  # noqa: BLE001 - reported below as a read that fell short
-                self.kernel.log(f"client {who}: {type(e).__name__}: {e}")
-            reached = self._reading[client][0] if client in self._reading else 0
-            self.kernel.log(f"client {who}: read the stream to offset {reached} of {self._stream_end()}")
-            if reached < self._stream_end():
-                self._fail("starved", f"a reader of the stream on {host} got to offset {reached} of "
+            client, _done = await self._read_on(who, host, lambda c: reached(c) >= self._stream_end()
+                                                and h.confirmed <= set(h.delivered))
+            self.kernel.log(f"client {who}: read the stream to offset {reached(client)} of {self._stream_end()}")
+            if reached(client) < self._stream_end():
+                self._fail("starved", f"a reader of the stream on {host} got to offset {reached(client)} of "
                                       f"{self._stream_end()} in {AUDIT_S:.0f} s after the drain")
-            await client.close()
         self.stats["stream_offsets"] = self._stream_end()
+
+    async def _read_on(self, who: str, host: str, done: Callable[[SimClient], bool]) -> tuple[SimClient, bool]:
+        """A new client `who` consumes the queue on `host` (a stream from its first offset) until
+        done(client) or AUDIT_S have passed, then closes; the client, and done(client) then."""
+        this: list = []
+        client = SimClient(who, on_delivery=lambda tag, redelivered, props, body, this=this:
+                           self._on_delivery(who, this, tag, redelivered, body, props))
+        this.append(client)
+        try:
+            async with asyncio.timeout(STEP_TIMEOUT_S):
+                await client.connect(self.net.host(who), host, AMQP_PORT)
+                await client.qos(10)
+                await self._subscribe(client, host, "first")
+            deadline = self.loop.time() + AUDIT_S
+            while self.loop.time() < deadline and not done(client):
+                await asyncio.sleep(0.05)
+        except Exception as e:  # noqa: BLE001 - the caller tries the next node, or reports a read that fell short
+            self.kernel.log(f"client {who}: on {host}: {type(e).__name__}: {e}")
+        await client.close()
+        return client, done(client)
 
     def _stream_end(self) -> int:
         return max(self._at_offset, default=-1) + 1
@@ -1040,10 +1034,9 @@ _FSYNCS_BOUND_AT_IMPORT = ((segment_log, "_fdatasync"), (stream_log, "_fdatasync
 
 def _send_again(again: list[str], mid: str) -> None:
     """Queue the next copy of `mid` (m5 -> m5.2 -> m5.3), unless it has been sent RETRIES_MAX times."""
-    base, _, attempt = mid.partition(".")
-    n = int(attempt or 1) + 1
-    if n <= RETRIES_MAX:
-        again.append(f"{base}.{n}")
+    number, sent = _copy_order(mid)
+    if sent < RETRIES_MAX:
+        again.append(f"m{number}.{sent + 1}")
 
 
 def _copy_order(mid: str) -> tuple[int, int]:
