@@ -48,7 +48,7 @@ def _loop(hosts: dict[int, MultiRaft], fsyncs: list[int]) -> None:
             if mr is None:
                 continue
             moved = True
-            if mr.needs_fsync():
+            if mr.must_sync_plainly():
                 fsyncs.append(len(mr.groups))
             for to, gid, m in mr.messages():
                 hosts[to].step(gid, decode(encode(m)))  # through the wire codec on the way
