@@ -122,7 +122,7 @@ def test_queue_master_locator_client_local_min_masters_and_random(cluster):
         # client-local (the default): the queue lives where its declaring client is connected
         for i, ch in enumerate(chans):
             ch.queue_declare(f"local-{i}")
-            assert home_of(cluster, f"local-{i}") == cluster.names[i]
+            assert home_of(cluster, f"local-{i}", via=i) == cluster.names[i]  # the declaring node knows it
         # min-masters: the node homing the fewest queues, whatever node is asked
         homes = set()
         for i in range(6):
@@ -138,7 +138,7 @@ def test_queue_master_locator_client_local_min_masters_and_random(cluster):
         # random: some member
         for i in range(6):
             chans[1].queue_declare(f"rnd-{i}", arguments={"x-queue-master-locator": "random"})
-            assert home_of(cluster, f"rnd-{i}") in cluster.names
+            assert home_of(cluster, f"rnd-{i}", via=1) in cluster.names
     finally:
         for c in conns:
             c.close()

@@ -927,8 +927,9 @@ class CampaignResult:
     reconnects: dict[str, int]
     client_errors: dict[str, int]
     queue_depths_after: dict[str, int | None]
-    queue_views_after: dict[str, dict] = field(default_factory=dict)  # when not drained: per queue, per node
-    swept_after: dict[str, list[str]] = field(default_factory=dict)  # when not drained: what basic.get still got
+    # when not drained, or filled again after the drain: per queue, per node; what basic.get still got
+    queue_views_after: dict[str, dict] = field(default_factory=dict)
+    swept_after: dict[str, list[str]] = field(default_factory=dict)
     replicas: dict[str, dict] = field(default_factory=dict)  # per queue: its copies' digests compared
     confirms_for_settled_tags: int = 0
     nack_only_channels: int = 0
@@ -1118,10 +1119,16 @@ async def run_campaign_async(lab: Lab, cfg: CampaignConfig, out_dir: Path, recor
     replicas = await compare_replicas(nodes, queues, cfg.queue_type)
     views: dict[str, dict] = {}
     swept: dict[str, list[str]] = {}
-    if not drained and not stream:
-        # what is stuck, as each node sees it, and what a fresh basic.get through each node still gets
+    if not stream and (not drained or any(depths.values())):
+        # what is stuck, as each node sees it, and what a fresh basic.get through each node still
+        # gets. A drained queue can fill again: a publish that reached a suspended node before
+        # its publisher gave up on it (and sent it again elsewhere) is taken once the node runs
+        # again, after the drain. Swept, such a copy is checked like any delivery: a repeat
+        # only the publisher's own second publish explains.
         views = await asyncio.to_thread(queue_views, nodes, queues)
         swept = await _sweep(shared, nodes)
+        if drained:
+            depths = await asyncio.to_thread(queue_depths, nodes, queues)
     if history_dir is not None:
         from hutch.pipeline.history import HistoryWriter, drain_detail
 
@@ -1270,7 +1277,7 @@ def summary_lines(r: CampaignResult) -> list[str]:
         lines.append(f"    stall: {g['kind']} on {g['queue']} for {g['gap_ms']} ms, cause {g['cause']}, "
                      f"recovered {g['recovered']}")
     for q, per_node in r.queue_views_after.items():
-        lines.append(f"  not drained, {q} as each node sees it:")
+        lines.append(f"  {'after the drain' if r.drained else 'not drained'}, {q} as each node sees it:")
         lines += [f"    {n}: {json.dumps(v)}" for n, v in per_node.items()]
     for n, ids in r.swept_after.items():
         lines.append(f"  a fresh basic.get through {n} still got: {', '.join(ids[:10]) or 'nothing'}")
