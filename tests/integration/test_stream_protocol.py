@@ -1,5 +1,5 @@
-"""The stream protocol (port 5552) on one node, with the clients people use: rstream 1.1.1 and
-rbfly 0.10.0, pika for the AMQP 0-9-1 side, and a raw socket client (hutch.streamproto.frames)
+"""The stream protocol (port 5552) on one node, with the clients people use: rstream 1.1.1,
+rbfly 0.10.0 (and 0.11.1, in a Python 3.12 of its own: tests/streamclients), pika for the AMQP 0-9-1 side, and a raw socket client (hutch.streamproto.frames)
 where a test needs to see frames as they come.
 
 Where both can be asked, a test runs against hutch and against RabbitMQ 3.10.8 with the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import socket
 import struct
 import subprocess
@@ -1030,6 +1031,25 @@ def test_rbfly_creates_publishes_reads_and_keeps_an_offset(server):
         finally:
             await client.disconnect()
     run(go())
+
+
+# rbfly's newest release (0.11.1) needs Python 3.12, so its scenarios run in an interpreter of
+# their own (tests/streamclients), the library unchanged; filtering came with RabbitMQ 3.13
+RBFLY_NOT_IN_RABBITMQ_310 = {"filtered_subscription"}
+
+
+def test_rbfly_0_11_runs_every_scenario(server, tmp_path):
+    from tests.streamclients.toolchain import SCENARIOS, ensure_rbfly
+
+    python = ensure_rbfly()
+    out = tmp_path / "rbfly.json"
+    proc = subprocess.run([str(python), str(SCENARIOS), f"rabbitmq-stream://guest:guest@127.0.0.1:{server.stream_port}/",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    results = json.loads(out.read_text())
+    assert len(results) == 7, proc.stderr[-3000:]
+    expected_failures = RBFLY_NOT_IN_RABBITMQ_310 if isinstance(server, RabbitMQNode) else set()
+    failed = {k for k, v in results.items() if v != "passed"}
+    assert failed == expected_failures, (results, proc.stderr[-3000:])
 
 
 # ---------------------------------------------------------------- malformed input
