@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 
 import pytest
 
@@ -168,18 +169,84 @@ async def test_a_leader_sends_its_entries_before_its_own_fsync_and_counts_itself
     assert g.commit >= index and leader.app.applied[-1:] == [b"m1"]
 
 
+def _blocked_fsync(node: Node) -> threading.Event:
+    """Hold `node`'s next worker-thread fsyncs until the returned event is set."""
+    go = threading.Event()
+    real = node.host._thread_sync
+
+    def thread_sync():
+        go.wait(5.0)  # a failing test must not hold the loop's executor for long
+        return real()
+
+    node.host._thread_sync = thread_sync
+    return go
+
+
 @on_a_loop
-async def test_a_follower_answers_only_for_what_it_has_fsynced(cluster):
+async def test_a_follower_answers_only_once_its_fsync_in_the_worker_thread_returned(cluster):
     leader = await cluster.elect_node_1()
     follower = cluster.nodes[2]
+    go = _blocked_fsync(follower)
     index = leader.group.propose(b"m1")
     leader.host.multi.touched(GID)
     leader.host.drain()
     fsyncs = follower.storage.log.fsync_count
+    follower.outbox.clear()
     cluster.deliver(1, to=2)
-    follower.host.drain()  # a follower's fsync runs before its answer leaves, on its loop
+    follower.host.drain()
+    await asyncio.sleep(0.05)
+    assert follower.host._syncing is not None and not follower.sent(rm.AppendResponse)  # held
+    go.set()
+    await cluster.until(lambda: follower.sent(rm.AppendResponse), "the follower's answer")
     assert max(m.index for m in follower.sent(rm.AppendResponse)) >= index
-    assert follower.storage.log.fsync_count > fsyncs and follower.host._syncing is None
+    assert follower.storage.log.fsync_count > fsyncs
+
+
+@on_a_loop
+async def test_a_follower_applies_what_is_committed_while_its_own_fsync_runs(cluster):
+    leader = await cluster.elect_node_1()
+    follower = cluster.nodes[2]
+    leader.group.propose(b"m1")
+    leader.host.multi.touched(GID)
+    leader.host.drain()
+    await cluster.settle()
+    assert leader.app.applied == [b"m1"]
+    go = _blocked_fsync(follower)
+    index = leader.group.propose(b"m2")  # its AppendEntries carries m1's commit
+    leader.host.multi.touched(GID)
+    leader.host.drain()
+    cluster.deliver(1, to=2)
+    follower.host.drain()
+    assert follower.app.applied == [b"m1"]  # applied before the fsync of m2
+    assert not [m for m in follower.sent(rm.AppendResponse) if m.index >= index]
+    go.set()
+    await cluster.settle()
+    assert [n.app.applied for n in cluster.nodes.values()] == [[b"m1", b"m2"]] * 3
+
+
+@on_a_loop
+async def test_an_answer_held_across_a_new_term_is_dropped_and_the_vote_leaves_at_once(cluster):
+    leader = await cluster.elect_node_1()
+    follower = cluster.nodes[2]
+    go = _blocked_fsync(follower)
+    index = leader.group.propose(b"m1")
+    leader.host.multi.touched(GID)
+    leader.host.drain()
+    follower.outbox.clear()
+    cluster.deliver(1, to=2)
+    follower.host.drain()  # its answer for m1 waits for the blocked fsync
+    g = follower.group
+    vote = rm.RequestVote(g.term + 1, 3, 2, index + 10, g.term, transfer=True)
+    follower.host.step(NAMES[3], [GID, rm.encode(vote)])
+    follower.host.drain()  # a new term and vote: fsynced on the loop before the answer leaves
+    votes = follower.sent(rm.VoteResponse)
+    assert votes and votes[-1].granted and g.term == vote.term
+    go.set()
+    await asyncio.sleep(0.1)
+    await cluster.until(lambda: follower.host._syncing is None, "the blocked fsync")
+    # the answer made in the old term never leaves: the same fsync wrote the new term
+    assert not [m for m in follower.sent(rm.AppendResponse) if m.term < vote.term]
+    assert follower.host._holding == {} and follower.host._held_next == []
 
 
 @on_a_loop

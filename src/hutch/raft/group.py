@@ -290,6 +290,13 @@ class RaftGroup:
             self.elapsed = 0
             self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
 
+    def campaign(self) -> None:
+        """Stand for election now instead of when the election timeout runs out (through a
+        pre-vote when configured). Always safe; a runtime calls it where waiting only costs
+        time, such as a cluster formed a moment ago."""
+        if self.role != LEADER and self.id in self.voters:
+            self._campaign(pre_vote=self.cfg.pre_vote, transfer=False)
+
     def propose(self, data: bytes) -> int:
         """Append a command to the leader's log; returns its index. Committed once it comes out
         of `ready().committed_entries`; it may still be lost if leadership changes first."""
@@ -481,17 +488,19 @@ class RaftGroup:
     def advance(self, rd: Ready, durable: bool = True) -> None:
         """The runtime has persisted, sent and applied everything in `rd`.
 
-        `durable=False`: a leader's Ready whose entries were written and sent but whose fsync
-        is still running (thesis §10.2.1: a leader may send AppendEntries before its own
-        write is durable, as long as it counts itself towards a commit only once it is). The
-        leader then does not count those entries as its own until `persisted_to`."""
+        `durable=False`: a Ready whose entries were written but whose fsync is still running.
+        A leader's: its AppendEntries were sent (thesis §10.2.1: a leader may send them before
+        its own write is durable, as long as it counts itself towards a commit only once it
+        is), and it does not count those entries as its own until `persisted_to`. A
+        follower's: its answers wait for that fsync (the runtime holds them), and should it
+        become leader it counts its log as its own only from an fsync after that."""
         if self.ready_out is None:
             raise RaftError("advance without a Ready")
         last_entry, _ = self.ready_out
         self.ready_out = None
         if not durable and (rd.snapshot is not None or rd.hard_state is not None and (
-                rd.hard_state.term != self.term or rd.hard_state.vote != self.vote) or self.role != LEADER):
-            raise RaftError("only a leader's entries may be made durable after its Ready")
+                rd.hard_state.term != self.term or rd.hard_state.vote != self.vote)):
+            raise RaftError("a snapshot, a term or a vote must be durable before its Ready is advanced")
         if durable and rd.snapshot is not None:
             self.persisted = max(self.persisted, min(rd.snapshot.meta.index, self.trunc_cap))
         if durable and last_entry is not None:

@@ -28,32 +28,49 @@ class MultiReady:
     once when `needs_fsync()` or `leader_writes`; send `messages()`; apply each group's
     committed entries; then `MultiRaft.advance(this)`.
 
-    What must be durable before the messages leave: a follower's entries (it answers only for
-    what it holds durably), a received snapshot, a new term or vote (`needs_fsync()`). Not a
-    hard state that only moves the commit index (the commit is known again from the leader
-    after a restart, as etcd-raft's `MustSync` also has it), nor committed entries, which a
-    majority holds. `leader_writes`, `(group, term, last index)`: groups whose only writes are
-    entries they appended as leader of several voters. Raft thesis §10.2.1: a leader may send
-    AppendEntries before its own write is durable, and counts itself towards a commit only once
-    it is. So when `needs_fsync()` is false the runtime may send, apply and advance the Ready
-    with `durable=False` at once, fsync afterwards (elsewhere, one fsync for many Readies) and
-    then call each of those groups' `persisted_to`. A leader alone in its group makes
-    `needs_fsync()` true: nobody else's fsync can overlap its own, so it may as well come first."""
+    What must be durable before anything else is done with the Ready (`needs_fsync()`): a
+    received snapshot or a new term or vote (`hard`: its vote or the term it saw must not be
+    forgotten once it has said so), and the entries of a leader alone in its group (nobody
+    else's fsync can overlap its own, so it may as well come first). Not a hard state that
+    only moves the commit index (the commit is known again from the leader after a restart, as
+    etcd-raft's `MustSync` also has it), nor committed entries, which a majority holds.
 
-    __slots__ = ("groups", "leader_writes", "_must_sync")
+    Two kinds of writes may be made durable after the Ready, elsewhere, one fsync for many
+    Readies, if the runtime keeps to their rule; a runtime that does not fsyncs them first
+    like the rest (`must_sync_plainly()`):
+
+    - `leader_writes`, `(group, term, last index)`: groups whose only writes are entries they
+      appended as leader of several voters. Raft thesis §10.2.1: a leader may send
+      AppendEntries before its own write is durable, and counts itself towards a commit only
+      once it is. The Ready is sent, applied and advanced with `durable=False` at once; once
+      an fsync covered it, the runtime calls the group's `persisted_to`.
+    - `follower_writes`: groups whose only writes are entries appended as a follower (or
+      learner). Its answers say what it holds, so its messages are held until an fsync that
+      started after the write returned (and sent in the order they were made, behind any
+      earlier held message of the group); its committed entries, which a majority holds
+      already, are applied at once, and it is advanced with `durable=False`."""
+
+    __slots__ = ("groups", "leader_writes", "follower_writes", "hard", "_must_sync")
 
     def __init__(self, groups: list[tuple[GroupId, Ready]], leader_writes: list[tuple[GroupId, int, int]],
-                 must_sync: bool) -> None:
+                 follower_writes: set[GroupId], hard: set[GroupId], must_sync: bool) -> None:
         self.groups = groups
         self.leader_writes = leader_writes
+        self.follower_writes = follower_writes
+        self.hard = hard
         self._must_sync = must_sync
 
     def messages(self) -> list[tuple[NodeId, GroupId, Message]]:
         return [(m.to, gid, m) for gid, rd in self.groups for m in rd.messages]
 
     def needs_fsync(self) -> bool:
-        """Whether some group's writes must be durable before anything else is done with this Ready."""
+        """Whether some group's writes must be durable before anything else is done with this
+        Ready, whatever the runtime does with `leader_writes` and `follower_writes`."""
         return self._must_sync
+
+    def must_sync_plainly(self) -> bool:
+        """Whether a runtime that fsyncs before it sends (the plain order) must fsync now."""
+        return self._must_sync or bool(self.follower_writes) or bool(self.leader_writes)
 
 
 class MultiRaft:
@@ -111,6 +128,8 @@ class MultiRaft:
         """Everything all groups need done now, or None. Advance it before asking again."""
         out: list[tuple[GroupId, Ready]] = []
         leader_writes: list[tuple[GroupId, int, int]] = []
+        follower_writes: set[GroupId] = set()
+        hard: set[GroupId] = set()
         must_sync = False
         still: set[GroupId] = set()
         for gid in self._dirty:
@@ -125,22 +144,25 @@ class MultiRaft:
                 out.append((gid, rd))
                 hs = rd.hard_state
                 if rd.snapshot is not None or hs is not None and (hs.term != saved.term or hs.vote != saved.vote):
+                    hard.add(gid)
                     must_sync = True
                 elif rd.entries:
-                    if g.role == LEADER and len(g.voters) > 1:
+                    if g.role != LEADER:
+                        follower_writes.add(gid)
+                    elif len(g.voters) > 1:
                         leader_writes.append((gid, g.term, rd.entries[-1].index))
                     else:
                         must_sync = True
         self._dirty = still
-        return MultiReady(out, leader_writes, must_sync) if out else None
+        return MultiReady(out, leader_writes, follower_writes, hard, must_sync) if out else None
 
     def advance(self, mr: MultiReady) -> None:
         """Advance every group of `mr`, all its writes durable."""
         self.advance_groups(mr.groups, ())
 
     def advance_groups(self, groups: list[tuple[GroupId, Ready]], not_durable: Collection[GroupId]) -> None:
-        """Advance these groups' Readies; those in `not_durable` are leaders whose entries are not
-        durable yet (see `MultiReady.leader_writes`)."""
+        """Advance these groups' Readies; those in `not_durable` wrote entries that are not
+        durable yet (`MultiReady.leader_writes` and `follower_writes`)."""
         for gid, rd in groups:
             g = self.groups.get(gid)
             if g is not None:

@@ -6,17 +6,21 @@
 entries are handed to that group's application (`GroupApp`), then the groups advance, and a
 group whose log grew long enough is compacted behind a snapshot of its application.
 
-A leader's entries are made durable in a worker thread (`sync_in_thread`, the runtime's
-choice), so that the event loop serves clients meanwhile (Raft thesis §10.2.1): when a Ready
-writes nothing else, its AppendEntries leave at once, it is applied and advanced, and each
-leader counts those entries as its own towards a commit (`RaftGroup.persisted_to`) only once
-the fsync returned. One such fsync runs at a time and covers everything written before it
-started; what is written meanwhile waits for the next (a group commit). Streams' groups are
-the exception (`leader_sync_on_loop`, see `ensure_group`). A Ready that also
-writes what must be durable before its messages leave (a follower's entries: its answers say
-what it holds durably; a new term or vote; an installed snapshot; the entries of a leader
-alone in its group) is fsynced here, on the loop, first, as every Ready was before. A hard
-state that only moves the commit index is not fsynced for its own sake (`MultiReady`).
+The fsync runs in a worker thread (`sync_in_thread`, the runtime's choice), so that the event
+loop serves clients meanwhile; what may go ahead of it is `MultiReady`'s to say. A leader's
+entries (Raft thesis §10.2.1): its AppendEntries leave at once, its Ready is applied and
+advanced, and the leader counts those entries as its own towards a commit
+(`RaftGroup.persisted_to`) only once the fsync returned. A follower's entries: its answers say
+what it holds, so they are held back until that fsync returned and then sent in the order they
+were made; its committed entries are applied at once (a majority holds them already), so a
+delivery on a follower's node does not wait for its own disk. One fsync runs at a time and
+covers everything written before it started; what is written meanwhile waits for the next (a
+group commit). Streams' leaders are the exception (`leader_sync_on_loop`, see `ensure_group`).
+A Ready that writes a new term or vote, or installs a snapshot, or the entries of a leader
+alone in its group, is fsynced here, on the loop, first, as every Ready was before; that fsync
+covers every earlier write, so the answers held until then leave with it, but those of the
+groups whose term, vote or snapshot it wrote, which are dropped (`_release_held`). A hard state
+that only moves the commit index is not fsynced for its own sake (`MultiReady`).
 
 It also tells its owner when a group other than the main (catalogue) group learns a leader
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
@@ -116,6 +120,11 @@ class RaftHost:
         self._sync_in_thread = sync_in_thread
         self._syncing: asyncio.Future | None = None  # that fsync, while it runs
         self._unsynced: list = []  # (group id, group, term, index): leader entries for the next one
+        # followers' messages waiting for an fsync, (group id, group, peer, data) in the order made:
+        # for the next fsync, and for the one running; and how many each group has held
+        self._held_next: list = []
+        self._held_syncing: list = []
+        self._holding: dict[Any, int] = {}
         self._leader_sync_on_loop: set[Any] = set()  # groups whose leader fsyncs on the loop all the same
         self._send = send
         self._schedule = schedule
@@ -138,37 +147,45 @@ class RaftHost:
             if mr is None:
                 self._leadership()
                 return
-            if mr.needs_fsync() or (mr.leader_writes and (initial or not self._sync_in_thread or any(
-                    gid in self._leader_sync_on_loop for gid, _, _ in mr.leader_writes))):
+            if initial or not self._sync_in_thread:
+                sync_now = mr.must_sync_plainly()
+            else:
+                sync_now = mr.needs_fsync() or any(gid in self._leader_sync_on_loop for gid, _, _ in mr.leader_writes)
+            if sync_now:
                 if not self._sync():
                     return  # nothing may be sent or applied on the strength of writes that may be lost
+                self._release_held(mr.hard)
                 if not self._finish(mr.groups, initial):
                     return
             else:
-                if not self._finish(mr.groups, initial, {gid for gid, _, _ in mr.leader_writes}):
+                later = mr.follower_writes | {gid for gid, _, _ in mr.leader_writes}
+                if not self._finish(mr.groups, initial, later, mr.follower_writes):
                     return
-                if mr.leader_writes:
+                if later or self._held_next:
                     groups = self.multi.groups
                     self._sync_later([(gid, groups[gid], term, index) for gid, term, index in mr.leader_writes])
 
     def _sync_later(self, leader_writes: list) -> None:
-        """The fsync of entries this node appended as leader and has sent already, in a worker
-        thread while the loop goes on; then each leader counts them as its own towards a commit
-        (`persisted_to`). One such fsync runs at a time; what is written meanwhile waits for the
-        next, which covers every group's writes since (a group commit)."""
+        """The fsync of what was written and not yet made durable, in a worker thread while the
+        loop goes on; then each leader counts its entries as its own towards a commit
+        (`persisted_to`) and the followers' answers held for it leave. One such fsync runs at a
+        time; what is written meanwhile waits for the next, which covers every group's writes
+        since (a group commit)."""
         self._unsynced.extend(leader_writes)
-        if self._syncing is not None or not self._unsynced:
+        if self._syncing is not None or not (self._unsynced or self._held_next):
             return
         writes, self._unsynced = self._unsynced, []
+        held, self._held_next = self._held_next, []
+        self._held_syncing = held
         self._syncing = asyncio.get_running_loop().run_in_executor(None, self._thread_sync)
-        self._syncing.add_done_callback(lambda fut: self._synced(fut, writes))
+        self._syncing.add_done_callback(lambda fut: self._synced(fut, writes, held))
 
     def _thread_sync(self) -> int:
         """In the worker thread: the log's fsync (`SegmentLog.sync` is thread-safe); the durable seq."""
         faults.check_fsync()
         return self.storage.log.sync()
 
-    def _synced(self, fut: asyncio.Future, writes: list) -> None:
+    def _synced(self, fut: asyncio.Future, writes: list, held: list) -> None:
         """On the loop, once the worker thread's fsync returned."""
         self._syncing = None
         if self.failed or fut.cancelled() or self.storage.closed:
@@ -188,20 +205,64 @@ class RaftHost:
             if multi.groups.get(gid) is g:  # not a group dropped (and perhaps made again) since
                 g.persisted_to(index, term)
                 multi.touched(gid)
+        self._send_held(held)
+        self._held_syncing = []
         self._sync_later([])
         self._schedule()
 
-    def _finish(self, groups: list, initial: bool, not_durable: Collection[Any] = ()) -> bool:
-        """The rest of these groups' Readies, whose writes are durable (but for the leaders'
-        entries of the groups in `not_durable`): send, apply, advance, compact. False when the
-        host stopped (an entry could not be applied, the disk failed)."""
+    def _hold(self, gid: Any, peer: str, data: bytes) -> None:
+        """A follower's message that waits for the next fsync (`MultiReady.follower_writes`)."""
+        self._held_next.append((gid, self.multi.groups.get(gid), peer, data))
+        self._holding[gid] = self._holding.get(gid, 0) + 1
+
+    def _send_held(self, held: list) -> None:
+        """Send held messages whose writes are durable now, in the order they were made."""
+        multi, holding = self.multi, self._holding
+        for gid, g, peer, data in held:
+            left = holding.get(gid, 0) - 1
+            if left > 0:
+                holding[gid] = left
+            else:
+                holding.pop(gid, None)
+            if multi.groups.get(gid) is g:
+                self._send(peer, gid, data)
+        held.clear()  # the callback of the fsync that was to release them finds nothing more
+
+    def _release_held(self, hard: Collection[Any]) -> None:
+        """After an fsync on the loop, which covered every write so far: the held messages go
+        now, but those of groups whose term, vote or snapshot this fsync made durable. Their
+        answers may speak of entries that the same Ready cut off (a new leader's first
+        AppendEntries can both raise the term and truncate), so they are dropped, as a network
+        may drop them; the leader asks again."""
+        if not self._holding:
+            return
+        for held in (self._held_syncing, self._held_next):
+            if hard:
+                kept = [h for h in held if h[0] not in hard]
+                for gid in hard:
+                    self._holding.pop(gid, None)
+                held[:] = kept
+            self._send_held(held)
+
+    def _finish(self, groups: list, initial: bool, not_durable: Collection[Any] = (),
+                hold: Collection[Any] = ()) -> bool:
+        """The rest of these groups' Readies, whose writes are durable (but for the entries of
+        the groups in `not_durable`): send (the messages of groups in `hold`, and of any group
+        with messages held already, wait for the next fsync), apply, advance, compact. False
+        when the host stopped (an entry could not be applied, the disk failed)."""
         multi = self.multi
         if not initial:
             names = self.names
+            holding = self._holding
             for gid, rd in groups:
+                later = gid in hold or gid in holding
                 for m in rd.messages:
                     peer = names.get(m.to)
-                    if peer is not None:
+                    if peer is None:
+                        continue
+                    if later:
+                        self._hold(gid, peer, rm.encode(m))
+                    else:
                         self._send(peer, gid, rm.encode(m))
         compact = []
         for gid, rd in groups:
