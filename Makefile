@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # pyproject.toml declares version ranges, constraints.txt pins the exact versions: a change to either reinstalls.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: install wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror bench-backlog conformance soak check-demo pipeline-demo bench-spark clean campaign campaign-long sim-cluster
+.PHONY: install bytecode wheel-check image run run-node test test-fast test-unit test-integration lint bench bench-cluster bench-quorum bench-streams bench-mirror bench-backlog conformance soak check-demo pipeline-demo bench-spark clean campaign campaign-long sim-cluster
 
 install: $(STAMP)
 
@@ -20,18 +20,25 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,pipeline,lab]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
+# Compiled modules for hutch's own source. Where PYTHONDONTWRITEBYTECODE is set (as on these
+# machines), Python never caches them, so every node process, CLI call and test subprocess would
+# compile all of hutch again: about 0.45 s of CPU each, and a 3-node cluster starts in 1.3 s
+# instead of 3 s with them. Only what changed is compiled again; a stale file is never used.
+bytecode: install
+	@$(BIN)/python -m compileall -q -j 0 -x '/cache/' src tests bench >/dev/null
+
 # The main job: a 3-node hutch cluster on loopback (AMQP 5672-5674, HTTP API 15672-15674, peer
 # links 25672-25674 through the lab's fault proxies), data under ./var/lab. Stop it with
 # `.venv/bin/hutch lab down`; `make run-node` runs one standalone node in the foreground instead.
-run: install
+run: bytecode
 	$(BIN)/hutch lab up 3 --dir ./var/lab
 
-run-node: install
+run-node: bytecode
 	$(BIN)/hutch server --node-name hutch@localhost --amqp-port 5672 --data-dir ./var/hutch --log-level info
 
 # Fast unit tests and the Raft simulation first, then suites that start real processes.
 TEST_DIRS := tests/unit tests/sim tests/cluster tests/integration tests/crash tests/pipeline tests/conformance tests/packaging tests/ui
-test: install
+test: bytecode
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(wildcard $(TEST_DIRS))
 
 # The package as a user gets it (docs/deployment.md): build the wheel, install it with only its
@@ -46,7 +53,7 @@ image:
 	@docker info >/dev/null 2>&1 || { echo "make image: Docker is required, and its daemon is not running or not reachable" >&2; exit 1; }
 	docker build -t hutch:latest .
 
-test-unit: install
+test-unit: bytecode
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/sim
 
 lint: install

@@ -122,6 +122,19 @@ def test_a_seed_replays_exactly_in_another_process_whatever_its_hash_seed(seed_3
         assert out.stdout.strip() == here
 
 
+def _at_ms(line: str) -> float:
+    return float(line.split("ms", 1)[0])
+
+
+def test_a_new_cluster_elects_its_first_leader_at_once_and_lets_clients_in_once_they_can_log_in(seed_3):
+    """The member with the lowest id stands as soon as a majority can talk (an election timeout
+    is 1-2 s), and no node opens its listener before the default user exists."""
+    booted = next(line for line in seed_3.trace if line.endswith("cluster booted"))
+    assert _at_ms(booted) < 200, booted
+    assert not [line for line in seed_3.trace if "login refused" in line]
+    assert [line for line in seed_3.trace if "client pub: connected" in line]
+
+
 def test_other_seeds_run_differently():
     assert trace_digest(run_seed(4, trace=True)) != trace_digest(run_seed(5, trace=True))
 

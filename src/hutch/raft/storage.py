@@ -153,6 +153,9 @@ _EMPTY_HS = HardState()
 _EMPTY_SNAP = Snapshot(SnapshotMeta())
 
 
+BOOTSTRAP_TERM = 1  # the term of a new group's first entry; its first election makes term 2
+
+
 def bootstrap_log(voters: tuple[int, ...]) -> tuple[HardState, list[Entry]]:
     """The durable state every initial member of a new group starts from (write it, then start).
 
@@ -160,7 +163,8 @@ def bootstrap_log(voters: tuple[int, ...]) -> tuple[HardState, list[Entry]]:
     later learns the initial membership by replaying the log like any other change.
     """
     cc = encode_conf_change(ConfChange(CONF_BOOTSTRAP, tuple(sorted(voters))))
-    return HardState(term=1, vote=None, commit=1), [Entry(term=1, index=1, kind=ENTRY_CONF, data=cc)]
+    return (HardState(term=BOOTSTRAP_TERM, vote=None, commit=1),
+            [Entry(term=BOOTSTRAP_TERM, index=1, kind=ENTRY_CONF, data=cc)])
 
 
 def bootstrap_memory_storage(voters: tuple[int, ...]) -> MemoryStorage:

@@ -52,6 +52,7 @@ from hutch.cluster.raftlog import RaftHostStorage
 from hutch.cluster.transport import PeerTransport
 from hutch.cluster.wire import MalformedMessage
 from hutch.raft.group import LEADER, RaftConfig
+from hutch.raft.storage import BOOTSTRAP_TERM
 from hutch.server.cluster_file import read_cluster_file
 from hutch.server.partitions import partitioned_from
 from hutch.server.raft_host import CallbackApp, QueueGroups, RaftHost
@@ -236,6 +237,8 @@ class ClusterRuntime:
             self.cluster.streams.forget_orphans()  # safe only with every entry this node had applied
         if alone:
             await self._lead_alone()
+        elif self.caught_up:
+            await self._await_initialisation()
 
     async def _catch_up(self, target: int) -> bool:
         """Before clients are let in: a leader is known and every entry this node's log held at
@@ -257,14 +260,20 @@ class ClusterRuntime:
         """A cluster of one: wait until the catalogue holds the default vhost and user, so that
         the first client can log in."""
         restarted = INIT_PARAM in self.cluster.catalogue.global_parameters
+        await self._await_initialisation()
+        if restarted:
+            await self._forget_transient_exchanges()
+
+    async def _await_initialisation(self) -> None:
+        """Until the catalogue holds what the cluster's first start creates (the default vhost and
+        user), within metadata_timeout_ms: a node of a cluster formed a moment ago opens its
+        listeners only once the first client can log in. The leader's chores make it."""
         deadline = self.loop.time() + self.cfg.metadata_timeout_ms / 1000
         while INIT_PARAM not in self.cluster.catalogue.global_parameters and self.loop.time() < deadline:
             if self.group.role == LEADER:
                 self._leader_chores(self.now_s())
             self._drain()
             await asyncio.sleep(BOOT_POLL_S)
-        if restarted:
-            await self._forget_transient_exchanges()
 
     async def _forget_transient_exchanges(self) -> None:
         """The whole cluster (this one node) restarted: its non-durable exchanges are gone, as
@@ -573,7 +582,25 @@ class ClusterRuntime:
             self.transport.send(peer, "q", ["NI", self.cluster.local_info()])
         log.info("node %s up", peer)
         self._partition_check()
+        self._elect_first_leader()
         self.cluster.broker.schedule()
+
+    def _elect_first_leader(self) -> None:
+        """A cluster formed a moment ago elects its first catalogue leader as soon as a majority
+        of its members can talk, instead of after an election timeout (one to two seconds): the
+        member with the lowest id stands then. Any member may stand at any time, so this saves
+        only the wait; a cluster that has had an election (a term past the bootstrap's, or a vote)
+        waits as before."""
+        g = self.group
+        if g.term != BOOTSTRAP_TERM or g.vote is not None or g.leader is not None or not g.voters \
+                or min(g.voters) != self.id:
+            return
+        up = self.transport.up_peers
+        reachable = 1 + sum(1 for v in g.voters if v != self.id and self.names.get(v) in up)
+        if 2 * reachable > len(g.voters):
+            g.campaign()
+            self.multi.touched(CATALOGUE_GROUP)
+            self._schedule()
 
     def announce_info(self) -> None:
         """Send this node's info (its stream-protocol address among it) to the peers up now: those
