@@ -58,6 +58,38 @@ def test_a_promotion_that_commits_while_the_mirror_rejoins_keeps_what_it_held(tm
     assert [(e.seq, e.message.body, e.redelivered) for e in q.state.ready()] == [(1, b"m1", True), (2, b"m2", True)]
 
 
+def test_a_join_asked_again_does_not_turn_the_copy_from_the_ring_into_one_read_from_disk(tmp_path) -> None:
+    """The same, but the mirror's first offer of its copy got no answer and it asked again before
+    the promotion committed. Found by hutch sim cluster (mirrored seed 222, every fault kind):
+    the second offer took the entries the first had marked unjudged for a copy read from disk,
+    and the promotion dropped them, six confirmed messages among them."""
+    cl = ClusterBroker(Broker(Config()), B, lambda peer, payload: True, lambda _n: True,
+                       lambda _cmd, _cb: None, lambda fn, *args: None)
+    cl.recovering = True
+    cl.apply_command(cat.AddVhost("/"))
+    cl.broker.open_storage(str(tmp_path))
+    cl.apply_command(cat.DeclareQueue("/", "orders", leader_node=A, member_nodes=(B,), journal_id=7))
+    m = cl.mirroring.mirrors[("/", "orders")]
+    m._got_leader([200, A_MEMBER, [(1, 1)]])
+    me = m.member.id
+    m.replica.apply([_enqueued(1), _enqueued(2),
+                     View((MirrorView(me, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
+    m.persist()
+    cl.peer_down(A)
+    cl.peer_up(A)  # the first offer of its copy
+    assert m.asking and m.copy_from_ring
+    m._got_leader(None)  # no answer: it asks again later
+    m.start(m.retry_at + 1)  # the second offer
+    assert m.asking and m.copy_from_ring and m.replica.unreconciled == {1, 2}
+
+    cl.apply_command(cat.SetQueueNodes("/", "orders", B, (), expect_leader=A, promotion=True,
+                                       synchronised_only=True))
+
+    q = cl.broker.vhosts["/"].queues["orders"]
+    assert ("/", "orders") in cl.mirroring.leaders
+    assert [(e.seq, e.message.body) for e in q.state.ready()] == [(1, b"m1"), (2, b"m2")]
+
+
 def _node(tmp_path, leader: str) -> ClusterBroker:
     cl = ClusterBroker(Broker(Config()), B, lambda peer, payload: True, lambda _n: False,
                        lambda _cmd, _cb: None, lambda fn, *args: None)
