@@ -578,8 +578,7 @@ class ClusterRuntime:
             log.info("Autoheal: the partition with node %s has healed; no node restarts, as the catalogue "
                      "is Raft-replicated and this node takes the leader's log", peer)
         self.cluster.peer_up(peer)
-        if self.cluster.local_info is not None:
-            self.transport.send(peer, "q", ["NI", self.cluster.local_info()])
+        self.announce_info()  # to the new peer, and to the others: the partitions it lists changed
         log.info("node %s up", peer)
         self._partition_check()
         self._elect_first_leader()
@@ -603,9 +602,10 @@ class ClusterRuntime:
             self._schedule()
 
     def announce_info(self) -> None:
-        """Send this node's info (its stream-protocol address among it) to the peers up now: those
-        that came up before the runtime wired `local_info` would otherwise wait for the next
-        periodic send."""
+        """Send this node's info (its stream-protocol address and the nodes it is partitioned
+        from among it) to the peers up now, rather than at the next periodic send: when the
+        runtime has just wired `local_info`, and when a peer came or went (another node's
+        `partitions` shows what this one last said)."""
         if self.cluster.local_info is not None:
             info = self.cluster.local_info()
             for peer in self.transport.up_peers:
@@ -621,6 +621,7 @@ class ClusterRuntime:
         self.raft.peer_down(node_id(peer), {node_id(m) for m in self._running()})
         self.cluster.peer_down(peer)
         self._partition_check()
+        self.announce_info()
 
     # ------------------------------------------------------------ timers
 
