@@ -9,16 +9,15 @@ when that file changes. The project's own .venv is never touched.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.cachelock import cache_lock
 
 from .suites import SUITES, Suite
 
@@ -47,21 +46,9 @@ def venv_python() -> Path:
     return VENV / "bin" / "python"
 
 
-@contextlib.contextmanager
-def _cache_lock() -> Iterator[None]:
-    """One builder at a time: `make test` and a conformance run may prepare the cache together."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def ensure_venv() -> Path:
     """The conformance virtualenv, (re)built when requirements.txt changed."""
-    with _cache_lock():
+    with cache_lock(CACHE):
         return _ensure_venv()
 
 
@@ -114,7 +101,7 @@ def fetch_sdist(suite: Suite) -> Path:
 
 def prepare(suite: Suite) -> Path:
     """The unpacked, patched sdist folder the suite runs in."""
-    with _cache_lock():
+    with cache_lock(CACHE):
         return _prepare(suite)
 
 

@@ -9,14 +9,13 @@ versions; without one the caller fails with this module's message, naming what t
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import glob
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.cachelock import cache_lock
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / "cache"
@@ -49,23 +48,12 @@ def find_python312() -> str:
                          f"{root}/versions/3.12*): install one, or point HUTCH_PYTHON312 at it")
 
 
-@contextlib.contextmanager
-def _lock() -> Iterator[None]:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def ensure_rbfly() -> Path:
     """The interpreter of a virtualenv holding rbfly 0.11.1 (made once, then reused)."""
     venv = CACHE / ("venv-" + RBFLY.replace("==", "-"))
     python = venv / "bin" / "python"
     stamp = venv / ".complete"
-    with _lock():
+    with cache_lock(CACHE):
         if stamp.exists() and python.exists():
             return python
         shutil.rmtree(venv, ignore_errors=True)

@@ -32,7 +32,8 @@ def _enqueued(seq: int) -> Enqueued:
     return Enqueued(seq, "", "orders", b"", b"m%d" % seq, True, 0, None, None, "", 0)
 
 
-def test_a_promotion_that_commits_while_the_mirror_rejoins_keeps_what_it_held(tmp_path) -> None:
+def _mirror_with_a_copy(tmp_path):
+    """A node mirroring queue 'orders' led by a@h, its copy on disk holding m1 and m2, in sync."""
     cl = ClusterBroker(Broker(Config()), B, lambda peer, payload: True, lambda _n: True,
                        lambda _cmd, _cb: None, lambda fn, *args: None)
     cl.recovering = True
@@ -41,10 +42,14 @@ def test_a_promotion_that_commits_while_the_mirror_rejoins_keeps_what_it_held(tm
     cl.apply_command(cat.DeclareQueue("/", "orders", leader_node=A, member_nodes=(B,), journal_id=7))
     m = cl.mirroring.mirrors[("/", "orders")]
     m._got_leader([200, A_MEMBER, [(1, 1)]])  # joined the leader's ring: a new copy on disk
-    me = m.member.id
     m.replica.apply([_enqueued(1), _enqueued(2),
-                     View((MirrorView(me, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
+                     View((MirrorView(m.member.id, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
     m.persist()
+    return cl, m
+
+
+def test_a_promotion_that_commits_while_the_mirror_rejoins_keeps_what_it_held(tmp_path) -> None:
+    cl, m = _mirror_with_a_copy(tmp_path)
     cl.peer_down(A)  # the leader's node goes; the promotion proposed now commits much later
     cl.peer_up(A)  # it is back: the mirror leaves the ring to join it again, offering its copy
     assert m.member is None and m.replica.unreconciled == {1, 2}
@@ -63,18 +68,7 @@ def test_a_join_asked_again_does_not_turn_the_copy_from_the_ring_into_one_read_f
     the promotion committed. Found by hutch sim cluster (mirrored seed 222, every fault kind):
     the second offer took the entries the first had marked unjudged for a copy read from disk,
     and the promotion dropped them, six confirmed messages among them."""
-    cl = ClusterBroker(Broker(Config()), B, lambda peer, payload: True, lambda _n: True,
-                       lambda _cmd, _cb: None, lambda fn, *args: None)
-    cl.recovering = True
-    cl.apply_command(cat.AddVhost("/"))
-    cl.broker.open_storage(str(tmp_path))
-    cl.apply_command(cat.DeclareQueue("/", "orders", leader_node=A, member_nodes=(B,), journal_id=7))
-    m = cl.mirroring.mirrors[("/", "orders")]
-    m._got_leader([200, A_MEMBER, [(1, 1)]])
-    me = m.member.id
-    m.replica.apply([_enqueued(1), _enqueued(2),
-                     View((MirrorView(me, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
-    m.persist()
+    cl, m = _mirror_with_a_copy(tmp_path)
     cl.peer_down(A)
     cl.peer_up(A)  # the first offer of its copy
     assert m.asking and m.copy_from_ring

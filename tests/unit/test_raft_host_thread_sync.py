@@ -66,6 +66,13 @@ class Node:
     def group(self):
         return self.host.multi.groups[GID]
 
+    def propose(self, data: bytes) -> int:
+        """Propose as leader and hand the Ready over (its AppendEntries go to the outbox)."""
+        index = self.group.propose(data)
+        self.host.multi.touched(GID)
+        self.host.drain()
+        return index
+
     def sent(self, kind: type) -> list:
         return [rm.decode(data) for _, _, data in self.outbox if isinstance(rm.decode(data), kind)]
 
@@ -155,9 +162,7 @@ async def test_a_leader_sends_its_entries_before_its_own_fsync_and_counts_itself
     leader = await cluster.elect_node_1()
     g = leader.group
     fsyncs = leader.storage.log.fsync_count
-    index = g.propose(b"m1")
-    leader.host.multi.touched(GID)
-    leader.host.drain()
+    index = leader.propose(b"m1")
     sent = leader.sent(rm.AppendEntries)
     assert {m.to for m in sent if m.entries and m.entries[-1].index == index} == {2, 3}  # before the fsync
     assert leader.storage.log.fsync_count == fsyncs and leader.host._syncing is not None
@@ -187,9 +192,7 @@ async def test_a_follower_answers_only_once_its_fsync_in_the_worker_thread_retur
     leader = await cluster.elect_node_1()
     follower = cluster.nodes[2]
     go = _blocked_fsync(follower)
-    index = leader.group.propose(b"m1")
-    leader.host.multi.touched(GID)
-    leader.host.drain()
+    index = leader.propose(b"m1")
     fsyncs = follower.storage.log.fsync_count
     follower.outbox.clear()
     cluster.deliver(1, to=2)
@@ -206,15 +209,11 @@ async def test_a_follower_answers_only_once_its_fsync_in_the_worker_thread_retur
 async def test_a_follower_applies_what_is_committed_while_its_own_fsync_runs(cluster):
     leader = await cluster.elect_node_1()
     follower = cluster.nodes[2]
-    leader.group.propose(b"m1")
-    leader.host.multi.touched(GID)
-    leader.host.drain()
+    leader.propose(b"m1")
     await cluster.settle()
     assert leader.app.applied == [b"m1"]
     go = _blocked_fsync(follower)
-    index = leader.group.propose(b"m2")  # its AppendEntries carries m1's commit
-    leader.host.multi.touched(GID)
-    leader.host.drain()
+    index = leader.propose(b"m2")  # its AppendEntries carries m1's commit
     cluster.deliver(1, to=2)
     follower.host.drain()
     assert follower.app.applied == [b"m1"]  # applied before the fsync of m2
@@ -229,9 +228,7 @@ async def test_an_answer_held_across_a_new_term_is_dropped_and_the_vote_leaves_a
     leader = await cluster.elect_node_1()
     follower = cluster.nodes[2]
     go = _blocked_fsync(follower)
-    index = leader.group.propose(b"m1")
-    leader.host.multi.touched(GID)
-    leader.host.drain()
+    index = leader.propose(b"m1")
     follower.outbox.clear()
     cluster.deliver(1, to=2)
     follower.host.drain()  # its answer for m1 waits for the blocked fsync
@@ -252,9 +249,7 @@ async def test_an_answer_held_across_a_new_term_is_dropped_and_the_vote_leaves_a
 @on_a_loop
 async def test_moving_the_commit_index_alone_costs_no_fsync(cluster):
     leader = await cluster.elect_node_1()
-    leader.group.propose(b"m1")
-    leader.host.multi.touched(GID)
-    leader.host.drain()
+    leader.propose(b"m1")
     cluster.deliver(1)
     cluster.drain_all()
     followers = [cluster.nodes[2], cluster.nodes[3]]
@@ -276,9 +271,7 @@ async def test_a_failed_fsync_in_the_worker_thread_stops_the_node(cluster, tmp_p
     fault = tmp_path / "fsync-fails"
     fault.touch()
     monkeypatch.setattr(faults, "_fsync_file", str(fault))  # what HUTCH_FAULT_FSYNC_FILE switches on
-    leader.group.propose(b"m1")
-    leader.host.multi.touched(GID)
-    leader.host.drain()
+    leader.propose(b"m1")
     await cluster.until(lambda: leader.host.failed, "the node to stop")
     assert len(leader.fatal) == 1 and "Raft log fsync failed" in leader.fatal[0]
     assert leader.group.progress[1].match < leader.group.storage.last_index()  # never counted as its own
