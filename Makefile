@@ -36,10 +36,10 @@ run: bytecode
 run-node: bytecode
 	$(BIN)/hutch server --node-name hutch@localhost --amqp-port 5672 --data-dir ./var/hutch --log-level info
 
-# Fast unit tests and the Raft simulation first, then suites that start real processes.
-TEST_DIRS := tests/unit tests/sim tests/cluster tests/integration tests/crash tests/pipeline tests/conformance tests/packaging tests/ui
+# Fast unit tests and the simulations first, then the suites that start real processes, the
+# client libraries' suites and the short campaigns beside them (tools/test_all.sh says why).
 test: bytecode
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(wildcard $(TEST_DIRS))
+	tools/test_all.sh
 
 # The package as a user gets it (docs/deployment.md): build the wheel, install it with only its
 # runtime dependencies (pinned by constraints.txt) into a fresh virtualenv, start a node from it,

@@ -1046,6 +1046,7 @@ def test_rbfly_0_11_runs_every_scenario(server, tmp_path):
     proc = subprocess.run([str(python), str(SCENARIOS), f"rabbitmq-stream://guest:guest@127.0.0.1:{server.stream_port}/",
                            "--out", str(out)], capture_output=True, text=True, timeout=600)
     results = json.loads(out.read_text())
+    print("\n".join(line for line in proc.stderr.splitlines() if line.endswith(" s")))  # each scenario's time
     assert len(results) == 7, proc.stderr[-3000:]
     expected_failures = RBFLY_NOT_IN_RABBITMQ_310 if isinstance(server, RabbitMQNode) else set()
     failed = {k for k, v in results.items() if v != "passed"}

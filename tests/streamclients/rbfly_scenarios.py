@@ -31,6 +31,8 @@ from rbfly.streams import (
 )
 
 READ_TIMEOUT_S = 10.0
+# a scenario's bound: each takes under 2 s; rbfly retries what a broker without a feature refuses
+SCENARIO_TIMEOUT_S = 15.0
 
 
 def unique(prefix: str) -> str:
@@ -191,8 +193,9 @@ async def main_async(uri: str, only: set[str]) -> dict[str, str]:
         if only and scenario.__name__ not in only:
             continue
         client = streams_client(uri)
+        started = time.monotonic()
         try:
-            await asyncio.wait_for(scenario(client), 60)
+            await asyncio.wait_for(scenario(client), SCENARIO_TIMEOUT_S)
             results[scenario.__name__] = "passed"
         except Exception as e:  # noqa: BLE001 - a scenario's failure is its result
             results[scenario.__name__] = f"failed: {type(e).__name__}: {e}"[:400]
@@ -200,6 +203,7 @@ async def main_async(uri: str, only: set[str]) -> dict[str, str]:
         finally:
             with contextlib.suppress(Exception):
                 await client.disconnect()
+            print(f"{scenario.__name__}: {time.monotonic() - started:.1f} s", file=sys.stderr)
     return results
 
 
