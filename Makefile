@@ -129,7 +129,7 @@ soak: install
 # Real nodes in one process on simulated time and network (docs/design/simulation.md): the wide
 # sweep, 2,050 seeds of every queue type and mirroring configuration under every fault kind and
 # client kind, on every core (about 6 minutes on two); each failure prints the command that replays
-# it. `make test` runs 900 of them (tests/sim/test_cluster_sim.py).
+# it. `make test` runs 600 of them (tests/sim/test_cluster_sim.py).
 sim-cluster: install
 	HUTCH_SIM_SEEDS=wide $(BIN)/python -m pytest -q -p no:cacheprovider tests/sim/test_cluster_sim.py
 

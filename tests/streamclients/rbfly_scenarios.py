@@ -32,7 +32,7 @@ from rbfly.streams import (
 
 READ_TIMEOUT_S = 10.0
 # a scenario's bound: each takes under 2 s; rbfly retries what a broker without a feature refuses
-SCENARIO_TIMEOUT_S = 15.0
+SCENARIO_TIMEOUT_S = 8.0
 
 
 def unique(prefix: str) -> str:
