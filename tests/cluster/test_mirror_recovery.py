@@ -185,7 +185,8 @@ def test_a_mirror_of_a_queue_declared_anew_while_its_node_was_down_discards_its_
         # look-up may name the leader's member of the queue deleted, which refuses it) and the
         # restarted node 3's discards its copy of the old queue
         wait_mirrors(cluster, QUEUE, 2, synced=2, timeout_s=120)
-        assert "discarding the mirror's copy of 100 messages on disk (the queue was declared anew)" in log_of(cluster, 2)
+        wait_until(lambda: "discarding the mirror's copy of 100 messages on disk (the queue was declared anew)"
+                   in log_of(cluster, 2), 30, "node 3 to log that it discards its copy of the old queue")
         # the restarted mirror is promoted: it serves the new queue's messages only
         assert ctl(cluster, 0, "set_policy", "ha-all", "^mr\\.",  # mirrored_everywhere's policy, replaced
                    '{"ha-mode":"nodes","ha-params":["hutch-1@localhost","hutch-3@localhost"]}').returncode == 0
