@@ -54,31 +54,37 @@ async def read(client, stream: str, offset, count: int, **kw) -> list[tuple[int,
     return got
 
 
-async def publish_and_read_in_order(client) -> None:
-    """Single sends and a fast batch; read from first: every message once, at consecutive offsets."""
-    name = unique("order")
+async def new_stream(client, prefix: str, bodies: list) -> str:
+    """A stream made for one scenario, holding `bodies` sent one by one (each confirmed)."""
+    name = unique(prefix)
     await client.create_stream(name)
     async with client.publisher(name) as p:
-        for i in range(5):
-            await p.send(f"m{i}".encode())
+        for body in bodies:
+            await p.send(body)
+    return name
+
+
+def numbered(count: int) -> list[bytes]:
+    return [f"m{i}".encode() for i in range(count)]
+
+
+async def publish_and_read_in_order(client) -> None:
+    """Single sends and a fast batch; read from first: every message once, at consecutive offsets."""
+    name = await new_stream(client, "order", numbered(5))
     async with client.publisher(name, cls=PublisherBatchFast) as b:
         for i in range(5, 10):
             b.batch(f"m{i}".encode())
         await b.flush()
     got = await read(client, name, Offset.FIRST, 10)
-    assert [m for _, m in got] == [f"m{i}".encode() for i in range(10)], got
+    assert [m for _, m in got] == numbered(10), got
     assert [o for o, _ in got] == list(range(10)), got
     await client.delete_stream(name)
 
 
 async def amqp_bodies_come_back_as_sent(client) -> None:
     """AMQP 1.0 bodies of several types (rbfly encodes them) are stored and decoded unchanged."""
-    name = unique("types")
-    await client.create_stream(name)
     bodies = [b"bytes", "text", 42, 2.5, True, {"k": "v", "n": 1}, ["a", 1]]
-    async with client.publisher(name) as p:
-        for body in bodies:
-            await p.send(body)
+    name = await new_stream(client, "types", bodies)
     got = await read(client, name, Offset.FIRST, len(bodies))
     assert [m for _, m in got] == bodies, got
     await client.delete_stream(name)
@@ -108,11 +114,7 @@ async def offset_specifications(client) -> None:
 
 async def stored_offset_reference(client) -> None:
     """write_offset stores an offset on the server; a subscription by reference starts after it."""
-    name = unique("ref")
-    await client.create_stream(name)
-    async with client.publisher(name) as p:
-        for i in range(8):
-            await p.send(f"m{i}".encode())
+    name = await new_stream(client, "ref", numbered(8))
     await client.write_offset(name, "ref-a", 4)
     deadline = time.monotonic() + READ_TIMEOUT_S
     while True:  # the broker stores an offset asynchronously (the protocol's StoreOffset has no answer)
@@ -170,10 +172,7 @@ async def filtered_subscription(client) -> None:
 
 async def delete_stream(client) -> None:
     """A deleted stream made again under its name starts empty, at offset 0."""
-    name = unique("delete")
-    await client.create_stream(name)
-    async with client.publisher(name) as p:
-        await p.send(b"old")
+    name = await new_stream(client, "delete", [b"old"])
     await client.delete_stream(name)
     await client.create_stream(name)
     async with client.publisher(name) as p:

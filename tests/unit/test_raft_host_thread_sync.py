@@ -101,6 +101,12 @@ class Cluster:
         n.outbox = keep
         return moved
 
+    def hand_over(self, frm: int, to: int) -> None:
+        """Node `to` gets what node `frm` sent it and drains; its own earlier messages are forgotten."""
+        self.nodes[to].outbox.clear()
+        self.deliver(frm, to=to)
+        self.nodes[to].host.drain()
+
     async def until(self, cond, what: str) -> None:
         """Run the loop (the worker threads' callbacks) and drain scheduled hosts until `cond()`."""
         deadline = asyncio.get_running_loop().time() + WAIT_S
@@ -194,9 +200,7 @@ async def test_a_follower_answers_only_once_its_fsync_in_the_worker_thread_retur
     go = _blocked_fsync(follower)
     index = leader.propose(b"m1")
     fsyncs = follower.storage.log.fsync_count
-    follower.outbox.clear()
-    cluster.deliver(1, to=2)
-    follower.host.drain()
+    cluster.hand_over(1, 2)
     await asyncio.sleep(0.05)
     assert follower.host._syncing is not None and not follower.sent(rm.AppendResponse)  # held
     go.set()
@@ -214,8 +218,7 @@ async def test_a_follower_applies_what_is_committed_while_its_own_fsync_runs(clu
     assert leader.app.applied == [b"m1"]
     go = _blocked_fsync(follower)
     index = leader.propose(b"m2")  # its AppendEntries carries m1's commit
-    cluster.deliver(1, to=2)
-    follower.host.drain()
+    cluster.hand_over(1, 2)
     assert follower.app.applied == [b"m1"]  # applied before the fsync of m2
     assert not [m for m in follower.sent(rm.AppendResponse) if m.index >= index]
     go.set()
@@ -229,9 +232,7 @@ async def test_an_answer_held_across_a_new_term_is_dropped_and_the_vote_leaves_a
     follower = cluster.nodes[2]
     go = _blocked_fsync(follower)
     index = leader.propose(b"m1")
-    follower.outbox.clear()
-    cluster.deliver(1, to=2)
-    follower.host.drain()  # its answer for m1 waits for the blocked fsync
+    cluster.hand_over(1, 2)  # its answer for m1 waits for the blocked fsync
     g = follower.group
     vote = rm.RequestVote(g.term + 1, 3, 2, index + 10, g.term, transfer=True)
     follower.host.step(NAMES[3], [GID, rm.encode(vote)])
