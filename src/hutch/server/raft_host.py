@@ -236,12 +236,11 @@ class RaftHost:
         may drop them; the leader asks again."""
         if not self._holding:
             return
+        for gid in hard:
+            self._holding.pop(gid, None)
         for held in (self._held_syncing, self._held_next):
             if hard:
-                kept = [h for h in held if h[0] not in hard]
-                for gid in hard:
-                    self._holding.pop(gid, None)
-                held[:] = kept
+                held[:] = [h for h in held if h[0] not in hard]
             self._send_held(held)
 
     def _finish(self, groups: list, initial: bool, not_durable: Collection[Any] = (),
