@@ -37,7 +37,8 @@ run-node: bytecode
 	$(BIN)/hutch server --node-name hutch@localhost --amqp-port 5672 --data-dir ./var/hutch --log-level info
 
 # Fast unit tests and the simulations first, then the suites that start real processes, the
-# client libraries' suites and the short campaigns beside them (tools/test_all.sh says why).
+# client libraries' suites, the short campaigns and the rest of the simulation sweep beside them
+# (tools/test_all.sh says why).
 test: bytecode
 	tools/test_all.sh
 
@@ -129,7 +130,7 @@ soak: install
 # Real nodes in one process on simulated time and network (docs/design/simulation.md): the wide
 # sweep, 2,050 seeds of every queue type and mirroring configuration under every fault kind and
 # client kind, on every core (about 6 minutes on two); each failure prints the command that replays
-# it. `make test` runs 600 of them (tests/sim/test_cluster_sim.py).
+# it. `make test` runs them too: 600 first, the rest beside the real-process suites.
 sim-cluster: install
 	HUTCH_SIM_SEEDS=wide $(BIN)/python -m pytest -q -p no:cacheprovider tests/sim/test_cluster_sim.py
 

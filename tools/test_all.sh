@@ -5,8 +5,11 @@
 # cores busy. The rest mostly waits (for nodes to start, fault windows, heartbeats, timeouts),
 # using about 40% of the machine, so the two slowest suites that only wait, the client
 # libraries' own test suites (tests/conformance) and the short fault campaigns
-# (tests/cluster/test_campaign.py), run beside it in a second pytest. Its output follows the
-# main run's; `make test` fails if either fails. PYTEST_ADDOPTS applies to both.
+# (tests/cluster/test_campaign.py), run beside it in a second pytest. After them, still beside
+# the rest, the whole-cluster simulation runs the rest of its wide sweep (1,450 seeds more than
+# the 600 of the first part: 2,050 in all) on workers that take a core only when nothing else
+# wants it (SCHED_IDLE), so that the idle share of the machine does the work. Their output
+# follows the main run's; `make test` fails if any part fails. PYTEST_ADDOPTS applies to all.
 set -u
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -17,9 +20,14 @@ BESIDE=(tests/conformance tests/cluster/test_campaign.py)
 
 mkdir -p var
 log=var/test-beside.log
-"$PY" -m pytest "${ARGS[@]}" "${BESIDE[@]}" >"$log" 2>&1 &
+(
+    "$PY" -m pytest "${ARGS[@]}" "${BESIDE[@]}"
+    rc=$?
+    HUTCH_SIM_SEEDS=rest "$PY" -m pytest "${ARGS[@]}" tests/sim/test_cluster_sim.py || rc=$?
+    exit $rc
+) >"$log" 2>&1 &
 beside=$!
-trap 'kill "$beside" 2>/dev/null' INT TERM
+trap 'pkill -TERM -P "$beside"; kill "$beside" 2>/dev/null' INT TERM
 
 "$PY" -m pytest "${ARGS[@]}" --ignore=tests/cluster/test_campaign.py \
     tests/cluster tests/integration tests/crash tests/pipeline tests/packaging tests/ui
@@ -28,7 +36,7 @@ wait "$beside"
 beside_rc=$?
 
 echo
-echo "==== run beside the rest: ${BESIDE[*]} ===="
+echo "==== run beside the rest: ${BESIDE[*]}, then the rest of the simulation sweep ===="
 cat "$log"
 if [ "$main_rc" -ne 0 ]; then exit "$main_rc"; fi
 exit "$beside_rc"

@@ -150,6 +150,29 @@ def test_a_failing_disk_fails_fsync_with_eio(host_dir):
     assert records == [b"kept"]
 
 
+def test_a_slow_disk_makes_its_hosts_fsyncs_take_time_and_other_hosts_none(tmp_path):
+    disk = SimDisk(Random(1))
+    disk.mount("n1", tmp_path / "n1")
+    disk.mount("n2", tmp_path / "n2")
+    disk.slow["n1"] = (0.1, 0.2)
+    with disk.installed(BOUND):
+        slow, fast = SegmentLog(tmp_path / "n1"), SegmentLog(tmp_path / "n2")
+        took = disk.fsync_s
+        fast.append(b"x")
+        fast.sync()
+        assert disk.fsync_s == took
+        slow.append(b"x")
+        slow.sync()  # one fdatasync of the segment, drawn from n1's range
+        assert 0.1 <= disk.fsync_s - took <= 0.2
+        took = disk.fsync_s
+        del disk.slow["n1"]
+        slow.append(b"y")
+        slow.sync()
+        assert disk.fsync_s == took
+        slow.close()
+        fast.close()
+
+
 def test_files_outside_a_mounted_directory_are_left_alone(tmp_path):
     disk = SimDisk(Random(1))
     disk.mount("n1", tmp_path / "n1")

@@ -69,6 +69,56 @@ def test_run_in_executor_runs_inline_and_its_future_is_done():
     assert run(loop, main()) == 42
 
 
+def test_work_that_takes_simulated_time_in_a_worker_thread_is_done_that_much_later():
+    _, loop, _ = make()
+    work = [0.0]
+    loop.work_clock = lambda: work[0]
+
+    def slow(result):
+        work[0] += 0.25
+        return result
+
+    def failing():
+        work[0] += 0.5
+        raise OSError("EIO")
+
+    async def main():
+        fut = loop.run_in_executor(None, slow, "synced")
+        assert not fut.done()
+        assert await fut == "synced" and loop.time() == pytest.approx(0.25)
+        with pytest.raises(OSError, match="EIO"):
+            await loop.run_in_executor(None, failing)
+        assert loop.time() == pytest.approx(0.75)
+        assert loop.run_in_executor(None, lambda: "at once").done()  # no work done: no wait
+
+    run(loop, main())
+
+
+def test_work_in_a_worker_thread_of_a_process_that_dies_is_never_reported():
+    from hutch.simkernel.aioloop import Life, life_var
+
+    _, loop, _ = make()
+    work = [0.0]
+    loop.work_clock = lambda: work[0]
+    life = Life("n1")
+
+    def slow():
+        work[0] += 1.0
+        return "synced"
+
+    async def main():
+        token = life_var.set(life)
+        try:
+            fut = loop.run_in_executor(None, slow)
+        finally:
+            life_var.reset(token)
+        loop.kill(life)
+        await asyncio.sleep(2.0)
+        return fut.done()
+
+    assert run(loop, main()) is False
+
+
 def test_waiting_on_what_can_never_happen_is_a_deadlock():
     _, loop, _ = make()
     with pytest.raises(SimulationDeadlock):

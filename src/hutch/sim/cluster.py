@@ -147,8 +147,11 @@ RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is 
 # lost, the last may be torn), "fsync" makes a node's fsyncs fail for a while (the node stops
 # itself; its page cache is not trusted afterwards), "disk-full" fills a node's disk for a while
 # (the disk alarm, and half the time writes failing with ENOSPC), "clock" drifts every node's
-# clock and jumps one node's wall clock (a node reads it when it starts).
-FAULT_KINDS = ("net", "crash", "power", "fsync", "disk-full", "clock")
+# clock and jumps one node's wall clock (a node reads it when it starts), "slow-disk" makes a
+# node's fsyncs slow for a while (each takes up to half a second; the node learns of those it
+# runs in a worker thread only once they are done).
+FAULT_KINDS = ("net", "crash", "power", "fsync", "disk-full", "clock", "slow-disk")
+DISK_KINDS = ("power", "fsync", "disk-full", "clock", "slow-disk")  # what _disk_and_clock_nemesis draws
 # What `run_seed` draws unless told otherwise: the faults the simulation had before it had disks
 # and clocks, with which a seed names the same run as it did then (the batches in
 # tests/sim/test_cluster_sim.py and their regression seeds). `hutch sim cluster` draws them all.
@@ -161,7 +164,8 @@ NET_AND_CRASH = frozenset({"net", "crash"})
 # "retry" has a publisher send again what a dead connection left unconfirmed, and what was nacked;
 # "many" runs two publishers and two consumers instead of one of each.
 CLIENT_KINDS = ("get", "cancel", "nack", "retry", "many")
-DISK_FAULT_S = (0.5, 3.0)  # how long an fsync error or a full disk lasts
+DISK_FAULT_S = (0.5, 3.0)  # how long an fsync error, a full disk or a slow one lasts
+SLOW_FSYNC_S = (0.001, 0.5)  # the range a slow disk's fsync times are drawn from: its slowest fsync
 DRIFT_PPM_MAX = 200  # each node's clocks run this much fast or slow at most
 WALL_JUMP_S_MAX = 300  # the largest jump of a node's wall clock, forward or back
 DISK_FREE_LIMIT_BYTES = 50 * 1000 * 1000  # the nodes' disk_free_limit (RabbitMQ's default)
@@ -307,6 +311,7 @@ class ClusterSim:
         # them (--faults net,crash) is the run the seed named before they existed
         self.rng2 = random.Random(opts.seed * 1_000_003 + 0xD15C)
         self.disk = SimDisk(random.Random(self.rng2.getrandbits(64)))
+        self.loop.work_clock = lambda: self.disk.fsync_s  # a slow disk's fsyncs in worker threads take time
         self.rng3 = random.Random(opts.seed * 1_000_037 + 0xC11E)  # the clients' CLIENT_KINDS
         self.clocks = {h: HostClock(self.loop.time) for h in self.hosts}
         if "clock" in opts.faults:
@@ -439,7 +444,7 @@ class ClusterSim:
             publishers = [tg.create_task(self._publisher(who)) for who in self._publishers]
             consumers = [tg.create_task(self._consumer(who)) for who in self._consumers]
             getter = tg.create_task(self._getter()) if "get" in self._client_kinds() else None
-            if self.opts.faults & {"power", "fsync", "disk-full", "clock"}:
+            if self.opts.faults & set(DISK_KINDS):
                 tg.create_task(self._disk_and_clock_nemesis())
             await self._nemesis()
             self._heal()
@@ -625,7 +630,7 @@ class ClusterSim:
         """The faults below the node: power losses, fsync errors, full disks and clock jumps, drawn
         from their own generator (`rng2`) at their own times until the heal."""
         rng = self.rng2
-        kinds = [k for k in ("power", "fsync", "disk-full", "clock") if k in self.opts.faults]
+        kinds = [k for k in DISK_KINDS if k in self.opts.faults]
         deadline = self.loop.time() + self.opts.fault_s
         while True:
             await asyncio.sleep(rng.uniform(0.3, 2.0))
@@ -640,6 +645,14 @@ class ClusterSim:
                 self.clocks[host].jumped_s += jump_s
                 self.stats["clock_jumps"] = self.stats.get("clock_jumps", 0) + 1
                 self.kernel.log(f"nemesis: {host}'s wall clock jumps {jump_s:+.1f} s")
+            elif kind == "slow-disk":
+                host = rng.choice(self.hosts)
+                slowest_s = rng.uniform(*SLOW_FSYNC_S)
+                lasts_s = rng.uniform(*DISK_FAULT_S)
+                self.disk.slow[host] = (SLOW_FSYNC_S[0], slowest_s)
+                self.stats[kind] = self.stats.get(kind, 0) + 1
+                self.kernel.log(f"nemesis: {host}'s fsyncs take up to {1000 * slowest_s:.0f} ms for {lasts_s:.2f} s")
+                self.loop.call_later(lasts_s, self._disk_repaired, host)
             else:
                 healthy = sorted(set(self.nodes) - self._impaired())
                 if not healthy:
@@ -662,11 +675,13 @@ class ClusterSim:
                 self.loop.call_later(lasts_s, self._disk_repaired, host)
 
     def _disk_repaired(self, host: str) -> None:
-        if host in self.disk.fsync_failing or host in self.disk.full or host in self.disk.free_bytes:
+        disk = self.disk
+        if host in disk.fsync_failing or host in disk.full or host in disk.free_bytes or host in disk.slow:
             self.kernel.log(f"nemesis: {host}'s disk works again")
-        self.disk.fsync_failing.discard(host)
-        self.disk.full.discard(host)
-        self.disk.free_bytes.pop(host, None)
+        disk.fsync_failing.discard(host)
+        disk.full.discard(host)
+        disk.free_bytes.pop(host, None)
+        disk.slow.pop(host, None)
 
     def _reset_between(self, a: str, b: str) -> None:
         was = {(a, b): self.net.network.link(a, b).blocked, (b, a): self.net.network.link(b, a).blocked}
@@ -1093,7 +1108,7 @@ def trace_digest(result: SimResult) -> str:
               help="The fault kinds the nemesis draws, comma-separated: net (partitions, link and client "
                    "resets), crash (kill -9), power (power loss: unsynced writes lost, the last one torn), fsync "
                    "(fsync errors: the node stops), disk-full (the disk alarm, and writes failing with ENOSPC), "
-                   "clock (clock drift, wall-clock jumps).")
+                   "clock (clock drift, wall-clock jumps), slow-disk (fsyncs that take up to half a second).")
 @click.option("--clients", "client_kinds", default=",".join(CLIENT_KINDS), show_default=True,
               help="What more the clients do, comma-separated, or none: get (a client taking messages with "
                    "basic.get), cancel (the consumer cancels and subscribes again now and then), nack (it "

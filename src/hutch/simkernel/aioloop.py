@@ -6,9 +6,10 @@ with time taken from a `Kernel`: `loop.time()` is `kernel.now` in seconds, and w
 would block in its selector until the next timer is due, this one moves the kernel's clock to
 that timer and carries on at once. An hour of simulated heartbeats costs only the callbacks it
 runs. Nothing waits on a file descriptor: sockets are the in-memory ones of `hutch.simkernel.net`,
-whose deliveries are timers of this loop, and `run_in_executor` runs the function inline (its
-future is already done when the caller gets it), so a journal fsync completes in the same
-iteration it was asked for.
+whose deliveries are timers of this loop, and `run_in_executor` runs the function inline. Its
+future is done when the caller gets it, unless the simulator says the work took time
+(`work_clock`: a slow disk's fsyncs): then the future is done that much simulated time later,
+as a worker thread's would be, while the node's loop goes on.
 
 Order is deterministic: callbacks run in the order they were scheduled, timers in the order of
 their due time (ties in the order the loop's heap gives them, itself a function of the order of
@@ -123,6 +124,9 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         super().__init__(selector=_VirtualSelector(kernel))
         self._clock_resolution = 1e-6
         self._task_lives: weakref.WeakKeyDictionary[asyncio.Task, Life] = weakref.WeakKeyDictionary()
+        # seconds of simulated work done so far (a slow disk's fsyncs), read around each function
+        # `run_in_executor` runs: its future is done as much later as the function's work took
+        self.work_clock: Callable[[], float] | None = None
 
     def time(self) -> float:
         return self.kernel.now / 1_000_000
@@ -216,19 +220,32 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                 or self._task_lives[t].alive]
 
     def run_in_executor(self, executor: Any, func: Callable, *args: Any) -> asyncio.Future:
-        """Run `func(*args)` now, on the loop's thread; the returned future is already done."""
+        """Run `func(*args)` now, on the loop's thread. The returned future is already done, or,
+        if `work_clock` says the function's work took time, done that much later."""
         fut = self.create_future()
+        clock = self.work_clock
+        started = clock() if clock is not None else 0.0
         try:
-            fut.set_result(func(*args))
+            settle, outcome = fut.set_result, func(*args)
         except BaseException as e:  # noqa: BLE001 - the caller sees it through the future, as with a thread
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-            fut.set_exception(e)
+            settle, outcome = fut.set_exception, e
+        took_s = clock() - started if clock is not None else 0.0
+        if took_s > 0:
+            self.call_later(took_s, _settle_unless_cancelled, fut, settle, outcome)
+        else:
+            settle(outcome)
         return fut
 
     def run_for(self, seconds: float) -> None:
         """Run the loop until `seconds` of simulated time have passed."""
         self.run_until_complete(asyncio.sleep(seconds))
+
+
+def _settle_unless_cancelled(fut: asyncio.Future, settle: Callable[[Any], None], outcome: Any) -> None:
+    if not fut.done():
+        settle(outcome)
 
 
 __all__ = ["Life", "SimulationDeadlock", "SimulationLivelock", "VirtualLoop", "life_var"]

@@ -27,8 +27,13 @@ The model, and what it leaves out:
 - a full disk fails every write under the host's directory, whole (never a short write); an
   fsync error fails every fsync of the host's files, and the model then distrusts the page cache
   (the caller treats the host's next start as after a power failure);
-- slow disks are not modelled: the simulation runs an fsync inline on the loop's thread, and a
-  delay there would need the fsync to become a simulated wait.
+- a slow disk (`slow[host]`: a range of seconds) makes each fsync of the host's files take a
+  time drawn from that range. The fsync itself still runs at once, and its data is durable from
+  then on; the time is added to `fsync_s`, which the simulated loop reads around each function
+  a node runs in a worker thread (`VirtualLoop.work_clock`), so the node learns that the fsync
+  finished only that much later, while its loop goes on. An fsync a node makes on its event loop
+  takes no simulated time: its loop would stop for it, and the nodes of a simulation share one
+  loop.
 
 It never touches a file outside the mounted directories, and `installed()` restores every
 function it replaced.
@@ -85,6 +90,8 @@ class SimDisk:
         self.fsync_failing: set[str] = set()  # hosts whose fsyncs raise EIO
         self.full: set[str] = set()  # hosts whose writes raise ENOSPC
         self.free_bytes: dict[str, int] = {}  # hosts whose disk reports this little free space
+        self.slow: dict[str, tuple[float, float]] = {}  # hosts whose fsyncs take from-to seconds
+        self.fsync_s = 0.0  # seconds the slow disks' fsyncs have taken in all
 
     def mount(self, host: str, directory: str) -> None:
         self._mounts.append((os.path.join(os.path.abspath(directory), ""), host))
@@ -214,6 +221,10 @@ class SimDisk:
             u.undo.append((length, _pread_path(fd, size - length, length)))
         u.redo.append(("t", length, b""))
 
+    def _fsync_time(self, fd: int) -> None:
+        if self.slow and (known := self._fd_host(fd)) is not None and known[0] in self.slow:
+            self.fsync_s += self.rng.uniform(*self.slow[known[0]])
+
     def _synced(self, fd: int) -> None:
         known = self._fd_host(fd)
         if known is None:
@@ -291,11 +302,13 @@ class SimDisk:
 
         def sim_fsync(fd):
             fd = fd if isinstance(fd, int) else fd.fileno()
+            disk._fsync_time(fd)
             disk._synced(fd)
             real["fsync"](fd)
 
         def sim_fdatasync(fd):
             fd = fd if isinstance(fd, int) else fd.fileno()
+            disk._fsync_time(fd)
             disk._synced(fd)
             real["fdatasync"](fd)
 

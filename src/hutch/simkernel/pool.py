@@ -40,6 +40,11 @@ def default_jobs() -> int:
     return max(1, min(cores, JOBS_MAX))
 
 
+def _run_when_idle() -> None:
+    """Give this worker a core only when no other process wants one."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 def _run_chunk(run: Callable[[int], SimResult], seeds: list[int]) -> tuple[list[SimResult], float]:
     started = time.process_time()
     results = [run(s) for s in seeds]
@@ -68,11 +73,13 @@ class SeedBatch:
 
 
 class SeedPool:
-    """`jobs` worker processes (`default_jobs()` when None) for batches of seeds."""
+    """`jobs` worker processes (`default_jobs()` when None) for batches of seeds; `idle` runs them
+    under SCHED_IDLE."""
 
-    def __init__(self, jobs: int | None = None) -> None:
+    def __init__(self, jobs: int | None = None, idle: bool = False) -> None:
         self.jobs = jobs or default_jobs()
-        self._executor = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        self._executor = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_run_when_idle if idle else None)
 
     def submit(self, run: Callable[[int], SimResult], seeds: Iterable[int], chunk: int = CHUNK_SEEDS) -> SeedBatch:
         """Queue `run(seed)` for every seed; batches submitted earlier are served first."""

@@ -1,0 +1,23 @@
+"""hutch.simkernel.SeedPool: seeds on worker processes, and sweeps that take only idle cores."""
+
+from __future__ import annotations
+
+import os
+
+from hutch.simkernel import SeedPool
+
+
+def _scheduling_policy(seed: int) -> tuple[int, int]:
+    return seed, os.sched_getscheduler(0)
+
+
+def test_a_pool_gives_back_every_seed_in_order_from_its_workers():
+    with SeedPool(jobs=2) as pool:
+        batch = pool.submit(_scheduling_policy, range(1, 26), chunk=3)
+        assert [seed for seed, _ in batch.results(timeout_s=60)] == list(range(1, 26))
+
+
+def test_an_idle_pool_runs_its_workers_only_on_idle_cores_and_a_plain_one_does_not():
+    with SeedPool(jobs=1, idle=True) as idle, SeedPool(jobs=1) as plain:
+        assert {policy for _, policy in idle.submit(_scheduling_policy, [1, 2]).results(timeout_s=60)} == {os.SCHED_IDLE}
+        assert {policy for _, policy in plain.submit(_scheduling_policy, [1]).results(timeout_s=60)} == {os.SCHED_OTHER}
