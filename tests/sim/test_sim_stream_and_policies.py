@@ -106,3 +106,49 @@ def test_the_further_mirroring_configurations_set_their_policy_and_keep_every_pr
     definition = MIRROR_POLICIES[queue_type]["definition"]
     assert any("policy 'ha' set on" in line and repr(definition["ha-mode"]) in line for line in result.trace)
     assert any("Adding mirror on node" in line for line in result.trace)
+
+
+# -- the non-durable queue with transient messages (--queue-type transient)
+
+
+def _sim_that_lost_one(queue_type: str) -> ClusterSim:
+    sim = ClusterSim(ClusterSimOptions(seed=1, queue_type=queue_type))
+    sim.history.published.update({"m0", "m1"})
+    sim.history.confirmed.update({"m0", "m1"})
+    sim.history.delivered["m0"] = 1
+    return sim
+
+
+def test_a_transient_message_lost_while_every_node_ran_and_saw_every_other_fails_the_run():
+    sim = _sim_that_lost_one("transient")
+    sim._watch_log("n1", "started TCP listener on n1:5672")
+    sim._check_messages(set())
+    assert _kinds(sim) == {"lost"} and "lost_allowed" not in sim.stats
+
+
+@pytest.mark.parametrize("what", ["a node went down", "a node saw another down", "the queue was deleted"])
+def test_a_transient_message_lost_once_its_queue_may_be_gone_is_counted_not_failed(what):
+    sim = _sim_that_lost_one("transient")
+    if what == "a node went down":
+        sim._down("n2", power=False)
+    elif what == "a node saw another down":
+        sim._watch_log("n1", "node hutch@n2 down: connection_closed (Connection reset by peer)")
+    else:
+        sim._watch_log("n3", "deleting non-durable queue 'sim-q' in vhost '/': its home node hutch@n1 is down")
+    sim._check_messages(set())
+    assert not sim.failures and sim.stats["lost_allowed"] == 1
+
+
+def test_the_same_loss_on_a_durable_classic_queue_fails_the_run_whatever_went_down():
+    sim = _sim_that_lost_one("classic")
+    sim._down("n2", power=False)
+    sim._watch_log("n1", "node hutch@n2 down: connection_closed (Connection reset by peer)")
+    sim._check_messages(set())
+    assert _kinds(sim) == {"lost"}
+
+
+def test_a_transient_run_declares_a_non_durable_queue_which_goes_when_its_home_node_is_down():
+    result = run_seed(1, queue_type="transient", faults=frozenset({"net", "crash"}), trace=True)
+    assert result.ok, result.violation
+    assert any("deleting non-durable queue 'sim-q'" in line for line in result.trace)
+    assert result.stats["lost_allowed"] > 0  # what its publisher sent on into nothing, confirmed

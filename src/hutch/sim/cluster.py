@@ -101,8 +101,16 @@ QUEUE_TYPES = {
     "mirrored-nodes": {},  # mirrored by NODES_POLICY: confirmed once both named nodes have it
     "mirrored-automatic-always": {},  # AUTOMATIC_ALWAYS_POLICY: may lose what a mirror had not synchronised
     "stream": {"x-queue-type": "stream"},  # confirmed once a majority of replicas has it on disk
+    # a non-durable classic queue and transient messages: confirmed once the queue's home node has
+    # the message in memory. The queue and its messages go with that node's process; a node that
+    # cannot reach the home node drops what it routes to the queue (confirmed), and the other nodes
+    # delete the queue once its home node is down (RabbitMQ's semantics; a publisher that does not
+    # declare it again then publishes into nothing, confirmed). The run counts that loss
+    # (`lost_allowed`) once a node has gone down or seen another down, and fails on it otherwise
+    "transient": {},
 }
 STREAM = "stream"
+TRANSIENT = "transient"
 # the operator's policy for --queue-type mirrored (set as `hutchctl set_policy` would): mirrors on
 # every node, synchronised automatically, a leader promoted only from synchronised mirrors; with
 # pause_minority (RabbitMQ's advice for mirroring) a partition cannot split the queue in two.
@@ -328,6 +336,8 @@ class ClusterSim:
         self._offset_of: dict[str, int] = {}
         self._resume_at: dict[str, int] = {}  # a stream's consumer -> the offset it subscribes at next
         self._next_id = 0  # the next message the publishers send
+        self._downs = 0  # how many times a node's process has gone (killed, lost power, stopped itself)
+        self._transient_gone = False  # a node saw another down: the non-durable queue may be gone (_watch_log)
         many = "many" in opts.clients
         self._publishers = ["pub", "pub2"] if many else ["pub"]
         self._consumers = ["con", "con2"] if many else ["con"]
@@ -338,12 +348,15 @@ class ClusterSim:
     def run(self) -> SimResult:
         self.root = tempfile.mkdtemp(prefix="hutch-sim-", dir=_memory_fs())
         hutch_log = logging.getLogger("hutch")
-        node_log = logging.getLogger("hutch.node")  # its pauses and listeners: _watch_resume
-        saved = (hutch_log.level, hutch_log.propagate, Journal.compactor_thread, node_log.level)
-        handler = _TraceHandler(self.kernel, self.root, self._watch_resume)
+        node_log = logging.getLogger("hutch.node")  # its pauses and listeners: _watch_log
+        cluster_log = logging.getLogger("hutch.cluster")  # its deletions of non-durable queues: _watch_log
+        saved = (hutch_log.level, hutch_log.propagate, Journal.compactor_thread, node_log.level, cluster_log.level)
+        handler = _TraceHandler(self.kernel, self.root, self._watch_log)
         hutch_log.addHandler(handler)
         hutch_log.setLevel(logging.INFO if self.opts.trace else logging.ERROR)
         node_log.setLevel(logging.INFO)
+        if self.opts.queue_type == TRANSIENT:
+            cluster_log.setLevel(logging.INFO)
         hutch_log.propagate = False
         Journal.compactor_thread = False
         try:
@@ -367,6 +380,7 @@ class ClusterSim:
             hutch_log.propagate = saved[1]
             Journal.compactor_thread = saved[2]
             node_log.setLevel(saved[3])
+            cluster_log.setLevel(saved[4])
             shutil.rmtree(self.root, ignore_errors=True)
         violation = "; ".join(text for _, text in self.failures[:5]) or None
         h = self.history
@@ -601,6 +615,7 @@ class ClusterSim:
         """The node's process is gone: its tasks stop, its connections reset, its files close.
         What it wrote stays in the page cache, unless the power went too."""
         self.nodes.pop(host, None)
+        self._downs += 1
         self._resuming.pop(host, None)
         self.net.kill_host(host)
         self.disk.close_all(host)
@@ -706,7 +721,8 @@ class ClusterSim:
             try:
                 async with asyncio.timeout(STEP_TIMEOUT_S):
                     await client.connect(self.net.host(who), host, AMQP_PORT)
-                    await client.queue_declare(QUEUE, durable=True, arguments=self._queue_arguments())
+                    await client.queue_declare(QUEUE, durable=self.opts.queue_type != TRANSIENT,
+                                               arguments=self._queue_arguments())
                 self.kernel.log(f"client {who}: connected to {host}")
                 return client, host
             except Exception as e:  # noqa: BLE001 - any failure: retry
@@ -760,7 +776,8 @@ class ClusterSim:
                     else:
                         mid = f"m{self._next_id}"
                         self._next_id += 1
-                    props = commands.Basic.Properties(delivery_mode=2, message_id=mid.partition(".")[0])
+                    props = commands.Basic.Properties(delivery_mode=1 if self.opts.queue_type == TRANSIENT else 2,
+                                                      message_id=mid.partition(".")[0])
                     tags[client.publish(QUEUE, mid.encode(), props)] = mid
                     h.published.add(mid)
                     self.kernel.log(f"client {who}: published {mid}")
@@ -985,7 +1002,8 @@ class ClusterSim:
         """`missing`: the confirmed messages the consumer had not received by the end of the drain."""
         h = self.history
         lost = sorted(h.confirmed - set(h.delivered), key=_copy_order)
-        if lost and self.opts.queue_type in LOSS_ALLOWED:
+        transient_gone = self.opts.queue_type == TRANSIENT and (self._downs or self._transient_gone)
+        if lost and (self.opts.queue_type in LOSS_ALLOWED or transient_gone):
             self.stats["lost_allowed"] = len(lost)
             self.kernel.log(f"confirmed message(s) lost as the queue's policy allows: {_names(lost)}")
         elif lost:
@@ -1014,11 +1032,18 @@ class ClusterSim:
         if len(set(digests.values())) != 1:
             self._fail("catalogue", f"catalogues differ at the same applied index: {digests}")
 
-    def _watch_resume(self, host: str, text: str) -> None:
-        """A node resuming from a pause lets clients in ("started TCP listener") only once it has
-        applied every catalogue entry that was committed when it resumed: until then it may take
-        itself for the leader of a queue another node leads now."""
-        if "status regained" in text or "recovery detected" in text:
+    def _watch_log(self, host: str, text: str) -> None:
+        """What the nodes log that the checks follow. A node resuming from a pause lets clients in
+        ("started TCP listener") only once it has applied every catalogue entry that was committed
+        when it resumed: until then it may take itself for the leader of a queue another node
+        leads now. A non-durable queue counts as gone once a node has seen another down (a node
+        that cannot reach the queue's home drops what it routes there, confirmed, and the
+        catalogue's leader deletes the queue: RabbitMQ's rule), and the loss of its messages is
+        then one the run counts."""
+        if self.opts.queue_type == TRANSIENT and (text.startswith(f"deleting non-durable queue '{QUEUE}'")
+                                                  or (text.startswith("node hutch@") and " down: " in text)):
+            self._transient_gone = True
+        elif "status regained" in text or "recovery detected" in text:
             self._resuming[host] = max((n.clustering.group.commit for n in self.nodes.values()
                                         if n.clustering is not None and hasattr(n.clustering, "group")), default=0)
         elif text.startswith("started TCP listener") and host in self._resuming:
@@ -1103,7 +1128,8 @@ def trace_digest(result: SimResult) -> str:
                    "with mirrors on every node, when-synced promotion and pause_minority; mirrored-nodes: mirrors "
                    "on two named nodes; mirrored-always: two mirrors, manual sync, any mirror promoted, its "
                    "documented losses counted, not failed; mirrored-automatic-always: mirrors everywhere, "
-                   "automatic sync, any mirror promoted, losses counted; stream: read by offset).")
+                   "automatic sync, any mirror promoted, losses counted; stream: read by offset; transient: a "
+                   "non-durable classic queue and transient messages, lost with their node's process, counted).")
 @click.option("--faults", default=",".join(FAULT_KINDS), show_default=True,
               help="The fault kinds the nemesis draws, comma-separated: net (partitions, link and client "
                    "resets), crash (kill -9), power (power loss: unsynced writes lost, the last one torn), fsync "
