@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from hutch.streamproto import chunk as chunks
@@ -253,11 +254,12 @@ class StreamClient(asyncio.Protocol):
 
     @classmethod
     async def connect(cls, ep: StreamEndpoint, name: str, timeout_s: float = REQUEST_TIMEOUT_S,
-                      product: str = "hutch-perf") -> StreamClient:
-        """Connect and go through the handshake (peer properties, SASL PLAIN, tune, open)."""
-        loop = asyncio.get_running_loop()
+                      product: str = "hutch-perf", network: Any = None) -> StreamClient:
+        """Connect (through `network`, a simulated host's, or the running loop) and go through the
+        handshake (peer properties, SASL PLAIN, tune, open)."""
+        network = network or asyncio.get_running_loop()
         async with asyncio.timeout(timeout_s):
-            _, client = await loop.create_connection(lambda: cls(name), ep.host, ep.port)
+            _, client = await network.create_connection(lambda: cls(name), ep.host, ep.port)
         try:
             await client.request(f.PeerProperties(0, {"product": product, "connection_name": name}))
             await client.request(f.SaslHandshake(0))

@@ -15,7 +15,7 @@ import pytest
 from hutch.sim.cluster import CLIENT_KINDS, FAULT_KINDS, NET_AND_CRASH, run_seed, trace_digest
 from hutch.simkernel import SeedPool
 
-# The seeds `make test` runs first, 650 in all: each boots three nodes, publishes with confirms and
+# The seeds `make test` runs first, 700 in all: each boots three nodes, publishes with confirms and
 # consumes with acks through one queue under faults, heals, and checks every kind in
 # hutch.sim.cluster.FAILURE_KINDS. Every queue type draws every fault kind (partitions, link and
 # client resets, crashes, power losses with torn writes, fsync errors, full and slow disks,
@@ -35,7 +35,7 @@ from hutch.simkernel import SeedPool
 # transient messages, which go with their node), count the losses RabbitMQ documents for them
 # instead of failing on them. (queue type, fault kinds, client kinds, first seed, seeds)
 #
-# WIDE_SEEDS are the same batches over more seeds, 2,210 in all. `make test` runs the seeds of
+# WIDE_SEEDS are the same batches over more seeds, 2,370 in all. `make test` runs the seeds of
 # WIDE_SEEDS that CI_SEEDS lack as well (HUTCH_SIM_SEEDS=rest: REST_SEEDS), beside the suites
 # that start real processes, on workers that take a core only when nothing else wants it
 # (tools/test_all.sh). `make sim-cluster` runs all of WIDE_SEEDS at once (HUTCH_SIM_SEEDS=wide),
@@ -50,7 +50,8 @@ CI_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 130), ("classic", EVERY, NO_CLIEN
             ("mirrored", EVERY, ALL_CLIENTS, 1, 40), ("mirrored-always", EVERY, ALL_CLIENTS, 1, 20),
             ("mirrored-nodes", EVERY, ALL_CLIENTS, 1, 20), ("mirrored-automatic-always", EVERY, ALL_CLIENTS, 1, 20),
             ("stream", EVERY, ALL_CLIENTS, 1, 30),
-            ("transient", EVERY, NO_CLIENTS, 100, 30), ("transient", EVERY, ALL_CLIENTS, 1, 20)]
+            ("transient", EVERY, NO_CLIENTS, 100, 30), ("transient", EVERY, ALL_CLIENTS, 1, 20),
+            ("stream-protocol", EVERY, NO_CLIENTS, 100, 30), ("stream-protocol", EVERY, ALL_CLIENTS, 1, 20)]
 WIDE_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 450), ("classic", EVERY, NO_CLIENTS, 100, 200),
               ("mirrored", EVERY, NO_CLIENTS, 100, 550), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 150),
               ("stream", EVERY, NO_CLIENTS, 100, 200),
@@ -58,7 +59,8 @@ WIDE_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 450), ("classic", EVERY, NO_CLI
               ("mirrored", EVERY, ALL_CLIENTS, 1, 100), ("mirrored-always", EVERY, ALL_CLIENTS, 1, 60),
               ("mirrored-nodes", EVERY, ALL_CLIENTS, 1, 60),
               ("mirrored-automatic-always", EVERY, ALL_CLIENTS, 1, 60), ("stream", EVERY, ALL_CLIENTS, 1, 100),
-              ("transient", EVERY, NO_CLIENTS, 100, 100), ("transient", EVERY, ALL_CLIENTS, 1, 60)]
+              ("transient", EVERY, NO_CLIENTS, 100, 100), ("transient", EVERY, ALL_CLIENTS, 1, 60),
+              ("stream-protocol", EVERY, NO_CLIENTS, 100, 100), ("stream-protocol", EVERY, ALL_CLIENTS, 1, 60)]
 REST_SEEDS = [(qt, faults, clients, first + ci_count, count - ci_count)
               for (qt, faults, clients, first, count), (*_, ci_count) in zip(WIDE_SEEDS, CI_SEEDS, strict=True)]
 MODE = os.environ.get("HUTCH_SIM_SEEDS", "ci")

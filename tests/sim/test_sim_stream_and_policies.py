@@ -152,3 +152,20 @@ def test_a_transient_run_declares_a_non_durable_queue_which_goes_when_its_home_n
     assert result.ok, result.violation
     assert any("deleting non-durable queue 'sim-q'" in line for line in result.trace)
     assert result.stats["lost_allowed"] > 0  # what its publisher sent on into nothing, confirmed
+
+
+# -- stream-protocol publishers (--queue-type stream-protocol)
+
+
+def test_a_stream_protocol_publisher_sends_again_after_reconnecting_and_the_stream_stores_each_message_once():
+    result = run_seed(20, queue_type="stream-protocol", faults=FAULT_KINDS, trace=True)
+    assert result.ok, result.violation
+    assert [line for line in result.trace if "again as publishing id" in line]  # seed 20 sends 13 again
+    assert [line for line in result.trace if "started stream protocol listener on n1:5552" in line]
+    assert result.stats["confirmed"] == result.stats["published"] == 40
+
+
+def test_without_a_publisher_reference_the_same_run_stores_what_was_sent_again_twice_and_fails(monkeypatch):
+    monkeypatch.setattr(ClusterSim, "_publisher_reference", lambda _sim, _who: "")  # no deduplication
+    result = run_seed(20, queue_type="stream-protocol", faults=FAULT_KINDS)
+    assert result.stats["failed"] == ["duplicate"], result.violation

@@ -30,6 +30,7 @@ from typing import Any
 from hutch.amqp.spec import AMQPError
 from hutch.broker import operations as ops
 from hutch.broker import superstreams
+from hutch.broker.streamq import advertised_address
 from hutch.broker.streamreg import registry_of
 from hutch.broker.streamsac import offset_start, sac_of
 from hutch.cluster import catalogue as cat
@@ -189,8 +190,7 @@ class StreamSession:
                 handler(self, ev)
 
     def advertised(self) -> tuple[str, int]:
-        cfg = self.broker.config
-        return (cfg.stream_advertised_host or "localhost", cfg.stream_advertised_port or cfg.stream_port)
+        return advertised_address(self.broker.config)
 
     def close(self) -> None:
         if self.closed:

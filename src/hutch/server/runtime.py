@@ -335,7 +335,7 @@ class Node:
             log.info("started TCP listener on %s:%s", addr[0], addr[1])
         if self.config.stream_port:
             self.streams = StreamListener(self.broker)
-            await self.streams.start(self.config.amqp_host, self.config.stream_port, LISTEN_BACKLOG)
+            await self.streams.start(self.config.amqp_host, self.config.stream_port, LISTEN_BACKLOG, listen)
         ctx = self.tls_context()
         if ctx is not None:
             tls_server = await listen.create_server(self._tls_protocol, host=self.config.amqp_host or None,

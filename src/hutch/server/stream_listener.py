@@ -132,11 +132,12 @@ class StreamListener:
         self.server: asyncio.AbstractServer | None = None
         self.protocols: set[StreamProtocol] = set()
 
-    async def start(self, host: str | None, port: int, backlog: int) -> bool:
-        loop = asyncio.get_running_loop()
+    async def start(self, host: str | None, port: int, backlog: int, listen: Any = None) -> bool:
+        """Listen on `port` through `listen` (the node's network, or the running loop)."""
+        listen = listen or asyncio.get_running_loop()
         try:
-            self.server = await loop.create_server(lambda: StreamProtocol(self), host=host or None, port=port,
-                                                   reuse_address=True, backlog=backlog)
+            self.server = await listen.create_server(lambda: StreamProtocol(self), host=host or None, port=port,
+                                                     reuse_address=True, backlog=backlog)
         except OSError as e:
             log.error("could not start the stream protocol listener on port %d: %s", port, e)
             return False

@@ -4,13 +4,15 @@
 channels, routing, queue types, the catalogue on Raft, membership, the peer transport) on one
 `VirtualLoop` (hutch.simkernel.aioloop), joined by the in-memory TCP of hutch.simkernel.net.
 Simulated clients speak AMQP 0-9-1 to them (hutch.sim.client): publishers with confirms and
-consumers with acks on one queue (QUEUE_TYPES: quorum, classic, a stream, or classic mirrored
-under one of MIRROR_POLICIES). A nemesis drawn from the seed
-partitions the nodes (every shape `draw_partition` knows), resets peer links and client
+consumers with acks on one queue (QUEUE_TYPES: quorum, durable classic, non-durable classic with
+transient messages, a stream, or classic mirrored under one of MIRROR_POLICIES); a stream's
+publishers may speak the stream protocol instead (hutch.streamclient). A nemesis drawn from the
+seed partitions the nodes (every shape `draw_partition` knows), resets peer links and client
 connections, crashes nodes (kill -9: tasks stop, sockets reset, files closed as written), cuts
-their power (what was not fsynced is lost, the last write may be torn), fails their fsyncs or
-fills their disks for a while (the node stops itself, or its disk alarm blocks publishers), and
-jumps their wall clocks (FAULT_KINDS); it restarts the nodes from their data directories, then
+their power (what was not fsynced is lost, the last write may be torn), fails their fsyncs,
+fills their disks or slows them for a while (the node stops itself, or its disk alarm blocks
+publishers, or its fsyncs in worker threads take long), and jumps their wall clocks
+(FAULT_KINDS); it restarts the nodes from their data directories, then
 heals everything; the consumer then has `drain_s` to receive every confirmed message, and the
 run checks (FAILURE_KINDS):
 
@@ -86,6 +88,9 @@ from hutch.simkernel.aioloop import SimulationLivelock, VirtualLoop
 from hutch.simkernel.disk import SimDisk
 from hutch.simkernel.net import SimNet, current_host
 from hutch.store import StoreFailed, segment_log, stream_log
+from hutch.streamclient import StreamClient, StreamEndpoint
+from hutch.streamproto import amqp10
+from hutch.streamproto import frames as sf
 
 SIM_EPOCH_S = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the wall clock every simulated node starts near
 WALL_SKEW_MS_MAX = 50  # each node's wall clock is off by up to this much
@@ -101,6 +106,10 @@ QUEUE_TYPES = {
     "mirrored-nodes": {},  # mirrored by NODES_POLICY: confirmed once both named nodes have it
     "mirrored-automatic-always": {},  # AUTOMATIC_ALWAYS_POLICY: may lose what a mirror had not synchronised
     "stream": {"x-queue-type": "stream"},  # confirmed once a majority of replicas has it on disk
+    # the same stream, its publishers on RabbitMQ's stream protocol (port 5552) as deduplicating
+    # producers: a named publisher whose publishing ids the stream remembers, so what a publisher
+    # sends again after a reconnection is confirmed and stored once
+    "stream-protocol": {"x-queue-type": "stream"},
     # a non-durable classic queue and transient messages: confirmed once the queue's home node has
     # the message in memory. The queue and its messages go with that node's process; a node that
     # cannot reach the home node drops what it routes to the queue (confirmed), and the other nodes
@@ -110,6 +119,9 @@ QUEUE_TYPES = {
     "transient": {},
 }
 STREAM = "stream"
+STREAM_PROTOCOL = "stream-protocol"
+STREAMS = {STREAM, STREAM_PROTOCOL}  # read by offset, with the stream checks
+STREAM_PORT = 5552
 TRANSIENT = "transient"
 # the operator's policy for --queue-type mirrored (set as `hutchctl set_policy` would): mirrors on
 # every node, synchronised automatically, a leader promoted only from synchronised mirrors; with
@@ -455,7 +467,8 @@ class ClusterSim:
             await self._set_mirror_policy(MIRROR_POLICIES[self.opts.queue_type])
         self.loop.call_later(LEADER_CHECK_S, self._check_leaders)
         async with asyncio.TaskGroup() as tg:
-            publishers = [tg.create_task(self._publisher(who)) for who in self._publishers]
+            publish = self._stream_publisher if self.opts.queue_type == STREAM_PROTOCOL else self._publisher
+            publishers = [tg.create_task(publish(who)) for who in self._publishers]
             consumers = [tg.create_task(self._consumer(who)) for who in self._consumers]
             getter = tg.create_task(self._getter()) if "get" in self._client_kinds() else None
             if self.opts.faults & set(DISK_KINDS):
@@ -471,7 +484,7 @@ class ClusterSim:
             if getter is not None:
                 getter.cancel()
         missing = set(self.history.confirmed) - set(self.history.delivered)
-        if self.opts.queue_type == STREAM:
+        if self.opts.queue_type in STREAMS:
             await self._read_every_replica()
         elif not drained:
             await self._audit()
@@ -503,7 +516,8 @@ class ClusterSim:
 
     def _config(self, host: str) -> Config:
         return Config(node_name=f"hutch@{host}", amqp_host=host, amqp_port=AMQP_PORT,
-                      data_dir=os.path.join(self.root, host), mgmt_port=0, prometheus_port=0, stream_port=0,
+                      data_dir=os.path.join(self.root, host), mgmt_port=0, prometheus_port=0,
+                      stream_port=STREAM_PORT if self.opts.queue_type == STREAM_PROTOCOL else 0,
                       peer_port=PEER_PORT, cluster_nodes=[f"hutch@{h}:{PEER_PORT}" for h in self.hosts],
                       cluster_secret_file=os.path.join(self.root, "secret"), loopback_users=[],
                       net_ticktime_s=self.opts.net_ticktime_s, disk_free_limit_bytes=DISK_FREE_LIMIT_BYTES,
@@ -736,7 +750,7 @@ class ClusterSim:
         so that the expiry paths run on every node's clock and a confirmed message that expires
         shows a clock that went wrong."""
         args = dict(QUEUE_TYPES[self.opts.queue_type])
-        if "clock" in self.opts.faults and self.opts.queue_type != STREAM:
+        if "clock" in self.opts.faults and self.opts.queue_type not in STREAMS:
             args["x-message-ttl"] = MESSAGE_TTL_MS
         return args
 
@@ -795,12 +809,100 @@ class ClusterSim:
                     _send_again(again, mid)
             await client.close()
 
+    async def _stream_publisher(self, who: str) -> None:
+        """Publish over the stream protocol as a deduplicating producer does (the stream clients'
+        named producers): publisher reference `sim-<who>`, publishing ids 1, 2, ... in order, a
+        window of 8. After each (re)connection to the stream's leader it sends again, under their
+        ids, what it sent and had no answer for; the stream must confirm those and store each
+        once (the `duplicate` check). A refused publish is nacked, not sent again."""
+        h = self.history
+        window_max = 8
+        unanswered: dict[int, str] = {}  # publishing id -> message sent and neither confirmed nor refused
+        next_pid = 1
+        while self._next_id < self.opts.messages or unanswered:
+            answered = asyncio.Event()
+
+            def on_confirm(_publisher: int, pids: list[int], answered=answered) -> None:
+                for pid in pids:
+                    mid = unanswered.pop(pid, None)
+                    if mid is not None:
+                        h.confirmed.add(mid)
+                        self.kernel.log(f"client {who}: confirmed {mid}")
+                answered.set()
+
+            def on_error(_publisher: int, errors: list[tuple[int, int]], answered=answered) -> None:
+                for pid, code in errors:
+                    mid = unanswered.pop(pid, None)
+                    if mid is not None:
+                        h.nacked.add(mid)
+                        self.kernel.log(f"client {who}: refused {mid} (code {code:#x})")
+                answered.set()
+
+            client = await self._stream_connect(who)
+            client.on_confirm, client.on_publish_error = on_confirm, on_error
+            try:
+                for pid, mid in sorted(unanswered.items()):
+                    client.send(sf.encode(sf.Publish(0, [(pid, amqp10.Message(mid.encode()).encode())])))
+                    self.kernel.log(f"client {who}: sent {mid} again as publishing id {pid}")
+                while (self._next_id < self.opts.messages or unanswered) and not client.closed.done():
+                    if len(unanswered) >= window_max or self._next_id >= self.opts.messages:
+                        answered.clear()
+                        async with asyncio.timeout(CONFIRM_TIMEOUT_S):
+                            await asyncio.wait([asyncio.ensure_future(answered.wait()), client.closed],
+                                               return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    mid, pid = f"m{self._next_id}", next_pid
+                    self._next_id += 1
+                    next_pid += 1
+                    unanswered[pid] = mid
+                    h.published.add(mid)
+                    client.send(sf.encode(sf.Publish(0, [(pid, amqp10.Message(mid.encode()).encode())])))
+                    self.kernel.log(f"client {who}: published {mid} as publishing id {pid}")
+                    await asyncio.sleep(self.rng.uniform(0.005, 0.1))
+            except TimeoutError:
+                self.kernel.log(f"client {who}: no answer for {CONFIRM_TIMEOUT_S:.0f} s; giving the connection up")
+            except Exception as e:  # noqa: BLE001 - the connection died: what was not answered is sent again
+                self.kernel.log(f"client {who}: {type(e).__name__}: {e}")
+            self.kernel.log(f"client {who}: {len(unanswered)} publish(es) left unanswered on this connection")
+            client.abort()
+
+    def _publisher_reference(self, who: str) -> str:
+        """The name under which the stream remembers a publisher's last publishing id (without
+        one, a publisher's ids are not deduplicated)."""
+        return f"sim-{who}"
+
+    async def _stream_connect(self, who: str) -> StreamClient:
+        """A stream-protocol connection to the stream's leader (asked of any node: Metadata),
+        with the stream created if need be and the publisher declared."""
+        network = self.net.host(who)
+        while True:
+            host = self.rng.choice(self.hosts)
+            ep = StreamEndpoint(host, STREAM_PORT)
+            client = None
+            try:
+                async with asyncio.timeout(STEP_TIMEOUT_S):
+                    client = await StreamClient.connect(ep, who, network=network)
+                    await client.request(sf.Create(0, QUEUE, {}), ok=(sf.OK, sf.STREAM_ALREADY_EXISTS))
+                    leader = await client.leader_of(ep, QUEUE, timeout_s=STEP_TIMEOUT_S / 2)
+                    if (leader.host, leader.port) != (ep.host, ep.port):
+                        client.abort()
+                        client = await StreamClient.connect(leader, who, network=network)
+                    await client.request(sf.DeclarePublisher(0, 0, self._publisher_reference(who), QUEUE))
+                self.kernel.log(f"client {who}: publishing to the stream's leader {leader.host} (asked {host})")
+                return client
+            except Exception as e:  # noqa: BLE001 - any failure: retry
+                self.kernel.log(f"client {who}: could not set up on {host}: {type(e).__name__}: {e}")
+                if client is not None:
+                    client.abort()
+                self.stats["reconnects"] += 1
+                await asyncio.sleep(self.rng.uniform(*CLIENT_BACKOFF_S))
+
     def _on_delivery(self, who: str, this: list, tag: int, redelivered: bool, body: bytes, props=None) -> None:
         h = self.history
         mid = body.decode()
         if mid not in h.published:
             self._fail("unpublished", f"delivered {mid!r}, which was never published")
-        if self.opts.queue_type == STREAM:
+        if self.opts.queue_type in STREAMS:
             self._on_stream_delivery(who, this[0], tag, props, mid)
             return
         seen = h.delivered.get(mid, 0)
@@ -842,7 +944,7 @@ class ClusterSim:
     async def _subscribe(self, client: SimClient, host: str, start: int | str) -> str:
         """Consume the queue; on a stream, from `start` (an offset, or "first"), with the checks
         of `_on_stream_delivery` on what the subscription delivers."""
-        if self.opts.queue_type != STREAM:
+        if self.opts.queue_type not in STREAMS:
             return await client.consume(QUEUE)
         self._reading[client] = [0 if start == "first" else start, host]  # no retention: "first" is 0
         return await client.consume(QUEUE, {"x-stream-offset": start})
@@ -886,7 +988,7 @@ class ClusterSim:
     def _client_kinds(self) -> frozenset[str]:
         """The client kinds this run has: a stream has no basic.get and no requeue (RabbitMQ
         refuses both), so its clients only cancel."""
-        return self.opts.clients & {"cancel"} if self.opts.queue_type == STREAM else self.opts.clients
+        return self.opts.clients & {"cancel"} if self.opts.queue_type in STREAMS else self.opts.clients
 
     async def _consume(self, client: SimClient, host: str) -> None:
         async with asyncio.timeout(STEP_TIMEOUT_S):
@@ -1128,7 +1230,8 @@ def trace_digest(result: SimResult) -> str:
                    "with mirrors on every node, when-synced promotion and pause_minority; mirrored-nodes: mirrors "
                    "on two named nodes; mirrored-always: two mirrors, manual sync, any mirror promoted, its "
                    "documented losses counted, not failed; mirrored-automatic-always: mirrors everywhere, "
-                   "automatic sync, any mirror promoted, losses counted; stream: read by offset; transient: a "
+                   "automatic sync, any mirror promoted, losses counted; stream: read by offset; stream-protocol: "
+                   "the same, published to over the stream protocol by deduplicating producers; transient: a "
                    "non-durable classic queue and transient messages, lost with their node's process, counted).")
 @click.option("--faults", default=",".join(FAULT_KINDS), show_default=True,
               help="The fault kinds the nemesis draws, comma-separated: net (partitions, link and client "
