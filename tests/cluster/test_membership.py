@@ -65,10 +65,20 @@ def test_a_standalone_node_joins_with_stop_app_join_cluster_start_app_and_is_for
             c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", newcomer.amqp_port))
             ch = c.channel()
             ch.queue_declare("on-4", durable=True)
+            # a quorum queue and a stream led there, each with two more members, holding messages
+            ch.queue_declare("quorum-on-4", durable=True, arguments={"x-queue-type": "quorum",
+                                                                     "x-quorum-initial-group-size": 3})
+            ch.queue_declare("stream-on-4", durable=True, arguments={"x-queue-type": "stream",
+                                                                     "x-initial-cluster-size": 3})
+            ch.confirm_delivery()
+            for i in range(20):
+                for q in ("quorum-on-4", "stream-on-4"):
+                    ch.basic_publish("", q, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
             with pytest.raises(pika.exceptions.ChannelClosedByBroker):
                 c.channel().queue_declare("before-join", passive=True)
             c.close()
             assert cluster.queue_home("on-4", i=2) == "hutch-4@localhost"
+            assert cluster.queue_home("quorum-on-4", i=2) == "hutch-4@localhost"
             # forgetting a running node is refused
             p = ctl(first, "forget_cluster_node", "hutch-4@localhost", check=False)
             assert p.returncode == 69 and "is running" in p.stderr
@@ -77,8 +87,25 @@ def test_a_standalone_node_joins_with_stop_app_join_cluster_start_app_and_is_for
             ctl(first, "forget_cluster_node", "hutch-4@localhost")
             st = status(cluster.nodes[2])
             assert set(st["disk_nodes"]) == set(cluster.names)
-            # its queues went with it
-            assert "on-4" not in {q["name"] for q in cluster.api(1, "/api/queues")}
+            # its classic queue went with it; the quorum queue and the stream it led lost it as a
+            # member and kept their messages on the others, as RabbitMQ's forget_cluster_node does
+            queues = {q["name"]: q for q in cluster.api(1, "/api/queues")}
+            assert "on-4" not in queues
+            for name in ("quorum-on-4", "stream-on-4"):
+                wait_until(lambda name=name: len(cluster.api(1, f"/api/queues/%2F/{name}")["members"]) == 2, 30,
+                           f"{name} shrunk")
+                assert "hutch-4@localhost" not in cluster.api(1, f"/api/queues/%2F/{name}")["members"]
+            c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[1].amqp_port))
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=100)
+            for q, args in (("quorum-on-4", None), ("stream-on-4", {"x-stream-offset": "first"})):
+                got = []
+                ch.basic_consume(q, lambda ch, m, _p, body, got=got: (got.append(body.decode()),
+                                                                       ch.basic_ack(m.delivery_tag)),
+                                 arguments=args)
+                wait_until(lambda got=got: (c.process_data_events(0.1), len(got) >= 20)[1], 30, f"{q} consumed")
+                assert got == [f"m{i}" for i in range(20)]
+            c.close()
         finally:
             newcomer.kill()
 

@@ -211,12 +211,14 @@ class ForgetStep:
 
 
 def forget_commands(name: str, records: Iterable[cat.QueueRecord]) -> list[ForgetStep]:
-    """RabbitMQ's forget_cluster_node for the queues homed on `name`: a mirrored classic queue
-    goes to its first mirror (which starts empty if its node is stopped: mirrors keep nothing
-    across a restart); every other queue is deleted. The node's address parameter goes last."""
+    """RabbitMQ's forget_cluster_node for the classic queues homed on `name`: a mirrored one goes
+    to its first mirror (which starts empty if its node is stopped: mirrors keep nothing across a
+    restart); every other one is deleted. Quorum queues and streams are not deleted: the node
+    leaves their groups afterwards, and their other members keep the messages
+    (hutch.control.quorum.drop_forgotten_member). The node's address parameter goes last."""
     steps = []
     for rec in records:
-        if rec.leader_node != name:
+        if rec.leader_node != name or rec.type != cat.CLASSIC:
             continue
         mirrors = [n for n in rec.member_nodes if n != name]
         if rec.type == cat.CLASSIC and mirrors:

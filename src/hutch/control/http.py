@@ -86,6 +86,14 @@ def user_of(request: web.Request) -> User:
     return request["user"]
 
 
+def node_name_arg(body: dict) -> str:
+    """The request body's "node": a node name (NAME@HOST), else 400."""
+    name = body.get("node")
+    if not isinstance(name, str) or "@" not in name:
+        raise bad_request("'node' must be a node name, NAME@HOST")
+    return name
+
+
 async def read_json(request: web.Request, required: bool = True) -> dict[str, Any]:
     """The request body as a JSON object ({} when empty and not required)."""
     raw = await request.read()

@@ -43,10 +43,10 @@ from aiohttp import web
 
 from hutch import __version__
 from hutch.broker.streamq import advertised_address
-from hutch.control import ops
+from hutch.control import ops, quorum
 from hutch.control import stats as msg_stats
 from hutch.control.errors import ApiError, bad_request, not_authorised, not_found, service_unavailable
-from hutch.control.http import Api, api_of, read_json, requires, user_of
+from hutch.control.http import Api, api_of, node_name_arg, read_json, requires, user_of
 
 routes = web.RouteTableDef()
 
@@ -643,13 +643,6 @@ async def reset_node(request: web.Request) -> web.Response:
     return await _app_call(request, lambda n: n.reset())
 
 
-def node_name_arg(body: dict) -> str:
-    name = body.get("node")
-    if not isinstance(name, str) or "@" not in name:
-        raise bad_request("'node' must be a node name, NAME@HOST")
-    return name
-
-
 @routes.post("/api/hutch/cluster/join")
 @requires("administrator")
 async def join_cluster(request: web.Request) -> web.Response:
@@ -665,18 +658,30 @@ async def join_cluster(request: web.Request) -> web.Response:
     return await _app_call(request, lambda n: n.join_cluster(seed, addr))
 
 
+async def forget_cluster_member(node: Any, broker: Any, name: str) -> str | None:
+    """forget_cluster_node on the running `node`: `name` leaves the cluster (its classic queues
+    are deleted or go to a mirror), then every quorum queue and stream it was a member of
+    (quorum.drop_forgotten_member). The refusal's text, or None once done."""
+    fut = asyncio.get_running_loop().create_future()
+    node.forget_cluster_node(name, lambda error: fut.done() or fut.set_result(error))
+    error = await fut
+    if error is None:
+        await quorum.drop_forgotten_member(broker, name)
+    return error
+
+
 @routes.post("/api/hutch/cluster/forget")
 @requires("administrator")
 async def forget_cluster_node(request: web.Request) -> web.Response:
     body = await read_json(request, required=True)
     name = node_name_arg(body)
-    fut = asyncio.get_running_loop().create_future()
+    refused: list[str] = []
 
-    def done(error: str | None) -> None:
-        if not fut.done():
-            fut.set_result(error)
-    await _app_call(request, lambda n: n.forget_cluster_node(name, done))
-    error = await fut
-    if error is not None:
-        raise bad_request(error)
+    async def forget(n: Any) -> None:
+        error = await forget_cluster_member(n, api_of(request).broker, name)
+        if error is not None:
+            refused.append(error)
+    await _app_call(request, forget)
+    if refused:
+        raise bad_request(refused[0])
     return web.Response(status=204)

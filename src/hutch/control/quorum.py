@@ -30,8 +30,7 @@ from aiohttp import web
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, ops
 from hutch.control.errors import ApiError, bad_request, not_found
-from hutch.control.http import api_of, read_json, requires
-from hutch.control.node import node_name_arg
+from hutch.control.http import api_of, node_name_arg, read_json, requires
 from hutch.quorum import placement
 
 log = logging.getLogger("hutch.quorum")
@@ -233,6 +232,30 @@ async def _move_leader(broker, q, frm: str, to: str) -> dict:
     else:
         row.update(result="error", reason=f"{to} did not take over within {TRANSFER_TIMEOUT_S:g} s")
     return row
+
+
+async def drop_forgotten_member(broker, node: str) -> list[dict]:
+    """What forget_cluster_node does to quorum queues and streams once `node` is out of the
+    cluster, as RabbitMQ's (shrink_all, and delete_all_replicas for streams): the node leaves
+    every group it was a member of, so each queue keeps its messages on its other members (one
+    the node led elects another leader). A queue whose only member it was is left as it is,
+    unavailable, until it is deleted. One row per queue, as `shrink` answers."""
+    rows = []
+    for q in [q for v in list(broker.vhosts.values()) for q in list(v.queues.values())
+              if q.queue_type in ("quorum", "stream") and node in q.members]:
+        if q.members == (node,):
+            row = {"vhost": q.vhost, "name": q.name, "size": 1, "result": "error",
+                   "reason": f"{node} is the last member of {q.queue_type} queue '{q.name}' in vhost '{q.vhost}'"}
+        else:
+            row = await _outcome(broker, q, "remove", node)
+        if row["result"] == "ok":
+            log.info("%s queue '%s' in vhost '%s': removed member %s (forgotten)", q.queue_type.capitalize(),
+                     q.name, q.vhost, node)
+        else:
+            log.warning("%s queue '%s' in vhost '%s': could not remove member %s (forgotten): %s",
+                        q.queue_type.capitalize(), q.name, q.vhost, node, row["reason"])
+        rows.append(row)
+    return rows
 
 
 async def _outcome(broker, q, op: str, node: str) -> dict:

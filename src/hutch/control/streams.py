@@ -49,8 +49,7 @@ from hutch.broker.streamsac import sac_of
 from hutch.cluster import catalogue as cat
 from hutch.control import changes, listing, ops, quorum, sessions, stats
 from hutch.control.errors import ApiError, bad_request, not_found
-from hutch.control.http import api_of, has_tag, read_json, requires, user_of
-from hutch.control.node import node_name_arg
+from hutch.control.http import api_of, has_tag, node_name_arg, read_json, requires, user_of
 from hutch.control.topology import vhost_for_read, vhost_for_write
 from hutch.streams.config import NAMED_ARGUMENTS
 
