@@ -104,6 +104,11 @@ REGRESSION_SEEDS = [
     # quorum, every fault kind: 75, a restarted node that led at once applied its old consumer's
     # registration after its stale-consumer check, and the queue delivered to nobody
     ("quorum", EVERY, NO_CLIENTS, 75),
+    # stream, every fault kind (the operator replaces a node): 134, a node forgotten and joined
+    # again, whose start failed (a full disk) and which was reset and joined again while still
+    # a member, took the leader's commit index from a heartbeat past its empty log and crashed
+    # on every start (IndexError in the catalogue group's Ready)
+    ("stream", EVERY, NO_CLIENTS, 134),
     # classic: 161, a restarted home node confirmed a forwarded publish before it had recovered
     # its queue
     ("classic", NET_AND_CRASH, NO_CLIENTS, 161),

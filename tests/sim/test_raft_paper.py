@@ -551,6 +551,35 @@ def test_restarted_node_recovers_term_vote_and_log_from_storage():
     assert c.data(2) == [b"x"]  # re-applied from the log after the restart
 
 
+def test_a_member_that_lost_its_log_and_came_back_under_its_id_catches_up_without_committing_past_its_log():
+    c = leader_cluster()
+    for i in range(5):
+        c[1].propose(f"x{i}".encode())
+    c.deliver()
+    assert c[1].progress[3].match == c[1].last_index()
+    c.add(3, MemoryStorage())  # node 3 was reset and joined again before it was forgotten
+    c.tick([1])  # a heartbeat carrying the leader's commit, which node 3 no longer holds
+    c.deliver()
+    c.stabilize(3)
+    g = c[3]
+    assert g.commit <= g.last_index() and g.last_index() == c[1].last_index()
+    assert c.data(3) == [f"x{i}".encode() for i in range(5)]
+
+
+def test_a_node_that_knows_no_configuration_does_not_vote():
+    c = Cluster((1, 2, 3), NO_PREVOTE, storages={3: MemoryStorage()})
+    c[1].elapsed = c[1].timeout - 1
+    c[1].tick()
+    c.process()
+    requests = [m for m in c.inbox if isinstance(m, RequestVote) and m.to == 3]
+    c.inbox.clear()
+    for m in requests:
+        c[3].step(m)
+    c.process()
+    assert [m.granted for m in c.inbox if isinstance(m, VoteResponse) and m.frm == 3] == [False]
+    assert c[3].vote is None
+
+
 def test_config_validates_limits_and_rejects_unknown_unsafe_bugs():
     with pytest.raises(ValueError):
         RaftConfig(election_timeout_ticks=2, heartbeat_interval_ticks=2)

@@ -436,7 +436,15 @@ class RaftGroup:
             self._handle_append(m)
         elif t is Heartbeat:
             self._follow(m.frm)
-            self._commit_to(m.commit)
+            # the leader sends min(its commit, what it knows this follower stores): more than this
+            # log holds only when the follower lost its log and came back under its old id (a node
+            # reset and joined again before it was forgotten). It says so, a rejection of index 0
+            # (which no append can draw) with its log's end, and the leader sends it the entries
+            # again.
+            last = self.storage.last_index()
+            if m.commit > last:
+                self._send(AppendResponse(self.term, self.id, m.frm, 0, True, last))
+            self._commit_to(min(m.commit, last))
             self._send(HeartbeatResponse(self.term, self.id, m.frm, m.read_seq))
         elif t is InstallSnapshot:
             self._follow(m.frm)
@@ -682,7 +690,9 @@ class RaftGroup:
         bugs = self.cfg._unsafe_bugs
         st = self.storage
         last = st.last_index()
-        can_vote = (
+        # a node that knows no configuration (an empty log: a member being added, or one that
+        # lost its log) does not vote: it cannot tell whether it voted in this term before
+        can_vote = bool(self.voters) and (
             self.vote == m.frm
             or (self.vote is None and self.leader is None)
             or (m.pre_vote and m.term > self.term)
@@ -863,6 +873,11 @@ class RaftGroup:
             return
         pr.recent_active = True
         if m.reject:
+            if m.index == 0 and m.hint_index < pr.match:  # the follower lost entries it had acknowledged
+                pr.match = m.hint_index
+                pr.become(PROBE)
+                self._send_append(m.frm)
+                return
             if pr.maybe_decrease(m.index, m.hint_index):
                 if pr.state == REPLICATE:
                     pr.become(PROBE)

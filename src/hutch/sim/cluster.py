@@ -77,6 +77,7 @@ from hutch.broker.broker import Config
 from hutch.broker.journal import COMPACT_INTERVAL_S, Journal
 from hutch.control import changes
 from hutch.control.errors import ApiError
+from hutch.control.node import forget_cluster_member
 from hutch.control.policies import set_policy_command
 from hutch.control.policy import validate_policy
 from hutch.raft.group import LEADER
@@ -169,9 +170,14 @@ RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is 
 # (the disk alarm, and half the time writes failing with ENOSPC), "clock" drifts every node's
 # clock and jumps one node's wall clock (a node reads it when it starts), "slow-disk" makes a
 # node's fsyncs slow for a while (each takes up to half a second; the node learns of those it
-# runs in a worker thread only once they are done).
-FAULT_KINDS = ("net", "crash", "power", "fsync", "disk-full", "clock", "slow-disk")
-DISK_KINDS = ("power", "fsync", "disk-full", "clock", "slow-disk")  # what _disk_and_clock_nemesis draws
+# runs in a worker thread only once they are done), "membership" has the operator replace a node
+# once (stop it, forget_cluster_node on another, then start it afresh to join_cluster again: on
+# quorum queues and streams, which keep their messages through it).
+FAULT_KINDS = ("net", "crash", "power", "fsync", "disk-full", "clock", "slow-disk", "membership")
+# what _disk_and_clock_nemesis draws, from a generator of its own
+SIDE_KINDS = ("power", "fsync", "disk-full", "clock", "slow-disk", "membership")
+MEMBERSHIP_QUEUE_TYPES = {"quorum", "stream", "stream-protocol"}  # where "membership" is drawn
+FORGET_TIMEOUT_S = 30.0  # how long the operator waits for forget_cluster_node
 # What `run_seed` draws unless told otherwise: the faults the simulation had before it had disks
 # and clocks, with which a seed names the same run as it did then (the batches in
 # tests/sim/test_cluster_sim.py and their regression seeds). `hutch sim cluster` draws them all.
@@ -471,7 +477,7 @@ class ClusterSim:
             publishers = [tg.create_task(publish(who)) for who in self._publishers]
             consumers = [tg.create_task(self._consumer(who)) for who in self._consumers]
             getter = tg.create_task(self._getter()) if "get" in self._client_kinds() else None
-            if self.opts.faults & set(DISK_KINDS):
+            if self.opts.faults & set(SIDE_KINDS):
                 tg.create_task(self._disk_and_clock_nemesis())
             await self._nemesis()
             self._heal()
@@ -525,12 +531,14 @@ class ClusterSim:
                       cluster_partition_handling="pause_minority" if self.opts.queue_type in MIRROR_POLICIES
                       else "ignore")
 
-    async def _boot(self, host: str) -> None:
+    async def _boot(self, host: str, join: str | None = None) -> None:
         if host in self.nodes:
             raise RuntimeError(f"node {host} is already running")
         c = self.clocks[host]
         c.skew_s = self.rng.randint(-WALL_SKEW_MS_MAX, WALL_SKEW_MS_MAX) / 1000
         node = Node(self._config(host), network=self.net.host(host), clock=NodeClock(c.monotonic, c.wall))
+        if join is not None:  # a node that was forgotten: reset, to join through `join`
+            node.join_cluster(f"hutch@{join}", (join, PEER_PORT))
         self.nodes[host] = node
         await node.start()
         self.loop.call_later(COMPACT_INTERVAL_S, self._compact, node)
@@ -638,16 +646,17 @@ class ClusterSim:
             self.kernel.log(f"nemesis: {host} lost {loss.bytes_lost} unsynced bytes in {loss.files} file(s), "
                             f"{loss.torn} write(s) torn")
 
-    async def _restart(self, host: str, after_s: float) -> None:
+    async def _restart(self, host: str, after_s: float, join: str | None = None) -> None:
         """Start the node again after `after_s`, once its disk works; a start that fails (its disk
-        failed meanwhile) is a process that exited: it is tried again, as an operator would."""
+        failed meanwhile) is a process that exited: it is tried again, as an operator would. With
+        `join`, it is reset first and joins the cluster through that node (join_cluster)."""
         while True:
             await asyncio.sleep(after_s)
             while host in self.disk.fsync_failing or host in self.disk.full:  # the operator waits for the disk
                 await asyncio.sleep(0.1)
             self.kernel.log(f"nemesis: restart {host}")
             try:
-                await self._spawn_on(host, self._boot(host))
+                await self._spawn_on(host, self._boot(host, join))
                 return
             except Exception as e:  # noqa: BLE001 - a start the disk failed
                 self.kernel.log(f"nemesis: {host} did not start: {type(e).__name__}: {e}")
@@ -655,11 +664,35 @@ class ClusterSim:
                     self._down(host, power=True)
                 after_s = 0.5
 
+    async def _replace(self, host: str) -> None:
+        """The operator replaces `host`: stops it, forgets it on another node (its quorum queues
+        and streams lose it as a member and keep their messages), then starts it with an empty
+        data directory to join the cluster again. A forget that is refused or times out (no
+        majority) leaves the node to start as it was."""
+        self.kernel.log(f"nemesis: replace {host}: stop it, forget it, start it afresh to join again")
+        self._down(host, power=False)
+        survivor = self.rng2.choice(sorted(self.nodes))
+        node = self.nodes[survivor]
+        try:
+            async with asyncio.timeout(FORGET_TIMEOUT_S):
+                while node.clustering.is_up(f"hutch@{host}"):  # the operator waits until it shows as down
+                    await asyncio.sleep(0.1)
+                error = await self._spawn_on(survivor, forget_cluster_member(node, node.broker, f"hutch@{host}"))
+        except Exception as e:  # noqa: BLE001 - the survivor went down meanwhile, or no majority
+            error = f"{type(e).__name__}: {e}"
+        if error is not None:
+            self.kernel.log(f"nemesis: forgetting {host} on {survivor} failed: {error}; starting it as it was")
+            await self._restart(host, 0.5)
+            return
+        self.kernel.log(f"nemesis: {host} forgotten on {survivor}; it starts afresh and joins via {survivor}")
+        await self._restart(host, self.rng2.uniform(0.2, 1.0), join=survivor)
+
     async def _disk_and_clock_nemesis(self) -> None:
         """The faults below the node: power losses, fsync errors, full disks and clock jumps, drawn
         from their own generator (`rng2`) at their own times until the heal."""
         rng = self.rng2
-        kinds = [k for k in DISK_KINDS if k in self.opts.faults]
+        kinds = [k for k in SIDE_KINDS if k in self.opts.faults
+                 and (k != "membership" or self.opts.queue_type in MEMBERSHIP_QUEUE_TYPES)]
         deadline = self.loop.time() + self.opts.fault_s
         while True:
             await asyncio.sleep(rng.uniform(0.3, 2.0))
@@ -668,6 +701,11 @@ class ClusterSim:
             kind = rng.choice(kinds)
             if kind == "power":
                 self._crash(rng, power=True)
+            elif kind == "membership":
+                if not self.stats.get("replaced") and not self._impaired():
+                    host = rng.choice(self.hosts)
+                    self.stats["replaced"] = 1
+                    self._restarts.append(self.loop.create_task(self._replace(host)))
             elif kind == "clock":
                 host = rng.choice(self.hosts)
                 jump_s = rng.choice((-1, 1)) * rng.uniform(1, WALL_JUMP_S_MAX)
