@@ -169,3 +169,21 @@ def test_without_a_publisher_reference_the_same_run_stores_what_was_sent_again_t
     monkeypatch.setattr(ClusterSim, "_publisher_reference", lambda _sim, _who: "")  # no deduplication
     result = run_seed(20, queue_type="stream-protocol", faults=FAULT_KINDS)
     assert result.stats["failed"] == ["duplicate"], result.violation
+
+
+# -- the operator replaces a node (the "membership" fault kind)
+
+
+@pytest.mark.parametrize("queue_type", ["quorum", "stream"])
+def test_a_replaced_node_is_forgotten_leaves_the_queue_and_joins_again_and_nothing_confirmed_is_lost(queue_type):
+    result = run_seed(1, queue_type=queue_type, faults=frozenset({"membership"}), trace=True)
+    assert result.ok, result.violation
+    assert result.stats["replaced"] == 1 and result.stats["confirmed"] == result.stats["delivered"] == 40
+    assert [line for line in result.trace if "removed member hutch@" in line and "(forgotten)" in line]
+    assert [line for line in result.trace if "is a member of the cluster (via hutch@" in line]
+
+
+def test_no_node_is_replaced_under_a_classic_queue_whose_forget_would_delete_it():
+    result = run_seed(1, queue_type="classic", faults=frozenset({"membership"}), trace=True)
+    assert result.ok, result.violation
+    assert "replaced" not in result.stats

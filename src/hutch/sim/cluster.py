@@ -11,8 +11,8 @@ seed partitions the nodes (every shape `draw_partition` knows), resets peer link
 connections, crashes nodes (kill -9: tasks stop, sockets reset, files closed as written), cuts
 their power (what was not fsynced is lost, the last write may be torn), fails their fsyncs,
 fills their disks or slows them for a while (the node stops itself, or its disk alarm blocks
-publishers, or its fsyncs in worker threads take long), and jumps their wall clocks
-(FAULT_KINDS); it restarts the nodes from their data directories, then
+publishers, or its fsyncs in worker threads take long), jumps their wall clocks, and has the
+operator replace a node (forget it, then join it afresh) (FAULT_KINDS); it restarts the nodes from their data directories, then
 heals everything; the consumer then has `drain_s` to receive every confirmed message, and the
 run checks (FAILURE_KINDS):
 
@@ -693,6 +693,8 @@ class ClusterSim:
         rng = self.rng2
         kinds = [k for k in SIDE_KINDS if k in self.opts.faults
                  and (k != "membership" or self.opts.queue_type in MEMBERSHIP_QUEUE_TYPES)]
+        if not kinds:
+            return
         deadline = self.loop.time() + self.opts.fault_s
         while True:
             await asyncio.sleep(rng.uniform(0.3, 2.0))
@@ -1275,7 +1277,9 @@ def trace_digest(result: SimResult) -> str:
               help="The fault kinds the nemesis draws, comma-separated: net (partitions, link and client "
                    "resets), crash (kill -9), power (power loss: unsynced writes lost, the last one torn), fsync "
                    "(fsync errors: the node stops), disk-full (the disk alarm, and writes failing with ENOSPC), "
-                   "clock (clock drift, wall-clock jumps), slow-disk (fsyncs that take up to half a second).")
+                   "clock (clock drift, wall-clock jumps), slow-disk (fsyncs that take up to half a second), "
+                   "membership (the operator replaces a node: stop, forget_cluster_node, join afresh; quorum "
+                   "queues and streams).")
 @click.option("--clients", "client_kinds", default=",".join(CLIENT_KINDS), show_default=True,
               help="What more the clients do, comma-separated, or none: get (a client taking messages with "
                    "basic.get), cancel (the consumer cancels and subscribes again now and then), nack (it "
