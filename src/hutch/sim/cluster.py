@@ -704,7 +704,9 @@ class ClusterSim:
             if kind == "power":
                 self._crash(rng, power=True)
             elif kind == "membership":
-                if not self.stats.get("replaced") and not self._impaired():
+                # every node up and serving (not one still starting: its start would never end)
+                if (not self.stats.get("replaced") and not self._impaired()
+                        and all(n.app_running for n in self.nodes.values())):
                     host = rng.choice(self.hosts)
                     self.stats["replaced"] = 1
                     self._restarts.append(self.loop.create_task(self._replace(host)))
