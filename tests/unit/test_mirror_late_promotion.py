@@ -84,6 +84,29 @@ def test_a_join_asked_again_does_not_turn_the_copy_from_the_ring_into_one_read_f
     assert [(e.seq, e.message.body) for e in q.state.ready()] == [(1, b"m1"), (2, b"m2")]
 
 
+def test_a_promotion_that_commits_while_the_mirror_is_joining_the_old_leaders_new_ring_keeps_what_it_held(
+        tmp_path) -> None:
+    """The same, but the old leader's node answered the mirror's offer and the mirror is on its
+    way into that node's new ring when the promotion commits. Found by `make campaign-long` (run
+    37, mirrored, ha-mode all: an fsync error stopped the leader's node, which came back on the
+    network for a moment while it stopped): the node took a mirror still joining for one with
+    nothing to promote, made the queue afresh, and three confirmed messages were lost."""
+    cl, m = _mirror_with_a_copy(tmp_path)
+    cl.peer_down(A)
+    cl.peer_up(A)  # it offers its copy to the old leader's node, which answers with its new ring
+    m._got_leader([200, "a@h|1.2", [(1, 1)], True])
+    assert m.member is not None and m.member.status != "member" and m.replica.entries
+    joining = m.member.id
+
+    cl.apply_command(cat.SetQueueNodes("/", "orders", B, (), expect_leader=A, promotion=True,
+                                       synchronised_only=True))
+
+    q = cl.broker.vhosts["/"].queues["orders"]
+    assert ("/", "orders") in cl.mirroring.leaders and ("/", "orders") not in cl.mirroring.mirrors
+    assert [(e.seq, e.message.body) for e in q.state.ready()] == [(1, b"m1"), (2, b"m2")]
+    assert joining not in cl.mirroring.members  # the joining member was let go
+
+
 def _node(tmp_path, leader: str) -> ClusterBroker:
     cl = ClusterBroker(Broker(Config()), B, lambda peer, payload: True, lambda _n: False,
                        lambda _cmd, _cb: None, lambda fn, *args: None)

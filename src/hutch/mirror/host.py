@@ -235,6 +235,12 @@ class MirrorHost:
         m = self.mirrors.get((rec.vhost, rec.name))
         if m is None:
             return True  # nothing to promote: the caller makes a fresh queue
+        if m.member is not None and m.member.status != gm.MEMBER:
+            # on its way into a ring (a new mirror, or one that left the ring of a leader it saw
+            # die and offered its copy to that leader's node, back with a ring of its own): it
+            # gives that ring up, and is promoted as a mirror between rings is
+            self.members.pop(m.member.id, None)
+            m.member = None
         if m.member is None:
             # between rings (it left the ring of a leader it saw die, to join that leader's node
             # again once it is back, or the ring took it off): a promotion decided while it was in
@@ -246,8 +252,6 @@ class MirrorHost:
                 # before the node went and committed after: what it holds is the queue
                 m.replica.keep_unreconciled()
             return self.promote(m)
-        if m.member.status != gm.MEMBER:
-            return True
         m.wants_lead = True
         if m.leader_member is not None and m.leader_member in set(m.member.members):
             return False
