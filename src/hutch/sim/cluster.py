@@ -12,9 +12,9 @@ connections, crashes nodes (kill -9: tasks stop, sockets reset, files closed as 
 their power (what was not fsynced is lost, the last write may be torn), fails their fsyncs,
 fills their disks or slows them for a while (the node stops itself, or its disk alarm blocks
 publishers, or its fsyncs in worker threads take long), jumps their wall clocks, and has the
-operator replace a node (forget it, then join it afresh) (FAULT_KINDS); it restarts the nodes from their data directories, then
-heals everything; the consumer then has `drain_s` to receive every confirmed message, and the
-run checks (FAILURE_KINDS):
+operator replace a node (forget it, then join it afresh) (FAULT_KINDS); it restarts the nodes
+from their data directories, then heals everything; the consumer then has `drain_s` to receive
+every confirmed message, and the run checks (FAILURE_KINDS):
 
 - no confirmed message lost: every message the publisher saw confirmed is delivered; when the
   consumer falls short, a new consumer on each node in turn tells a starved consumer
@@ -174,7 +174,7 @@ RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is 
 # once (stop it, forget_cluster_node on another, then start it afresh to join_cluster again: on
 # quorum queues and streams, which keep their messages through it).
 FAULT_KINDS = ("net", "crash", "power", "fsync", "disk-full", "clock", "slow-disk", "membership")
-# what _disk_and_clock_nemesis draws, from a generator of its own
+# what _side_nemesis draws, from a generator of its own
 SIDE_KINDS = ("power", "fsync", "disk-full", "clock", "slow-disk", "membership")
 MEMBERSHIP_QUEUE_TYPES = {"quorum", "stream", "stream-protocol"}  # where "membership" is drawn
 FORGET_TIMEOUT_S = 30.0  # how long the operator waits for forget_cluster_node
@@ -478,7 +478,7 @@ class ClusterSim:
             consumers = [tg.create_task(self._consumer(who)) for who in self._consumers]
             getter = tg.create_task(self._getter()) if "get" in self._client_kinds() else None
             if self.opts.faults & set(SIDE_KINDS):
-                tg.create_task(self._disk_and_clock_nemesis())
+                tg.create_task(self._side_nemesis())
             await self._nemesis()
             self._heal()
             await self._everyone_back()
@@ -687,9 +687,10 @@ class ClusterSim:
         self.kernel.log(f"nemesis: {host} forgotten on {survivor}; it starts afresh and joins via {survivor}")
         await self._restart(host, self.rng2.uniform(0.2, 1.0), join=survivor)
 
-    async def _disk_and_clock_nemesis(self) -> None:
-        """The faults below the node: power losses, fsync errors, full disks and clock jumps, drawn
-        from their own generator (`rng2`) at their own times until the heal."""
+    async def _side_nemesis(self) -> None:
+        """The faults below the node and the operator's: power losses, fsync errors, full and slow
+        disks, clock jumps and a node replaced, drawn from their own generator (`rng2`) at their
+        own times until the heal."""
         rng = self.rng2
         kinds = [k for k in SIDE_KINDS if k in self.opts.faults
                  and (k != "membership" or self.opts.queue_type in MEMBERSHIP_QUEUE_TYPES)]
@@ -884,21 +885,24 @@ class ClusterSim:
             client.on_confirm, client.on_publish_error = on_confirm, on_error
             try:
                 for pid, mid in sorted(unanswered.items()):
-                    client.send(sf.encode(sf.Publish(0, [(pid, amqp10.Message(mid.encode()).encode())])))
+                    _stream_publish(client, pid, mid)
                     self.kernel.log(f"client {who}: sent {mid} again as publishing id {pid}")
                 while (self._next_id < self.opts.messages or unanswered) and not client.closed.done():
                     if len(unanswered) >= window_max or self._next_id >= self.opts.messages:
                         answered.clear()
-                        async with asyncio.timeout(CONFIRM_TIMEOUT_S):
-                            await asyncio.wait([asyncio.ensure_future(answered.wait()), client.closed],
-                                               return_when=asyncio.FIRST_COMPLETED)
+                        waiting = asyncio.ensure_future(answered.wait())
+                        try:
+                            async with asyncio.timeout(CONFIRM_TIMEOUT_S):
+                                await asyncio.wait([waiting, client.closed], return_when=asyncio.FIRST_COMPLETED)
+                        finally:
+                            waiting.cancel()
                         continue
                     mid, pid = f"m{self._next_id}", next_pid
                     self._next_id += 1
                     next_pid += 1
                     unanswered[pid] = mid
                     h.published.add(mid)
-                    client.send(sf.encode(sf.Publish(0, [(pid, amqp10.Message(mid.encode()).encode())])))
+                    _stream_publish(client, pid, mid)
                     self.kernel.log(f"client {who}: published {mid} as publishing id {pid}")
                     await asyncio.sleep(self.rng.uniform(0.005, 0.1))
             except TimeoutError:
@@ -1254,6 +1258,11 @@ def parse_faults(text: str, known: tuple[str, ...] = FAULT_KINDS, what: str = "f
         raise click.BadParameter(f"unknown {what} kind(s) {', '.join(sorted(unknown))}; "
                                  f"choose from {', '.join(known)}")
     return frozenset(kinds)
+
+
+def _stream_publish(client: StreamClient, pid: int, mid: str) -> None:
+    """One message in a Publish frame of publisher 0: an AMQP 1.0 message whose body is its name."""
+    client.send(sf.encode(sf.Publish(0, [(pid, amqp10.Message(mid.encode()).encode())])))
 
 
 def trace_digest(result: SimResult) -> str:
