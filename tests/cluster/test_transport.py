@@ -261,6 +261,28 @@ def test_a_stopped_peer_is_reported_down_and_up_again_after_restart(caplog):
     run(go())
 
 
+def test_an_isolated_node_neither_dials_its_peers_again_nor_accepts_them():
+    """A node whose storage failed isolates itself as it stops: its peers must see it gone, not
+    linked again a moment later. Found by `make campaign-long` (run 37): the node's dial loops
+    went on after `isolate`, linked to both peers again within 20 ms while it stopped, and its
+    mirrored queue's leader let mirrors join its ring meanwhile."""
+    async def go():
+        a, b = Node("a@h"), Node("b@h")
+        await a.start({"b@h": b.address})
+        await b.start({"a@h": a.address})
+        try:
+            await wait_until(lambda: a.transport.is_up("b@h") and b.transport.is_up("a@h"), what="link up")
+            a.transport.isolate()
+            await wait_until(lambda: b.downs, what="b sees a down")
+            await asyncio.sleep(1.0)  # several dial backoffs of both ends
+            assert not a.transport.is_up("b@h") and not b.transport.is_up("a@h")
+            assert a.ups == ["b@h"] and b.ups == ["a@h"]
+        finally:
+            await a.close()
+            await b.close()
+    run(go())
+
+
 def test_a_message_bigger_than_the_frame_limit_is_refused_at_send():
     async def go():
         a, b = Node("a@h", frame_size_max=4096), Node("b@h", frame_size_max=4096)

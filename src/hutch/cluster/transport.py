@@ -170,6 +170,8 @@ class PeerTransport:
         self._closing = True
         if self._server is not None:
             self._server.close()
+        for task in [*self._dial_loops.values(), *self._dialling.values()]:
+            task.cancel()
         for link in list(self._links.values()):
             self._forget(link)
 
@@ -261,7 +263,7 @@ class PeerTransport:
 
     async def _dial_loop(self, peer: str) -> None:
         backoff_s = self.reconnect_backoff_min_s
-        while True:
+        while not self._closing:
             link = self._links.get(peer)
             if link is not None:
                 await link.closed.wait()
@@ -334,6 +336,9 @@ class PeerTransport:
                 writer.transport.abort()
             raise
         # From here to registration nothing awaits, so the decision cannot be overtaken.
+        if self._closing:  # isolated while the handshake ran
+            writer.transport.abort()
+            raise ConnectionError(f"not linking to node {peer}: this node is shutting down")
         if peer in self._links:
             writer.transport.abort()
             raise PeerProtocolError(f"node {peer} accepted a second connection", peer)
