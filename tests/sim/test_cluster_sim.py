@@ -109,6 +109,9 @@ REGRESSION_SEEDS = [
     # a member, took the leader's commit index from a heartbeat past its empty log and crashed
     # on every start (IndexError in the catalogue group's Ready)
     ("stream", EVERY, NO_CLIENTS, 134),
+    # stream, every fault kind: 284, a node joining afresh that could not reach the catalogue's
+    # leader for 15 s opened its listeners with an empty catalogue, and refused every login
+    ("stream", EVERY, NO_CLIENTS, 284),
     # classic: 161, a restarted home node confirmed a forwarded publish before it had recovered
     # its queue
     ("classic", NET_AND_CRASH, NO_CLIENTS, 161),

@@ -168,6 +168,7 @@ class ClusterRuntime:
         self._init_sent_at = NEVER_S
         self.joins: dict[str, str] = {}  # leader: joining node -> its address
         self.stopped = False
+        self.isolated = False  # its storage failed: it cut its links and stops (`isolate`)
         self.stopping_peers: set[str] = set()  # peers that announced a controlled stop
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
         self._tasks = TaskSet("cluster", log)  # the join loop
@@ -222,8 +223,9 @@ class ClusterRuntime:
         self.cluster.peer_incarnation = lambda n: (self.transport.link_info(n) or {}).get("incarnation")
         await self.transport.start()
         log.info("started peer listener on port %s (node %s)", self.transport.bound_port, self.name)
-        if joined.get("join") and not self._is_member():
-            self._tasks.spawn(self._join_loop(joined["join"], tuple(joined["address"])), "join")
+        joining = joined.get("join") if joined.get("join") and not self._is_member() else None
+        if joining:
+            self._tasks.spawn(self._join_loop(joining, tuple(joined["address"])), "join")
         self._tick_handle = self.loop.call_later(TICK_S, self._tick)
         alone = tuple(self.group.voters) == (self.id,)
         if alone:
@@ -232,7 +234,7 @@ class ClusterRuntime:
                     break
                 self.multi.tick()
                 self._drain()
-        self.caught_up = await self._catch_up(logged_at_start)
+        self.caught_up = await self._catch_up(logged_at_start, joining)
         if self.caught_up:
             self.cluster.streams.forget_orphans()  # safe only with every entry this node had applied
         if alone:
@@ -240,16 +242,25 @@ class ClusterRuntime:
         elif self.caught_up:
             await self._await_initialisation()
 
-    async def _catch_up(self, target: int) -> bool:
+    async def _catch_up(self, target: int, joining: str | None = None) -> bool:
         """Before clients are let in: a leader is known and every entry this node's log held at
         start is applied (an entry applied before a crash may not have been known committed on
         disk: routing to a queue it declared must not see the queue missing). A node that
-        cannot reach a majority starts after metadata_timeout_ms with what it has."""
-        deadline = self.loop.time() + self.cfg.metadata_timeout_ms / 1000
-        while self.loop.time() < deadline:
+        cannot reach a majority starts after metadata_timeout_ms with what it has. A node
+        joining a cluster (`joining`: the node it joins through) has nothing to start with: it
+        waits until it is a member, however long that takes, saying so every
+        metadata_timeout_ms (with no users yet it would refuse every login), unless its storage
+        failed meanwhile (`isolate`): then it goes on to stop."""
+        timeout_s = self.cfg.metadata_timeout_ms / 1000
+        deadline = self.loop.time() + timeout_s
+        while (self.loop.time() < deadline or (joining and not self._is_member())) and not self.isolated:
             self._drain()
-            if self.group.leader is not None and self.group.applied >= target:
+            if self.group.leader is not None and self.group.applied >= target and self._is_member():
                 return True
+            if joining and self.loop.time() >= deadline:
+                log.info("node %s is not a member of the cluster yet; still asking %s to let it join", self.name,
+                         joining)
+                deadline += timeout_s
             await asyncio.sleep(BOOT_POLL_S)
         log.warning("the catalogue did not catch up within %d ms (applied %d of %d, leader %s): starting with "
                     "what this node has", self.cfg.metadata_timeout_ms, self.group.applied, target,
@@ -297,6 +308,7 @@ class ClusterRuntime:
         """This node's storage failed: peers see it go now, as after a crash, rather than once it
         has stopped. Until then they would go on sending it work (a mirror to add, a sync) that
         its failed store refuses, and each refusal closes the link and starts it all again."""
+        self.isolated = True
         if self.transport is not None:
             self.transport.isolate()
 
