@@ -118,14 +118,19 @@ def fill_and_restart_a_mirror(cluster: HutchCluster, kill: bool) -> int:
     return before
 
 
-def check_delta_then_promote_the_restarted_mirror(cluster: HutchCluster, before: int) -> None:
+def check_delta_then_promote_the_restarted_mirror(cluster: HutchCluster, before: int, killed: bool = False) -> None:
     lines = sync_lines(cluster, 0)[before:]
     recovered = [ln for ln in lines if ln[1] == cluster.names[2]]
     assert recovered, f"no delta sync logged for {cluster.names[2]}: {lines}"
     synced, _node, from_disk = recovered[-1]
     print(f"\nrestarted mirror: {from_disk} messages recovered from disk, {synced} synchronised")
-    assert synced == MORE  # the messages published while it was away, not the whole queue
-    assert from_disk == N - ACKED  # the acknowledged ones were dropped
+    if killed:
+        # kill -9 may cut off the newest part of the copy, not yet handed to the journal: the
+        # leader sends that part too, and nothing more than the copy lacks
+        assert from_disk <= N - ACKED and from_disk + synced == N - ACKED + MORE and synced < N
+    else:
+        assert synced == MORE  # the messages published while it was away, not the whole queue
+        assert from_disk == N - ACKED  # the acknowledged ones were dropped
     assert all(n < N for n, node, _r in lines)  # no full sync of the queue happened
     # the restarted mirror becomes the only one, then the leader dies: it is promoted
     assert ctl(cluster, 0, "set_policy", "ha-mr", "^mr\\.",
@@ -152,7 +157,7 @@ def test_a_gracefully_restarted_mirror_recovers_its_copy_and_is_synchronised_wit
 def test_a_mirror_killed_with_sigkill_recovers_its_copy_and_is_synchronised_with_the_delta():
     with HutchCluster(n=3) as cluster:
         before = fill_and_restart_a_mirror(cluster, kill=True)
-        check_delta_then_promote_the_restarted_mirror(cluster, before)
+        check_delta_then_promote_the_restarted_mirror(cluster, before, killed=True)
 
 
 def test_with_mirroring_recover_from_disk_false_a_restarted_mirror_needs_a_full_sync(tmp_path):
