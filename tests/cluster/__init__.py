@@ -68,3 +68,12 @@ class Node:
 
     def received(self, peer: str, group: Any) -> list[Any]:
         return [p for (src, g, p) in self.messages if src == peer and g == group]
+
+
+async def linked_pair() -> tuple[Node, Node]:
+    """Nodes a@h and b@h, each dialling the other, once their link is up (close both after)."""
+    a, b = Node("a@h"), Node("b@h")
+    await a.start({"b@h": b.address})
+    await b.start({"a@h": a.address})
+    await wait_until(lambda: a.transport.is_up("b@h") and b.transport.is_up("a@h"), what="link up")
+    return a, b

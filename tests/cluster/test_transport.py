@@ -10,7 +10,7 @@ import pytest
 
 from hutch.cluster import FrameTooLarge, HandshakeFailed, HandshakeRefused, PeerCodec, PeerProtocolError
 from hutch.cluster.wire import HANDSHAKE_FRAME_SIZE_MAX, Heartbeat, Message, PeerUp, PeerVerified
-from tests.cluster import SECRET, Node, run, wait_until
+from tests.cluster import SECRET, Node, linked_pair, run, wait_until
 
 # -- the wire, without sockets --------------------------------------------------------------
 
@@ -142,11 +142,8 @@ def test_data_before_the_handshake_is_a_protocol_error():
 
 def test_two_nodes_connect_and_exchange_messages_in_order_per_group():
     async def go():
-        a, b = Node("a@h"), Node("b@h")
-        await a.start({"b@h": b.address})
-        await b.start({"a@h": a.address})
+        a, b = await linked_pair()
         try:
-            await wait_until(lambda: a.transport.is_up("b@h") and b.transport.is_up("a@h"), what="link up")
             for i in range(500):
                 assert a.transport.send("b@h", "meta", i)
                 assert a.transport.send("b@h", 7, -i)
@@ -267,11 +264,8 @@ def test_an_isolated_node_neither_dials_its_peers_again_nor_accepts_them():
     went on after `isolate`, linked to both peers again within 20 ms while it stopped, and its
     mirrored queue's leader let mirrors join its ring meanwhile."""
     async def go():
-        a, b = Node("a@h"), Node("b@h")
-        await a.start({"b@h": b.address})
-        await b.start({"a@h": a.address})
+        a, b = await linked_pair()
         try:
-            await wait_until(lambda: a.transport.is_up("b@h") and b.transport.is_up("a@h"), what="link up")
             a.transport.isolate()
             await wait_until(lambda: b.downs, what="b sees a down")
             await asyncio.sleep(1.0)  # several dial backoffs of both ends
