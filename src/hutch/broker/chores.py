@@ -221,7 +221,7 @@ def forget_commands(name: str, records: Iterable[cat.QueueRecord]) -> list[Forge
         if rec.leader_node != name or rec.type != cat.CLASSIC:
             continue
         mirrors = [n for n in rec.member_nodes if n != name]
-        if rec.type == cat.CLASSIC and mirrors:
+        if mirrors:
             steps.append(ForgetStep(rec, cat.SetQueueNodes(rec.vhost, rec.name, mirrors[0], tuple(mirrors[1:]),
                                                            expect_leader=name), mirrors[0]))
         else:
