@@ -5,6 +5,7 @@ nothing diverges."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pika
@@ -106,3 +107,48 @@ def test_minority_member_stops_serving_majority_goes_on_and_heal_converges(lab):
     got = drain(c3, "qq.partition")
     c3.close()
     assert got == [f"p{i}".encode() for i in range(40)]
+
+
+def test_a_basic_get_whose_answer_is_lost_with_its_leader_gives_the_message_back(lab):
+    """The leader applies a basic.get from another node's client, and its answer is lost with it
+    (its links cut before the answer arrived): the client gets 541 once metadata_timeout_ms
+    passes, and the message it never received must not stay checked out to nobody."""
+    c = connect(lab, 0)
+    ch = c.channel()
+    ch.queue_declare("qq.lostget", durable=True, arguments=QUORUM)
+    wait_until(lambda: queue_leader(lab, "qq.lostget", 0) == lab.nodes[0].name, 10, "leader on node 1")
+    ch.confirm_delivery()
+    ch.basic_publish("", "qq.lostget", b"only", pika.BasicProperties(delivery_mode=2))
+    c.close()
+    getter = connect(lab, 1)
+    # Every byte between the leader's node and the getter's takes 2.5 s each way: the Get is
+    # applied 2.5 s after it is sent, and its answer is held in the link for 2.5 s more.
+    lab.delay(1, 2, 2500)
+    outcome: dict = {}
+
+    def get() -> None:
+        try:
+            outcome["got"] = getter.channel().basic_get("qq.lostget")
+        except pika.exceptions.AMQPError as e:
+            outcome["error"] = e
+
+    t = threading.Thread(target=get)
+    t.start()
+    try:
+        wait_until(lambda: api(lab, 0, "/api/queues/%2F/qq.lostget")["messages_unacknowledged"] == 1, 10,
+                   "the leader applied the get")
+        lab.partition(1, mode="reset")  # the answer, still in the link, is gone with it
+        t.join(30)
+    finally:
+        lab.heal()
+    assert not t.is_alive()
+    assert isinstance(outcome.get("error"), pika.exceptions.ConnectionClosedByBroker), outcome
+    assert outcome["error"].reply_code == 541
+    wait_until(lambda: api(lab, 1, "/api/hutch/cluster")["leader"] is not None
+               and len(api(lab, 1, "/api/hutch/cluster")["running_nodes"]) == 3, 30, "healed")
+    wait_until(lambda: api(lab, 1, "/api/queues/%2F/qq.lostget")["messages_ready"] == 1, 30,
+               "the message back in the queue")
+    c2 = connect(lab, 1)
+    method, _props, body = c2.channel().basic_get("qq.lostget", auto_ack=True)
+    c2.close()
+    assert body == b"only" and method.redelivered

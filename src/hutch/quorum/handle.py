@@ -358,8 +358,17 @@ class QuorumQueue(GroupHandle):
 
     def get(self, no_ack: bool, reply: Callable[[Any], None]) -> Any:
         requester = self.host.owner_id()
+
+        def unanswered() -> None:
+            # The Get may have been applied, and its answer lost with the leader that applied it
+            # (killed before it went out): the message is then checked out to a requester that
+            # no channel stands for, and nothing would ever settle or return it. A Cancel gives
+            # back whatever that requester holds; it is resent until applied, and is nothing
+            # when the Get never was. (An answer that comes after all is returned on arrival:
+            # QuorumHost._orphan_answer.)
+            self.host.propose(self, fifo.Cancel(requester, requeue=True, now_ms=self.host.now_ms()))
         return self._propose(fifo.Get(requester, no_ack, self.host.now_ms()), reply,
-                             lambda r: self._got(requester, r, no_ack))
+                             lambda r: self._got(requester, r, no_ack), undo=None if no_ack else unanswered)
 
     def _got(self, requester: str, answer: list, no_ack: bool) -> Got | None:
         """A Get's answer: the message with its x-delivery-count header, or None."""
