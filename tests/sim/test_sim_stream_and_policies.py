@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from pamqp import commands
 
-from hutch.sim.cluster import FAULT_KINDS, ClusterSim, ClusterSimOptions, run_seed
+from hutch.sim.cluster import FAULT_KINDS, NET_AND_CRASH, QUEUE, ClusterSim, ClusterSimOptions, run_seed
 
 
 class _Reader:
@@ -187,3 +189,37 @@ def test_no_node_is_replaced_under_a_classic_queue_whose_forget_would_delete_it(
     result = run_seed(1, queue_type="classic", faults=frozenset({"membership"}), trace=True)
     assert result.ok, result.violation
     assert "replaced" not in result.stats
+
+
+def _leading(epoch: int, confirmed: int) -> SimpleNamespace:
+    """A node whose mirrored queue's leader (of `epoch`) has confirmed `confirmed` publishes."""
+    ld = SimpleNamespace(epochs=[[epoch, 0]], confirmed=confirmed)
+    return SimpleNamespace(clustering=SimpleNamespace(cluster=SimpleNamespace(
+        mirroring=SimpleNamespace(leaders={("/", QUEUE): ld}))))
+
+
+def _confirming(steps: list[dict[str, tuple[int, int]]]) -> set[str]:
+    """Sample a mirrored run's nodes once per step (host -> (epoch, confirmed so far))."""
+    sim = ClusterSim(ClusterSimOptions(seed=1, queue_type="mirrored"))
+    for step in steps:
+        sim.nodes = {host: _leading(*at) for host, at in step.items()}
+        sim._check_confirming_leader()
+    return _kinds(sim)
+
+
+def test_a_mirrored_leader_that_confirms_after_its_successor_did_fails_the_one_leader_check():
+    handover = [{"n1": (7, 5)}, {"n1": (7, 9), "n2": (8, 0)}, {"n1": (7, 9), "n2": (8, 3)}, {"n2": (8, 6)}]
+    assert _confirming(handover) == set()
+    assert _confirming([*handover, {"n1": (7, 10), "n2": (8, 6)}]) == {"two-leaders"}
+    # two new leaders confirming at once, and the same node's next leader (another epoch)
+    assert _confirming([{"n1": (7, 1)}, {"n1": (7, 1), "n2": (8, 1), "n3": (9, 1)}]) == {"two-leaders"}
+    assert _confirming([{"n1": (7, 1)}, {"n1": (11, 1)}, {"n1": (7, 2)}]) == {"two-leaders"}
+
+
+def test_mirrored_runs_with_crashes_see_their_queue_confirmed_by_one_leader_after_another():
+    sims = [ClusterSim(ClusterSimOptions(seed=seed, queue_type="mirrored", faults=NET_AND_CRASH)) for seed in range(1, 9)]
+    for sim in sims:
+        result = sim.run()
+        assert result.ok, (sim.opts.seed, result.violation)
+    handed_over = [sim for sim in sims if len(sim._confirmed_by) > 1]
+    assert handed_over, "no run's queue was confirmed by more than one leader: the check saw nothing to check"

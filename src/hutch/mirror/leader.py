@@ -90,6 +90,7 @@ class Leader:
         self._seq_base = 0
         self.stable_seq = 0
         self.stable_held = 0  # stable while this node was cut off from the majority: not confirmed yet
+        self.confirmed = 0  # publishes (and tx.commits) confirmed by this leader, for the simulation's checks
         # nodes to fence in the catalogue (those of synchronised mirrors declared dead, and of
         # every mirror a ring founded afresh lost: `admit_after_fencing`): nothing is confirmed
         # meanwhile (`_fence_due`)
@@ -253,7 +254,9 @@ class Leader:
     def _stable(self, seq: int) -> None:
         """Everything broadcast up to `seq` is with every mirror: confirm it."""
         self.stable_seq = seq
-        for _s, fn, arg, _refused in self.backlog.stable(seq):
+        done = self.backlog.stable(seq)
+        self.confirmed += len(done)
+        for _s, fn, arg, _refused in done:
             fn(arg)
         if self.sync is not None:
             self.sync.on_stable(seq)

@@ -25,6 +25,8 @@ every confirmed message, and the run checks (FAILURE_KINDS):
 - every node's catalogue is the same (canonical snapshot bytes, once all have applied the
   same index);
 - no two nodes lead one Raft group in the same term (sampled every 10 ms of simulated time);
+- a mirrored queue has at most one leader accepting: a leader that another leader has
+  succeeded in confirming publishes confirms nothing more (sampled with the Raft check);
 - a stream delivers each subscription's offsets in sequence, the same message at one offset on
   every read and every node, and a message published once at one offset only;
 - a node that resumes from a pause lets clients in only once it has applied every catalogue
@@ -203,7 +205,7 @@ FAILURE_KINDS = frozenset({
     "unpublished",  # a delivery of a message that was never published
     "redelivered-flag",  # a second delivery without `redelivered`
     "catalogue",  # catalogues that differ at one applied index, or never reach one
-    "two-leaders",  # two leaders of one Raft group in one term
+    "two-leaders",  # two leaders of one Raft group in one term, or two confirming leaders of a mirrored queue
     "stale-resume",  # a node let clients in after a pause before it had caught up with the catalogue
     "duplicate",  # a stream holds a message twice, though its publisher (a deduplicating writer) sent it once
     "offsets",  # a stream reader got offsets out of sequence, or two reads of one offset found different messages
@@ -344,6 +346,12 @@ class ClusterSim:
             for c in self.clocks.values():
                 c.drift = self.rng2.uniform(-DRIFT_PPM_MAX, DRIFT_PPM_MAX) / 1e6
         self._leaders: dict[tuple, str] = {}  # (group, term) -> the node that led it
+        # a mirrored queue's leaders that confirmed, each (host, epoch): how many it had confirmed
+        # when last sampled; the one that confirmed last; those that confirmed before it -> the
+        # host of the leader that succeeded them
+        self._confirmed_by: dict[tuple[str, int], int] = {}
+        self._confirming: tuple[str, int] | None = None
+        self._superseded: dict[tuple[str, int], str] = {}
         self._resuming: dict[str, int] = {}  # a node resuming from a pause -> the catalogue's commit index then
         self._restarts: list[asyncio.Task] = []
         self._checked = False  # the checks have run; the nodes are being stopped
@@ -1213,7 +1221,39 @@ class ClusterSim:
                 other = self._leaders.setdefault((gid, g.term), host)
                 if other != host:
                     self._fail("two-leaders", f"two leaders of Raft group {gid!r} in term {g.term}: {other} and {host}")
+        if self.opts.queue_type in MIRROR_POLICIES:
+            self._check_confirming_leader()
         self.loop.call_later(LEADER_CHECK_S, self._check_leaders)
+
+    def _check_confirming_leader(self) -> None:
+        """A mirrored queue has at most one leader accepting: once a leader (a node's leader
+        object, named by its epoch) has confirmed publishes after another one did, the other
+        confirms nothing more. Sampled with the Raft check: leaders that both confirmed within
+        one sample are told apart by which of them confirmed before."""
+        advanced = []
+        for host, node in self.nodes.items():
+            cluster = getattr(node.clustering, "cluster", None)
+            ld = cluster.mirroring.leaders.get(("/", QUEUE)) if cluster is not None else None
+            if ld is None:
+                continue
+            key = (host, ld.epochs[-1][0])
+            if ld.confirmed > self._confirmed_by.get(key, 0):
+                self._confirmed_by[key] = ld.confirmed
+                advanced.append(key)
+        if not advanced:
+            return
+        for key in advanced:
+            if key in self._superseded:
+                self._fail("two-leaders", f"the leader of {QUEUE} on {key[0]} (epoch {key[1]:x}) confirmed publishes "
+                                          f"after the leader on {self._superseded[key]} had confirmed some")
+        newcomers = [k for k in advanced if k != self._confirming and k not in self._superseded]
+        if len(newcomers) > 1:
+            self._fail("two-leaders", f"leaders of {QUEUE} on {', '.join(k[0] for k in newcomers)} confirmed "
+                                      "publishes at the same time")
+        if newcomers:
+            if self._confirming is not None:
+                self._superseded[self._confirming] = newcomers[0][0]
+            self._confirming = newcomers[0]
 
 
 # store modules that bound os.fdatasync at import: the simulated disk replaces it there too
