@@ -9,6 +9,7 @@ import pytest
 from pamqp import commands
 
 from hutch.sim.cluster import FAULT_KINDS, NET_AND_CRASH, QUEUE, ClusterSim, ClusterSimOptions, run_seed
+from hutch.streamclient import StreamClient
 
 
 class _Reader:
@@ -171,6 +172,31 @@ def test_without_a_publisher_reference_the_same_run_stores_what_was_sent_again_t
     monkeypatch.setattr(ClusterSim, "_publisher_reference", lambda _sim, _who: "")  # no deduplication
     result = run_seed(20, queue_type="stream-protocol", faults=FAULT_KINDS)
     assert result.stats["failed"] == ["duplicate"], result.violation
+
+
+def test_stream_protocol_consumers_read_on_any_node_and_subscribe_again_after_what_they_got():
+    result = run_seed(1, queue_type="stream-protocol", faults=FAULT_KINDS, clients=frozenset({"cancel"}), trace=True)
+    assert result.ok, result.violation
+    assert result.stats["confirmed"] == result.stats["delivered"] == 40
+    assert [line for line in result.trace if "client con: connected to" in line and "over the stream protocol" in line]
+    resumed = [line for line in result.trace if "client con" in line and "subscribes on" in line
+               and not line.endswith("from offset 0")]
+    assert resumed, "no consumer subscribed again past offset 0"
+    assert [line for line in result.trace if "client con: unsubscribed" in line]  # "cancel"
+
+
+def test_a_stream_protocol_subscription_that_skips_a_chunk_fails_the_offsets_check(monkeypatch):
+    real = StreamClient.chunks_from
+
+    async def skipping(self, *args, **kwargs):
+        taken = 0
+        async for c in real(self, *args, **kwargs):
+            taken += 1
+            if taken != 2:  # the second chunk of every subscription never arrives
+                yield c
+    monkeypatch.setattr(StreamClient, "chunks_from", skipping)
+    result = run_seed(1, queue_type="stream-protocol", faults=frozenset())
+    assert "offsets" in result.stats["failed"], result.violation
 
 
 # -- the operator replaces a node (the "membership" fault kind)

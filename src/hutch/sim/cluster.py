@@ -93,6 +93,7 @@ from hutch.simkernel.net import SimNet, current_host
 from hutch.store import StoreFailed, segment_log, stream_log
 from hutch.streamclient import StreamClient, StreamEndpoint
 from hutch.streamproto import amqp10
+from hutch.streamproto import chunk as stream_chunk
 from hutch.streamproto import frames as sf
 
 SIM_EPOCH_S = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the wall clock every simulated node starts near
@@ -162,6 +163,7 @@ CLIENT_BACKOFF_S = (0.05, 0.5)
 AUDIT_S = 5.0  # how long the audit's consumer waits on each node
 REQUEUE_P = 0.05  # the share of deliveries a consumer rejects with requeue instead of acking
 CONSUME_SPELL_S = (0.5, 3.0)  # with "cancel": how long the consumer consumes before it cancels
+STREAM_CREDIT = 3  # chunks a stream-protocol consumer lets the node send ahead of what it has read
 CONFIRM_TIMEOUT_S = 10.0  # a publisher whose window is full gives its connection up after this long
 RETRIES_MAX = 4  # with "retry": the most times a publisher sends one message
 RUN_S_MAX = 600.0  # a run that has not ended after this much simulated time is stuck
@@ -1037,7 +1039,66 @@ class ClusterSim:
             client.abort()
 
     async def _consumer(self, who: str) -> None:
+        if self.opts.queue_type == STREAM_PROTOCOL:
+            await self._stream_consumer(who)
+            return
         await self._reconnecting(who, self._consume, deliveries=True)
+
+    async def _stream_consumer(self, who: str) -> None:
+        """Read the stream over the stream protocol, as the stream clients' consumers do: on any
+        node (every replica serves reads), subscribed from the offset after the last one it got
+        (from 0 at first) with a credit of a few chunks, one granted back per chunk. Each record
+        goes through the stream checks (`_on_stream_delivery`); a chunk that starts before the
+        offset asked for has its earlier records skipped. With "cancel" it unsubscribes now and
+        then and subscribes again on the same connection. Any failure, or no chunk for
+        STEP_TIMEOUT_S: it connects again, to a node drawn afresh."""
+        network = self.net.host(who)
+        reader = _StreamReader(who)
+        while True:
+            host = self.rng.choice(self.hosts)
+            client = None
+            try:
+                async with asyncio.timeout(STEP_TIMEOUT_S):
+                    client = await StreamClient.connect(StreamEndpoint(host, STREAM_PORT), who, network=network)
+                self.kernel.log(f"client {who}: connected to {host} over the stream protocol")
+                while True:
+                    await self._read_spell(client, reader, host)
+                    self.kernel.log(f"client {who}: unsubscribed")
+                    await asyncio.sleep(self.rng3.uniform(0, 0.3))
+            except asyncio.CancelledError:
+                if client is not None:
+                    client.abort()
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure (a refused subscription, a dead link): again
+                self.kernel.log(f"client {who}: {type(e).__name__}: {e}")
+            if client is not None:
+                client.abort()
+            self.stats["reconnects"] += 1
+            await asyncio.sleep(self.rng.uniform(*CLIENT_BACKOFF_S))
+
+    async def _read_spell(self, client: StreamClient, reader: _StreamReader, host: str) -> None:
+        """One subscription: until the connection fails, or, with "cancel", for a while."""
+        who = reader.name
+        start = self._resume_at.get(who, 0)
+        self._reading[reader] = [start, host]
+        self.kernel.log(f"client {who}: subscribes on {host} from offset {start}")
+        until = (self.loop.time() + self.rng3.uniform(*CONSUME_SPELL_S)) if "cancel" in self.opts.clients else None
+        chunks_in = client.chunks_from(QUEUE, sf.OFFSET_TYPE_OFFSET, start, credit=STREAM_CREDIT,
+                                       timeout_s=STEP_TIMEOUT_S)
+        try:
+            async for raw in chunks_in:
+                h = stream_chunk.read_header(raw)
+                for i, record in enumerate(stream_chunk.records(raw, h)):
+                    offset = h.first_offset + i
+                    if offset < self._reading[reader][0]:
+                        continue
+                    body = amqp10.Message.decode(record).body
+                    props = commands.Basic.Properties(headers={"x-stream-offset": offset})
+                    self._on_delivery(who, [reader], 0, False, body, props)
+                if until is not None and self.loop.time() >= until:
+                    return
+        finally:
+            await chunks_in.aclose()
 
     def _client_kinds(self) -> frozenset[str]:
         """The client kinds this run has: a stream has no basic.get and no requeue (RabbitMQ
@@ -1258,6 +1319,19 @@ class ClusterSim:
 
 # store modules that bound os.fdatasync at import: the simulated disk replaces it there too
 _FSYNCS_BOUND_AT_IMPORT = ((segment_log, "_fdatasync"), (stream_log, "_fdatasync"))
+
+
+class _StreamReader:
+    """A stream-protocol consumer, as the delivery checks see it (they key its reading position
+    by it, and settle what it gets: a stream-protocol consumer settles nothing, credit does)."""
+
+    closed = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def ack(self, tag: int) -> None:
+        pass
 
 
 def _send_again(again: list[str], mid: str) -> None:
