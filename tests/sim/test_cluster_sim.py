@@ -112,6 +112,9 @@ REGRESSION_SEEDS = [
     # stream, every fault kind: 284, a node joining afresh that could not reach the catalogue's
     # leader for 15 s opened its listeners with an empty catalogue, and refused every login
     ("stream", EVERY, NO_CLIENTS, 284),
+    # stream-protocol, every fault kind: 192, a stream's snapshot synced its chunk log, the fsync
+    # failed, and the error escaped the node's tick instead of stopping the node
+    ("stream-protocol", EVERY, NO_CLIENTS, 192),
     # classic: 161, a restarted home node confirmed a forwarded publish before it had recovered
     # its queue
     ("classic", NET_AND_CRASH, NO_CLIENTS, 161),

@@ -161,16 +161,16 @@ def test_a_transient_run_declares_a_non_durable_queue_which_goes_when_its_home_n
 
 
 def test_a_stream_protocol_publisher_sends_again_after_reconnecting_and_the_stream_stores_each_message_once():
-    result = run_seed(20, queue_type="stream-protocol", faults=FAULT_KINDS, trace=True)
+    result = run_seed(6, queue_type="stream-protocol", faults=FAULT_KINDS, trace=True)
     assert result.ok, result.violation
-    assert [line for line in result.trace if "again as publishing id" in line]  # seed 20 sends 13 again
+    assert [line for line in result.trace if "again as publishing id" in line]  # seed 6 sends 16 again
     assert [line for line in result.trace if "started stream protocol listener on n1:5552" in line]
     assert result.stats["confirmed"] == result.stats["published"] == 40
 
 
 def test_without_a_publisher_reference_the_same_run_stores_what_was_sent_again_twice_and_fails(monkeypatch):
     monkeypatch.setattr(ClusterSim, "_publisher_reference", lambda _sim, _who: "")  # no deduplication
-    result = run_seed(20, queue_type="stream-protocol", faults=FAULT_KINDS)
+    result = run_seed(6, queue_type="stream-protocol", faults=FAULT_KINDS)
     assert result.stats["failed"] == ["duplicate"], result.violation
 
 
@@ -183,6 +183,28 @@ def test_stream_protocol_consumers_read_on_any_node_and_subscribe_again_after_wh
                and not line.endswith("from offset 0")]
     assert resumed, "no consumer subscribed again past offset 0"
     assert [line for line in result.trace if "client con: unsubscribed" in line]  # "cancel"
+
+
+def test_the_first_stream_protocol_consumer_resumes_from_the_offset_it_stored_on_the_server():
+    result = run_seed(1, queue_type="stream-protocol", faults=FAULT_KINDS, trace=True)
+    assert result.ok, result.violation
+    lines = [line for line in result.trace if "client con:" in line]
+    asked = [(i, line) for i, line in enumerate(lines) if " stored for it" in line and "offset None" not in line]
+    assert asked, "the consumer never found an offset it had stored"
+    i, line = asked[0]
+    stored = int(line.split(" has offset ")[1].split()[0])
+    assert lines[i + 1].endswith(f"from offset {stored + 1}"), lines[i:i + 2]
+
+
+def test_a_stored_offset_the_consumer_never_stored_fails_the_offsets_check(monkeypatch):
+    real = StreamClient.query_offset
+
+    async def inventing(self, reference, stream):
+        stored = await real(self, reference, stream)
+        return None if stored is None else stored + 3
+    monkeypatch.setattr(StreamClient, "query_offset", inventing)
+    result = run_seed(1, queue_type="stream-protocol", faults=FAULT_KINDS)
+    assert "offsets" in result.stats["failed"], result.violation
 
 
 def test_a_stream_protocol_subscription_that_skips_a_chunk_fails_the_offsets_check(monkeypatch):

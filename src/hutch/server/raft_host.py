@@ -291,7 +291,11 @@ class RaftHost:
         for gid, app in compact:
             g = multi.groups.get(gid)
             if g is not None:
-                data = app.snapshot()
+                try:
+                    data = app.snapshot()
+                except Exception:
+                    self._snapshot_failed(gid)
+                    return False
                 if len(data) > self._snapshot_bytes_max:
                     self._snapshot_too_large(gid, len(data), g.applied - g.storage.first_index() + 1)
                     continue
@@ -338,6 +342,14 @@ class RaftHost:
         self.failed = True
         self._fatal(f"Raft group {gid}: applying committed entry {index} failed, so this node's copy of its "
                     f"state can no longer be trusted")
+
+    def _snapshot_failed(self, gid: Any) -> None:
+        """A group's application could not make its snapshot: a stream syncs its chunk log
+        first, and that fsync failed. After a failed fsync the page cache cannot be trusted, so
+        the node stops, as for its own Raft log's fsync; on restart it recovers from disk."""
+        log.exception("Raft group %s: taking a snapshot failed", gid)
+        self.failed = True
+        self._fatal(f"Raft group {gid}: taking a snapshot failed, so this node's storage can no longer be trusted")
 
     def _leadership(self) -> None:
         """Tell the owner whose group (other than the main one) learnt a leader, and which this

@@ -363,6 +363,7 @@ class ClusterSim:
         self._at_offset: dict[int, str] = {}
         self._offset_of: dict[str, int] = {}
         self._resume_at: dict[str, int] = {}  # a stream's consumer -> the offset it subscribes at next
+        self._stored_offsets: set[int] = set()  # what the first stream-protocol consumer stored (StoreOffset)
         self._next_id = 0  # the next message the publishers send
         self._downs = 0  # how many times a node's process has gone (killed, lost power, stopped itself)
         self._transient_gone = False  # a node saw another down: the non-durable queue may be gone (_watch_log)
@@ -1077,9 +1078,23 @@ class ClusterSim:
             await asyncio.sleep(self.rng.uniform(*CLIENT_BACKOFF_S))
 
     async def _read_spell(self, client: StreamClient, reader: _StreamReader, host: str) -> None:
-        """One subscription: until the connection fails, or, with "cancel", for a while."""
+        """One subscription: until the connection fails, or, with "cancel", for a while. The
+        first consumer keeps its place on the server, as the stream clients' named consumers
+        do: it stores the last offset of every chunk it took (StoreOffset, under `sim-con`) and
+        asks for it (QueryOffset) before it subscribes. A node answers from its replica, which
+        may be behind, so the answer may be an older offset it stored (it reads a stretch again)
+        or none at all, but never one it did not store (`offsets`)."""
         who = reader.name
-        start = self._resume_at.get(who, 0)
+        tracked = who == self._consumers[0]
+        if tracked:
+            stored = await client.query_offset(f"sim-{who}", QUEUE)
+            if stored is not None and stored not in self._stored_offsets:
+                self._fail("offsets", f"client {who}: {host} answered offset {stored} for its reference, "
+                                      "which it never stored")
+            self.kernel.log(f"client {who}: {host} has offset {stored} stored for it")
+            start = 0 if stored is None else stored + 1
+        else:
+            start = self._resume_at.get(who, 0)
         self._reading[reader] = [start, host]
         self.kernel.log(f"client {who}: subscribes on {host} from offset {start}")
         until = (self.loop.time() + self.rng3.uniform(*CONSUME_SPELL_S)) if "cancel" in self.opts.clients else None
@@ -1095,6 +1110,10 @@ class ClusterSim:
                     body = amqp10.Message.decode(record).body
                     props = commands.Basic.Properties(headers={"x-stream-offset": offset})
                     self._on_delivery(who, [reader], 0, False, body, props)
+                last = h.first_offset + h.num_records - 1
+                if tracked and last >= start:
+                    client.store_offset(f"sim-{who}", QUEUE, last)
+                    self._stored_offsets.add(last)
                 if until is not None and self.loop.time() >= until:
                     return
         finally:
