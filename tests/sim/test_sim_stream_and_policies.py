@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from pamqp import commands
 
+from hutch.quorum import fifo
 from hutch.sim.cluster import FAULT_KINDS, NET_AND_CRASH, QUEUE, ClusterSim, ClusterSimOptions, run_seed
 from hutch.streamclient import StreamClient
 
@@ -271,3 +272,41 @@ def test_mirrored_runs_with_crashes_see_their_queue_confirmed_by_one_leader_afte
         assert result.ok, (sim.opts.seed, result.violation)
     handed_over = [sim for sim in sims if len(sim._confirmed_by) > 1]
     assert handed_over, "no run's queue was confirmed by more than one leader: the check saw nothing to check"
+
+
+# -- the copies of a quorum or mirrored queue compared after the drain
+
+
+def _diverging(monkeypatch, tamper) -> None:
+    """Have `tamper(node)` change the second node's copy of the queue just before the check."""
+    real = ClusterSim._check_copies
+
+    async def check(self):
+        tamper(self.nodes[sorted(self.nodes)[1]])
+        await real(self)
+    monkeypatch.setattr(ClusterSim, "_check_copies", check)
+
+
+def _queue_on(node):
+    return node.broker.vhosts["/"].queues[QUEUE]
+
+
+def test_quorum_members_compared_after_the_drain_agree_and_one_that_applied_more_fails_the_copies_check(monkeypatch):
+    result = run_seed(1, queue_type="quorum", faults=FAULT_KINDS)
+    assert result.ok and result.stats["copies_compared"] == 3, result.violation
+    # a member that applied a command the others did not, at the same Raft index
+    _diverging(monkeypatch, lambda node: _queue_on(node).machine.apply(fifo.Enqueue("", QUEUE, b"\x00\x00", b"x")))
+    result = run_seed(1, queue_type="quorum", faults=FAULT_KINDS)
+    assert result.stats["failed"] == ["copies"], result.violation
+
+
+def test_a_mirror_that_still_holds_a_message_the_leader_settled_fails_the_copies_check(monkeypatch):
+    result = run_seed(1, queue_type="mirrored-nodes", faults=FAULT_KINDS)
+    assert result.ok and result.stats["copies_compared"] == 2, result.violation
+
+    def keep_one(node):
+        mirror = node.clustering.cluster.mirroring.mirrors[("/", QUEUE)]
+        mirror.replica.entries[7] = next(iter(mirror.replica.entries.values()), None)
+    _diverging(monkeypatch, keep_one)
+    result = run_seed(1, queue_type="mirrored-nodes", faults=FAULT_KINDS)
+    assert result.stats["failed"] == ["copies"], result.violation

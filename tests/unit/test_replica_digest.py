@@ -4,8 +4,8 @@ only copies that reached the same point (a follower behind its leader has not di
 
 from __future__ import annotations
 
+from hutch.control.copies import compare
 from hutch.control.digest import hash_ints, mirror_digest, quorum_digest, stream_digest
-from hutch.lab.replicas import compare
 from hutch.quorum.fifo import Checkout, Enqueue, QuorumConfig, QuorumQueueState, Settle
 from hutch.store.stream_log import StreamLog
 

@@ -17,8 +17,9 @@ The answer describes the copy *on the node asked* (a monitoring tool asks every 
   [from, to) (default: the whole log), each chunk's id, record count and bytes; replicas write
   every committed entry as the same chunk, so equal ranges give equal hashes.
 
-A client compares the answers of every node (`hutch.lab.replicas.compare`, which the fault
-campaigns use): copies that reached the same point must agree.
+`hutch.control.copies.compare` judges the answers of every node side by side, as the fault
+campaigns (over HTTP) and the whole-cluster simulation (in process, `copy_digest`) do: copies
+that reached the same point must agree.
 
 Reading a stream's log is file I/O; it runs in a worker thread. What this must never do:
 change a queue, or answer for another node's copy.
@@ -83,6 +84,20 @@ def stream_digest(chunks: Iterable[tuple[int, int, bytes]], committed: int, firs
             "counters": {"chunks": count}, "chunks_hash": h.hexdigest()[:32]}
 
 
+def copy_digest(broker: Any, q: Any) -> dict | None:
+    """The digest of this node's copy of a quorum or mirrored classic queue `q` (None when this
+    node holds no copy of it). Streams are read from their logs: `replica_digest` does that."""
+    cluster = broker.cluster
+    if q.quorum:
+        st = cluster.quorum.local_status(q.gid) if cluster is not None else None
+        return quorum_digest(q.machine, st["applied"]) if q.machine is not None and st is not None else None
+    if q.local and getattr(q, "mirror", None) is not None:
+        st = q.state
+        return mirror_digest([*(e.seq for e in st.ready()), *st.unacked], st.next_seq - 1, "leader")
+    m = cluster.mirroring.mirrors.get((q.vhost, q.name)) if cluster is not None else None
+    return mirror_digest(m.replica.entries, m.replica.max_seq, "mirror") if m is not None else None
+
+
 def _read_chunks(log: Any, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
     out = []
     offset = max(lo, log.first_offset)
@@ -123,17 +138,8 @@ async def replica_digest(request: web.Request) -> web.Response:
             lo, hi = _offset_arg(request, "from", first), _offset_arg(request, "to", committed)
             chunks = await asyncio.to_thread(_read_chunks, lg, lo, min(hi, committed))
             answer = stream_digest(chunks, committed, first, lo, hi)
-    elif q.quorum:
-        st = cluster.quorum.local_status(q.gid) if cluster is not None else None
-        if q.machine is not None and st is not None:
-            answer = quorum_digest(q.machine, st["applied"])
-    elif q.local and getattr(q, "mirror", None) is not None:
-        st = q.state
-        answer = mirror_digest([*(e.seq for e in st.ready()), *st.unacked], st.next_seq - 1, "leader")
-    elif cluster is not None:
-        m = cluster.mirroring.mirrors.get((q.vhost, q.name))
-        if m is not None:
-            answer = mirror_digest(m.replica.entries, m.replica.max_seq, "mirror")
+    else:
+        answer = copy_digest(broker, q)
     if answer is None:
         return web.json_response({"node": here, "vhost": q.vhost, "name": q.name, "replica": False})
     return web.json_response({"node": here, "vhost": q.vhost, "name": q.name, "replica": True, **answer})

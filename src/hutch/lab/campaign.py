@@ -83,6 +83,7 @@ from typing import Any
 
 import click
 
+from hutch.control.copies import compare
 from hutch.lab.cluster import (
     BASE_PORT_DEFAULT,
     Lab,
@@ -92,7 +93,6 @@ from hutch.lab.cluster import (
     http_get_json,
     plan_nodes,
 )
-from hutch.lab.replicas import compare
 
 log = logging.getLogger("hutch.lab.campaign")
 
@@ -1059,7 +1059,7 @@ async def compare_replicas(nodes: list[NodeSpec], queues: list[str], queue_type:
                            settle_s: float = DIGEST_SETTLE_S) -> dict[str, dict]:
     """After the drain: wait (up to `settle_s`) until every copy of each queue has reached the same
     point (applied index, last sequence number, committed end), then compare their digests
-    (`hutch.lab.replicas.compare`). A stream's copies are compared over their common range."""
+    (`hutch.control.copies.compare`). A stream's copies are compared over their common range."""
 
     out: dict[str, dict] = {}
     for q in queues:

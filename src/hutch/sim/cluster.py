@@ -78,6 +78,8 @@ from pamqp import commands
 from hutch.broker.broker import Config
 from hutch.broker.journal import COMPACT_INTERVAL_S, Journal
 from hutch.control import changes
+from hutch.control.copies import compare as compare_copies
+from hutch.control.digest import copy_digest
 from hutch.control.errors import ApiError
 from hutch.control.node import forget_cluster_member
 from hutch.control.policies import set_policy_command
@@ -156,6 +158,8 @@ AUTOMATIC_ALWAYS_POLICY = {"pattern": "^sim-", "apply-to": "queues",
 MIRROR_POLICIES = {"mirrored": MIRROR_POLICY, "mirrored-always": ALWAYS_POLICY, "mirrored-nodes": NODES_POLICY,
                    "mirrored-automatic-always": AUTOMATIC_ALWAYS_POLICY}
 LOSS_ALLOWED = {"mirrored-always", "mirrored-automatic-always"}
+COPIES_SETTLE_S = 10.0  # after the drain: how long the queue's copies may take to agree
+QUORUM_OR_MIRRORED = {"quorum", *MIRROR_POLICIES}  # the queue types whose copies `_check_copies` compares
 LEADER_CHECK_S = 0.01  # how often the one-leader-per-term check samples the nodes
 BOOT_TIMEOUT_S = 60.0
 STEP_TIMEOUT_S = 5.0  # a client's connect, declare or consume
@@ -207,6 +211,7 @@ FAILURE_KINDS = frozenset({
     "unpublished",  # a delivery of a message that was never published
     "redelivered-flag",  # a second delivery without `redelivered`
     "catalogue",  # catalogues that differ at one applied index, or never reach one
+    "copies",  # two nodes' copies of the quorum or mirrored queue that differ at the same point
     "two-leaders",  # two leaders of one Raft group in one term, or two confirming leaders of a mirrored queue
     "stale-resume",  # a node let clients in after a pause before it had caught up with the catalogue
     "duplicate",  # a stream holds a message twice, though its publisher (a deduplicating writer) sent it once
@@ -506,6 +511,7 @@ class ClusterSim:
         elif not drained:
             await self._audit()
         await self._check_catalogues()
+        await self._check_copies()
         self._check_messages(missing)
 
     async def _set_mirror_policy(self, policy: dict) -> None:
@@ -1267,6 +1273,37 @@ class ClusterSim:
         self.kernel.log(f"catalogues at index {next(iter(applied.values()))}: {digests}")
         if len(set(digests.values())) != 1:
             self._fail("catalogue", f"catalogues differ at the same applied index: {digests}")
+
+    async def _check_copies(self) -> None:
+        """Every node's copy of a quorum or mirrored queue, as `GET /api/hutch/digest` describes it
+        (hutch.control.digest), once the drain is over. Quorum members that applied the same
+        index must agree in every counter and hash (members left at different points are compared
+        in groups). A mirrored queue is at rest by then, every message settled, so its leader and
+        every mirror must hold the same messages, whatever each last saw (a mirror that joined
+        after the last publish saw none); a mirror still holding what the leader settled has
+        diverged. Waited for until at least two copies exist and agree (a mirror's node that
+        just restarted has none yet), or COPIES_SETTLE_S has passed."""
+        if self.opts.queue_type not in QUORUM_OR_MIRRORED:
+            return
+        quorum = self.opts.queue_type == "quorum"
+        point = "applied" if quorum else "held_hash"
+        deadline = self.loop.time() + COPIES_SETTLE_S
+        while True:
+            digests = {}
+            for host, node in self.nodes.items():
+                v = node.broker.vhosts.get("/") if node.app_running and node.broker is not None else None
+                q = v.queues.get(QUEUE) if v is not None else None
+                d = copy_digest(node.broker, q) if q is not None else None
+                if d is not None:
+                    digests[host] = d
+            if (len(digests) >= 2 and len({d[point] for d in digests.values()}) == 1) or self.loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        self.kernel.log(f"copies of {QUEUE}: " + ", ".join(
+            f"{h} at {d['applied']} {d.get('state_hash') or d.get('held_hash')}" for h, d in sorted(digests.items())))
+        self.stats["copies_compared"] = len(digests)
+        for problem in compare_copies(digests, key="applied" if quorum else "type"):
+            self._fail("copies", problem)
 
     def _watch_log(self, host: str, text: str) -> None:
         """What the nodes log that the checks follow. A node resuming from a pause lets clients in

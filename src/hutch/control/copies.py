@@ -1,6 +1,7 @@
 """Comparing the copies of a replicated queue: the digests every node gives of its own copy
-(GET /api/hutch/digest/{vhost}/{name}, hutch.control.digest) judged side by side. A client of
-the nodes' HTTP API, as the fault campaigns are.
+(hutch.control.digest, GET /api/hutch/digest/{vhost}/{name}) judged side by side, by the fault
+campaigns over HTTP and by the whole-cluster simulation in process. It imports nothing of the
+node, so the clients of the HTTP API may use it.
 
 Copies that reached the same point (applied index, last sequence number, committed offset, or a
 stream's hashed range) must agree in every counter and hash; copies at different points are
