@@ -128,7 +128,7 @@ soak: install
 	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000
 
 # Real nodes in one process on simulated time and network (docs/design/simulation.md): the wide
-# sweep, 2,370 seeds of every queue type and mirroring configuration under every fault kind and
+# sweep, 2,530 seeds of every queue type and mirroring configuration under every fault kind and
 # client kind, on every core (about 6 minutes on two); each failure prints the command that replays
 # it. `make test` runs them too: 600 first, the rest beside the real-process suites.
 sim-cluster: install

@@ -31,11 +31,12 @@ from hutch.simkernel import SeedPool
 # the message for ever), mirrored seed 7 (a consumer whose channel closed while its queue's home
 # attached it got half the queue, never settled) and classic seed 45 (a home node whose
 # catalogue was behind confirmed publishes to a queue it did not know yet). mirrored-always and
-# mirrored-automatic-always (any mirror promoted), and transient (a non-durable queue with
-# transient messages, which go with their node), count the losses RabbitMQ documents for them
+# mirrored-automatic-always (any mirror promoted), transient (a non-durable queue with transient
+# messages, which go with their node) and exclusive (a queue that goes with its owner's
+# connection) count the losses RabbitMQ documents for them
 # instead of failing on them. (queue type, fault kinds, client kinds, first seed, seeds)
 #
-# WIDE_SEEDS are the same batches over more seeds, 2,370 in all. `make test` runs the seeds of
+# WIDE_SEEDS are the same batches over more seeds, 2,530 in all. `make test` runs the seeds of
 # WIDE_SEEDS that CI_SEEDS lack as well (HUTCH_SIM_SEEDS=rest: REST_SEEDS), beside the suites
 # that start real processes, on workers that take a core only when nothing else wants it
 # (tools/test_all.sh). `make sim-cluster` runs all of WIDE_SEEDS at once (HUTCH_SIM_SEEDS=wide),
@@ -44,14 +45,15 @@ EVERY = frozenset(FAULT_KINDS)
 ALL_CLIENTS = frozenset(CLIENT_KINDS)
 NO_CLIENTS = frozenset()
 CI_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 100), ("classic", EVERY, NO_CLIENTS, 100, 50),
-            ("mirrored", EVERY, NO_CLIENTS, 100, 140), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 30),
+            ("mirrored", EVERY, NO_CLIENTS, 100, 120), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 30),
             ("stream", EVERY, NO_CLIENTS, 100, 50),
             ("quorum", EVERY, ALL_CLIENTS, 1, 20), ("classic", EVERY, ALL_CLIENTS, 1, 20),
             ("mirrored", EVERY, ALL_CLIENTS, 1, 40), ("mirrored-always", EVERY, ALL_CLIENTS, 1, 20),
             ("mirrored-nodes", EVERY, ALL_CLIENTS, 1, 20), ("mirrored-automatic-always", EVERY, ALL_CLIENTS, 1, 20),
             ("stream", EVERY, ALL_CLIENTS, 1, 30),
             ("transient", EVERY, NO_CLIENTS, 100, 30), ("transient", EVERY, ALL_CLIENTS, 1, 20),
-            ("stream-protocol", EVERY, NO_CLIENTS, 100, 20), ("stream-protocol", EVERY, ALL_CLIENTS, 1, 20)]
+            ("stream-protocol", EVERY, NO_CLIENTS, 100, 20), ("stream-protocol", EVERY, ALL_CLIENTS, 1, 20),
+            ("exclusive", EVERY, NO_CLIENTS, 100, 10), ("exclusive", EVERY, ALL_CLIENTS, 1, 10)]
 WIDE_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 450), ("classic", EVERY, NO_CLIENTS, 100, 200),
               ("mirrored", EVERY, NO_CLIENTS, 100, 550), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 150),
               ("stream", EVERY, NO_CLIENTS, 100, 200),
@@ -60,7 +62,8 @@ WIDE_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 450), ("classic", EVERY, NO_CLI
               ("mirrored-nodes", EVERY, ALL_CLIENTS, 1, 60),
               ("mirrored-automatic-always", EVERY, ALL_CLIENTS, 1, 60), ("stream", EVERY, ALL_CLIENTS, 1, 100),
               ("transient", EVERY, NO_CLIENTS, 100, 100), ("transient", EVERY, ALL_CLIENTS, 1, 60),
-              ("stream-protocol", EVERY, NO_CLIENTS, 100, 100), ("stream-protocol", EVERY, ALL_CLIENTS, 1, 60)]
+              ("stream-protocol", EVERY, NO_CLIENTS, 100, 100), ("stream-protocol", EVERY, ALL_CLIENTS, 1, 60),
+              ("exclusive", EVERY, NO_CLIENTS, 100, 100), ("exclusive", EVERY, ALL_CLIENTS, 1, 60)]
 REST_SEEDS = [(qt, faults, clients, first + ci_count, count - ci_count)
               for (qt, faults, clients, first, count), (*_, ci_count) in zip(WIDE_SEEDS, CI_SEEDS, strict=True)]
 MODE = os.environ.get("HUTCH_SIM_SEEDS", "ci")

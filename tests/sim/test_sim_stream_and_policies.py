@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from pamqp import commands
 
+from hutch.broker.session import Session
 from hutch.quorum import fifo
 from hutch.sim.cluster import FAULT_KINDS, NET_AND_CRASH, QUEUE, ClusterSim, ClusterSimOptions, run_seed
 from hutch.streamclient import StreamClient
@@ -305,3 +306,26 @@ def test_a_mirror_that_still_holds_a_message_the_leader_settled_fails_the_copies
     _diverging(monkeypatch, keep_one)
     result = run_seed(1, queue_type="mirrored-nodes", faults=FAULT_KINDS)
     assert result.stats["failed"] == ["copies"] and result.stats["copies_compared"] == 2, result.violation
+
+
+# -- an exclusive queue (--queue-type exclusive)
+
+
+def test_an_exclusive_queue_goes_with_its_owners_connection_and_the_owner_declares_it_again():
+    result = run_seed(4, queue_type="exclusive", faults=FAULT_KINDS, trace=True)
+    assert result.ok, result.violation
+    locked = [i for i, line in enumerate(result.trace) if "client con: could not set up" in line
+              and "405 RESOURCE_LOCKED" in line]
+    assert locked, "the owner never found its old queue still there"
+    assert [line for line in result.trace[locked[0]:] if "client con: connected to" in line]
+    assert result.stats["lost_allowed"] >= 1  # what the old queue held went with it, counted
+
+
+def test_an_exclusive_queue_left_behind_by_its_closed_connection_fails_the_exclusive_check(monkeypatch):
+    def teardown_keeping_exclusive_queues(self):
+        self.exclusive_queues.clear()  # forgotten, not deleted
+        real_teardown(self)
+    real_teardown = Session.teardown
+    monkeypatch.setattr(Session, "teardown", teardown_keeping_exclusive_queues)
+    result = run_seed(3, queue_type="exclusive", faults=frozenset())
+    assert "exclusive" in result.stats["failed"], result.violation

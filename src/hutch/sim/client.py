@@ -91,9 +91,10 @@ class SimClient:
     async def confirm_select(self) -> None:
         await self._rpc(1, commands.Confirm.Select(), (commands.Confirm.SelectOk,))
 
-    async def queue_declare(self, queue: str, durable: bool = True, arguments: dict | None = None) -> None:
-        await self._rpc(1, commands.Queue.Declare(queue=queue, durable=durable, arguments=arguments),
-                        (commands.Queue.DeclareOk,))
+    async def queue_declare(self, queue: str, durable: bool = True, arguments: dict | None = None,
+                            exclusive: bool = False) -> None:
+        await self._rpc(1, commands.Queue.Declare(queue=queue, durable=durable, exclusive=exclusive,
+                                                  arguments=arguments), (commands.Queue.DeclareOk,))
 
     async def qos(self, prefetch_count: int) -> None:
         await self._rpc(1, commands.Basic.Qos(prefetch_count=prefetch_count), (commands.Basic.QosOk,))

@@ -123,12 +123,22 @@ QUEUE_TYPES = {
     # declare it again then publishes into nothing, confirmed). The run counts that loss
     # (`lost_allowed`) once a node has gone down or seen another down, and fails on it otherwise
     "transient": {},
+    # an exclusive queue: the consumer's connection declares it (non-durable, exclusive) and is its
+    # only consumer; the publishers publish to it by name without declaring it. It goes when that
+    # connection closes (RabbitMQ's semantics), with its messages, and the consumer declares it
+    # afresh on its next connection: that loss is counted (`lost_allowed`) once the consumer's
+    # connection has closed or a node has gone down or been seen down, as for `transient`. After
+    # the run, once the consumer's last connection has closed, no node's catalogue may still hold
+    # the queue (`exclusive`)
+    "exclusive": {},
 }
 STREAM = "stream"
 STREAM_PROTOCOL = "stream-protocol"
 STREAMS = {STREAM, STREAM_PROTOCOL}  # read by offset, with the stream checks
 STREAM_PORT = 5552
 TRANSIENT = "transient"
+EXCLUSIVE = "exclusive"
+VOLATILE = {TRANSIENT, EXCLUSIVE}  # queues that go with a node or a connection, and their messages with them
 # the operator's policy for --queue-type mirrored (set as `hutchctl set_policy` would): mirrors on
 # every node, synchronised automatically, a leader promoted only from synchronised mirrors; with
 # pause_minority (RabbitMQ's advice for mirroring) a partition cannot split the queue in two.
@@ -158,6 +168,7 @@ AUTOMATIC_ALWAYS_POLICY = {"pattern": "^sim-", "apply-to": "queues",
 MIRROR_POLICIES = {"mirrored": MIRROR_POLICY, "mirrored-always": ALWAYS_POLICY, "mirrored-nodes": NODES_POLICY,
                    "mirrored-automatic-always": AUTOMATIC_ALWAYS_POLICY}
 LOSS_ALLOWED = {"mirrored-always", "mirrored-automatic-always"}
+EXCLUSIVE_GONE_S = 10.0  # after the owner's last connection closed: how long its exclusive queue may stay
 COPIES_SETTLE_S = 10.0  # after the drain: how long the queue's copies may take to agree
 QUORUM_OR_MIRRORED = {"quorum", *MIRROR_POLICIES}  # the queue types whose copies `_check_copies` compares
 LEADER_CHECK_S = 0.01  # how often the one-leader-per-term check samples the nodes
@@ -211,6 +222,7 @@ FAILURE_KINDS = frozenset({
     "unpublished",  # a delivery of a message that was never published
     "redelivered-flag",  # a second delivery without `redelivered`
     "catalogue",  # catalogues that differ at one applied index, or never reach one
+    "exclusive",  # an exclusive queue that outlived its owner's connection
     "copies",  # two nodes' copies of the quorum or mirrored queue that differ at the same point
     "two-leaders",  # two leaders of one Raft group in one term, or two confirming leaders of a mirrored queue
     "stale-resume",  # a node let clients in after a pause before it had caught up with the catalogue
@@ -374,7 +386,7 @@ class ClusterSim:
         self._transient_gone = False  # a node saw another down: the non-durable queue may be gone (_watch_log)
         many = "many" in opts.clients
         self._publishers = ["pub", "pub2"] if many else ["pub"]
-        self._consumers = ["con", "con2"] if many else ["con"]
+        self._consumers = ["con", "con2"] if many and opts.queue_type != EXCLUSIVE else ["con"]  # one owner
         self.failures: list[tuple[str, str]] = []  # (kind, what): the checks that failed (FAILURE_KINDS)
 
     # -- the run
@@ -389,7 +401,7 @@ class ClusterSim:
         hutch_log.addHandler(handler)
         hutch_log.setLevel(logging.INFO if self.opts.trace else logging.ERROR)
         node_log.setLevel(logging.INFO)
-        if self.opts.queue_type == TRANSIENT:
+        if self.opts.queue_type in VOLATILE:
             cluster_log.setLevel(logging.INFO)
         hutch_log.propagate = False
         Journal.compactor_thread = False
@@ -475,7 +487,7 @@ class ClusterSim:
 
     async def _main(self) -> None:
         self.loop.set_exception_handler(self._unhandled)
-        self.kernel.log(f"sim cluster seed {self.opts.seed}: {len(self.hosts)} nodes, a {self.opts.queue_type} queue")
+        self.kernel.log(f"sim cluster seed {self.opts.seed}: {len(self.hosts)} nodes, queue type {self.opts.queue_type}")
         self._write_secret()
         boots = [self._spawn_on(h, self._boot(h)) for h in self.hosts]
         try:
@@ -510,6 +522,8 @@ class ClusterSim:
             await self._read_every_replica()
         elif not drained:
             await self._audit()
+        if self.opts.queue_type == EXCLUSIVE:
+            await self._check_exclusive_gone()
         await self._check_catalogues()
         await self._check_copies()
         self._check_messages(missing)
@@ -795,8 +809,12 @@ class ClusterSim:
             try:
                 async with asyncio.timeout(STEP_TIMEOUT_S):
                     await client.connect(self.net.host(who), host, AMQP_PORT)
-                    await client.queue_declare(QUEUE, durable=self.opts.queue_type != TRANSIENT,
-                                               arguments=self._queue_arguments())
+                    if self.opts.queue_type != EXCLUSIVE:
+                        await client.queue_declare(QUEUE, durable=self.opts.queue_type != TRANSIENT,
+                                                   arguments=self._queue_arguments())
+                    elif who == self._consumers[0]:  # its owner; the publishers only publish to it
+                        await client.queue_declare(QUEUE, durable=False, exclusive=True,
+                                                   arguments=self._queue_arguments())
                 self.kernel.log(f"client {who}: connected to {host}")
                 return client, host
             except Exception as e:  # noqa: BLE001 - any failure: retry
@@ -1044,6 +1062,8 @@ class ClusterSim:
             except Exception as e:  # noqa: BLE001 - reconnect
                 self.kernel.log(f"client {who}: {type(e).__name__}: {e}")
             client.abort()
+            if self.opts.queue_type == EXCLUSIVE and who == self._consumers[0]:
+                self._transient_gone = True  # its exclusive queue goes with the connection
 
     async def _consumer(self, who: str) -> None:
         if self.opts.queue_type == STREAM_PROTOCOL:
@@ -1128,7 +1148,11 @@ class ClusterSim:
     def _client_kinds(self) -> frozenset[str]:
         """The client kinds this run has: a stream has no basic.get and no requeue (RabbitMQ
         refuses both), so its clients only cancel."""
-        return self.opts.clients & {"cancel"} if self.opts.queue_type in STREAMS else self.opts.clients
+        if self.opts.queue_type in STREAMS:
+            return self.opts.clients & {"cancel"}
+        if self.opts.queue_type == EXCLUSIVE:
+            return self.opts.clients - {"get"}  # only the owner's connection may take from the queue
+        return self.opts.clients
 
     async def _consume(self, client: SimClient, host: str) -> None:
         async with asyncio.timeout(STEP_TIMEOUT_S):
@@ -1244,7 +1268,7 @@ class ClusterSim:
         """`missing`: the confirmed messages the consumer had not received by the end of the drain."""
         h = self.history
         lost = sorted(h.confirmed - set(h.delivered), key=_copy_order)
-        transient_gone = self.opts.queue_type == TRANSIENT and (self._downs or self._transient_gone)
+        transient_gone = self.opts.queue_type in VOLATILE and (self._downs or self._transient_gone)
         if lost and (self.opts.queue_type in LOSS_ALLOWED or transient_gone):
             self.stats["lost_allowed"] = len(lost)
             self.kernel.log(f"confirmed message(s) lost as the queue's policy allows: {_names(lost)}")
@@ -1273,6 +1297,22 @@ class ClusterSim:
         self.kernel.log(f"catalogues at index {next(iter(applied.values()))}: {digests}")
         if len(set(digests.values())) != 1:
             self._fail("catalogue", f"catalogues differ at the same applied index: {digests}")
+
+    async def _check_exclusive_gone(self) -> None:
+        """The consumer's last connection has closed: its exclusive queue must go from every node's
+        catalogue within EXCLUSIVE_GONE_S (a queue left behind would refuse its next owner, 405
+        RESOURCE_LOCKED, for good)."""
+        deadline = self.loop.time() + EXCLUSIVE_GONE_S
+        while True:
+            holding = sorted(h for h, n in self.nodes.items()
+                             if n.clustering is not None and n.clustering.cluster.catalogue.queue("/", QUEUE) is not None)
+            if not holding:
+                return
+            if self.loop.time() >= deadline:
+                self._fail("exclusive", f"the exclusive queue {QUEUE} outlived its owner's last connection by "
+                                        f"{EXCLUSIVE_GONE_S:.0f} s in the catalogue of {', '.join(holding)}")
+                return
+            await asyncio.sleep(0.05)
 
     async def _check_copies(self) -> None:
         """Every node's copy of a quorum or mirrored queue, as `GET /api/hutch/digest` describes it
@@ -1313,7 +1353,7 @@ class ClusterSim:
         that cannot reach the queue's home drops what it routes there, confirmed, and the
         catalogue's leader deletes the queue: RabbitMQ's rule), and the loss of its messages is
         then one the run counts."""
-        if self.opts.queue_type == TRANSIENT and (text.startswith(f"deleting non-durable queue '{QUEUE}'")
+        if self.opts.queue_type in VOLATILE and (text.startswith(f"deleting non-durable queue '{QUEUE}'")
                                                   or (text.startswith("node hutch@") and " down: " in text)):
             self._transient_gone = True
         elif "status regained" in text or "recovery detected" in text:
@@ -1453,7 +1493,8 @@ def trace_digest(result: SimResult) -> str:
                    "documented losses counted, not failed; mirrored-automatic-always: mirrors everywhere, "
                    "automatic sync, any mirror promoted, losses counted; stream: read by offset; stream-protocol: "
                    "the same, published to over the stream protocol by deduplicating producers; transient: a "
-                   "non-durable classic queue and transient messages, lost with their node's process, counted).")
+                   "non-durable classic queue and transient messages, lost with their node's process, counted; "
+                   "exclusive: the consumer's connection owns the queue, which goes with it, losses counted).")
 @click.option("--faults", default=",".join(FAULT_KINDS), show_default=True,
               help="The fault kinds the nemesis draws, comma-separated: net (partitions, link and client "
                    "resets), crash (kill -9), power (power loss: unsynced writes lost, the last one torn), fsync "
