@@ -115,7 +115,7 @@ campaign: install
 	  --expect drained=1 --expect lost=0 --expect unexpected=0 || rc=1; done; exit $$rc
 
 # 100 randomised fault campaigns of 60 s (docs/reliability.md): quorum, mirrored (ha-mode all /
-# exactly 2, when-synced), streams in turn, every fault kind including fsync errors and a full disk,
+# exactly 2, when-synced), streams, durable classic queues without mirrors in turn, every fault kind including fsync errors and a full disk,
 # on fresh 3-node labs (base port 8672); resumable (runs in ./var/campaign-long/runs.jsonl are
 # skipped). The table goes into docs/reliability.md; then the Spark checker reads every history.
 campaign-long: install

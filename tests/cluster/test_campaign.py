@@ -166,6 +166,19 @@ def test_a_short_campaign_on_mirrored_queues_loses_no_confirmed_message(tmp_path
 
 
 @pytest.mark.timeout(240)
+def test_a_short_campaign_on_durable_classic_queues_loses_no_confirmed_message(tmp_path):
+    """One copy on its home node: kills and suspends of that node make the queue unavailable
+    until it is back, and what it confirmed was on its disk."""
+    cfg, result = _short_campaign(tmp_path, "classic")
+    assert result.check["confirmed"] > 500, result.check
+    assert result.check["lost"] == 0, f"seed {cfg.seed}: {result.verdict}; history {result.history_dir}"
+    assert result.check["unexpected"] == 0 and result.drained, result.verdict
+    assert result.reference["lost"] == 0 and result.reference["duplicates_unexplained"] == 0, result.verdict
+    assert result.ok, result.verdict
+    assert all(rep["copies"] == 0 for rep in result.replicas.values()), result.replicas  # nothing to compare
+
+
+@pytest.mark.timeout(240)
 def test_a_short_campaign_on_a_stream_with_disk_faults(tmp_path):
     """A stream written over AMQP 0-9-1 with confirms and read from its first offset, while a
     node's fsync fails (it must stop, and is started again) and a node's disk fills up (its

@@ -27,16 +27,17 @@ def row(index: int, ok: bool = True, lost: int = 0) -> dict:
 
 
 def test_runs_take_the_configurations_in_turn_with_every_fault_kind():
-    confs = [run_config(i, 1, 60.0) for i in range(8)]
+    confs = [run_config(i, 1, 60.0) for i in range(10)]
     assert [c.name for c, _ in confs] == [c.name for c in CONFIGURATIONS] * 2
-    assert [cfg.seed for _, cfg in confs] == list(range(1, 9))
+    assert [cfg.seed for _, cfg in confs] == list(range(1, 11))
     assert all(cfg.faults == ALL_FAULT_KINDS and cfg.duration_s == 60.0 for _, cfg in confs)
     assert run_config(5, 1, 60.0) == run_config(5, 1, 60.0)
     assert confs[2][1].ha_mode == "exactly" and confs[3][1].queue_type == "stream"
+    assert confs[4][1].queue_type == "classic"
 
 
 def test_the_table_sums_runs_up_per_configuration():
-    lines = table_lines([row(0), row(1, ok=False, lost=2), row(4)])
+    lines = table_lines([row(0), row(1, ok=False, lost=2), row(len(CONFIGURATIONS))])
     quorum = next(line for line in lines if line.startswith("| quorum |"))
     assert "| 2 (2) | 6 | 2000 | 0 | 6 (0) | 2 | 6 (0) | 4, 15 s in all | 4.5 s |" in quorum
     total = next(line for line in lines if line.startswith("| **all** |"))

@@ -106,7 +106,7 @@ CONSUMER_MODES = ("push", "poll", "mixed")
 DELAYS_MS = (50, 200, 500, 1500)
 BODY = struct.Struct(">QQ")  # msg_id, first publish time (ns)
 QUEUE_ARGS = {"x-queue-type": "quorum"}
-QUEUE_TYPES = ("quorum", "mirrored", "stream")
+QUEUE_TYPES = ("quorum", "mirrored", "stream", "classic")
 HA_MODES = ("all", "exactly")
 HA_EXACTLY_COPIES = 2  # ha-params of `--ha-mode exactly`: the leader and one mirror
 # the mirroring that promises what a quorum queue does: every node, synchronised automatically, and
@@ -164,7 +164,10 @@ class CampaignConfig:
     drain_timeout_s: float = 180.0
     net_ticktime_s: float = 4.0
     group_size: int | None = None  # x-quorum-initial-group-size; None: every node (Jepsen's "all")
-    queue_type: str = "quorum"  # or "mirrored": classic queues under MIRROR_POLICY; or "stream"
+    # or "mirrored": classic queues under MIRROR_POLICY; or "stream"; or "classic": durable classic
+    # queues with no mirror, one copy on its home node (confirmed once on its disk; unavailable while
+    # that node is down or cut off, and nothing confirmed lost)
+    queue_type: str = "quorum"
     ha_mode: str = "all"  # mirrored: on every node, or on exactly HA_EXACTLY_COPIES nodes
 
     def __post_init__(self) -> None:
@@ -1312,8 +1315,9 @@ def _pair(text: str) -> tuple[float, float]:
               help="push: basic.consume; poll: basic.get; mixed: one of the two at each connection.")
 @click.option("--queue-type", type=click.Choice(QUEUE_TYPES), default="quorum", show_default=True,
               help="quorum; mirrored: classic queues mirrored (see --ha-mode), synchronised automatically, "
-                   "promoted only when synchronised, on nodes with pause_minority; or stream: consumers read "
-                   "from the first offset (x-stream-offset) and on from where they were after a reconnection.")
+                   "promoted only when synchronised, on nodes with pause_minority; stream: consumers read "
+                   "from the first offset (x-stream-offset) and on from where they were after a reconnection; "
+                   "or classic: durable classic queues without mirrors, each on one home node.")
 @click.option("--ha-mode", type=click.Choice(HA_MODES), default="all", show_default=True,
               help=f"Mirrored queues: a mirror on every node, or exactly {HA_EXACTLY_COPIES} copies.")
 @click.option("--group-size", type=click.IntRange(1, 5), default=None,

@@ -1,9 +1,10 @@
 """`hutch lab campaign-long`: many randomised fault campaigns across queue types and mirroring
 configurations, and the table of their results (docs/reliability.md).
 
-Run i (counted from 0) uses configuration ``CONFIGURATIONS[i % 4]`` — quorum queues; classic
+Run i (counted from 0) uses configuration ``CONFIGURATIONS[i % 5]`` — quorum queues; classic
 queues mirrored on every node (`ha-mode: all`) or on exactly two (`ha-mode: exactly`), both
-promoting only synchronised mirrors; streams — and seed ``first_seed + i``, from which it draws
+promoting only synchronised mirrors; streams; durable classic queues without mirrors — and seed
+``first_seed + i``, from which it draws
 what else varies: the consumers' mode, the number of publishers and their rate. Every run has
 the whole nemesis (partitions, kill -9, SIGSTOP, slow links, fsync errors, a full disk) on a
 fresh 3-node lab (`hutch.lab.campaign.run_campaign`) and is checked by the campaign itself
@@ -54,6 +55,7 @@ CONFIGURATIONS = (
     Configuration("mirrored, ha-mode all, when-synced", "mirrored", "all"),
     Configuration("mirrored, ha-mode exactly 2, when-synced", "mirrored", "exactly"),
     Configuration("stream", "stream"),
+    Configuration("classic, durable, no mirrors", "classic"),
 )
 
 
