@@ -1073,8 +1073,8 @@ class ClusterSim:
 
     async def _stream_consumer(self, who: str) -> None:
         """Read the stream over the stream protocol, as the stream clients' consumers do: on any
-        node (every replica serves reads), subscribed from the offset after the last one it got
-        (from 0 at first) with a credit of a few chunks, one granted back per chunk. Each record
+        node (every replica serves reads), subscribed where `_read_spell` says with a credit of a
+        few chunks, one granted back per chunk. Each record
         goes through the stream checks (`_on_stream_delivery`); a chunk that starts before the
         offset asked for has its earlier records skipped. With "cancel" it unsubscribes now and
         then and subscribes again on the same connection. Any failure, or no chunk for
