@@ -124,13 +124,22 @@ campaign-long: install
 	$(BIN)/hutch check ./var/campaign-long --out ./var/campaign-long/_check --expect drained=1 --expect lost=0 \
 	  --expect unexpected=0 || rc=1; exit $$rc
 
+# The simulators' long runs: the Raft simulator over a million seeds, then the whole-cluster
+# simulation over SOAK_CLUSTER_SEEDS seeds of each of its ten queue types (every fault and client
+# kind; seeds from 1000, past the ones make test runs) on every core: a million cluster seeds,
+# about two days on two cores. Each failure prints the command that replays it.
+SOAK_CLUSTER_SEEDS ?= 100000
+SIM_QUEUE_TYPES := quorum classic mirrored mirrored-always mirrored-nodes mirrored-automatic-always stream \
+  stream-protocol transient exclusive
 soak: install
 	$(BIN)/python -m hutch.raft.sim raft --seed 1 --seeds 1000000
+	rc=0; for t in $(SIM_QUEUE_TYPES); do \
+	  $(BIN)/hutch sim cluster --seed 1000 --seeds $(SOAK_CLUSTER_SEEDS) --queue-type $$t --jobs 0 || rc=1; done; exit $$rc
 
 # Real nodes in one process on simulated time and network (docs/design/simulation.md): the wide
 # sweep, 2,530 seeds of every queue type and mirroring configuration under every fault kind and
 # client kind, on every core (about 6 minutes on two); each failure prints the command that replays
-# it. `make test` runs them too: 600 first, the rest beside the real-process suites.
+# it. `make test` runs them too: 630 first, the rest beside the real-process suites.
 sim-cluster: install
 	HUTCH_SIM_SEEDS=wide $(BIN)/python -m pytest -q -p no:cacheprovider tests/sim/test_cluster_sim.py
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import logging
 import os
@@ -88,7 +89,7 @@ from hutch.raft.group import LEADER
 from hutch.server.clock import NodeClock
 from hutch.server.runtime import Node
 from hutch.sim.client import SimClient
-from hutch.simkernel import Kernel, SimResult, draw_partition, run_seeds
+from hutch.simkernel import Kernel, SimResult, draw_partition, run_seeds, run_seeds_on_pool
 from hutch.simkernel.aioloop import SimulationLivelock, VirtualLoop
 from hutch.simkernel.disk import SimDisk
 from hutch.simkernel.net import SimNet, current_host
@@ -1508,21 +1509,26 @@ def trace_digest(result: SimResult) -> str:
                    "requeues with basic.nack as well as basic.reject), retry (the publisher sends again what "
                    "was left unconfirmed or nacked), many (two publishers and two consumers).")
 @click.option("-v", "--verbose", is_flag=True, help="Print the trace of each run.")
+@click.option("--jobs", type=click.IntRange(0, 64), default=1, show_default=True,
+              help="Worker processes running the seeds (0: one per core); with -v, one.")
 def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float, queue_type: str, faults: str,
-                client_kinds: str, verbose: bool) -> None:
+                client_kinds: str, verbose: bool, jobs: int = 1) -> None:
     """Run real hutch nodes in one process under simulated time, network, disks, clocks and clients;
     any failing seed replays exactly."""
     kinds = parse_faults(faults)
     clients = parse_faults(client_kinds, CLIENT_KINDS, "client")
     named = ",".join(k for k in FAULT_KINDS if k in kinds)
     named_clients = ",".join(k for k in CLIENT_KINDS if k in clients) or "none"
-    failures = run_seeds(
-        lambda s: run_seed(s, nodes=nodes, messages=messages, fault_s=fault_s, queue_type=queue_type,
-                           trace=verbose, faults=kinds, clients=clients),
-        seed, seeds,
-        lambda s: (f"hutch sim cluster --seed {s} --nodes {nodes} --messages {messages} --fault-s {fault_s} "
-                   f"--queue-type {queue_type} --faults {named} --clients {named_clients}"),
-        click.echo, verbose, progress_every=10)
+    run = functools.partial(run_seed, nodes=nodes, messages=messages, fault_s=fault_s, queue_type=queue_type,
+                            trace=verbose, faults=kinds, clients=clients)
+
+    def reproduce(s: int) -> str:
+        return (f"hutch sim cluster --seed {s} --nodes {nodes} --messages {messages} --fault-s {fault_s} "
+                f"--queue-type {queue_type} --faults {named} --clients {named_clients}")
+    if jobs != 1 and seeds > 1 and not verbose:
+        failures = run_seeds_on_pool(run, seed, seeds, reproduce, click.echo, jobs or None, progress_every=100)
+    else:
+        failures = run_seeds(run, seed, seeds, reproduce, click.echo, verbose, progress_every=10)
     if failures:
         sys.exit(1)
 

@@ -99,4 +99,29 @@ class SeedPool:
         self.close()
 
 
-__all__ = ["SeedBatch", "SeedPool", "default_jobs"]
+def run_seeds_on_pool(run: Callable[[int], SimResult], first: int, count: int, reproduce: Callable[[int], str],
+                      echo: Callable[..., None], jobs: int | None = None, window: int = 500,
+                      progress_every: int = 1000) -> int:
+    """`kernel.run_seeds` on every core: `count` consecutive seeds from `first`, at most `window`
+    of them queued at once (a soak of millions keeps its memory flat), results taken in seed order;
+    each failure is printed with the command that replays it. Returns how many failed."""
+    failures = 0
+    done = 0
+    started = time.perf_counter()
+    with SeedPool(jobs) as pool:
+        for start in range(first, first + count, window):
+            batch = pool.submit(run, range(start, min(start + window, first + count)))
+            for res in batch.results():
+                done += 1
+                if not res.ok:
+                    failures += 1
+                    echo(f"seed {res.seed}: FAILED: {res.violation}")
+                    echo(f"  reproduce: {reproduce(res.seed)} -v")
+                if done % progress_every == 0:
+                    echo(f"{done} seeds, {failures} failed, {time.perf_counter() - started:.1f}s", err=True)
+    echo(f"{count} seed(s) from {first}: {failures} failed in {time.perf_counter() - started:.1f}s "
+         f"on {pool.jobs} worker(s)")
+    return failures
+
+
+__all__ = ["SeedBatch", "SeedPool", "default_jobs", "run_seeds_on_pool"]
