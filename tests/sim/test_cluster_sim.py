@@ -100,6 +100,10 @@ REGRESSION_SEEDS = [
     # back, had its join asked again, took the copy for one read from disk, and was promoted
     # without the six confirmed messages it held
     ("mirrored", EVERY, NO_CLIENTS, 222),
+    # mirrored, every fault kind: 557, a mirror cut off while its leader's ring declared it dead
+    # took the promotion that followed for its own ring's, and stayed out of the new leader's
+    # ring for good with a stale copy (the copies check)
+    ("mirrored", EVERY, NO_CLIENTS, 557),
     # quorum: on 417 the leader, cut off from both other nodes, proposed NodeDown for the
     # consumer's node, committed after the heal, and the consumer stayed suspended; on 729 a
     # consumer's node gave back deliveries to a consumer whose Cancel waited for its resend

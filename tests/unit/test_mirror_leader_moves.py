@@ -25,6 +25,7 @@ class _Cluster:
     def __init__(self, leader_in_catalogue: str | None) -> None:
         self.node = "hutch@n1"
         self.leader_in_catalogue = leader_in_catalogue
+        self.catalogue = SimpleNamespace(queue=lambda vhost, name: None)  # no record: nothing to place
 
     def catalogue_leader_of(self, vhost: str, name: str) -> str | None:
         return self.leader_in_catalogue

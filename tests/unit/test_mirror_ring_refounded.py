@@ -16,11 +16,21 @@ from types import SimpleNamespace
 from hutch.broker.broker import Config
 from hutch.mirror import gm
 from hutch.mirror.host import MirrorHost
-from hutch.mirror.leader import Leader
+from hutch.mirror.leader import MISSING_MIRROR_S, Leader
 from hutch.mirror.mirror import LOOK_FOR_RING_S, Mirror
 
 N1, N2 = "hutch@n1", "hutch@n2"
 N1_MEMBER, N2_MEMBER = "hutch@n1|1.1", "hutch@n2|1.1"
+
+
+class _Records:
+    """The catalogue's queue records, as the glue reads them."""
+
+    def __init__(self) -> None:
+        self.records: dict = {}
+
+    def queue(self, vhost: str, name: str):
+        return self.records.get((vhost, name))
 
 
 class _LeaderNode:
@@ -30,9 +40,18 @@ class _LeaderNode:
         self.node = N1
         self.submitted: list = []
         self.ids = 1
+        self.catalogue = _Records()  # what the queue's record names: nothing unless a test says
+        self.up = {N1, N2}
+        self.calls: list = []
 
     def catalogue_leader_of(self, vhost: str, name: str) -> str:
         return N1
+
+    def is_up(self, node: str) -> bool:
+        return node in self.up
+
+    def call(self, peer: str, kind: str, args: list, callback) -> None:
+        self.calls.append((peer, kind, args))
 
     def cut_off(self) -> bool:
         return False
@@ -234,3 +253,49 @@ def test_a_recovered_leader_that_no_longer_leads_lets_no_mirror_in():
     (_cmd, answer), = cluster.submitted
     answer(SimpleNamespace(ok=False, code=406, text=f"led by {N2}, not {N1}", status=""))
     assert not ld.admitting
+
+
+# -- a mirror left in an earlier leader's ring (found by the simulation's copies check, mirrored seed 557)
+
+N3 = "hutch@n3"
+
+
+def test_a_leader_tells_a_member_node_whose_mirror_is_not_in_its_ring_to_join_it():
+    """n3's mirror was cut off when the old leader's ring declared it dead, and took the
+    promotion that followed for its own ring's: the new leader, whose record names n3, tells
+    n3 to join its ring once n3 has been up without a mirror in it for MISSING_MIRROR_S."""
+    ld, _host, cluster, _replaced = _leader()
+    cluster.catalogue.records[("/", "orders")] = SimpleNamespace(leader_node=N1, member_nodes=(N1, N2, N3))
+    cluster.up.add(N3)
+    ld.tick(100.0)
+    ld.tick(100.0 + MISSING_MIRROR_S / 2)
+    assert cluster.calls == []  # a mirror may still be joining
+    ld.tick(100.0 + MISSING_MIRROR_S)
+    assert cluster.calls == [(N3, "gmrejoin", ["/", "orders", ld.gm.id])]  # n2's mirror is in the ring
+    ld.tick(100.0 + MISSING_MIRROR_S + 1)
+    assert len(cluster.calls) == 1  # and again only after as long
+    ld.tick(100.0 + 2 * MISSING_MIRROR_S)
+    assert len(cluster.calls) == 2
+
+
+def test_a_leader_does_not_call_a_node_that_is_down_or_not_named_or_whose_mirror_came():
+    ld, _host, cluster, _replaced = _leader()
+    cluster.catalogue.records[("/", "orders")] = SimpleNamespace(leader_node=N1, member_nodes=(N1, N2, N3))
+    ld.tick(0.0)
+    ld.tick(2 * MISSING_MIRROR_S)  # n3 down
+    cluster.up.add(N3)
+    ld.tick(2 * MISSING_MIRROR_S + 1)
+    ld.on_event(gm.MembersChanged(2, (N1_MEMBER, N2_MEMBER, "hutch@n3|2.1"), ("hutch@n3|2.1",), ()))
+    ld.tick(4 * MISSING_MIRROR_S)  # its mirror joined meanwhile
+    cluster.catalogue.records[("/", "orders")] = SimpleNamespace(leader_node=N2, member_nodes=(N2, N1, N3))
+    ld.tick(8 * MISSING_MIRROR_S)  # no longer the leader the record names
+    assert cluster.calls == []
+
+
+def test_a_mirror_that_is_a_member_of_another_ring_leaves_it_when_its_leader_says_so():
+    host, m, _cl = _mirror_whose_leader_was_declared_dead()
+    old = m.member
+    assert host.rejoin("/", "orders", "hutch@n1|1.7") == [200, True]
+    assert m.member is None and not m.leader_dead and old.status == gm.REMOVED
+    assert host.rejoin("/", "orders", "hutch@n1|1.7") == [200, False]  # between rings: it joins anyway
+    assert host.rejoin("/", "other", "hutch@n1|1.7") == [200, False]

@@ -426,6 +426,8 @@ class ClusterBroker:
             answer(self.transfer_quorum_leader(args[0], args[1]))
         elif kind == "gmid":  # a mirror asks which GM member to join: [vhost, queue, (member, epoch, ranges)]
             answer(self.mirroring.leader_member(*args[:5]))
+        elif kind == "gmrejoin":  # a leader has no mirror of this node in its ring: [vhost, queue, its member]
+            answer(self.mirroring.rejoin(args[0], args[1], args[2]))
         elif kind == "sync":  # sync_queue / cancel_sync_queue on the leader: [vhost, queue, action]
             answer(self.mirroring.sync_action(args[0], args[1], args[2]))
         else:

@@ -64,9 +64,9 @@ CREDIT_RETURN = 500  # deliveries a consumer's node takes before it returns cred
 CANCELLED_REMEMBERED_MAX = 4096  # recently cancelled remote consumers whose late deliveries go back
 ORPHAN_TIMEOUT_S = 30.0  # a publish to a mirrored queue waits this long for a promoted leader
 # the arguments each kind of Call takes at least (others: [vhost, queue, ...])
-CALL_ARGS = {"list": 2, "migrate": 3, "qstatus": 1, "qmember": 3, "qleader": 2, "gmid": 2, "sync": 3, "stat": 2, "purge": 2,
-             "get": 3, "take": 5, "sread": 3, "sraw": 3, "schunks": 3, "squery": 3, "sstatus": 1}
-NODE_CALLS = ("list", "migrate", "qstatus", "qmember", "qleader", "gmid", "sync",
+CALL_ARGS = {"list": 2, "migrate": 3, "qstatus": 1, "qmember": 3, "qleader": 2, "gmid": 2, "gmrejoin": 3, "sync": 3,
+             "stat": 2, "purge": 2, "get": 3, "take": 5, "sread": 3, "sraw": 3, "schunks": 3, "squery": 3, "sstatus": 1}
+NODE_CALLS = ("list", "migrate", "qstatus", "qmember", "qleader", "gmid", "gmrejoin", "sync",
               "sread", "sraw", "schunks", "squery", "sstatus")  # answered by the port
 
 

@@ -76,6 +76,7 @@ class MirrorCluster(Protocol):
     node: str
     incarnation: int
     recovering: bool  # the node's queues are not recovered from its disk yet
+    catalogue: cat.Catalogue
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> Any: ...
     def call(self, peer: str, kind: str, args: list, callback: Callable[[Any], None]) -> None: ...
@@ -462,6 +463,23 @@ class MirrorHost:
             return [spec.NOT_FOUND, f"queue '{name}' in vhost '{vhost}': its leader is not yet confirmed"]
         accepted = bool(member) and ld.recovery_report(str(member), int(epoch), list(ranges))
         return [200, ld.gm.id, ld.epochs, accepted]
+
+    def rejoin(self, vhost: str, name: str, leader_member: str) -> list:
+        """The queue's leader (GM member `leader_member`) has had no mirror of this node in its
+        ring for a while (`Leader.call_missing_mirrors`). A mirror that is a member of another
+        ring (an earlier leader's, which declared it dead while it was cut off: it took the
+        promotion that followed for a new leader of its own ring, and waits for broadcasts that
+        never come) leaves it and joins the leader's afresh, offering its copy as any mirror
+        coming back does. A mirror still joining, or none, is left alone."""
+        m = self.mirrors.get((vhost, name))
+        if m is None or m.member is None or m.member.status != gm.MEMBER or m.member.id == leader_member:
+            return [200, False]
+        log.info("Mirrored queue '%s' in vhost '%s': its leader's ring (%s) has no mirror of this node; the "
+                 "mirror leaves the ring it is in and joins the leader's", name, vhost, leader_member)
+        m.leader_dead = False
+        m.promoting = False
+        self.leave_ring(m)
+        return [200, True]
 
     def sync_action(self, vhost: str, name: str, action: str) -> list:
         ld = self.leaders.get((vhost, name))

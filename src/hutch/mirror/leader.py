@@ -50,6 +50,7 @@ SYNC_PROGRESS_S = 1.0
 
 EPOCHS_KEPT = 8  # a leader's epochs a mirror's copy from disk may belong to
 RECOVERY_REPORTS_MAX = 64  # mirrors' reports of their copies kept until they join
+MISSING_MIRROR_S = 5.0  # a member node up with no mirror in the ring this long is told to join it
 
 
 def new_epochs(epochs: list | None = None, first_seq: int = 0) -> list:
@@ -91,6 +92,7 @@ class Leader:
         self.stable_seq = 0
         self.stable_held = 0  # stable while this node was cut off from the majority: not confirmed yet
         self.confirmed = 0  # publishes (and tx.commits) confirmed by this leader, for the simulation's checks
+        self.missing: dict[str, float] = {}  # member nodes up with no mirror in this ring -> since when
         # nodes to fence in the catalogue (those of synchronised mirrors declared dead, and of
         # every mirror a ring founded afresh lost: `admit_after_fencing`): nothing is confirmed
         # meanwhile (`_fence_due`)
@@ -403,9 +405,35 @@ class Leader:
     def tick(self, now: float) -> None:
         if not self.checking_leader and not self.host.cluster.cut_off():
             self._check_leader()
+        self.call_missing_mirrors(now)
         self.send_view()
         if self.sync is not None:
             self.sync.pump(now)
+
+    def call_missing_mirrors(self, now: float) -> None:
+        """Nodes the queue's record names for mirrors that are up and have had no mirror in this
+        ring for MISSING_MIRROR_S: each is told to join it afresh (`MirrorHost.rejoin`). Without
+        this, a mirror cut off when an earlier leader's ring declared it dead stays in that ring
+        for good once another mirror is promoted, with a copy nobody updates, and the queue has
+        a copy fewer than its policy asks for."""
+        cl = self.host.cluster
+        q = self.q
+        rec = cl.catalogue.queue(q.vhost, q.name)
+        if rec is None or rec.leader_node != self.host.node or self.stopping or self.detached:
+            self.missing.clear()
+            return
+        in_ring = {m.node for m in self.mirrors.values()}
+        for node in list(self.missing):
+            if node not in rec.member_nodes or node in in_ring:
+                del self.missing[node]
+        for node in rec.member_nodes:
+            if node == self.host.node or node in in_ring or not cl.is_up(node):
+                self.missing.pop(node, None)
+                continue
+            since = self.missing.setdefault(node, now)
+            if now - since >= MISSING_MIRROR_S:
+                self.missing[node] = now  # and again after as long, if it is still missing
+                cl.call(node, "gmrejoin", [q.vhost, q.name, self.gm.id], _ignore)
 
     def _check_leader(self) -> None:
         """Ask the catalogue, through its log, whether this node still leads, fencing the nodes
@@ -478,3 +506,7 @@ class Leader:
             return
         for _s, fn, arg, _refused in waiters:  # nobody else holds these now: settle as the queue stands
             fn(arg)
+
+
+def _ignore(_result: Any) -> None:
+    pass

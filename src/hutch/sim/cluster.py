@@ -1316,35 +1316,72 @@ class ClusterSim:
             await asyncio.sleep(0.05)
 
     async def _check_copies(self) -> None:
-        """Every node's copy of a quorum or mirrored queue, as `GET /api/hutch/digest` describes it
-        (hutch.control.digest), once the drain is over. Quorum members that applied the same
-        index must agree in every counter and hash (members left at different points are compared
-        in groups). A mirrored queue is at rest by then, every message settled, so its leader and
-        every mirror must hold the same messages, whatever each last saw (a mirror that joined
-        after the last publish saw none); a mirror still holding what the leader settled has
-        diverged. Waited for until at least two copies exist and agree (a mirror's node that
-        just restarted has none yet), or COPIES_SETTLE_S has passed."""
+        """Every node's copy of the queue, once the drain is over. Quorum members that applied the
+        same index must agree in every counter and hash, as `GET /api/hutch/digest` describes them
+        (hutch.control.digest; members left at different points are compared in groups). A
+        mirrored queue's leader and mirrors (`_mirrored_copies`): no mirror may hold a message the
+        leader does not (one that missed a removal, or left in a ring nobody broadcasts to, has
+        diverged), and a mirror the leader counts as synchronised must hold all it holds; an
+        unsynchronised mirror may lack what came before it joined (manual sync). Waited for until
+        the copies agree, or COPIES_SETTLE_S has passed."""
         if self.opts.queue_type not in QUORUM_OR_MIRRORED:
             return
-        quorum = self.opts.queue_type == "quorum"
-        point = "applied" if quorum else "held_hash"
         deadline = self.loop.time() + COPIES_SETTLE_S
         while True:
-            digests = {}
-            for host, node in self.nodes.items():
-                v = node.broker.vhosts.get("/") if node.app_running and node.broker is not None else None
-                q = v.queues.get(QUEUE) if v is not None else None
-                d = copy_digest(node.broker, q) if q is not None else None
-                if d is not None:
-                    digests[host] = d
-            if (len(digests) >= 2 and len({d[point] for d in digests.values()}) == 1) or self.loop.time() >= deadline:
+            problems, together, described, compared = (self._quorum_copies() if self.opts.queue_type == "quorum"
+                                                       else self._mirrored_copies())
+            if (compared >= 2 and together and not problems) or self.loop.time() >= deadline:
                 break
             await asyncio.sleep(0.05)
-        self.kernel.log(f"copies of {QUEUE}: " + ", ".join(
-            f"{h} at {d['applied']} {d.get('state_hash') or d.get('held_hash')}" for h, d in sorted(digests.items())))
-        self.stats["copies_compared"] = len(digests)
-        for problem in compare_copies(digests, key="applied" if quorum else "type"):
+        self.kernel.log(f"copies of {QUEUE}: {described}")
+        self.stats["copies_compared"] = compared
+        for problem in problems:
             self._fail("copies", problem)
+
+    def _quorum_copies(self) -> tuple[list[str], bool, str, int]:
+        """(disagreements, whether every member is at one point, a description, copies compared)
+        of the quorum queue's members."""
+        digests = {}
+        for host, node in self.nodes.items():
+            v = node.broker.vhosts.get("/") if node.app_running and node.broker is not None else None
+            q = v.queues.get(QUEUE) if v is not None else None
+            d = copy_digest(node.broker, q) if q is not None else None
+            if d is not None:
+                digests[host] = d
+        together = len({d["applied"] for d in digests.values()}) <= 1
+        return compare_copies(digests), together, ", ".join(f"{h} at {d['applied']} {d['state_hash']}" for h, d in sorted(digests.items())), \
+            len(digests)
+
+    def _mirrored_copies(self) -> tuple[list[str], bool, str, int]:
+        """(disagreements, True, a description, copies compared) of the mirrored queue's leader and
+        mirrors."""
+        leader: tuple[str, set[int], set[str]] | None = None  # host, its seqs, nodes of synchronised mirrors
+        mirrors: dict[str, set[int]] = {}
+        for host, node in self.nodes.items():
+            cluster = node.broker.cluster if node.app_running and node.broker is not None else None
+            if cluster is None:
+                continue
+            ld = cluster.mirroring.leaders.get(("/", QUEUE))
+            m = cluster.mirroring.mirrors.get(("/", QUEUE))
+            if ld is not None and not ld.detached:
+                st = ld.q.state
+                leader = (host, {*(e.seq for e in st.ready()), *st.unacked}, {mi.node for mi in ld.synchronised()})
+            elif m is not None:
+                mirrors[host] = set(m.replica.entries)
+        if leader is None:
+            return [], True, "no leader", 0
+        lhost, held, synced = leader
+        problems = []
+        for host, seqs in sorted(mirrors.items()):
+            if seqs - held:
+                problems.append(f"the mirror on {host} holds {sorted(seqs - held)[:5]}, which the leader on {lhost} "
+                                f"does not hold")
+            if f"hutch@{host}" in synced and held - seqs:
+                problems.append(f"the synchronised mirror on {host} lacks {sorted(held - seqs)[:5]}, which the "
+                                f"leader on {lhost} holds")
+        described = f"leader {lhost} holds {len(held)}; " + ", ".join(
+            f"{h} {len(s)}{' (synchronised)' if f'hutch@{h}' in synced else ''}" for h, s in sorted(mirrors.items()))
+        return problems, True, described, 1 + len(mirrors)
 
     def _watch_log(self, host: str, text: str) -> None:
         """What the nodes log that the checks follow. A node resuming from a pause lets clients in
