@@ -423,17 +423,16 @@ class Leader:
             self.missing.clear()
             return
         in_ring = {m.node for m in self.mirrors.values()}
-        for node in list(self.missing):
-            if node not in rec.member_nodes or node in in_ring:
-                del self.missing[node]
+        missing = {}
         for node in rec.member_nodes:
             if node == self.host.node or node in in_ring or not cl.is_up(node):
-                self.missing.pop(node, None)
                 continue
-            since = self.missing.setdefault(node, now)
+            since = self.missing.get(node, now)
             if now - since >= MISSING_MIRROR_S:
-                self.missing[node] = now  # and again after as long, if it is still missing
+                since = now  # and again after as long, if it is still missing
                 cl.call(node, "gmrejoin", [q.vhost, q.name, self.gm.id], _ignore)
+            missing[node] = since
+        self.missing = missing
 
     def _check_leader(self) -> None:
         """Ask the catalogue, through its log, whether this node still leads, fencing the nodes
