@@ -91,11 +91,19 @@ def copy_digest(broker: Any, q: Any) -> dict | None:
     if q.quorum:
         st = cluster.quorum.local_status(q.gid) if cluster is not None else None
         return quorum_digest(q.machine, st["applied"]) if q.machine is not None and st is not None else None
+    copy = mirror_copy(broker, q)
+    return mirror_digest(copy[1], copy[2], copy[0]) if copy is not None else None
+
+
+def mirror_copy(broker: Any, q: Any) -> tuple[str, list[int], int] | None:
+    """This node's copy of a mirrored classic queue `q`: its role ("leader" or "mirror"), the
+    sequence numbers it holds, and the last one it saw; None when it holds no copy."""
     if q.local and getattr(q, "mirror", None) is not None:
         st = q.state
-        return mirror_digest([*(e.seq for e in st.ready()), *st.unacked], st.next_seq - 1, "leader")
+        return "leader", [*(e.seq for e in st.ready()), *st.unacked], st.next_seq - 1
+    cluster = broker.cluster
     m = cluster.mirroring.mirrors.get((q.vhost, q.name)) if cluster is not None else None
-    return mirror_digest(m.replica.entries, m.replica.max_seq, "mirror") if m is not None else None
+    return ("mirror", list(m.replica.entries), m.replica.max_seq) if m is not None else None
 
 
 def _read_chunks(log: Any, lo: int, hi: int) -> list[tuple[int, int, bytes]]:

@@ -80,7 +80,7 @@ from hutch.broker.broker import Config
 from hutch.broker.journal import COMPACT_INTERVAL_S, Journal
 from hutch.control import changes
 from hutch.control.copies import compare as compare_copies
-from hutch.control.digest import copy_digest
+from hutch.control.digest import copy_digest, mirror_copy
 from hutch.control.errors import ApiError
 from hutch.control.node import forget_cluster_member
 from hutch.control.policies import set_policy_command
@@ -1358,16 +1358,16 @@ class ClusterSim:
         leader: tuple[str, set[int], set[str]] | None = None  # host, its seqs, nodes of synchronised mirrors
         mirrors: dict[str, set[int]] = {}
         for host, node in self.nodes.items():
-            cluster = node.broker.cluster if node.app_running and node.broker is not None else None
-            if cluster is None:
+            v = node.broker.vhosts.get("/") if node.app_running and node.broker is not None else None
+            q = v.queues.get(QUEUE) if v is not None else None
+            copy = mirror_copy(node.broker, q) if q is not None and not q.quorum else None
+            if copy is None:
                 continue
-            ld = cluster.mirroring.leaders.get(("/", QUEUE))
-            m = cluster.mirroring.mirrors.get(("/", QUEUE))
-            if ld is not None and not ld.detached:
-                st = ld.q.state
-                leader = (host, {*(e.seq for e in st.ready()), *st.unacked}, {mi.node for mi in ld.synchronised()})
-            elif m is not None:
-                mirrors[host] = set(m.replica.entries)
+            role, seqs, _last = copy
+            if role == "leader":
+                leader = (host, set(seqs), {mi.node for mi in q.mirror.synchronised()})
+            else:
+                mirrors[host] = set(seqs)
         if leader is None:
             return [], True, "no leader", 0
         lhost, held, synced = leader
