@@ -142,6 +142,36 @@ def test_transient_backlog_past_the_window_is_accepted_without_blocking_and_drai
     assert _count(ch, queue) == 0
 
 
+def test_with_memory_to_spare_a_durable_queue_pages_persistent_messages_past_its_window(tmp_path):
+    """The default paging ratio (0.5) and a watermark far away: transient messages past the
+    window stay in memory (paging them would be a write), persistent messages of a durable queue
+    go to disk past it (their bodies are in the journal already) and come back in order."""
+    conf = tmp_path / "hutch.conf"
+    conf.write_text(f"classic_queue.memory_window_messages = {WINDOW_MESSAGES}\n")
+    with HutchNode(extra_args=["--config", str(conf)]) as n:
+        c = pika.BlockingConnection(pika.URLParameters(n.url))
+        ch = c.channel()
+        ch.confirm_delivery()
+        api = Http(n.mgmt_port)
+        scratch_before = _scratch_bytes(n)
+        durable, transient = _name("durable"), _name("transient")
+        ch.queue_declare(durable, durable=True)
+        ch.queue_declare(transient)
+        persistent = pika.BasicProperties(delivery_mode=2)
+        count = 5 * WINDOW_MESSAGES
+        for i in range(count):
+            ch.basic_publish("", durable, _body(i, 1024), persistent)
+            ch.basic_publish("", transient, _body(i, 1024))
+        shown = api.get(f"/api/queues/%2F/{durable}")
+        assert (shown["messages_ready"], shown["messages_ram"], shown["messages_paged_out"]) == \
+            (count, WINDOW_MESSAGES, count - WINDOW_MESSAGES)
+        shown = api.get(f"/api/queues/%2F/{transient}")
+        assert (shown["messages_ready"], shown["messages_ram"], shown["messages_paged_out"]) == (count, count, 0)
+        assert _scratch_bytes(n) == scratch_before, "nothing was written to the scratch log"
+        assert [i for i, _r in _drain_all(c, durable, count)] == list(range(count))
+        c.close()
+
+
 def test_lazy_queue_pages_every_message_and_delivers_them_in_order(node, conn):
     ch = conn.channel()
     queue = _name("lazy")

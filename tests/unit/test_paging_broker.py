@@ -87,6 +87,39 @@ def test_with_memory_to_spare_a_queue_past_its_window_keeps_new_messages_in_memo
         b.close_storage()
 
 
+def test_with_memory_to_spare_persistent_messages_of_a_durable_queue_are_paged_past_its_window(tmp_path):
+    """Their bodies are in the journal already, so paging them costs no write: they go to disk
+    past the window whatever the memory use, and the transient ones after them follow (order)."""
+    b, q = make_broker(tmp_path, paging_ratio=0.5)
+    try:
+        b.config.vm_memory_high_watermark_bytes = 1000
+        b.memory_check(100, 10_000)  # 10 % of the watermark: no pressure
+        assert not b.paging_pressure
+        for i in range(WINDOW + 20):
+            b.enqueue_local((q,), msg(i, persistent=True))
+        assert q.state.ready_count == WINDOW and q.paged_count == 20
+        assert all(loc < SCRATCH for loc in q.tail.locations()), "read from the journal, not copied"
+        assert b.scratch.log.live_records == 0
+        b.enqueue_local((q,), msg(WINDOW + 20))  # transient, behind the paged tail
+        assert q.paged_count == 21 and b.scratch.log.live_records == 1
+        assert [n for n, _c in drain(b, q)] == list(range(WINDOW + 21))
+    finally:
+        b.close_storage()
+
+
+def test_with_memory_to_spare_a_transient_queue_keeps_persistent_messages_in_memory(tmp_path):
+    """A non-durable queue does not journal persistent messages: paging them would be a write."""
+    b, q = make_broker(tmp_path, durable=False, paging_ratio=0.5)
+    try:
+        b.config.vm_memory_high_watermark_bytes = 1000
+        b.memory_check(100, 10_000)
+        for i in range(WINDOW + 20):
+            b.enqueue_local((q,), msg(i, persistent=True))
+        assert q.state.ready_count == WINDOW + 20 and q.paged_count == 0
+    finally:
+        b.close_storage()
+
+
 def test_transient_messages_past_the_window_go_to_the_scratch_log_and_come_back_in_order(broker):
     b, q = broker
     b.enqueue_local((q,), msg(0))

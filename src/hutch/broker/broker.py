@@ -205,7 +205,7 @@ class Broker:
         self._scheduled_ms = 0  # when the pending run was asked for (expiry judges by it)
         self.alarms: set[str] = set()
         # memory use past vm_memory_high_watermark_paging_ratio (set by memory_check): queues past
-        # their memory window page to disk (a ratio of 0 pages from the start)
+        # their memory window page transient messages to disk too (a ratio of 0: from the start)
         self.paging_pressure = config.vm_memory_high_watermark_paging_ratio <= 0
         self.blocking = False
         self._blocked_sessions: set = set()
@@ -961,9 +961,11 @@ class Broker:
         what drop-head overflow pushed out. Past the queue's memory window the body goes to disk
         (the journal, or the scratch log) and the queue keeps its location only."""
         tail = q.tail
-        if tail is not None:  # q.pages_out, inlined (it runs per publish), under memory pressure only
+        if tail is not None:  # q.pages_out, inlined (it runs per publish)
             st = q.state
-            if (tail.count or ((self.paging_pressure or not q.page_window)
+            # past the window: a persistent message of a durable queue always (its body is in the
+            # journal already, paging it costs no write), any other under memory pressure only
+            if (tail.count or ((self.paging_pressure or not q.page_window or (msg.persistent and q.journal_id))
                                and (st.ready_count >= q.page_window or st.ready_bytes >= q.page_window_bytes))) \
                     and self.scratch is not None:
                 if q.refuses(len(msg.body)):  # reject-publish, paged messages counted
@@ -1240,8 +1242,9 @@ class Broker:
 
     def memory_check(self, used_bytes: int, total_bytes: int) -> None:
         limit = self.config.vm_memory_high_watermark_bytes or int(total_bytes * self.config.vm_memory_high_watermark)
-        # past the paging ratio, queues past their memory window page new messages to disk: a
-        # backlog stays below the alarm, and a node with memory to spare keeps them in memory
+        # past the paging ratio, queues past their memory window page transient messages to disk
+        # as well (persistent ones of durable queues always are): a backlog stays below the alarm,
+        # and a node with memory to spare does not write them to its scratch log
         self.paging_pressure = used_bytes >= limit * self.config.vm_memory_high_watermark_paging_ratio
         if used_bytes > limit and "memory" not in self.alarms:
             log.warning("vm_memory_high_watermark set. Memory used:%d allowed:%d", used_bytes, limit)

@@ -1,7 +1,9 @@
 """Disk-first classic queues: which message bodies stay in memory, and the paged tail.
 
 A classic queue keeps a small *window* of its ready messages in memory (`QueueState`, whole
-`Entry` objects with their bodies) and, past it, only a compact record of each newer message:
+`Entry` objects with their bodies) and, past it, only a compact record of each newer message
+(always for a persistent message of a durable queue, whose body is in the journal already; for
+any other once the node's memory use passes `vm_memory_high_watermark_paging_ratio`):
 where its body lives on the node's disk, its size, its expiry time and its delivery count. As
 RabbitMQ's classic queues (CQv2) do, the bodies come back in publish order, a batch at a time,
 when the in-memory part falls below a low mark, ahead of delivery (one `BodyStore` call a
