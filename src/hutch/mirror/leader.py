@@ -311,24 +311,33 @@ class Leader:
         st = self.q.state
         live = {e.seq for e in st.ready()}
         live.update(st.unacked)
-        keep: set[int] = set()
-        drop: list[int] = []
-        for seq in in_ranges(ranges):
-            if seq in live and (good_below is None or seq < good_below):
-                keep.add(seq)
-            else:
-                drop.append(seq)
+        held = set(in_ranges(ranges))
+        if good_below is not None:
+            held_good = {seq for seq in held if seq < good_below}
+            keep = held_good & live
+        else:
+            keep = held & live
+        drop = sorted(held - keep)
         self.ops.append(Recovered(info.member, tuple(to_ranges(drop))))
         info.has = keep
         info.recovered = len(keep)
-        if all(seq in keep for seq in live if seq < info.since):
+        if not self.lacking([info], live):
             info.since = 0  # it lacks nothing: synchronised as soon as it has the Recovered operation
             info.has = None
         log.info("%s: Mirror on node %s recovered %d messages from disk (%d of them gone from the queue)",
                  qname(self.q), info.node, len(keep), len(drop))
 
-    def lacks(self, m: MirrorInfo, seq: int) -> bool:
-        return seq < m.since and (m.has is None or seq not in m.has)
+    @staticmethod
+    def lacking(mirrors: list[MirrorInfo], live: set[int]) -> set[int]:
+        """Of the queue's messages `live`, those one of `mirrors` lacks: below where it holds
+        everything from (`since`), what it did not bring back from disk (`has`). Set algebra, not
+        a test a message: a queue may hold millions."""
+        out: set[int] = set()
+        top = max(live, default=0)
+        for m in mirrors:
+            below = live if top < m.since else {seq for seq in live if seq < m.since}
+            out |= below if m.has is None else below - m.has
+        return out
 
     # ---------------------------------------------------------------- synchronisation state
 

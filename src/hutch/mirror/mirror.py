@@ -194,11 +194,18 @@ class Mirror:
         journal = self.host.broker.journal
         if r.to_write:
             entries = r.entries
+            written = []
             for e in r.to_write:
                 if entries.get(e.seq) is e:
                     e.log_seq = journal.mirror_enqueue(self.copy_id, e.exchange, e.routing_key, e.props, e.body,
                                                        e.seq, e.priority, e.expiration_ms, e.expires_at_ms)
+                    written.append(e)
             r.to_write = []
+            # past the node's memory window the newest are kept on disk only (read back on promotion)
+            config = self.host.broker.config
+            window, window_bytes = config.classic_queue_memory_window_messages, config.classic_queue_memory_window_bytes
+            while written and (r.bodies_held > window or r.body_bytes_held > window_bytes):
+                r.release_body(written.pop())
         if r.to_release:
             journal.mirror_removed(self.copy_id, r.to_release)
             r.to_release = []

@@ -40,6 +40,12 @@ back from disk by reference (`MirrorEntry.on_disk`: the seq and the ME record; t
 read back only if the mirror is promoted); the mirror reports it to the leader as ranges of seqs (`held_ranges`), the
 leader answers with a `Recovered` operation and then synchronises only what the copy lacks.
 
+Past the node's memory window (`classic_queue.memory_window_messages` and `_bytes`, the window a
+classic queue pages past), a durable mirror keeps a newly written message by reference too: once
+its ME record is written the body is dropped from memory (`Replica.release_body`), as the leader
+pages a persistent message of a durable queue past the same window. Transient messages, and every
+message of a mirror that does not persist, stay in memory.
+
 A mirror that joined late simply lacks the head: operations on seqs it does not hold are
 ignored. Whether a message is checked out or ready does not matter to a mirror (a promoted
 mirror returns every checked-out message, marked redelivered), so returns are not sent; only
@@ -245,6 +251,10 @@ class Replica:
         self.epochs: list = []  # the leader's epochs [epoch, first seq] as it told at join
         self.unreconciled: set[int] = set()  # seqs recovered from disk the leader has not judged yet
         self.entries: dict[int, MirrorEntry] = {}
+        # entries whose body is in memory, and those bodies' bytes (`release_body` drops one past
+        # the node's memory window once its ME record is written; `_drop` counts them out)
+        self.bodies_held = 0
+        self.body_bytes_held = 0
         self.max_seq = 0
         self.tokens: dict[tuple[str, int], None] = {}  # recent publishes, oldest first
         self.view: View | None = None  # the leader's last view (see MirrorHost)
@@ -291,8 +301,21 @@ class Replica:
 
     def _drop(self, seq: int) -> None:
         e = self.entries.pop(seq, None)
-        if e is not None and e.log_seq:
+        if e is None:
+            return
+        if e.log_seq:
             self.to_release.append(e.log_seq)
+        if e.body is not None:
+            self.bodies_held -= 1
+            self.body_bytes_held -= len(e.body)
+
+    def release_body(self, e: MirrorEntry) -> None:
+        """Keep `e` by reference from here on: its ME record (written) holds the message, read
+        back only if this mirror is promoted, as a copy recovered from disk is."""
+        self.bodies_held -= 1
+        self.body_bytes_held -= len(e.body)
+        e.body = None
+        e.props = b""
 
     def _add(self, e: MirrorEntry) -> None:
         if e.seq in self.entries:
@@ -301,6 +324,8 @@ class Replica:
             self.unreconciled.discard(e.seq)  # the leader's message beats one recovered from disk
             self._drop(e.seq)
         self.entries[e.seq] = e
+        self.bodies_held += 1
+        self.body_bytes_held += len(e.body)
         if self.durable and e.persistent:
             self.to_write.append(e)
         if e.seq > self.max_seq:

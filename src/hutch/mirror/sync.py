@@ -15,6 +15,7 @@ one that removed it, so the mirror may ignore it. Must never: import anything fr
 from __future__ import annotations
 
 import logging
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from hutch.mirror.placement import SYNC_BATCH_SIZE
@@ -40,14 +41,16 @@ class SyncJob:
         self.leader = leader
         q = leader.q
         st = q.state
-        self.entries = sorted(list(st.ready()) + list(st.unacked.values()), key=lambda e: e.seq)
+        entries = [*st.ready(), *st.unacked.values()]
         self.floor_at_start = st.next_seq
         targets = leader.unsynced()
         self.targets = {m.member for m in targets}
         self.recovered = [m for m in targets if m.has is not None]
         if self.recovered:  # mirrors that came back with a copy from disk: send only what one lacks
-            lacks = leader.lacks
-            self.entries = [e for e in self.entries if any(lacks(m, e.seq) for m in targets)]
+            lacking = leader.lacking(targets, {e.seq for e in entries})
+            entries = [e for e in entries if e.seq in lacking]
+        entries.sort(key=attrgetter("seq"))
+        self.entries = entries
         p = leader.params()
         self.batch = p.sync_batch_size or leader.host.broker.config.mirroring_sync_batch_size or SYNC_BATCH_SIZE
         self.max_bytes_s = leader.host.broker.config.mirroring_sync_max_throughput

@@ -1,0 +1,77 @@
+"""A durable mirror keeps its copy past the node's memory window by reference: once a message's
+ME record is written its body leaves memory (docs/mirroring.md, "Mirrors that remember"), and a
+promotion reads it back, in order, with its delivery count."""
+
+from __future__ import annotations
+
+from hutch.broker.broker import Broker, Config
+from hutch.broker.cluster import ClusterBroker
+from hutch.cluster import catalogue as cat
+from hutch.mirror.placement import WHEN_SYNCED
+from hutch.mirror.replica import CheckedOut, Enqueued, MirrorView, Removed, View
+
+A, B = "a@h", "b@h"
+A_MEMBER = "a@h|1.1"
+WINDOW = 3
+
+
+def _enqueued(seq: int, persistent: bool = True) -> Enqueued:
+    return Enqueued(seq, "", "orders", b"\x00\x00", b"m%d" % seq, persistent, 0, None, None, "", 0)
+
+
+def _mirror(tmp_path, durable_queue: bool = True):
+    cl = ClusterBroker(Broker(Config(classic_queue_memory_window_messages=WINDOW)), B, lambda peer, payload: True,
+                       lambda _n: True, lambda _cmd, _cb: None, lambda fn, *args: None)
+    cl.recovering = True
+    cl.apply_command(cat.AddVhost("/"))
+    cl.broker.open_storage(str(tmp_path))
+    cl.apply_command(cat.DeclareQueue("/", "orders", durable=durable_queue, leader_node=A, member_nodes=(B,),
+                                      journal_id=7 if durable_queue else 0))
+    m = cl.mirroring.mirrors[("/", "orders")]
+    m._got_leader([200, A_MEMBER, [(1, 1)]])
+    m.replica.apply([View((MirrorView(m.member.id, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
+    return cl, m
+
+
+def _in_memory(m) -> list[int]:
+    return sorted(s for s, e in m.replica.entries.items() if e.body is not None)
+
+
+def test_past_the_window_a_durable_mirror_keeps_persistent_messages_on_disk_only(tmp_path) -> None:
+    cl, m = _mirror(tmp_path)
+    r = m.replica
+    r.apply([_enqueued(s) for s in range(1, 11)])
+    m.persist()
+    assert _in_memory(m) == [1, 2, 3] and (r.bodies_held, r.body_bytes_held) == (3, 6)
+    assert all(e.log_seq for e in r.entries.values()), "every message has its ME record"
+    r.apply([Removed((1, 2, 5))])  # two held bodies and one on disk leave
+    assert (r.bodies_held, r.body_bytes_held) == (1, 2)
+    r.apply([_enqueued(11), _enqueued(12, persistent=False), _enqueued(13)])
+    m.persist()
+    assert _in_memory(m) == [3, 11, 12]  # 13 is past the window again
+    assert r.entries[12].log_seq == 0, "a transient message is never written, and stays in memory"
+
+
+def test_a_mirror_that_does_not_persist_keeps_every_body(tmp_path) -> None:
+    cl, m = _mirror(tmp_path, durable_queue=False)
+    m.replica.apply([_enqueued(s) for s in range(1, 11)])
+    m.persist()
+    assert _in_memory(m) == list(range(1, 11))
+
+
+def test_a_promoted_mirror_reads_back_the_bodies_it_kept_on_disk(tmp_path) -> None:
+    cl, m = _mirror(tmp_path)
+    m.replica.apply([_enqueued(s) for s in range(1, 9)])
+    m.persist()
+    m.replica.apply([CheckedOut((2, 6)), Removed((1,))])
+    m.persist()
+    assert _in_memory(m) == [2, 3]
+    # the leader stops on purpose (its view says so), so the copy is taken as exact: delivery counts
+    m.replica.apply([View((MirrorView(m.member.id, B, True, 1),), True, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
+    cl.peer_down(A)
+    cl.apply_command(cat.SetQueueNodes("/", "orders", B, (), expect_leader=A, promotion=True,
+                                       synchronised_only=True))
+    q = cl.broker.vhosts["/"].queues["orders"]
+    assert q.local and ("/", "orders") in cl.mirroring.leaders
+    got = [(e.seq, e.message.body, e.message.props, e.delivery_count) for e in q.state.ready()]
+    assert got == [(s, b"m%d" % s, b"\x00\x00", 1 if s in (2, 6) else 0) for s in range(2, 9)]
