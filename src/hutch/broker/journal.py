@@ -511,7 +511,7 @@ class Journal:
         settles: list[tuple[int, int, list[int]]] = []  # (record seq, queue, E seqs)
         dead: list[int] = []
         copies: dict[int, MirrorCopy] = {}
-        for rec in self.log.replay():
+        for rec in self.log.replay(views=True):  # decoded only: msgspec copies what it keeps
             payload = rec.payload
             if payload[1:4] == b"\xa2ME":  # a mirror copy's message: only its seqs are kept
                 try:

@@ -168,6 +168,22 @@ class _Segment:
         """One past the highest seq this segment indexes."""
         return self.base_seq + len(self.states)
 
+    def add_scanned(self, records: list[fmt.ScannedRecord]) -> None:
+        """Index the records a scan of the file found (seqs ascending, from base_seq on): a run
+        without gaps in three array extensions, as at every start for each segment."""
+        if not records:
+            return
+        if not self.states and records[0].seq == self.base_seq and records[-1].seq == self.base_seq + len(records) - 1:
+            self.offsets.extend(r.offset for r in records)
+            lengths = [r.length for r in records]
+            self.lengths.extend(lengths)
+            self.states.extend(bytes([_LIVE]) * len(records))
+            self.live_count += len(records)
+            self.live_bytes += fmt.RECORD_HEADER_BYTES * len(records) + sum(lengths)
+            return
+        for r in records:
+            self.add(r.seq, r.offset, r.length)
+
     def add(self, seq: int, offset: int, length: int) -> None:
         gap = seq - self.end_seq
         assert gap >= 0, (seq, self.end_seq)
@@ -394,8 +410,7 @@ class SegmentLog:
                             self.directory, report.torn_tail.offset, report.torn_tail.length, name)
 
         seg = _Segment(base_seq, path, valid_end)
-        for rec in records:
-            seg.add(rec.seq, rec.offset, rec.length)
+        seg.add_scanned(records)
         # Records read back from the page cache after a kill -9 may not be on the disk yet:
         # make them so before anyone relies on them.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -778,9 +793,13 @@ class SegmentLog:
             seg.read_fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
         return seg.read_fd
 
-    def replay(self, key: int | None = None) -> Iterator[Record]:
+    def replay(self, key: int | None = None, views: bool = False) -> Iterator[Record]:
         """Every live record in seq order (only those with `key`, when given). Meant for
-        start-up, after recovery; it reads one segment at a time."""
+        start-up, after recovery; it reads one segment at a time. `views`: each payload is a
+        memoryview into that segment's bytes instead of a copy, for a reader that only decodes
+        it (one that keeps a view keeps the whole segment's bytes alive)."""
+        unpack_key = fmt.unpack_record_key
+        header_bytes = fmt.RECORD_HEADER_BYTES
         with self._lock:
             segments = list(self._segments)
         for seg in segments:
@@ -792,17 +811,22 @@ class SegmentLog:
                 if seg is self._active:
                     self._check_writable()
                     self._write_buffer()
-                entries = [(seg.base_seq + i, seg.offsets[i], seg.lengths[i])
-                           for i, st in enumerate(seg.states) if st == _LIVE]
+                base = seg.base_seq
+                if seg.live_count == len(seg.states):  # all live: no state to look at
+                    entries = list(zip(range(base, base + len(seg.states)), seg.offsets, seg.lengths, strict=True))
+                else:
+                    offsets, lengths = seg.offsets, seg.lengths
+                    entries = [(base + i, offsets[i], lengths[i]) for i, st in enumerate(seg.states) if st == _LIVE]
                 size = seg.size_bytes
                 data = os.pread(self._read_fd(seg), size, 0)
             view = memoryview(data)
             for seq, offset, length in entries:
-                _seq, rec_key = fmt.record_seq_key(data, offset)
+                (rec_key,) = unpack_key(data, offset)
                 if key is not None and rec_key != key:
                     continue
-                start = offset + fmt.RECORD_HEADER_BYTES
-                yield Record(seq, rec_key, bytes(view[start:start + length]))
+                start = offset + header_bytes
+                payload = view[start:start + length]
+                yield Record(seq, rec_key, payload if views else bytes(payload))
 
     # -- compaction ---------------------------------------------------------------------
 
