@@ -248,6 +248,10 @@ class ClusterSimOptions:
     queue_type: str = "quorum"  # one of QUEUE_TYPES
     faults: frozenset[str] = NET_AND_CRASH  # the fault kinds the nemesis draws (FAULT_KINDS)
     clients: frozenset[str] = frozenset()  # what more the clients do (CLIENT_KINDS)
+    # classic queues' (and mirrors') memory window in messages (0: the node's default, 2,048, which
+    # a run of 40 messages never fills): a small one makes the queue page and the mirrors keep
+    # their copy by reference
+    memory_window: int = 0
     trace: bool = False
 
 
@@ -553,6 +557,7 @@ class ClusterSim:
             f.write(f"sim-{self.opts.seed}")
 
     def _config(self, host: str) -> Config:
+        window = {"classic_queue_memory_window_messages": self.opts.memory_window} if self.opts.memory_window else {}
         return Config(node_name=f"hutch@{host}", amqp_host=host, amqp_port=AMQP_PORT,
                       data_dir=os.path.join(self.root, host), mgmt_port=0, prometheus_port=0,
                       stream_port=STREAM_PORT if self.opts.queue_type == STREAM_PROTOCOL else 0,
@@ -561,7 +566,7 @@ class ClusterSim:
                       net_ticktime_s=self.opts.net_ticktime_s, disk_free_limit_bytes=DISK_FREE_LIMIT_BYTES,
                       vm_memory_high_watermark_bytes=1 << 50, consumer_timeout_ms=None,
                       cluster_partition_handling="pause_minority" if self.opts.queue_type in MIRROR_POLICIES
-                      else "ignore")
+                      else "ignore", **window)
 
     async def _boot(self, host: str, join: str | None = None) -> None:
         if host in self.nodes:
@@ -1067,6 +1072,11 @@ class ClusterSim:
                 self._transient_gone = True  # its exclusive queue goes with the connection
 
     async def _consumer(self, who: str) -> None:
+        if self.opts.memory_window and self.opts.queue_type not in STREAMS | {"quorum", EXCLUSIVE}:
+            # a classic queue with a small window: a backlog builds while the faults begin, so
+            # the queue pages, is recovered from disk, synchronised and promoted with messages on
+            # disk (no random draw: the seed's other choices stay as they were)
+            await asyncio.sleep(self.opts.fault_s / 2)
         if self.opts.queue_type == STREAM_PROTOCOL:
             await self._stream_consumer(who)
             return
@@ -1487,10 +1497,10 @@ def _names(mids: list[str]) -> str:
 
 def run_seed(seed: int, nodes: int = 3, messages: int = 40, fault_s: float = 8.0, queue_type: str = "quorum",
              trace: bool = False, faults: frozenset[str] | set[str] | tuple[str, ...] = NET_AND_CRASH,
-             clients: frozenset[str] | set[str] | tuple[str, ...] = ()) -> SimResult:
+             clients: frozenset[str] | set[str] | tuple[str, ...] = (), memory_window: int = 0) -> SimResult:
     return ClusterSim(ClusterSimOptions(seed=seed, nodes=nodes, messages=messages, fault_s=fault_s,
                                         queue_type=queue_type, faults=frozenset(faults), clients=frozenset(clients),
-                                        trace=trace)).run()
+                                        memory_window=memory_window, trace=trace)).run()
 
 
 def parse_faults(text: str, known: tuple[str, ...] = FAULT_KINDS, what: str = "fault") -> frozenset[str]:
@@ -1545,11 +1555,14 @@ def trace_digest(result: SimResult) -> str:
                    "basic.get), cancel (the consumer cancels and subscribes again now and then), nack (it "
                    "requeues with basic.nack as well as basic.reject), retry (the publisher sends again what "
                    "was left unconfirmed or nacked), many (two publishers and two consumers).")
+@click.option("--memory-window", type=click.IntRange(0), default=0, show_default=True,
+              help="Classic queues' memory window in messages (classic_queue.memory_window_messages; 0: the "
+                   "node's default): a small one makes them page to disk, and mirrors keep their copy there.")
 @click.option("-v", "--verbose", is_flag=True, help="Print the trace of each run.")
 @click.option("--jobs", type=click.IntRange(0, 64), default=1, show_default=True,
               help="Worker processes running the seeds (0: one per core); with -v, one.")
 def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float, queue_type: str, faults: str,
-                client_kinds: str, verbose: bool, jobs: int = 1) -> None:
+                client_kinds: str, verbose: bool, jobs: int = 1, memory_window: int = 0) -> None:
     """Run real hutch nodes in one process under simulated time, network, disks, clocks and clients;
     any failing seed replays exactly."""
     kinds = parse_faults(faults)
@@ -1557,11 +1570,12 @@ def cluster_cmd(seed: int, seeds: int, nodes: int, messages: int, fault_s: float
     named = ",".join(k for k in FAULT_KINDS if k in kinds)
     named_clients = ",".join(k for k in CLIENT_KINDS if k in clients) or "none"
     run = functools.partial(run_seed, nodes=nodes, messages=messages, fault_s=fault_s, queue_type=queue_type,
-                            trace=verbose, faults=kinds, clients=clients)
+                            trace=verbose, faults=kinds, clients=clients, memory_window=memory_window)
 
     def reproduce(s: int) -> str:
+        window = f" --memory-window {memory_window}" if memory_window else ""
         return (f"hutch sim cluster --seed {s} --nodes {nodes} --messages {messages} --fault-s {fault_s} "
-                f"--queue-type {queue_type} --faults {named} --clients {named_clients}")
+                f"--queue-type {queue_type} --faults {named} --clients {named_clients}{window}")
     if jobs != 1 and seeds > 1 and not verbose:
         failures = run_seeds_on_pool(run, seed, seeds, reproduce, click.echo, jobs or None, progress_every=100)
     else:
