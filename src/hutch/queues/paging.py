@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 
 SCRATCH = 1 << 63  # a location in the scratch log (else: a journal seq)
 
-WINDOW_MESSAGES_DEFAULT = 2048  # classic_queue.memory_window_messages
-WINDOW_BYTES_DEFAULT = 64 * 1024 * 1024  # classic_queue.memory_window_bytes
+WINDOW_MESSAGES_DEFAULT = 8192  # classic_queue.memory_window_messages
+WINDOW_BYTES_DEFAULT = 16 * 1024 * 1024  # classic_queue.memory_window_bytes
 READ_AHEAD_MESSAGES = 256  # bodies read back per batch, and the low mark that starts a batch
 READ_AHEAD_BYTES = 4 * 1024 * 1024  # ... and at most this many body bytes per batch
 PAGED_OVERHEAD_BYTES = 24  # what a paged message costs in memory (tail arrays and the log's index)

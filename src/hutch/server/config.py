@@ -27,7 +27,7 @@ Known keys (RabbitMQ's names where RabbitMQ has the setting):
     log.file = hutch.log | false            log.file.level, log.file.rotation.size, log.file.formatter, ...
     prometheus.tcp.port = 15692 (0: none)   prometheus.tcp.ip = 127.0.0.1
     collect_statistics_interval = 5000 (ms between message rate samples)
-    classic_queue.memory_window_messages = 2048   classic_queue.memory_window_bytes = 64MiB
+    classic_queue.memory_window_messages = 8192   classic_queue.memory_window_bytes = 16MiB
         (disk-first classic queues: ready messages a queue keeps in memory before it pages)
     consumer_timeout = 1800000 (ms a delivery may stay unacknowledged; false: no limit)
     quorum_queue.default_delivery_limit = 20 (unlimited or -1: no default limit, as before RabbitMQ 4.0)

@@ -248,7 +248,7 @@ class ClusterSimOptions:
     queue_type: str = "quorum"  # one of QUEUE_TYPES
     faults: frozenset[str] = NET_AND_CRASH  # the fault kinds the nemesis draws (FAULT_KINDS)
     clients: frozenset[str] = frozenset()  # what more the clients do (CLIENT_KINDS)
-    # classic queues' (and mirrors') memory window in messages (0: the node's default, 2,048, which
+    # classic queues' (and mirrors') memory window in messages (0: the node's default, 8,192, which
     # a run of 40 messages never fills): a small one makes the queue page and the mirrors keep
     # their copy by reference
     memory_window: int = 0
