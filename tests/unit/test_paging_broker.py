@@ -298,3 +298,19 @@ def test_a_queue_being_migrated_to_a_quorum_queue_keeps_late_arrivals_in_memory(
         assert q.paged_count == 0 and [int(e.message.body[:6]) for e in q.state.ready()] == list(range(WINDOW + 5))
     finally:
         b.cluster = None
+
+
+def test_a_publish_sent_again_after_a_leader_change_is_paged_as_maybe_delivered(broker):
+    """A forwarded publish resent after its queue's leader changed (`maybe_delivered`) may have
+    been delivered by the earlier leader: paged past the window it keeps that, so its delivery
+    comes `redelivered`. Found by `hutch sim cluster --memory-window 4` (mirrored-nodes seed 37):
+    the paged path had no delivery count to set, the peer link's handler raised, the link closed,
+    the publish was sent again, and the queue stored it again each time."""
+    b, q = broker
+    for i in range(WINDOW):
+        b.enqueue_local((q,), msg(i, persistent=True))
+    refused, log_seq = b.enqueue_local((q,), msg(WINDOW, persistent=True), maybe_delivered=True)
+    assert not refused and log_seq and q.paged_count == 1
+    b.enqueue_local((q,), msg(WINDOW + 1, persistent=True))
+    counts = dict(drain(b, q))
+    assert counts[WINDOW] == counts[WINDOW + 1] + 1 == counts[0] + 1

@@ -944,19 +944,19 @@ class Broker:
         journalled = 0
         now = self.now_ms() if msg.expiration_ms is not None or self.ttl_queues else 0
         for q in queues:
-            entry, _dropped = self._put(q, msg, now)
+            entry, _dropped = self._put(q, msg, now, 1 if maybe_delivered else 0)
             if entry is None:
                 refused = True
                 if q.state.limits.overflow == REJECT_PUBLISH_DLX:
                     self.dead_letter(q, [Entry(0, msg, None)], "maxlen")
             else:
-                if maybe_delivered and not entry.delivery_count:
+                if maybe_delivered and type(entry) is not _Paged and not entry.delivery_count:
                     entry.delivery_count = 1
                 if entry.log_seq:
                     journalled = entry.log_seq
         return refused, journalled
 
-    def _put(self, q: ClassicQueue, msg: Message, now: int) -> tuple[Entry | None, list[Entry]]:
+    def _put(self, q: ClassicQueue, msg: Message, now: int, delivery_count: int = 0) -> tuple[Entry | None, list[Entry]]:
         """Enqueue on one queue, journalling persistent messages of durable queues; dead-letter
         what drop-head overflow pushed out. Past the queue's memory window the body goes to disk
         (the journal, or the scratch log) and the queue keeps its location only."""
@@ -970,7 +970,7 @@ class Broker:
                     and self.scratch is not None:
                 if q.refuses(len(msg.body)):  # reject-publish, paged messages counted
                     return None, []
-                paged = self._put_paged(q, msg, now)
+                paged = self._put_paged(q, msg, now, delivery_count)
                 if paged is not None:
                     return paged, []
         entry, dropped = q.publish(msg, now)
@@ -989,7 +989,7 @@ class Broker:
         self.dirty_queues.add(q)
         return entry, dropped
 
-    def _put_paged(self, q: ClassicQueue, msg: Message, now: int) -> _Paged | None:
+    def _put_paged(self, q: ClassicQueue, msg: Message, now: int, delivery_count: int = 0) -> _Paged | None:
         """Store the body and add the message to the queue's paged tail. None when the scratch
         log cannot take it: the queue's tail has then been read back, and the caller keeps the
         message in memory (the order holds: nothing paged is left ahead of it). The same for a
@@ -1009,7 +1009,7 @@ class Broker:
             loc = SCRATCH + sseq
             log_seq = 0
         expires = q.expiry_of(msg, now) if msg.expiration_ms is not None or q.message_ttl_ms is not None else None
-        q.publish_paged(loc, len(msg.body), expires, 0, msg.priority)
+        q.publish_paged(loc, len(msg.body), expires, delivery_count, msg.priority)
         if q.limited:
             dropped = q.drop_over_limit()
             if dropped:
