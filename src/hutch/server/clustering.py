@@ -62,7 +62,6 @@ log = logging.getLogger("hutch.cluster")
 
 CATALOGUE_GROUP = 0
 TICK_S = 0.1
-PP_ASKED_MAX = 1024  # partial-partition pings awaiting their answer (a handful: members x members)
 ELECTION_TIMEOUT_TICKS = 10  # a follower that hears no leader for a second stands for election
 HEARTBEAT_INTERVAL_TICKS = 1
 BOOT_POLL_S = 0.005  # while booting: how often the catalogue's progress is checked
@@ -84,8 +83,7 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 # a cluster call ("rpc"): its kind, then arguments of these types
 _RPC_ARGS = {"propose": tuple[bytes], "join": tuple[str, str], "forget": tuple[str], "leaving": tuple[()],
-             "members": tuple[dict[str, str]], "pp_check": tuple[str], "pp_ping": tuple[str], "pp_pong": tuple[str],
-             "pp_seen": tuple[str]}
+             "members": tuple[dict[str, str]], "pp_check": tuple[str], "pp_seen": tuple[str]}
 
 
 class MalformedProposal(ValueError):
@@ -177,7 +175,6 @@ class ClusterRuntime:
         # pause_minority: a partial partition seen (the member this node lost, the member that
         # still reaches it), until every member is reachable again (`_partition_check`)
         self.partial_partition: tuple[str, str] | None = None
-        self._pp_asked: set[tuple[str, str]] = set()  # (node pinged, node that asked about it)
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
         self._tasks = TaskSet("cluster", log)  # the join loop
 
@@ -587,19 +584,11 @@ class ClusterRuntime:
             for n, addr in payload[1].items():
                 if n != self.name:
                     self._learn(n, addr)
-        elif kind == "pp_check":  # `peer` lost node X: do we still reach it? X must answer a ping
+        elif kind == "pp_check":  # `peer` lost node X: do we still reach it (a link, heartbeats)?
             x = payload[1]
-            if x not in (peer, self.name) and self.transport.is_up(x) and x not in self.stopping_peers \
-                    and len(self._pp_asked) < PP_ASKED_MAX:
-                self._pp_asked.add((x, peer))
-                self.transport.send(x, "rpc", ["pp_ping", peer])
-        elif kind == "pp_ping":
-            self.transport.send(peer, "rpc", ["pp_pong", payload[1]])
-        elif kind == "pp_pong":  # `peer` is alive: tell the node that lost it
-            asker = payload[1]
-            if (peer, asker) in self._pp_asked:
-                self._pp_asked.discard((peer, asker))
-                self.transport.send(asker, "rpc", ["pp_seen", peer])
+            if x != peer and self.transport.is_up(x) and not self.transport.is_suspected(x) \
+                    and x not in self.stopping_peers:
+                self.transport.send(peer, "rpc", ["pp_seen", x])
         elif kind == "pp_seen":
             self._partial_partition(payload[1], peer)
 
@@ -655,7 +644,6 @@ class ClusterRuntime:
         self.on_partition(up, members, self.partial_partition is not None)
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
-        self._pp_asked = {a for a in self._pp_asked if peer not in a}
         self.down_since[peer] = self.now_s()
         self.raft.peer_down(node_id(peer), {node_id(m) for m in self._running()})
         self.cluster.peer_down(peer)
@@ -663,8 +651,8 @@ class ClusterRuntime:
         self.announce_info()
         if self.cfg.cluster_partition_handling == "pause_minority" and peer not in self.stopping_peers:
             # a partial partition? ask the members still reached whether they reach `peer`
-            # (RabbitMQ's check_partial_partition): each pings it and answers only once it has
-            # answered, so a node that died is not taken for one cut off
+            # (RabbitMQ's check_partial_partition): each answers only if its link to it is up
+            # and its heartbeats come, so a node that died is not taken for one cut off
             for other in self.transport.up_peers:
                 if other != peer:
                     self.transport.send(other, "rpc", ["pp_check", peer])
