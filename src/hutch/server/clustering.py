@@ -83,7 +83,7 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 # a cluster call ("rpc"): its kind, then arguments of these types
 _RPC_ARGS = {"propose": tuple[bytes], "join": tuple[str, str], "forget": tuple[str], "leaving": tuple[()],
-             "members": tuple[dict[str, str]], "pp_check": tuple[str], "pp_seen": tuple[str]}
+             "members": tuple[dict[str, str]]}
 
 
 class MalformedProposal(ValueError):
@@ -134,12 +134,10 @@ def load_secret(path: str | None) -> bytes:
 
 
 class ClusterRuntime:
-    def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str], bool], None],
+    def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str]], None],
                  fatal: Callable[[str], None] = lambda reason: None, network: Any = asyncio):
-        """`on_partition(reachable members, members, partial)` runs whenever a peer comes up or
-        goes down, or a partial partition is detected (the node's pause_minority /
-        pause_if_all_down handling; `partial`: detected, and not every member is reachable yet);
-        `fatal(reason)` when this node's
+        """`on_partition(reachable members, members)` runs whenever a peer comes up or goes down
+        (the node's pause_minority / pause_if_all_down handling); `fatal(reason)` when this node's
         Raft state cannot be trusted any more (a failed fsync, an entry that failed to apply)."""
         cfg = config
         self.cfg = cfg
@@ -172,9 +170,6 @@ class ClusterRuntime:
         self.stopped = False
         self.isolated = False  # its storage failed: it cut its links and stops (`isolate`)
         self.stopping_peers: set[str] = set()  # peers that announced a controlled stop
-        # pause_minority: a partial partition seen (the member this node lost, the member that
-        # still reaches it), until every member is reachable again (`_partition_check`)
-        self.partial_partition: tuple[str, str] | None = None
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
         self._tasks = TaskSet("cluster", log)  # the join loop
 
@@ -584,13 +579,6 @@ class ClusterRuntime:
             for n, addr in payload[1].items():
                 if n != self.name:
                     self._learn(n, addr)
-        elif kind == "pp_check":  # `peer` lost node X: do we still reach it (a link, heartbeats)?
-            x = payload[1]
-            if x != peer and self.transport.is_up(x) and not self.transport.is_suspected(x) \
-                    and x not in self.stopping_peers:
-                self.transport.send(peer, "rpc", ["pp_seen", x])
-        elif kind == "pp_seen":
-            self._partial_partition(payload[1], peer)
 
     def _on_peer_up(self, peer: str) -> None:
         was_partitioned = peer in self.down_since and peer not in self.stopping_peers
@@ -638,10 +626,7 @@ class ClusterRuntime:
     def _partition_check(self) -> None:
         members = self.members()
         up = {m for m in members if m == self.name or self.transport.is_up(m)}
-        if self.partial_partition is not None and not partitioned_from(self.name, members, up, self.stopping_peers):
-            log.warning("Partial partition over: every node is reachable again")
-            self.partial_partition = None
-        self.on_partition(up, members, self.partial_partition is not None)
+        self.on_partition(up, members)
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
         self.down_since[peer] = self.now_s()
@@ -649,26 +634,6 @@ class ClusterRuntime:
         self.cluster.peer_down(peer)
         self._partition_check()
         self.announce_info()
-        if self.cfg.cluster_partition_handling == "pause_minority" and peer not in self.stopping_peers:
-            # a partial partition? ask the members still reached whether they reach `peer`
-            # (RabbitMQ's check_partial_partition): each answers only if its link to it is up
-            # and its heartbeats come, so a node that died is not taken for one cut off
-            for other in self.transport.up_peers:
-                if other != peer:
-                    self.transport.send(other, "rpc", ["pp_check", peer])
-
-    def _partial_partition(self, lost: str, seer: str) -> None:
-        """`seer` still reaches `lost`, which this node lost: pause_minority pauses until the
-        entire cluster recovers, as RabbitMQ does; otherwise each side of a partial partition may
-        see a majority and act on it (a mirrored queue with a leader on each)."""
-        if (self.cfg.cluster_partition_handling != "pause_minority" or self.partial_partition is not None
-                or self.transport.is_up(lost) or not self.transport.is_up(seer) or lost not in self.members()):
-            return
-        log.warning("Partial partition detected:\n * We saw DOWN from %s\n * We can still see %s which can see %s\n"
-                    " * pause_minority mode enabled\nWe will therefore pause until the *entire* cluster recovers",
-                    lost, seer, lost)
-        self.partial_partition = (lost, seer)
-        self._partition_check()
 
     # ------------------------------------------------------------ timers
 
