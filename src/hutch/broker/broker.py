@@ -950,8 +950,6 @@ class Broker:
                 if q.state.limits.overflow == REJECT_PUBLISH_DLX:
                     self.dead_letter(q, [Entry(0, msg, None)], "maxlen")
             else:
-                if maybe_delivered and type(entry) is not _Paged and not entry.delivery_count:
-                    entry.delivery_count = 1
                 if entry.log_seq:
                     journalled = entry.log_seq
         return refused, journalled
@@ -959,7 +957,8 @@ class Broker:
     def _put(self, q: ClassicQueue, msg: Message, now: int, delivery_count: int = 0) -> tuple[Entry | None, list[Entry]]:
         """Enqueue on one queue, journalling persistent messages of durable queues; dead-letter
         what drop-head overflow pushed out. Past the queue's memory window the body goes to disk
-        (the journal, or the scratch log) and the queue keeps its location only."""
+        (the journal, or the scratch log) and the queue keeps its location only. `delivery_count`
+        1: an earlier leader of the queue may have delivered it, in memory or paged alike."""
         tail = q.tail
         if tail is not None:  # q.pages_out, inlined (it runs per publish)
             st = q.state
@@ -976,6 +975,8 @@ class Broker:
         entry, dropped = q.publish(msg, now)
         if entry is None:
             return None, dropped
+        if delivery_count:  # maybe delivered by an earlier leader: its next delivery is redelivered
+            entry.delivery_count = delivery_count
         if msg.persistent and q.journal_id and self.journal is not None:
             if dropped and dropped[-1] is entry:
                 pass  # dropped on arrival: never stored

@@ -312,11 +312,9 @@ class Leader:
         live = {e.seq for e in st.ready()}
         live.update(st.unacked)
         held = set(in_ranges(ranges))
+        keep = held & live
         if good_below is not None:
-            held_good = {seq for seq in held if seq < good_below}
-            keep = held_good & live
-        else:
-            keep = held & live
+            keep = {seq for seq in keep if seq < good_below}
         drop = sorted(held - keep)
         self.ops.append(Recovered(info.member, tuple(to_ranges(drop))))
         info.has = keep
