@@ -13,6 +13,7 @@ from tests.cluster.test_mirroring import (
     connect,
     ctl,
     drain_when_served,
+    info,
     log_of,
     publish_confirmed,
     wait_mirrors,
@@ -25,9 +26,14 @@ ACKED = 40  # acknowledged while the sync runs
 HELD = 10  # delivered and not acknowledged when the leader dies
 
 
-def test_a_background_sync_keeps_the_queue_serving_and_leaves_a_faithful_mirror(tmp_path):
+@pytest.mark.parametrize("window", [None, 20], ids=["in-memory", "paged"])
+def test_a_background_sync_keeps_the_queue_serving_and_leaves_a_faithful_mirror(tmp_path, window):
+    """`paged`: the leader holds 20 messages in memory and the rest on disk; the sync reads the
+    paged ones without taking them, and those the consumer has the queue read back meanwhile
+    go from memory."""
     conf = tmp_path / "hutch.conf"
-    conf.write_text("mirroring_sync_max_throughput = 40kb\n")
+    conf.write_text("mirroring_sync_max_throughput = 40kb\n"
+                    + (f"classic_queue.memory_window_messages = {window}\n" if window else ""))
     with HutchCluster(n=3, extra_args=["--config", str(conf)]) as cluster:
         c = connect(cluster, 0)
         c.channel().queue_declare("bg.q", durable=True)
@@ -36,6 +42,8 @@ def test_a_background_sync_keeps_the_queue_serving_and_leaves_a_faithful_mirror(
         assert ctl(cluster, 0, "set_policy", "ha-bg", "^bg\\.",
                    '{"ha-mode":"all","ha-sync-batch-size":10,"ha-sync-background":true}').returncode == 0
         wait_mirrors(cluster, "bg.q", 2, synced=0)
+        if window:
+            assert info(cluster, "bg.q")["messages_paged_out"] == MESSAGES - window
         started = time.monotonic()
         assert ctl(cluster, 0, "sync_queue", "bg.q").returncode == 0
 

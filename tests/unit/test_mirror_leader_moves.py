@@ -118,7 +118,7 @@ def _leader_with_a_synchronised_mirror() -> tuple[Leader, gm.GMMember, _FencingC
     cluster = _FencingCluster()
     host = SimpleNamespace(cluster=cluster, node=cluster.node, token=("", 0))
     state = SimpleNamespace(next_seq=1, unacked={}, ready_heads=lambda: ())  # an empty queue
-    q = SimpleNamespace(vhost="/", name="orders", state=state, flow_waiters=None)
+    q = SimpleNamespace(vhost="/", name="orders", state=state, tail=None, flow_waiters=None)
     member = gm.GMMember.create(N1, [N1, N2])
     ld = Leader(host, q, member)
     ld.on_event(gm.MembersChanged(1, (N1, N2), (N2,), ()))

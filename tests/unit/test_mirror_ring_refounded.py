@@ -80,7 +80,7 @@ def _leader() -> tuple[Leader, SimpleNamespace, _LeaderNode, list]:
     host = SimpleNamespace(cluster=cluster, node=N1, token=("", 0), new_member_id=new_member_id,
                            member_replaced=lambda old, ld: replaced.append((old.id, ld.gm.id)))
     state = SimpleNamespace(next_seq=1, unacked={}, ready_heads=lambda: ())  # an empty queue
-    q = SimpleNamespace(vhost="/", name="orders", state=state, flow_waiters=None)
+    q = SimpleNamespace(vhost="/", name="orders", state=state, tail=None, flow_waiters=None)
     ld = Leader(host, q, gm.GMMember.create(N1_MEMBER, [N1_MEMBER, N2_MEMBER]))
     ld.on_event(gm.MembersChanged(1, (N1_MEMBER, N2_MEMBER), (N2_MEMBER,), ()))
     assert [m.node for m in ld.synchronised()] == [N2]

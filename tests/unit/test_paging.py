@@ -416,15 +416,88 @@ def test_reject_publish_counts_paged_messages():
     assert q.message_count == 3 and len(store.bodies) == 3
 
 
-def test_a_queue_that_becomes_a_mirrored_leader_reads_its_tail_back_first():
+class MirrorRecorder:
+    """What a mirrored queue's leader (hutch.mirror.leader.Leader) is told by its queue."""
+
+    def __init__(self):
+        self.ops: list[tuple] = []
+
+    def enqueued(self, seq, m, expires_at_ms):
+        self.ops.append(("enqueued", seq, m.body))
+
+    def removed(self, seq):
+        self.ops.append(("removed", seq))
+
+    def checked_out(self, seq):
+        self.ops.append(("checked_out", seq))
+
+    def paged_in(self, entries):
+        self.ops.append(("paged_in", *(e.seq for e in entries)))
+
+    def kinds(self, kind: str) -> list[int]:
+        return [op[1] for op in self.ops if op[0] == kind]
+
+
+def mirrored_publish(q: ClassicQueue, store: DictStore, m: Message) -> None:
+    """The broker's _put for a mirrored queue's leader: the message goes to the mirrors too."""
+    if q.pages_out():
+        q.publish_paged(store.put(m), len(m.body), None, 0, m.priority, m)
+    else:
+        q.publish(m, 0)
+
+
+def test_a_mirrored_leader_pages_and_tells_its_mirrors_every_message():
     q, store = paged_queue(PagingPolicy(window_messages=2, window_bytes=10**9))
-    for i in range(10):
+    for i in range(3):
         publish(q, store, msg(i))
-    q.mirror = object()
-    assert q.tail is None and q.state.ready_count == 10 and not store.bodies
-    assert [e.seq for e in q.state.ready()] == list(range(1, 11))
-    q.mirror = None
-    assert q.tail is not None and q.tail.count == 0
+    rec = q.mirror = MirrorRecorder()
+    assert q.paged_count == 1, "becoming a mirrored leader keeps the tail"
+    for i in range(3, 6):
+        mirrored_publish(q, store, msg(i))
+    assert q.paged_count == 4 and len(store.bodies) == 4
+    assert rec.ops == [("enqueued", s, msg(s - 1).body) for s in (4, 5, 6)]
+    assert q.live_seqs() == set(range(1, 7))
+    c = Recorder(no_ack=False)
+    q.add_consumer(c)
+    q.dispatch()
+    assert [s for s, _b, _n in c.got] == list(range(1, 7))
+    assert rec.kinds("checked_out") == list(range(1, 7)) and ("paged_in", 3, 4, 5, 6) in rec.ops
+    assert rec.kinds("removed") == []
+
+
+def test_what_leaves_a_mirrored_leaders_tail_unread_is_removed_from_its_mirrors():
+    q, store = paged_queue(PagingPolicy(window_messages=2, window_bytes=10**9), limits=QueueLimits(max_length=4))
+    rec = q.mirror = MirrorRecorder()
+    for i in range(8):
+        if q.pages_out():
+            q.publish_paged(store.put(msg(i)), 10, None, 0, 0, msg(i))
+            q.drop_over_limit()  # drop-head, no dead-letter exchange: paged heads released unread
+        else:
+            q.publish(msg(i), 0)
+    assert q.message_count == 4 and rec.kinds("removed") == [1, 2, 3, 4]
+    assert [s for s in sorted(q.live_seqs())] == [5, 6, 7, 8]
+    store.bad.add(q.tail.find(7)[0])  # its body cannot be read back: gone, and gone from the mirrors
+    q.page_in_all()
+    assert rec.kinds("removed") == [1, 2, 3, 4, 7]
+    publish(q, store, msg(8))
+    publish(q, store, msg(9))
+    q.remove_ready()  # purge: paged ones too
+    assert sorted(rec.kinds("removed")[5:]) == [5, 6, 8, 9, 10] and q.paged_count == 0
+    assert q.message_count == 0
+
+
+def test_the_tail_finds_its_messages_by_seq_without_taking_them():
+    t = PagedTail()
+    for seq in range(5, 10):
+        t.append(seq, 100 + seq, 10, 1000 if seq == 7 else None, seq % 3)
+    assert t.head_seq == 5 and t.seqs() == [5, 6, 7, 8, 9]
+    assert t.find(7) == (107, 1000, 1) and t.find(4) is None and t.find(10) is None
+    t.pop(2, 10**9)
+    assert t.find(5) is None and t.find(8) == (108, None, 2) and t.count == 3
+    g = PagedTail(gaps=True)
+    for seq in (3, 8, 20):
+        g.append(seq, seq, 1)
+    assert g.find(8) == (8, None, 0) and g.find(9) is None and g.seqs() == [3, 8, 20] and g.keeps_seqs
 
 
 def test_losing_paging_reads_everything_back_in_order():

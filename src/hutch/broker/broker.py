@@ -400,15 +400,16 @@ class Broker:
 
     # ---------------------------------------------------------------- the queues' body store (hutch.queues.paging)
 
-    def read_paged_batch(self, q: ClassicQueue, items: list[tuple[int, int]]) -> list[Message | None]:
+    def read_paged_batch(self, q: ClassicQueue, items: list[tuple[int, int]], keep: bool = False) -> list[Message | None]:
         """BodyStore.read_paged_batch: paged messages back from the journal and the scratch log,
-        each log read once for the lot (records that lie together come in one read)."""
+        each log read once for the lot (records that lie together come in one read). `keep`:
+        BodyStore.peek_paged (nothing released, nothing dropped)."""
         if all(loc < SCRATCH for _seq, loc in items):  # a durable queue of persistent messages
-            return self._read_journalled(q, items)
+            return self._read_journalled(q, items, keep)
         got: list[Message | None] = [None] * len(items)
         journal_at = [n for n, (_seq, loc) in enumerate(items) if loc < SCRATCH]
         if journal_at:
-            for n, m in zip(journal_at, self._read_journalled(q, [items[n] for n in journal_at]), strict=True):
+            for n, m in zip(journal_at, self._read_journalled(q, [items[n] for n in journal_at], keep), strict=True):
                 got[n] = m
         if self.scratch is None:
             return got
@@ -416,16 +417,21 @@ class Broker:
         sseqs = [items[n][1] - SCRATCH for n in scratch_at]
         routes = self._paged_routes
         for n, sseq, r in zip(scratch_at, sseqs, self.scratch.read_many(sseqs), strict=True):
-            self.scratch.release(sseq)
+            if not keep:
+                self.scratch.release(sseq)
             if isinstance(r, Unreadable):
                 log.error("queue '%s' in vhost '%s': paged message %d (scratch record %d) cannot be read back "
-                          "(%s); it is dropped", q.name, q.vhost, items[n][0], sseq, r)
+                          "(%s)%s", q.name, q.vhost, items[n][0], sseq, r, "" if keep else "; it is dropped")
                 continue
             exchange, routing_key, props, body, persistent = r
             got[n] = self._message(exchange, routing_key, props, body, persistent, routes)
         return got
 
-    def _read_journalled(self, q: ClassicQueue, items: list[tuple[int, int]]) -> list[Message | None]:
+    def peek_paged(self, q: ClassicQueue, items: list[tuple[int, int]]) -> list[Message | None]:
+        """BodyStore.peek_paged."""
+        return self.read_paged_batch(q, items, keep=True)
+
+    def _read_journalled(self, q: ClassicQueue, items: list[tuple[int, int]], keep: bool = False) -> list[Message | None]:
         if self.journal is None:
             return [None] * len(items)
         out: list[Message | None] = []
@@ -434,8 +440,9 @@ class Broker:
         for (seq, loc), r in zip(items, self.journal.read_enqueues([loc for _seq, loc in items]), strict=True):
             if isinstance(r, Unreadable):
                 log.error("queue '%s' in vhost '%s': paged message %d (journal record %d) cannot be read back "
-                          "(%s); it is dropped", q.name, q.vhost, seq, loc, r)
-                self._journal_drop(q, loc)
+                          "(%s)%s", q.name, q.vhost, seq, loc, r, "" if keep else "; it is dropped")
+                if not keep:
+                    self._journal_drop(q, loc)
                 out.append(None)
                 continue
             exchange, routing_key, props, body = r
@@ -1000,17 +1007,13 @@ class Broker:
         if migrations and (q.vhost, q.name) in migrations:
             q.page_in_all()
             return None
-        if msg.persistent and q.journal_id and self.journal is not None:
-            loc = log_seq = self.journal.enqueue(q.journal_id, msg.exchange, msg.routing_key, msg.props, msg.body)
-        else:
-            sseq = self._scratch_write(msg)
-            if sseq is None:
-                q.page_in_all()
-                return None
-            loc = SCRATCH + sseq
-            log_seq = 0
+        loc = self.store_paged(q, msg)
+        if loc is None:
+            q.page_in_all()
+            return None
+        log_seq = loc if loc < SCRATCH else 0
         expires = q.expiry_of(msg, now) if msg.expiration_ms is not None or q.message_ttl_ms is not None else None
-        q.publish_paged(loc, len(msg.body), expires, delivery_count, msg.priority)
+        q.publish_paged(loc, len(msg.body), expires, delivery_count, msg.priority, msg)
         if q.limited:
             dropped = q.drop_over_limit()
             if dropped:
@@ -1019,6 +1022,24 @@ class Broker:
             self.ttl_queues.add(q)
         self.dirty_queues.add(q)
         return _Paged(log_seq)
+
+    def store_paged(self, q: ClassicQueue, msg: Message) -> int | None:
+        """Write the body of a message `q` pages: its location (a journal seq for a persistent
+        message of a durable queue, else a scratch record), or None when the scratch log
+        cannot take it."""
+        if msg.persistent and q.journal_id and self.journal is not None:
+            return self.journal.enqueue(q.journal_id, msg.exchange, msg.routing_key, msg.props, msg.body)
+        sseq = self._scratch_write(msg)
+        return None if sseq is None else SCRATCH + sseq
+
+    def pages(self, q: ClassicQueue, msg: Message) -> bool:
+        """Does `msg`, enqueued on `q` now, go to the paged tail? (`_put` has this inlined.)"""
+        tail = q.tail
+        if tail is None or self.scratch is None:
+            return False
+        st = q.state
+        return bool(tail.count or ((self.paging_pressure or not q.page_window or (msg.persistent and q.journal_id))
+                                   and (st.ready_count >= q.page_window or st.ready_bytes >= q.page_window_bytes)))
 
     def _scratch_write(self, msg: Message) -> int | None:
         if self.scratch_failed:

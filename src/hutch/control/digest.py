@@ -99,8 +99,7 @@ def mirror_copy(broker: Any, q: Any) -> tuple[str, list[int], int] | None:
     """This node's copy of a mirrored classic queue `q`: its role ("leader" or "mirror"), the
     sequence numbers it holds, and the last one it saw; None when it holds no copy."""
     if q.local and getattr(q, "mirror", None) is not None:
-        st = q.state
-        return "leader", [*(e.seq for e in st.ready()), *st.unacked], st.next_seq - 1
+        return "leader", list(q.live_seqs()), q.state.next_seq - 1
     cluster = broker.cluster
     m = cluster.mirroring.mirrors.get((q.vhost, q.name)) if cluster is not None else None
     return ("mirror", list(m.replica.entries), m.replica.max_seq) if m is not None else None

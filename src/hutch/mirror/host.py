@@ -280,13 +280,21 @@ class MirrorHost:
                 route = routes[rk] = codec.route_encoding(e.exchange, e.routing_key)
             msg = Message(e.exchange, e.routing_key, route, e.props, e.body, e.persistent, e.priority,
                           e.expiration_ms)
+            count = max(e.delivery_count, 1) if failed else e.delivery_count
+            if e.expires_at_ms is not None:
+                b.ttl_queues.add(q)
+            if b.pages(q, msg):  # past the window, as a publish would be
+                loc = b.store_paged(q, msg)
+                if loc is not None:
+                    q.restore_paged(e.seq, loc, len(e.body), e.expires_at_ms, count, e.priority)
+                    e.body = None  # the copy is dropped below; meanwhile it holds no more bodies than the queue
+                    continue
+                q.page_in_all()  # the scratch log failed: the rest stays in memory, after what was paged
             entry = Entry(e.seq, msg, e.expires_at_ms)
-            entry.delivery_count = max(e.delivery_count, 1) if failed else e.delivery_count
+            entry.delivery_count = count
             if e.persistent and q.journal_id and b.journal is not None:
                 entry.log_seq = b.journal.enqueue(q.journal_id, e.exchange, e.routing_key, e.props, e.body)
             st.restore(entry)
-            if e.expires_at_ms is not None:
-                b.ttl_queues.add(q)
         st.next_seq = max(st.next_seq, m.replica.max_seq + 1)
         m.forget_copy()  # the queue's own journal has the messages now
 

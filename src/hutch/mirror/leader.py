@@ -39,6 +39,7 @@ from hutch.queues.state import Entry
 
 if TYPE_CHECKING:
     from hutch.queues.classic import ClassicQueue
+    from hutch.queues.message import Message
 
 log = logging.getLogger("hutch.mirroring")
 
@@ -113,11 +114,11 @@ class Leader:
 
     # ---------------------------------------------------------------- what the queue did
 
-    def enqueued(self, entry: Entry) -> None:
+    def enqueued(self, seq: int, m: Message, expires_at_ms: int | None) -> None:
+        """The queue took message `m` as `seq` (in memory or paged)."""
         origin, token = self.host.token
-        m = entry.message
-        self.ops.append(Enqueued(entry.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent,
-                                 m.priority, m.expiration_ms, entry.expires_at_ms, origin, token))
+        self.ops.append(Enqueued(seq, m.exchange, m.routing_key, m.props, m.body, m.persistent,
+                                 m.priority, m.expiration_ms, expires_at_ms, origin, token))
         self.op_msgs += 1
         if origin:  # a publish another node forwarded: it may send it again (retry_orphans)
             remember_token(self.recent_tokens, origin, token)
@@ -136,6 +137,12 @@ class Leader:
         self._seqs(Removed, seq)
         if self.sync is not None:
             self.sync.removed.add(seq)
+
+    def paged_in(self, entries: list[Entry]) -> None:
+        """Paged messages were read back into memory (nothing for the mirrors: where the leader
+        keeps a body is its own affair); a running sync sends them from memory now."""
+        if self.sync is not None:
+            self.sync.paged_in(entries)
 
     # ---------------------------------------------------------------- broadcasting
 
@@ -308,9 +315,7 @@ class Leader:
     def _reconcile(self, info: MirrorInfo, ranges: list[int], good_below: int | None) -> None:
         """The mirror `info` joined with a copy from disk: what it holds that the queue still has
         counts; the rest it drops (a Recovered operation, in order with everything else)."""
-        st = self.q.state
-        live = {e.seq for e in st.ready()}
-        live.update(st.unacked)
+        live = self.q.live_seqs()
         held = set(in_ranges(ranges))
         keep = held & live
         if good_below is not None:
@@ -341,12 +346,16 @@ class Leader:
 
     def floor(self) -> int:
         """The lowest sequence number still in the queue (next_seq when it is empty)."""
-        st = self.q.state
+        q = self.q
+        st = q.state
         low = st.next_seq
         for e in st.ready_heads():
             low = min(low, e.seq)
         if st.unacked:
             low = min(low, min(st.unacked))
+        tail = q.tail
+        if tail is not None and tail.count:
+            low = min(low, tail.head_seq)
         return low
 
     def synchronised(self) -> list[MirrorInfo]:

@@ -22,7 +22,7 @@ from hutch.mirror.placement import SYNC_BATCH_SIZE
 from hutch.mirror.replica import SyncBatch, SyncDone, SyncItem, encode_ops
 
 if TYPE_CHECKING:
-    pass
+    from hutch.queues.state import Entry
 
 from hutch.mirror.names import qname
 
@@ -42,15 +42,26 @@ class SyncJob:
         q = leader.q
         st = q.state
         entries = [*st.ready(), *st.unacked.values()]
+        tail = q.tail
+        paged = tail.seqs() if tail is not None and tail.count else []
         self.floor_at_start = st.next_seq
         targets = leader.unsynced()
         self.targets = {m.member for m in targets}
         self.recovered = [m for m in targets if m.has is not None]
         if self.recovered:  # mirrors that came back with a copy from disk: send only what one lacks
-            lacking = leader.lacking(targets, {e.seq for e in entries})
+            live = {e.seq for e in entries}
+            live.update(paged)
+            lacking = leader.lacking(targets, live)
             entries = [e for e in entries if e.seq in lacking]
+            paged = [seq for seq in paged if seq in lacking]
         entries.sort(key=attrgetter("seq"))
         self.entries = entries
+        # paged messages: read when their batch is built, from the tail (`BodyStore.peek_paged`:
+        # they stay paged) or, if the queue read them back meanwhile, from memory (`loaded`)
+        self.paged = paged
+        self.ppos = 0
+        self.loaded: dict[int, Entry] = {}
+        self.total = len(entries) + len(paged)
         p = leader.params()
         self.batch = p.sync_batch_size or leader.host.broker.config.mirroring_sync_batch_size or SYNC_BATCH_SIZE
         self.max_bytes_s = leader.host.broker.config.mirroring_sync_max_throughput
@@ -72,10 +83,10 @@ class SyncJob:
         if self.blocking:
             q.dispatch_blocked = True
         if self.recovered:
-            log.info("%s: Synchronising: %d messages to synchronise (%s)", qname(q), len(self.entries),
+            log.info("%s: Synchronising: %d messages to synchronise (%s)", qname(q), self.total,
                      ", ".join(f"the mirror on {m.node} recovered {m.recovered} from disk" for m in self.recovered))
         else:
-            log.info("%s: Synchronising: %d messages to synchronise", qname(q), len(self.entries))
+            log.info("%s: Synchronising: %d messages to synchronise", qname(q), self.total)
         if not self.blocking:
             log.info("%s: Synchronising: in the background, the queue goes on serving", qname(q))
         log.info("%s: Synchronising: batch size: %d", qname(q), self.batch)
@@ -94,30 +105,71 @@ class SyncJob:
         q = ld.q
         if now - self.last_progress >= SYNC_PROGRESS_S:
             self.last_progress = now
-            log.info("%s: Synchronising: %d messages", qname(q), self.pos)
-        while (self.pos < len(self.entries) and len(self.inflight) < SYNC_INFLIGHT
+            log.info("%s: Synchronising: %d messages", qname(q), self.pos + self.ppos)
+        while (self.left() and len(self.inflight) < SYNC_INFLIGHT
                and self.inflight_bytes < SYNC_INFLIGHT_BYTES_MAX):
             if self.max_bytes_s and self.sent_bytes > (now - self.started) * self.max_bytes_s:
                 return  # over mirroring_sync_max_throughput: the next tick (0.1 s) goes on
-            chunk = self.entries[self.pos:self.pos + self.batch]
-            self.pos += len(chunk)
-            items = []
-            batch_bytes = 0
-            for e in chunk:
-                if e.seq in self.removed:  # acknowledged meanwhile: its removal went out already
-                    continue
-                m = e.message
-                items.append(SyncItem(e.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent,
-                                      m.priority, m.expiration_ms, e.expires_at_ms, e.delivery_count))
-                batch_bytes += len(m.body)
+            items = self._next_batch(q)
+            batch_bytes = sum(len(i.body) for i in items)
             self.sent_bytes += batch_bytes
             ld.flush()  # operations recorded before this batch go first
             n = ld.broadcast(encode_ops([SyncBatch(tuple(items))]))
             self.inflight.append((n, batch_bytes))
             self.inflight_bytes += batch_bytes
-        if self.pos >= len(self.entries) and not self.done_seq:
+        if not self.left() and not self.done_seq:
             ld.flush()
             self.done_seq = ld.broadcast(encode_ops([SyncDone(self.floor_at_start)]))
+
+    def left(self) -> bool:
+        return self.pos < len(self.entries) or self.ppos < len(self.paged)
+
+    def paged_in(self, entries: list[Entry]) -> None:
+        """The queue read these paged messages back into memory."""
+        if self.ppos < len(self.paged):
+            self.loaded.update((e.seq, e) for e in entries)
+
+    def _next_batch(self, q: Any) -> list[SyncItem]:
+        """The next `batch` messages to send, oldest first (the in-memory ones and the paged
+        ones merged by seq), as they are now: what was removed meanwhile is left out."""
+        entries, paged, removed, loaded = self.entries, self.paged, self.removed, self.loaded
+        out: list[Entry | tuple[int, int, int | None, int]] = []
+        reads: list[tuple[int, int]] = []
+        taken = 0
+        while taken < self.batch and self.left():
+            taken += 1
+            if self.ppos >= len(paged) or (self.pos < len(entries) and entries[self.pos].seq < paged[self.ppos]):
+                e = entries[self.pos]
+                self.pos += 1
+                if e.seq not in removed:  # acknowledged meanwhile: its removal went out already
+                    out.append(e)
+                continue
+            seq = paged[self.ppos]
+            self.ppos += 1
+            if seq in removed:
+                continue
+            e = loaded.pop(seq, None)
+            if e is not None:
+                out.append(e)
+                continue
+            found = q.tail.find(seq) if q.tail is not None else None
+            if found is not None:  # still paged: read its body, leave it on disk
+                loc, expires, count = found
+                out.append((seq, loc, expires, count))
+                reads.append((seq, loc))
+        msgs = iter(q.store.peek_paged(q, reads)) if reads else iter(())
+        items = []
+        for x in out:
+            if type(x) is tuple:
+                seq, _loc, expires, count = x
+                m = next(msgs)
+                if m is None:  # unreadable: the queue drops it when it reads it back, and says so
+                    continue
+            else:
+                seq, m, expires, count = x.seq, x.message, x.expires_at_ms, x.delivery_count
+            items.append(SyncItem(seq, m.exchange, m.routing_key, m.props, m.body, m.persistent,
+                                  m.priority, m.expiration_ms, expires, count))
+        return items
 
     def on_stable(self, seq: int) -> None:
         self.inflight = [b for b in self.inflight if b[0] > seq]
@@ -137,11 +189,11 @@ class SyncJob:
         self.finished = True
         q = self.leader.q
         if cancelled:
-            log.info("%s: Synchronising: cancelled after %d messages", qname(q), self.pos)
+            log.info("%s: Synchronising: cancelled after %d messages", qname(q), self.pos + self.ppos)
         elif reason:
             log.info("%s: Synchronising: stopped, %s", qname(q), reason)
         else:
-            log.info("%s: Synchronising: %d messages", qname(q), len(self.entries))
+            log.info("%s: Synchronising: %d messages", qname(q), self.total)
             log.info("%s: Synchronising: complete", qname(q))
         self.leader.send_view()
         self.leader.sync_done(cancelled)

@@ -136,22 +136,16 @@ class ClassicQueue:
 
     @mirror.setter
     def mirror(self, leader: Any) -> None:
-        """A mirrored queue's leader keeps everything in memory (its mirrors sync from it and
-        are told each operation): becoming one reads the paged messages back first."""
-        if leader is not None and self.tail is not None:
-            self.page_in_all()
-            self.tail = None
+        """A mirrored queue's leader (`hutch.mirror.leader.Leader`), told every operation; the
+        paged tail stays as it is (a sync reads paged messages through `BodyStore.peek_paged`)."""
         self._mirror = leader
-        if leader is None and self.paging is not None and self.tail is None and self.store is not None:
-            self.tail = self._new_tail()
 
     def _new_tail(self) -> PagedTail | PagedLevels:
         mp = self.state.limits.max_priority
         return PagedLevels(mp) if mp else PagedTail()
 
     def set_paging(self, policy: PagingPolicy | None, store: BodyStore | None = None) -> None:
-        """May this queue page (a policy), or must it hold everything in memory (None)? A
-        mirrored queue's leader does not page (see `mirror`)."""
+        """May this queue page (a policy), or must it hold everything in memory (None)?"""
         if store is not None:
             self.store = store
         if policy is None:
@@ -163,7 +157,7 @@ class ClassicQueue:
         self.paging = policy
         self.page_window = policy.window_messages
         self.page_window_bytes = policy.window_bytes
-        if self.tail is None and self._mirror is None and self.store is not None:
+        if self.tail is None and self.store is not None:
             self.tail = self._new_tail()
 
     def pages_out(self) -> bool:
@@ -182,10 +176,12 @@ class ClassicQueue:
         return None if ttl is None else now_ms + ttl
 
     def publish_paged(self, loc: int, size: int, expires_at_ms: int | None, delivery_count: int = 0,
-                      priority: int = 0) -> int:
+                      priority: int = 0, message: Message | None = None) -> int:
         """Enqueue a message whose body is already stored at `loc`: it joins the paged tail (of
         its priority level). Returns its seq. The caller asks `refuses` first and applies
-        `drop_over_limit` after, as `QueueState.enqueue` does for a message in memory."""
+        `drop_over_limit` after, as `QueueState.enqueue` does for a message in memory. A
+        mirrored queue's leader passes the `message` on to its mirrors (a recovered one has none:
+        it has no mirrors yet)."""
         st = self.state
         seq = st.next_seq
         st.next_seq = seq + 1
@@ -194,7 +190,34 @@ class ClassicQueue:
             tail.append(seq, loc, size, expires_at_ms, delivery_count, priority)
         else:
             tail.append(seq, loc, size, expires_at_ms, delivery_count)
+        if self._mirror is not None and message is not None:
+            self._mirror.enqueued(seq, message, expires_at_ms)
         return seq
+
+    def restore_paged(self, seq: int, loc: int, size: int, expires_at_ms: int | None, delivery_count: int,
+                      priority: int = 0) -> None:
+        """Add a message under its own `seq` to the paged tail (a promoted mirror's copy, whose
+        seqs have gaps: the tail is made to keep them when it is empty)."""
+        tail = self.tail
+        if type(tail) is PagedTail and not tail.count and not tail.keeps_seqs:
+            tail = self.tail = PagedTail(gaps=True)
+        if type(tail) is PagedLevels:
+            tail.append(seq, loc, size, expires_at_ms, delivery_count, priority)
+        else:
+            tail.append(seq, loc, size, expires_at_ms, delivery_count)
+        st = self.state
+        if seq >= st.next_seq:
+            st.next_seq = seq + 1
+
+    def live_seqs(self) -> set[int]:
+        """The seqs of every message the queue holds: ready (in memory and paged) and unacked."""
+        st = self.state
+        live = {e.seq for e in st.ready()}
+        live.update(st.unacked)
+        tail = self.tail
+        if tail is not None and tail.count:
+            live.update(tail.seqs())
+        return live
 
     def _read_back(self, items: list[tuple[int, int, int, int | None, int]]) -> list[Entry]:
         """Paged messages (the tail's items) as entries, in order; one the store could not read
@@ -203,6 +226,8 @@ class ClassicQueue:
         msgs = self.store.read_paged_batch(self, [(seq, loc) for seq, loc, _size, _expires, _count in items])
         for (seq, loc, _size, expires, count), msg in zip(items, msgs, strict=True):
             if msg is None:
+                if self._mirror is not None:
+                    self._mirror.removed(seq)
                 continue
             e = Entry(seq, msg, expires)
             e.delivery_count = count
@@ -228,6 +253,8 @@ class ClassicQueue:
             items = tail.pop(pol.batch_messages, pol.batch_bytes)
         entries = self._read_back(items)
         st.restore_run(entries)
+        if self._mirror is not None:
+            self._mirror.paged_in(entries)
         return len(entries)
 
     def _top_level(self) -> tuple[int, int, int]:
@@ -312,8 +339,12 @@ class ClassicQueue:
             if items:
                 if read:
                     entries = self._read_back(items)
+                    if entries and self._mirror is not None:
+                        self._mirror.removed(entries[0].seq)
                     return entries[0] if entries else None
                 self.store.drop_paged(self, [items[0][1]])
+                if self._mirror is not None:
+                    self._mirror.removed(items[0][0])
                 return None
         return self.discard(st.head().seq)
 
@@ -401,7 +432,7 @@ class ClassicQueue:
             return None, []
         mirror = self._mirror
         if mirror is not None:
-            mirror.enqueued(entry)
+            mirror.enqueued(entry.seq, message, expires)
             for d in dropped:
                 mirror.removed(d.seq)
         return entry, dropped
@@ -487,6 +518,9 @@ class ClassicQueue:
         through the store's `drop_paged`)."""
         tail = self.tail
         if tail is not None and tail.count:
+            if self._mirror is not None:
+                for seq in tail.seqs():
+                    self._mirror.removed(seq)
             self.store.drop_paged(self, tail.take_all())
         removed = self.state.purge()
         if self._mirror is not None:

@@ -27,14 +27,15 @@ before it delivers (order per level, higher levels first). A level's seqs are no
 (the levels interleave), so its tail keeps them (8 bytes more a message).
 
 This module decides and counts; it does no I/O. The queue asks a `BodyStore` (the broker, on
-its journal and scratch log) for the bodies. Not paged: the leaders of mirrored queues (their
-mirrors sync from memory), quorum queues.
+its journal and scratch log) for the bodies. The leader of a mirrored queue pages as any
+other: it tells its mirrors what leaves the tail, and a sync reads paged messages without
+taking them out of it (`BodyStore.peek_paged`). Not paged: quorum queues.
 """
 
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -188,6 +189,39 @@ class PagedTail:
     def locations(self) -> list[int]:
         return self._locs[self._i:].tolist()
 
+    def seqs(self) -> list[int]:
+        """The seqs of the paged messages, oldest first (a mirrored queue's sync, its copies)."""
+        if self._seqs is not None:
+            return self._seqs[self._i:].tolist()
+        return list(range(self.first_seq, self.first_seq + self.count))
+
+    @property
+    def head_seq(self) -> int | None:
+        return self.first_seq if self.count else None
+
+    @property
+    def keeps_seqs(self) -> bool:
+        """Made with `gaps=True`: it takes any increasing seqs."""
+        return self._seqs is not None
+
+    def find(self, seq: int) -> tuple[int, int | None, int] | None:
+        """(location, expires_at_ms, delivery_count) of the paged message `seq`; None when it
+        is not in the tail (read back since, or never paged)."""
+        if not self.count:
+            return None
+        gaps = self._seqs
+        if gaps is None:
+            if not self.first_seq <= seq < self.first_seq + self.count:
+                return None
+            k = self._i + seq - self.first_seq
+        else:
+            k = bisect_left(gaps, seq, self._i)
+            if k >= len(gaps) or gaps[k] != seq:
+                return None
+        exp = self._expiry
+        e = _NO_EXPIRY if exp is None else exp[k]
+        return self._locs[k], None if e == _NO_EXPIRY else e, self._counts[k]
+
     def _clear(self) -> None:
         del self._locs[:]  # in place: a lazy queue whose consumers keep up empties its tail per message
         del self._sizes[:]
@@ -273,6 +307,22 @@ class PagedLevels:
     def locations(self) -> list[int]:
         return [loc for t in self.levels if t is not None for loc in t.locations()]
 
+    def seqs(self) -> list[int]:
+        return sorted(seq for t in self.levels if t is not None for seq in t.seqs())
+
+    @property
+    def head_seq(self) -> int | None:
+        """The lowest paged seq (of any level)."""
+        return min((t.first_seq for t in self.levels if t is not None and t.count), default=None)
+
+    def find(self, seq: int) -> tuple[int, int | None, int] | None:
+        for t in self.levels:
+            if t is not None:
+                got = t.find(seq)
+                if got is not None:
+                    return got
+        return None
+
     def memory_bytes(self) -> int:
         return sum(t.memory_bytes() for t in self.levels if t is not None)
 
@@ -290,6 +340,11 @@ class BodyStore(Protocol):
 
     def drop_paged(self, q: Any, locs: list[int]) -> None:
         """Paged messages leave without being read (purge, deleted queue): free their records."""
+        ...
+
+    def peek_paged(self, q: Any, items: list[tuple[int, int]]) -> list[Message | None]:
+        """As `read_paged_batch`, but the messages stay paged: nothing is released or dropped
+        (None for one that cannot be read). A mirrored queue's sync sends paged messages so."""
         ...
 
 
