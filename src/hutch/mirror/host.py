@@ -236,6 +236,10 @@ class MirrorHost:
         m = self.mirrors.get((rec.vhost, rec.name))
         if m is None:
             return True  # nothing to promote: the caller makes a fresh queue
+        if not m.claimed:
+            # made while the node booted, before its storage opened: the copy it kept on disk is
+            # taken now (a promotion of it may have been proposed before the node went down)
+            m._claim()
         if m.member is not None and m.member.status != gm.MEMBER:
             # on its way into a ring (a new mirror, or one that left the ring of a leader it saw
             # die and offered its copy to that leader's node, back with a ring of its own): it
@@ -308,7 +312,8 @@ class MirrorHost:
             return False
         cur = v.queues.get(m.name)
         me = m.replica.member if m.member is None else m.member.id  # its id in the ring its view is of
-        log.info("Mirrored queue '%s' in vhost '%s': Promoting slave %s to master", m.name, m.vhost, me)
+        log.info("Mirrored queue '%s' in vhost '%s': Promoting slave %s to master", m.name, m.vhost,
+                 me or f"on {self.node} (a copy from disk)")
         q = b.declare_queue(v, rec.name, durable=rec.durable, exclusive=False, auto_delete=rec.auto_delete,
                             arguments=dict(rec.arguments), owner=None)
         q.journal_id = rec.journal_id if rec.durable else 0
