@@ -8,7 +8,8 @@ node 3's start: when it serves again (an AMQP connection to it opens; tried ever
 the queue lists it as a mirror, and when it lists it as a synchronised mirror; what the
 leader's log says it synchronised; when the milestones in the node logs were written; and the
 CPU seconds node 3's process had used when it logged its copy read back (a figure the other
-work on a shared machine does not stretch) and its RSS then.
+work on a shared machine does not stretch) and its RSS then; and the RSS of each node's process
+tree once the queue is filled and synchronised (`rss_mib_filled`, nodes 1-3: the leader first).
 
 Modes (`--modes`, every one in the same run):
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import contextlib
 import re
 import shutil
 import subprocess
@@ -197,6 +199,21 @@ def boot_cpu_s(cluster: HutchCluster, timeout_s: float) -> tuple[float | None, i
     return None, None
 
 
+def tree_rss_mib(node) -> int | None:
+    """RSS (MiB) of a node's process tree now: hutch's python, RabbitMQ's beam.smp and helpers."""
+    if node.proc is None or node.proc.poll() is not None:
+        return None
+    try:
+        root = psutil.Process(node.proc.pid)
+        total = root.memory_info().rss
+        for c in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += c.memory_info().rss
+        return total >> 20
+    except psutil.Error:
+        return None
+
+
 def run(recover: bool, messages: int, more: int, size: int, timeout_s: float) -> dict:
     conf_dir = Path(tempfile.mkdtemp(prefix="mr-bench-"))
     try:
@@ -219,6 +236,7 @@ def run_hutch(recover: bool, conf: Path, messages: int, more: int, size: int, ti
         third = cluster.names[2]
         wait(lambda: queue(cluster).get("messages") == messages
              and third in (queue(cluster).get("synchronised_slave_nodes") or []), 300, "filled and synchronised")
+        rss = [tree_rss_mib(n) for n in cluster.nodes]
         cluster.stop(2)
         wait(lambda: third not in (queue(cluster).get("slave_nodes") or []), 120, "mirror gone")
         log_before = len(SYNC_LINE.findall(cluster.nodes[0].log()))
@@ -242,7 +260,8 @@ def run_hutch(recover: bool, conf: Path, messages: int, more: int, size: int, ti
                 "serving_after_s": served_s, "mirror_listed_after_s": listed_s,
                 "synchronised_after_s": synced_s, "sync_lines": lines,
                 "events": events([n.log() for n in cluster.nodes], MILESTONES, started),
-                "node3_cpu_s_at_copy_read_back": boot[0], "node3_rss_mib_at_copy_read_back": boot[1]}
+                "node3_cpu_s_at_copy_read_back": boot[0], "node3_rss_mib_at_copy_read_back": boot[1],
+                "rss_mib_filled": rss}
 
 
 def rabbit_log(cluster: RabbitMQCluster, i: int) -> str:
@@ -268,6 +287,7 @@ def run_rabbitmq(messages: int, more: int, size: int, timeout_s: float) -> dict:
         body = b"x" * size
         publish(cluster.nodes[0].amqp_port, messages, body)
         wait(lambda: filled(rabbit_queue(cluster), messages, cluster.names[1:]), 300, "filled and synchronised", 0.5)
+        rss = [tree_rss_mib(n) for n in cluster.nodes]
         cluster.stop(2)
         wait(lambda: third not in rabbit_queue(cluster).get("slave_nodes", [third]), 120, "mirror gone", 0.5)
         log_before = len(SYNC_LINE.findall(rabbit_log(cluster, 0)))
@@ -285,7 +305,8 @@ def run_rabbitmq(messages: int, more: int, size: int, timeout_s: float) -> dict:
                 "synchronised_after_s": synced_s, "sync_lines": lines or NA,
                 "events": events([rabbit_log(cluster, i) for i in range(3)],
                                  [(i, text.format(third=third), name) for i, text, name in RABBIT_MILESTONES], started),
-                "node3_cpu_s_at_copy_read_back": NA, "node3_rss_mib_at_copy_read_back": NA}
+                "node3_cpu_s_at_copy_read_back": NA, "node3_rss_mib_at_copy_read_back": NA,
+                "rss_mib_filled": rss}
 
 
 def main() -> None:

@@ -145,8 +145,8 @@ class MirrorHost:
         was down (the promotion was proposed before it went, and committed after). The copy is
         the queue: its messages come back, each redelivered, as a promotion's would."""
         journal = self.broker.journal
-        if (journal is None or (rec.vhost, rec.name) not in journal.mirror_copies or len(q.state)
-                or q.mirror is not None):
+        if (journal is None or (rec.vhost, rec.name) not in journal.mirror_copies or q.message_count
+                or q.unacked_count or q.mirror is not None):  # (message_count: a lazy queue's are all paged)
             return
         m = Mirror(self, rec.vhost, rec.name, self.node, rec.durable, rec.journal_id if rec.durable else 0)
         m._claim()  # takes the copy (one of another declaration of the queue, or not kept, is dropped)
