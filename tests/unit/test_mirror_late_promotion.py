@@ -136,3 +136,56 @@ def test_a_node_whose_mirror_was_promoted_while_it_was_down_leads_with_the_copy_
     assert [(e.message.body, e.redelivered) for e in q.state.ready()] == [(b"m1", True), (b"m2", True),
                                                                            (b"m3", True)]
     assert again.broker.journal.mirror_copies == {}  # the queue's own journal holds them now
+
+
+def _bodies(cl: ClusterBroker) -> list[tuple[bytes, bool]]:
+    q = cl.broker.vhosts["/"].queues["orders"]
+    q.page_in_all()
+    return [(e.message.body, e.redelivered) for e in q.state.ready()]
+
+
+def test_a_promotion_cut_short_by_the_node_stopping_is_completed_at_its_next_boot(tmp_path):
+    """Found by hutch sim cluster (mirrored-nodes 221, window 4): the node's fsyncs failed while
+    it wrote the promoted copy into the queue's journal, and it stopped. Its journal kept the
+    copy whole and the queue's records of all but the last message; the node came back leading
+    the queue with those, and the last confirmed message was lost."""
+    cl = _node(tmp_path, leader=A)
+    m = cl.mirroring.mirrors[("/", "orders")]
+    m._got_leader([200, A_MEMBER, [(1, 1)]])
+    m.replica.apply([*(_enqueued(s) for s in range(1, 6)),
+                     View((MirrorView(m.member.id, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
+    m.persist()
+    # what MirrorHost._restore_copy writes, cut short: MA, then three of the five E records; the
+    # records that drop the copy never reach the disk
+    j = cl.broker.journal
+    m.adopt(7)
+    for s in range(1, 4):
+        j.enqueue(7, "", "orders", b"", b"m%d" % s)
+    cl.broker.close_storage()
+
+    again = _node(tmp_path, leader=B)
+    assert ("/", "orders") in again.mirroring.leaders
+    assert _bodies(again) == [(b"m%d" % s, True) for s in range(1, 6)], "the whole copy, once each"
+    assert again.broker.journal.mirror_copies == {}
+    again.broker.close_storage()
+
+    third = _node(tmp_path, leader=B)  # what the second boot wrote is the queue now; the copy is gone
+    assert _bodies(third) == [(b"m%d" % s, True) for s in range(1, 6)]
+    assert third.broker.journal.mirror_copies == {}
+
+
+def test_a_queue_holding_messages_from_before_a_copys_adoption_is_not_replaced(tmp_path):
+    cl = _node(tmp_path, leader=A)
+    m = cl.mirroring.mirrors[("/", "orders")]
+    m._got_leader([200, A_MEMBER, [(1, 1)]])
+    m.replica.apply([_enqueued(1), _enqueued(2),
+                     View((MirrorView(m.member.id, B, True, 1),), False, WHEN_SYNCED, WHEN_SYNCED, A_MEMBER)])
+    m.persist()
+    j = cl.broker.journal
+    j.enqueue(7, "", "orders", b"", b"older")  # written before the MA: not a part of the copy
+    m.adopt(7)
+    j.enqueue(7, "", "orders", b"", b"m1")
+    cl.broker.close_storage()
+
+    again = _node(tmp_path, leader=B)
+    assert _bodies(again) == [(b"older", False), (b"m1", False)]  # (a clean stop: nothing was delivered)

@@ -53,10 +53,17 @@ by a copy id (random, one per copy) rather than by a queue's journal id:
     ME enqueue   [copy id, exchange, routing key, properties, body, leader seq, priority,
                   expiration ms, expires at ms]
     MP removed   [copy id, [record seqs]]   messages (or the header) that left the copy
+    MA adopted   [copy id, queue's journal id]   a promotion begins to write the copy into
+                                                 that queue's E records
 
 MP records guard the ME records they name as A/P guard E records. Recovery collects every copy
 whose header survives (`mirror_copies`, by vhost and queue); the mirror claims its own with
-`take_mirror_copy`, and copies nobody claims are dropped with `drop_mirror_copy`.
+`take_mirror_copy`, and copies nobody claims are dropped with `drop_mirror_copy`. A promotion
+writes MA, then the copy's messages as E records of the queue, then the MP record that drops
+the copy, header first: a copy that survives a crash beside its MA record was not wholly
+written into the queue, and the queue's E records after the MA are a part of it (the log keeps
+a prefix of what was written), which the node's boot replaces with the whole copy.
+
 
 Disk-first queues (hutch.queues.paging) keep only the E record's seq of a paged persistent
 message and read the message back with `read_enqueue` (the segment log checks its CRC); at
@@ -125,6 +132,7 @@ class MirrorCopy:
     queue_journal_id: int
     epoch: int
     items: dict[int, int]
+    adopted_seq: int = 0  # its newest MA record: a promotion began to write it into its queue
 
 
 class _MirrorEnqueueRef(msgspec.Struct, array_like=True, gc=False):
@@ -342,6 +350,10 @@ class Journal:
             return None
         return item[2], item[3], item[4], item[5], item[7], item[8], item[9]
 
+    def mirror_adopted(self, copy_id: int, queue_journal_id: int) -> int:
+        """A promotion begins to write this copy into the queue's E records (MA)."""
+        return self.log.append(_enc.encode(("MA", copy_id, queue_journal_id)), copy_id)
+
     def mirror_removed(self, copy_id: int, record_seqs: list[int]) -> None:
         """These ME records (or a header) left the copy: one MP record guards them all."""
         for i in range(0, len(record_seqs), MIRROR_REMOVED_PER_RECORD):
@@ -355,16 +367,19 @@ class Journal:
         return self.mirror_copies.pop((vhost, name), None)
 
     def shelve_mirror_copy(self, copy_id: int, header_seq: int, vhost: str, name: str, queue_journal_id: int,
-                           epoch: int, items: dict[int, int]) -> None:
+                           epoch: int, items: dict[int, int], adopted_seq: int = 0) -> None:
         """A running mirror's copy goes back among the recovered ones (its node stopped mirroring
         the queue; a mirror made again may take it). It replaces an older one of the queue."""
         old = self.mirror_copies.pop((vhost, name), None)
         if old is not None:
             self.drop_mirror_copy(old)
-        self.mirror_copies[(vhost, name)] = MirrorCopy(copy_id, header_seq, vhost, name, queue_journal_id, epoch, items)
+        self.mirror_copies[(vhost, name)] = MirrorCopy(copy_id, header_seq, vhost, name, queue_journal_id, epoch, items,
+                                                       adopted_seq)
 
     def drop_mirror_copy(self, copy: MirrorCopy) -> None:
-        self.mirror_removed(copy.copy_id, [*copy.items, copy.header_seq])
+        """Header first: a copy is gone as soon as its header is (see MA above)."""
+        self.mirror_removed(copy.copy_id, [copy.header_seq, *([copy.adopted_seq] if copy.adopted_seq else []),
+                                           *copy.items])
         copy.items = {}
 
     def _guard(self, g: int, deps: list[int]) -> None:
@@ -578,6 +593,13 @@ class Journal:
                 if c.header_seq:  # a newer header replaces the older (which the mirror released)
                     dead.append(c.header_seq)
                 c.header_seq, c.vhost, c.name, c.queue_journal_id, c.epoch = rec.seq, item[2], item[3], item[4], item[5]
+            elif kind == "MA":
+                c = copies.get(qid)
+                if c is None:
+                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, {})
+                if c.adopted_seq:
+                    dead.append(c.adopted_seq)
+                c.adopted_seq = rec.seq
             elif kind == "MP":
                 c = copies.get(qid)
                 for s in item[2]:
@@ -587,11 +609,16 @@ class Journal:
                         elif s == c.header_seq:
                             c.header_seq = 0
                             dead.append(s)
+                        elif s == c.adopted_seq:
+                            c.adopted_seq = 0
+                            dead.append(s)
                 settles.append((rec.seq, qid, list(item[2])))
         self.mirror_copies = {}
         for c in copies.values():
             if not c.header_seq:  # its header was removed: the copy was dropped
                 dead.extend(c.items)
+                if c.adopted_seq:
+                    dead.append(c.adopted_seq)
                 continue
             old = self.mirror_copies.get((c.vhost, c.name))
             if old is not None:  # two copies of one queue: the later one counts
@@ -599,6 +626,8 @@ class Journal:
                     old, c = c, old
                 dead.extend(old.items)
                 dead.append(old.header_seq)
+                if old.adopted_seq:
+                    dead.append(old.adopted_seq)
             self.mirror_copies[(c.vhost, c.name)] = c
         dead.extend(self._mark_delivered_below(pending, delivered_below, d_seqs, mark_below))
         for s in dead:

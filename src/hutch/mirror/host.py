@@ -56,6 +56,7 @@ from hutch.mirror.names import node_of
 from hutch.mirror.placement import MirrorParams
 from hutch.mirror.replica import NewLeaderHead
 from hutch.queues.message import Message
+from hutch.queues.paging import SCRATCH
 from hutch.queues.state import Entry
 
 if TYPE_CHECKING:
@@ -140,20 +141,42 @@ class MirrorHost:
             self.ensure_leader(q, rec.member_nodes, recovered)
 
     def _take_own_copy(self, rec: cat.QueueRecord, q: ClassicQueue) -> None:
-        """At boot, a queue this node leads and that its journal holds nothing of, while the copy
-        of a mirror this node had of it survives: the mirror here was promoted while the node
-        was down (the promotion was proposed before it went, and committed after). The copy is
-        the queue: its messages come back, each redelivered, as a promotion's would."""
+        """At boot, a queue this node leads while the copy of a mirror this node had of it
+        survives. Either the queue's journal holds nothing of it: the mirror here was promoted
+        while the node was down (the promotion was proposed before it went, and committed
+        after). Or it holds what a promotion here had written of the copy when the node stopped
+        (the copy's MA record says so). Either way the copy is the queue: its messages come back,
+        each redelivered, as a promotion's would."""
         journal = self.broker.journal
-        if (journal is None or (rec.vhost, rec.name) not in journal.mirror_copies or q.message_count
-                or q.unacked_count or q.mirror is not None):  # (message_count: a lazy queue's are all paged)
+        copy = journal.mirror_copies.get((rec.vhost, rec.name)) if journal is not None else None
+        if copy is None or q.mirror is not None or q.unacked_count:
             return
+        partial = 0
+        if q.message_count:  # (message_count: a lazy queue's are all paged)
+            if not (copy.adopted_seq and copy.queue_journal_id == rec.journal_id and rec.durable):
+                return
+            # a promotion here wrote part of this copy into the queue and stopped before it dropped
+            # the copy: the queue's records after its MA record are that part (journal.py, MA)
+            q.page_in_all()
+            st = q.state
+            ready = list(st.ready())
+            if any(e.log_seq and e.log_seq < copy.adopted_seq for e in ready):
+                return  # the queue holds messages from before: not a promotion's remains
+            st.purge()
+            journal.purged(q.journal_id, [e.log_seq for e in ready if e.log_seq])
+            partial = len(ready)
         m = Mirror(self, rec.vhost, rec.name, self.node, rec.durable, rec.journal_id if rec.durable else 0)
         m._claim()  # takes the copy (one of another declaration of the queue, or not kept, is dropped)
         if not m.replica.entries:
             return
-        log.info("Mirrored queue '%s' in vhost '%s': this node was made its leader while it was down; it "
-                 "leads with the %d messages of its mirror's copy", rec.name, rec.vhost, len(m.replica.entries))
+        if partial:
+            log.warning("Mirrored queue '%s' in vhost '%s': this node's promotion of its mirror stopped before it "
+                        "had written the copy into the queue; it leads with the %d messages of the copy (the %d "
+                        "written before it stopped are a part of them)", rec.name, rec.vhost,
+                        len(m.replica.entries), partial)
+        else:
+            log.info("Mirrored queue '%s' in vhost '%s': this node was made its leader while it was down; it "
+                     "leads with the %d messages of its mirror's copy", rec.name, rec.vhost, len(m.replica.entries))
         self._restore_copy(m, q, failed=True)
         self.broker.dirty_queues.add(q)
 
@@ -270,6 +293,7 @@ class MirrorHost:
         st = q.state
         routes: dict[tuple[str, str], bytes] = {}
         journal = b.journal
+        m.adopt(q.journal_id)
         for e in m.replica.in_order():
             if e.body is None:  # recovered from disk by reference: read it back from its ME record
                 got = journal.read_mirror_enqueue(e.log_seq) if journal is not None else None
@@ -290,6 +314,8 @@ class MirrorHost:
             if b.pages(q, msg):  # past the window, as a publish would be
                 loc = b.store_paged(q, msg)
                 if loc is not None:
+                    if count and loc < SCRATCH:  # and a restart keeps it redelivered (a V record)
+                        journal.delivered(q.journal_id, loc)
                     q.restore_paged(e.seq, loc, len(e.body), e.expires_at_ms, count, e.priority)
                     e.body = None  # the copy is dropped below; meanwhile it holds no more bodies than the queue
                     continue
@@ -298,6 +324,8 @@ class MirrorHost:
             entry.delivery_count = count
             if e.persistent and q.journal_id and b.journal is not None:
                 entry.log_seq = b.journal.enqueue(q.journal_id, e.exchange, e.routing_key, e.props, e.body)
+                if count:
+                    b.journal.delivered(q.journal_id, entry.log_seq)
             st.restore(entry)
         st.next_seq = max(st.next_seq, m.replica.max_seq + 1)
         m.forget_copy()  # the queue's own journal has the messages now

@@ -51,6 +51,7 @@ class Mirror:
         self.queue_journal_id = queue_journal_id
         self.copy_id = 0  # the copy's id in the journal (0: nothing on disk)
         self.header_seq = 0
+        self.adopted_seq = 0  # its MA record: a promotion began to write it into the queue's journal
         self.epoch = 0  # the leader epoch the copy on disk belongs to
         self.claimed = False  # looked for a copy recovered from disk
         self.joining_as = ""
@@ -138,6 +139,7 @@ class Mirror:
         for log_seq, seq in copy.items.items():  # by reference: bodies stay on disk until a promotion
             r.restore(on_disk(seq, log_seq))
         self.copy_id, self.header_seq, self.epoch = copy.copy_id, copy.header_seq, copy.epoch
+        self.adopted_seq = copy.adopted_seq
         log.info("Mirrored queue '%s' in vhost '%s': recovered %d messages of the mirror's copy from disk",
                  self.name, self.vhost, len(r.entries))
         return True
@@ -164,14 +166,26 @@ class Mirror:
         journal = self.host.broker.journal
         if self.copy_id and journal is not None:
             r = self.replica
-            seqs = [e.log_seq for e in r.entries.values() if e.log_seq] + r.to_release + [self.header_seq]
+            # the header first: once its removal is on disk the copy is gone (journal.py, MA)
+            seqs = [self.header_seq, *([self.adopted_seq] if self.adopted_seq else []),
+                    *(e.log_seq for e in r.entries.values() if e.log_seq), *r.to_release]
             journal.mirror_removed(self.copy_id, seqs)
             for e in r.entries.values():
                 e.log_seq = 0
         self.replica.to_release = []
         self.replica.to_write = []
         self.replica.durable = False
-        self.copy_id = self.header_seq = 0
+        self.copy_id = self.header_seq = self.adopted_seq = 0
+
+    def adopt(self, queue_journal_id: int) -> None:
+        """A promotion is about to write this copy into the queue's journal (MA record first), so
+        that a crash before it drops the copy leaves a copy the node's boot knows to take whole."""
+        journal = self.host.broker.journal
+        if not self.copy_id or journal is None or not queue_journal_id:
+            return
+        if self.adopted_seq:
+            self.replica.to_release.append(self.adopted_seq)
+        self.adopted_seq = journal.mirror_adopted(self.copy_id, queue_journal_id)
 
     def shelve_copy(self) -> None:
         """This node stops mirroring the queue: hand the copy back to the journal as one recovered,
@@ -182,8 +196,8 @@ class Mirror:
         self.persist()
         items = {e.log_seq: e.seq for e in sorted(self.replica.entries.values(), key=lambda e: e.log_seq) if e.log_seq}
         journal.shelve_mirror_copy(self.copy_id, self.header_seq, self.vhost, self.name, self.queue_journal_id,
-                                   self.epoch, items)
-        self.copy_id = self.header_seq = 0
+                                   self.epoch, items, self.adopted_seq)
+        self.copy_id = self.header_seq = self.adopted_seq = 0
 
     def persist(self) -> None:
         """Write what joined the copy and what left it since the last call (one batch a broadcast;
