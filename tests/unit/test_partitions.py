@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hutch.server.partitions import partitioned_from, should_pause
+from hutch.server.partitions import partitioned_from, pause_reason, should_pause
 
 ABC = ["a", "b", "c"]
 
@@ -47,3 +47,17 @@ def test_partitions_leave_out_reachable_and_stopping_members():
     assert partitioned_from("a", ABC, {"a", "b"}, set()) == ["c"]
     assert partitioned_from("a", ABC, {"a"}, {"c"}) == ["b"]
     assert partitioned_from("a", ABC, {"a", "b", "c"}, set()) == []
+
+
+def test_pause_minority_pauses_a_majority_side_after_a_partial_partition():
+    """a lost b while c still reaches b: a sees a majority (a, c) and pauses all the same, as
+    RabbitMQ does, until the entire cluster is back (the runtime then stops passing `partial`)."""
+    assert should_pause("pause_minority", "a", ABC, {"a", "c"}) is False
+    assert should_pause("pause_minority", "a", ABC, {"a", "c"}, partial=True) is True
+    assert pause_reason("pause_minority", "a", ABC, {"a", "c"}, partial=True) == \
+        "a partial partition, 2 of 3 nodes reachable"
+
+
+@pytest.mark.parametrize("mode", ["ignore", "autoheal", "pause_if_all_down"])
+def test_a_partial_partition_pauses_only_under_pause_minority(mode):
+    assert should_pause(mode, "a", ABC, {"a", "c"}, ["a"], partial=True) is False

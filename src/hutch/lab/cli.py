@@ -55,7 +55,7 @@ def cli() -> None:
     """Local clusters and fault injection.
 
     `hutch lab up 3` starts hutch-1..hutch-3@localhost on AMQP ports 5672.., HTTP 15672.. and
-    peer 25672.., every peer link passing through a fault proxy; then partition, heal, delay,
+    peer 25672.., every peer link passing through a fault proxy; then partition, cut, heal, delay,
     kill, stop, start, suspend and resume break it, and faults.jsonl records what was done when.
     """
 
@@ -208,6 +208,20 @@ def partition(nodes, lab_dir, mode):
     """Isolate NODES from the others: every link between a named and an unnamed node is cut, both ways."""
     rec = Lab(lab_dir).partition(*nodes, mode=mode)
     click.echo(_fault_line(rec) + f" | {' '.join(rec['rest'])}: {len(rec['links'])} directed links cut ({mode})")
+
+
+@cli.command(short_help="Cut only the link between A and B: a partial partition.")
+@click.argument("a")
+@click.argument("b")
+@dir_option
+@click.option("--mode", type=click.Choice(PARTITION_MODES), default=PARTITION_MODE_DEFAULT, show_default=True,
+              help="blackhole: nothing passes, peers find out by net_ticktime; reset: links are reset at once.")
+@lab_errors
+def cut(a, b, lab_dir, mode):
+    """Cut the link between nodes A and B, both ways, and no other: each still reaches the rest
+    (a partial partition, which pause_minority detects)."""
+    rec = Lab(lab_dir).cut(a, b, mode=mode)
+    click.echo(_fault_line(rec) + f": {len(rec['links'])} directed links cut ({mode})")
 
 
 @cli.command()

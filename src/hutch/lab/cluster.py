@@ -18,7 +18,7 @@ proxy ports and every node's pid and command line, in ``DIR/lab.json`` (mode 060
 an exclusive lock on ``DIR/lab.lock`` while it runs: one lab per directory.
 
 Faults are carried out only by the controller, which appends one JSON line per fault to
-``DIR/faults.jsonl`` — kill, stop, start, suspend, resume, partition, heal, delay — with the
+``DIR/faults.jsonl`` — kill, stop, start, suspend, resume, partition, cut, heal, delay — with the
 wall-clock time (``time_ms``, and ``ts_ns`` as histories have it) and the fault windows it
 opens or closes, written as `hutch.pipeline.history` writes a ``fault`` row's detail
 (``start NAME ...`` / ``end NAME ...``). `fault_history_rows` turns the file into history rows.
@@ -421,6 +421,7 @@ class Controller:
                 app.add_routes([web.get("/status", self._h_status),
                                 web.post("/nodes/{node}/{action}", self._h_node),
                                 web.post("/partition", self._h_partition),
+                                web.post("/cut", self._h_cut),
                                 web.post("/heal", self._h_heal),
                                 web.post("/delay", self._h_delay),
                                 web.post("/shutdown", self._h_shutdown)])
@@ -614,6 +615,19 @@ class Controller:
         return self._record("partition", side, [self._open("partition", text)], rest=rest, mode=mode,
                             links=[list(link) for link in cut])
 
+    def cut(self, a: str, b: str, mode: str) -> dict:
+        """Cut the link between two nodes, both ways, and no other: a partial partition (each of
+        the two still reaches the rest)."""
+        if mode not in PARTITION_MODES:
+            raise LabError(f"partition mode must be one of {', '.join(PARTITION_MODES)}")
+        if a == b:
+            raise LabError("a link joins two different nodes")
+        links = [link for link in ((a, b), (b, a)) if link in self.proxies]
+        for link in links:
+            self.proxies[link].partition(mode)
+        return self._record("cut", [a, b], [self._open("partition", f"{a} -/- {b} ({mode})")], mode=mode,
+                            links=[list(link) for link in links])
+
     def heal(self) -> dict:
         delayed = [list(k) for k, p in self.proxies.items() if p.delay_ms]
         cut = [list(k) for k, p in self.proxies.items() if p.mode is not None]
@@ -687,6 +701,10 @@ class Controller:
     async def _h_partition(self, request) -> dict:
         body = await request.json()
         return self.partition([self._node_name(r) for r in body["nodes"]], body.get("mode", PARTITION_MODE_DEFAULT))
+
+    async def _h_cut(self, request) -> dict:
+        body = await request.json()
+        return self.cut(self._node_name(body["a"]), self._node_name(body["b"]), body.get("mode", PARTITION_MODE_DEFAULT))
 
     async def _h_heal(self, request) -> dict:
         return self.heal()
@@ -995,6 +1013,11 @@ class Lab:
         """Cut every link between the named nodes and the others, both ways (links among the named
         nodes, and among the others, stay). Partitions add up until `heal`."""
         return self._call("POST", "/partition", {"nodes": [self.node(r).name for r in refs], "mode": mode})
+
+    def cut(self, a: str | int, b: str | int, mode: str = PARTITION_MODE_DEFAULT) -> dict:
+        """Cut only the link between nodes a and b, both ways: a partial partition (each still
+        reaches the others). Adds up with other cuts and partitions until `heal`."""
+        return self._call("POST", "/cut", {"a": self.node(a).name, "b": self.node(b).name, "mode": mode})
 
     def heal(self) -> dict:
         """Restore every link: no partition, no delay."""

@@ -62,6 +62,7 @@ log = logging.getLogger("hutch.cluster")
 
 CATALOGUE_GROUP = 0
 TICK_S = 0.1
+PP_ASKED_MAX = 1024  # partial-partition pings awaiting their answer (a handful: members x members)
 ELECTION_TIMEOUT_TICKS = 10  # a follower that hears no leader for a second stands for election
 HEARTBEAT_INTERVAL_TICKS = 1
 BOOT_POLL_S = 0.005  # while booting: how often the catalogue's progress is checked
@@ -83,7 +84,8 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 # a cluster call ("rpc"): its kind, then arguments of these types
 _RPC_ARGS = {"propose": tuple[bytes], "join": tuple[str, str], "forget": tuple[str], "leaving": tuple[()],
-             "members": tuple[dict[str, str]]}
+             "members": tuple[dict[str, str]], "pp_check": tuple[str], "pp_ping": tuple[str], "pp_pong": tuple[str],
+             "pp_seen": tuple[str]}
 
 
 class MalformedProposal(ValueError):
@@ -134,10 +136,12 @@ def load_secret(path: str | None) -> bytes:
 
 
 class ClusterRuntime:
-    def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str]], None],
+    def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str], bool], None],
                  fatal: Callable[[str], None] = lambda reason: None, network: Any = asyncio):
-        """`on_partition(reachable members, members)` runs whenever a peer comes up or goes down
-        (the node's pause_minority / pause_if_all_down handling); `fatal(reason)` when this node's
+        """`on_partition(reachable members, members, partial)` runs whenever a peer comes up or
+        goes down, or a partial partition is detected (the node's pause_minority /
+        pause_if_all_down handling; `partial`: detected, and not every member is reachable yet);
+        `fatal(reason)` when this node's
         Raft state cannot be trusted any more (a failed fsync, an entry that failed to apply)."""
         cfg = config
         self.cfg = cfg
@@ -170,6 +174,10 @@ class ClusterRuntime:
         self.stopped = False
         self.isolated = False  # its storage failed: it cut its links and stops (`isolate`)
         self.stopping_peers: set[str] = set()  # peers that announced a controlled stop
+        # pause_minority: a partial partition seen (the member this node lost, the member that
+        # still reaches it), until every member is reachable again (`_partition_check`)
+        self.partial_partition: tuple[str, str] | None = None
+        self._pp_asked: set[tuple[str, str]] = set()  # (node pinged, node that asked about it)
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
         self._tasks = TaskSet("cluster", log)  # the join loop
 
@@ -579,6 +587,21 @@ class ClusterRuntime:
             for n, addr in payload[1].items():
                 if n != self.name:
                     self._learn(n, addr)
+        elif kind == "pp_check":  # `peer` lost node X: do we still reach it? X must answer a ping
+            x = payload[1]
+            if x not in (peer, self.name) and self.transport.is_up(x) and x not in self.stopping_peers \
+                    and len(self._pp_asked) < PP_ASKED_MAX:
+                self._pp_asked.add((x, peer))
+                self.transport.send(x, "rpc", ["pp_ping", peer])
+        elif kind == "pp_ping":
+            self.transport.send(peer, "rpc", ["pp_pong", payload[1]])
+        elif kind == "pp_pong":  # `peer` is alive: tell the node that lost it
+            asker = payload[1]
+            if (peer, asker) in self._pp_asked:
+                self._pp_asked.discard((peer, asker))
+                self.transport.send(asker, "rpc", ["pp_seen", peer])
+        elif kind == "pp_seen":
+            self._partial_partition(payload[1], peer)
 
     def _on_peer_up(self, peer: str) -> None:
         was_partitioned = peer in self.down_since and peer not in self.stopping_peers
@@ -626,14 +649,38 @@ class ClusterRuntime:
     def _partition_check(self) -> None:
         members = self.members()
         up = {m for m in members if m == self.name or self.transport.is_up(m)}
-        self.on_partition(up, members)
+        if self.partial_partition is not None and not partitioned_from(self.name, members, up, self.stopping_peers):
+            log.warning("Partial partition over: every node is reachable again")
+            self.partial_partition = None
+        self.on_partition(up, members, self.partial_partition is not None)
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
+        self._pp_asked = {a for a in self._pp_asked if peer not in a}
         self.down_since[peer] = self.now_s()
         self.raft.peer_down(node_id(peer), {node_id(m) for m in self._running()})
         self.cluster.peer_down(peer)
         self._partition_check()
         self.announce_info()
+        if self.cfg.cluster_partition_handling == "pause_minority" and peer not in self.stopping_peers:
+            # a partial partition? ask the members still reached whether they reach `peer`
+            # (RabbitMQ's check_partial_partition): each pings it and answers only once it has
+            # answered, so a node that died is not taken for one cut off
+            for other in self.transport.up_peers:
+                if other != peer:
+                    self.transport.send(other, "rpc", ["pp_check", peer])
+
+    def _partial_partition(self, lost: str, seer: str) -> None:
+        """`seer` still reaches `lost`, which this node lost: pause_minority pauses until the
+        entire cluster recovers, as RabbitMQ does; otherwise each side of a partial partition may
+        see a majority and act on it (a mirrored queue with a leader on each)."""
+        if (self.cfg.cluster_partition_handling != "pause_minority" or self.partial_partition is not None
+                or self.transport.is_up(lost) or not self.transport.is_up(seer) or lost not in self.members()):
+            return
+        log.warning("Partial partition detected:\n * We saw DOWN from %s\n * We can still see %s which can see %s\n"
+                    " * pause_minority mode enabled\nWe will therefore pause until the *entire* cluster recovers",
+                    lost, seer, lost)
+        self.partial_partition = (lost, seer)
+        self._partition_check()
 
     # ------------------------------------------------------------ timers
 

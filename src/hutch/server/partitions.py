@@ -6,7 +6,9 @@ RabbitMQ 3.13 (its partitions guide and rabbit_node_monitor; seed 003 is the 4.3
 retired these modes):
 
 - pause_minority: pause while this node reaches no more than half of the members, itself
-  included;
+  included, and, after a partial partition (a member this node lost is still reached by a
+  member it reaches: each side may see a majority, and a mirrored queue could have a leader on
+  each), until every member is reachable again, as RabbitMQ's rabbit_node_monitor does;
 - pause_if_all_down: pause while this node reaches none of the listed nodes (a listed node
   that is not a member does not count; when no listed node is a member, never pause; a listed
   node that is this node is always reached, so it never pauses);
@@ -26,11 +28,12 @@ PAUSING_MODES = ("pause_minority", "pause_if_all_down")
 
 
 def should_pause(mode: str, me: str, members: Collection[str], up: Collection[str],
-                 watched: Iterable[str] = ()) -> bool:
-    """Whether a node in `mode` pauses, given the members and which of them it reaches (`up`)."""
+                 watched: Iterable[str] = (), partial: bool = False) -> bool:
+    """Whether a node in `mode` pauses, given the members and which of them it reaches (`up`);
+    `partial`: a partial partition was detected and not every member is reachable yet."""
     reachable = {m for m in members if m == me or m in up}
     if mode == "pause_minority":
-        return len(members) > 1 and len(reachable) * 2 <= len(members)
+        return len(members) > 1 and (partial or len(reachable) * 2 <= len(members))
     if mode == "pause_if_all_down":
         listed = [n for n in watched if n in members]
         return bool(listed) and not any(n in reachable for n in listed)
@@ -38,12 +41,14 @@ def should_pause(mode: str, me: str, members: Collection[str], up: Collection[st
 
 
 def pause_reason(mode: str, me: str, members: Collection[str], up: Collection[str],
-                 watched: Iterable[str] = ()) -> str:
+                 watched: Iterable[str] = (), partial: bool = False) -> str:
     """The log line's explanation of a pause (or of its end)."""
     reachable = sorted(m for m in members if m == me or m in up)
     if mode == "pause_if_all_down":
         listed = [n for n in watched if n in members]
         return f"none of the listed nodes {', '.join(listed)} is reachable"
+    if partial:
+        return f"a partial partition, {len(reachable)} of {len(members)} nodes reachable"
     return f"{len(reachable)} of {len(members)} nodes reachable"
 
 

@@ -369,14 +369,15 @@ class Node:
                 await asyncio.wait_for(server.wait_closed(), LISTENER_CLOSE_WAIT_S)
         self.servers = []
 
-    def partition_changed(self, up: set[str], members: list[str]) -> None:
+    def partition_changed(self, up: set[str], members: list[str], partial: bool = False) -> None:
         """pause_minority / pause_if_all_down (hutch.server.partitions): a node that should pause
         closes its clients and AMQP listeners, and opens them again once it should not; the HTTP
-        API stays up throughout, so cluster_status can say why."""
+        API stays up throughout, so cluster_status can say why. `partial`: pause_minority after a
+        partial partition, until every member is reachable again."""
         cfg = self.config
         if cfg.cluster_partition_handling not in PAUSING_MODES or not self._app_running:
             return
-        args = (cfg.cluster_partition_handling, cfg.node_name, members, up, cfg.pause_if_all_down_nodes)
+        args = (cfg.cluster_partition_handling, cfg.node_name, members, up, cfg.pause_if_all_down_nodes, partial)
         pause = should_pause(*args)
         if pause and not self.paused:
             self.paused = True
