@@ -245,10 +245,16 @@ def measure_catchup(b: Broker, n: int) -> dict:
         raise RuntimeError(f"catch-up fill: {fill['confirmed']} of {n} confirmed")
     read = perf(base + ["--predeclared", "--producers", "0", "--consumers", "1", "--offset", "first",
                         "--cmessages", str(n)])
-    _delete(b, name)
-    return {"messages": n, "fill_s": fill["duration_s"], "read_s": read["duration_s"],
-            "read_rate": n / read["duration_s"] if read["received"] >= n else None,
-            "received": read["received"]}
+    out = {"messages": n, "fill_s": fill["duration_s"], "read_s": read["duration_s"],
+           "read_rate": n / read["duration_s"] if read["received"] >= n else None,
+           "received": read["received"]}
+    started = time.monotonic()
+    try:
+        _delete(b, name)
+    except (OSError, TimeoutError, StreamError) as e:  # measured already: say so, keep the figures
+        out["delete_error"] = f"{type(e).__name__}: {e}"
+    out["delete_s"] = round(time.monotonic() - started, 2)
+    return out
 
 
 def _delete(b: Broker, name: str) -> None:

@@ -26,6 +26,7 @@ It reaches peers only through `hutch.cluster.peers` and the broker only through
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from collections.abc import Callable
@@ -60,6 +61,20 @@ READ_BYTES_MAX = 8 << 20  # what one read call returns at most
 BATCH_BYTES_MAX = 1000 << 10
 S_REQUEST = "s"
 STATUS_S = 1.0  # how often a member reports a stream's extent to the nodes without a replica
+
+
+def remove_tree(d: Path) -> None:
+    """Remove a deleted replica's files without holding up the event loop: a replica of millions
+    of messages is gigabytes, and unlinking them took the node's loop (and with it heartbeats and
+    every client) for over ten seconds. A worker thread does it (`run_in_executor`, which the
+    whole-cluster simulation runs inline); what a crash leaves behind goes at the next boot
+    (`StreamHost.forget_orphans`)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop (a tool, a test): at once
+        shutil.rmtree(d, ignore_errors=True)
+        return
+    loop.run_in_executor(None, shutil.rmtree, d, True)
 
 
 class StreamPort(Protocol):
@@ -227,7 +242,7 @@ class StreamHost:
         if delete:
             d = self._dir(q)
             if d is not None and d.exists():
-                shutil.rmtree(d, ignore_errors=True)
+                remove_tree(d)
 
     def members_changed(self, q: StreamQueue, members: tuple[str, ...]) -> None:
         before = q.members
