@@ -64,7 +64,6 @@ the copy, header first: a copy that survives a crash beside its MA record was no
 written into the queue, and the queue's E records after the MA are a part of it (the log keeps
 a prefix of what was written), which the node's boot replaces with the whole copy.
 
-
 Disk-first queues (hutch.queues.paging) keep only the E record's seq of a paged persistent
 message and read the message back with `read_enqueue` (the segment log checks its CRC); at
 boot `recover_refs` returns each surviving message as its seq, size and flags, without its
