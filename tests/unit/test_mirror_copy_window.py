@@ -75,7 +75,6 @@ def test_a_promoted_mirror_reads_back_the_bodies_it_kept_on_disk(tmp_path) -> No
     assert q.local and ("/", "orders") in cl.mirroring.leaders
     # the promoted leader pages past the window too: its bodies stay on disk until read back
     assert (q.state.ready_count, q.paged_count) == (WINDOW, 7 - WINDOW)
-    assert all(e.body is None for s, e in m.replica.entries.items() if s > 2 + WINDOW), "nor does the copy hold them"
     assert q.page_in_all() == 7 - WINDOW
     got = [(e.seq, e.message.body, e.message.props, e.delivery_count) for e in q.state.ready()]
     assert got == [(s, b"m%d" % s, b"\x00\x00", 1 if s in (2, 6) else 0) for s in range(2, 9)]

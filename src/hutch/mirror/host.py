@@ -317,7 +317,6 @@ class MirrorHost:
                     if count and loc < SCRATCH:  # and a restart keeps it redelivered (a V record)
                         journal.delivered(q.journal_id, loc)
                     q.restore_paged(e.seq, loc, len(e.body), e.expires_at_ms, count, e.priority)
-                    e.body = None  # the copy is dropped below; meanwhile it holds no more bodies than the queue
                     continue
                 q.page_in_all()  # the scratch log failed: the rest stays in memory, after what was paged
             entry = Entry(e.seq, msg, e.expires_at_ms)
