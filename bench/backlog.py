@@ -1,7 +1,8 @@
 """Backlog benchmark: a queue far larger than memory, hutch against RabbitMQ 3.10, in one run.
 
 For each broker in `--brokers` (hutch and RabbitMQ, each in its default mode and with
-`x-queue-mode: lazy`), on a fresh node of its own and its default configuration:
+`x-queue-mode: lazy`; `hutch-quorum` and `rabbitmq-quorum` run the same on a quorum queue of
+one member), on a fresh node of its own and its default configuration:
 
 1. Publish `--messages` (default 20,000,000, the issue's figure) persistent 1 KiB messages to
    one durable queue with no consumer, one producer in confirm mode with 1,000 unconfirmed at
@@ -61,7 +62,9 @@ from tests.support.brokers import HutchNode, RabbitMQNode  # noqa: E402
 QUEUE = "bench-backlog"
 BODY_BYTES = 1024
 DISK_BYTES_PER_MESSAGE = 1150  # body, properties and framing of a record, on either broker
-BROKERS = {"hutch": {}, "hutch-lazy": {"x-queue-mode": "lazy"}, "rabbitmq": {}, "rabbitmq-lazy": {"x-queue-mode": "lazy"}}
+BROKERS = {"hutch": {}, "hutch-lazy": {"x-queue-mode": "lazy"}, "rabbitmq": {}, "rabbitmq-lazy": {"x-queue-mode": "lazy"},
+           "hutch-quorum": {"x-queue-type": "quorum"}, "rabbitmq-quorum": {"x-queue-type": "quorum"}}
+DEFAULT_BROKERS = ("hutch", "hutch-lazy", "rabbitmq", "rabbitmq-lazy")
 
 
 class RssPeak:
@@ -319,7 +322,7 @@ def table(results: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=20_000_000)
-    ap.add_argument("--brokers", default=",".join(BROKERS), help="any of " + ", ".join(BROKERS))
+    ap.add_argument("--brokers", default=",".join(DEFAULT_BROKERS), help="any of " + ", ".join(BROKERS))
     ap.add_argument("--data-dir", type=Path, default=None, help="where the nodes' data goes (default: a temp dir)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for a node to serve again")
     ap.add_argument("--json-out", type=Path)

@@ -106,9 +106,10 @@ def test_a_version_1_snapshot_still_loads_with_its_messages_normal():
     for i in range(3):
         s.apply(enq(f"m{i}", priority=9 if i == 1 else 0))
     fields = msgspec.msgpack.decode(s.snapshot())
-    assert fields[0] == 2
+    assert fields[0] == 3
     normal_fifo, high_fifo = fields[4], fields[-2]
-    v1 = [1, *fields[1:4], sorted(normal_fifo + high_fifo), *fields[5:SNAPSHOT_V1_FIELDS]]
+    v1_entries = sorted(e[:10] for e in normal_fifo + high_fifo)  # version 3 added each entry's index and size
+    v1 = [1, *fields[1:4], v1_entries, *fields[5:SNAPSHOT_V1_FIELDS]]
     old = QuorumQueueState.restore(_encoder.encode(v1))
     assert drain(old) == ["m0", "m1", "m2"]  # one level, in publish order
 

@@ -10,7 +10,8 @@ The answer describes the copy *on the node asked* (a monitoring tool asks every 
 - **quorum queue**: the Raft index the state machine has applied, counters (ready, checked out,
   next sequence number, consumers, publishers, dead letters owed), a hash of the ready
   messages' sequence numbers in delivery order and one of the checked-out ones, and a hash of
-  the whole state (`QuorumQueueState.snapshot()`, canonical: equal states give equal bytes);
+  the whole state (`QuorumQueueState.snapshot(SNAP_DIGEST)`, canonical: equal states give equal
+  bytes, wherever each member keeps its messages' contents);
 - **mirrored classic queue**: the highest sequence number the copy has seen (the leader's
   last one given out) and a hash of the sequence numbers the copy holds, in order;
 - **stream**: the committed offset, the first offset, and a hash of the chunks wholly in
@@ -37,6 +38,7 @@ from aiohttp import web
 from hutch.control.errors import bad_request, not_found
 from hutch.control.http import api_of, requires
 from hutch.control.listing import int_param
+from hutch.quorum.fifo import SNAP_DIGEST
 
 routes = web.RouteTableDef()
 STREAM_READ_BYTES = 4 << 20  # one read of a stream's log while hashing it
@@ -60,7 +62,7 @@ def quorum_digest(machine: Any, applied: int) -> dict:
                          "next_msg_id": machine.next_msg_id, "consumers": len(machine.consumers),
                          "publishers": len(machine.publishers), "dlx_pending": len(machine.dlx_pending)},
             "ready_hash": hash_ints(ready), "unacked_hash": hash_ints(held),
-            "state_hash": hashlib.sha256(machine.snapshot()).hexdigest()[:32]}
+            "state_hash": hashlib.sha256(machine.snapshot(SNAP_DIGEST)).hexdigest()[:32]}
 
 
 def mirror_digest(seqs: Iterable[int], last_seq: int, role: str) -> dict:

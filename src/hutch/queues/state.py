@@ -183,7 +183,7 @@ class QueueState:
         Raises Refused when the queue is full and overflows by rejecting publishes."""
         dropped: list[Entry] = []
         lim = self.limits
-        size = len(message.body)
+        size = message.size
         limited = lim.max_length is not None or lim.max_length_bytes is not None
         if limited and lim.overflow != DROP_HEAD and self.would_overflow(size):
             raise Refused()
@@ -208,7 +208,7 @@ class QueueState:
         level = self._single if self._single is not None else self._level_of(entry.message)
         level.fifo.append(entry)
         self.ready_count += 1
-        self.ready_bytes += len(entry.message.body)
+        self.ready_bytes += entry.message.size
         if entry.seq >= self.next_seq:
             self.next_seq = entry.seq + 1
 
@@ -222,7 +222,7 @@ class QueueState:
             return
         single.fifo.extend(entries)
         self.ready_count += len(entries)
-        self.ready_bytes += sum([len(e.message.body) for e in entries])
+        self.ready_bytes += sum([e.message.size for e in entries])
         last = entries[-1].seq
         if last >= self.next_seq:
             self.next_seq = last + 1
@@ -242,7 +242,7 @@ class QueueState:
         entry = self._pop_head()
         entry.delivery_count += 1
         self.unacked[entry.seq] = entry
-        self.unacked_bytes += len(entry.message.body)
+        self.unacked_bytes += entry.message.size
         return entry
 
     def take(self) -> Entry | None:
@@ -257,7 +257,7 @@ class QueueState:
         entry = self.unacked.pop(seq, None)
         if entry is None:
             raise NotCheckedOut(seq)
-        self.unacked_bytes -= len(entry.message.body)
+        self.unacked_bytes -= entry.message.size
         assert self.unacked_bytes >= 0, f"unacked bytes below zero after settling {seq}"
         return entry
 
@@ -265,11 +265,11 @@ class QueueState:
         entry = self.unacked.pop(seq, None)
         if entry is None:
             raise NotCheckedOut(seq)
-        self.unacked_bytes -= len(entry.message.body)
+        self.unacked_bytes -= entry.message.size
         level = self._single if self._single is not None else self._level_of(entry.message)
         heapq.heappush(level.returned, entry)
         self.ready_count += 1
-        self.ready_bytes += len(entry.message.body)
+        self.ready_bytes += entry.message.size
         return entry
 
     def discard(self, seq: int) -> Entry:
@@ -277,7 +277,7 @@ class QueueState:
         or a ready one (expiry, overflow)."""
         entry = self.unacked.pop(seq, None)
         if entry is not None:
-            self.unacked_bytes -= len(entry.message.body)
+            self.unacked_bytes -= entry.message.size
             return entry
         for level in self._levels:
             h = level.head()
@@ -327,15 +327,15 @@ class QueueState:
 
     def _ready_removed(self, entry: Entry) -> None:
         self.ready_count -= 1
-        self.ready_bytes -= len(entry.message.body)
+        self.ready_bytes -= entry.message.size
         assert self.ready_count >= 0 and self.ready_bytes >= 0, "ready count or bytes below zero"
 
     def check_invariants(self) -> None:
         """The counters agree with the entries (O(n): for tests and simulations, not per operation)."""
         ready = list(self.ready())
         assert self.ready_count == len(ready) >= 0, (self.ready_count, len(ready))
-        assert self.ready_bytes == sum(len(e.message.body) for e in ready), "ready bytes disagree"
-        assert self.unacked_bytes == sum(len(e.message.body) for e in self.unacked.values()), "unacked bytes"
+        assert self.ready_bytes == sum(e.message.size for e in ready), "ready bytes disagree"
+        assert self.unacked_bytes == sum(e.message.size for e in self.unacked.values()), "unacked bytes"
         seqs = {e.seq for e in ready}
         assert len(seqs) == len(ready) and not seqs & self.unacked.keys(), "an entry is both ready and out"
         assert all(e.seq < self.next_seq for e in ready), "a ready entry from the future"

@@ -42,11 +42,19 @@ a consumer or node going away; `x-delivery-limit` N dead-letters a message on it
 Must never: read a clock (time arrives as `now_ms` in commands; the state keeps the largest
 seen), draw random numbers, iterate a set or depend on hash order, do I/O, or import anything
 above `hutch.queues`. Equal states give equal `snapshot()` bytes.
+
+A message's content stays in the Raft log: the state keeps what it decides with (the entry's
+index, size, priority, expiry, delivery count) and the runtime reads the rest back from the
+log for a delivery or a dead letter, as RabbitMQ's quorum queues do since 3.10. So neither the
+state nor its snapshots hold bodies, and the log keeps its entries from the oldest message
+still in the queue on (`first_logged_index`); a follower that lacks them gets a snapshot with
+the contents in it (`snapshot(SNAP_PORTABLE, read)`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import msgspec
 
@@ -75,8 +83,14 @@ DELIVERIES_PER_APPLY_MAX = 2048  # deliveries one command may cause; then Dispat
 UNLIMITED_PREFETCH = 2000  # what prefetch 0 means for a quorum queue consumer (as RabbitMQ)
 SOFT_LIMIT_RATIO = 0.8  # reject-publish stops refusing at this fraction of the limits
 
-SNAPSHOT_VERSION = 2  # 2: the high priority level and the dequeue counter (1 still loads)
-SNAPSHOT_VERSIONS_LOADED = (1, 2)
+# 2: the high priority level and the dequeue counter; 3: messages name their log entry and may
+# leave their content there (1 and 2 still load, their messages with their content)
+SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSIONS_LOADED = (1, 2, 3)
+# snapshot() forms
+SNAP_STORED = 0
+SNAP_PORTABLE = 1
+SNAP_DIGEST = 2
 
 # RabbitMQ 4.0's quorum queue priorities (rabbit_fifo_q): two levels, high taken PRIORITY_WEIGHT
 # times for each normal one while both have messages ready.
@@ -337,9 +351,10 @@ class Deliver(msgspec.Struct, frozen=True, gc=False):
     exchange: str
     routing_key: str
     props: bytes
-    body: bytes
+    body: bytes | None  # None: the message's content is the Enqueue at log index `index`
     seq: int = 0
     prev_msg_id: int = 0
+    index: int = 0
 
 
 class Resent(msgspec.Struct, frozen=True, gc=False):
@@ -369,13 +384,16 @@ class Rejected(msgspec.Struct, frozen=True, gc=False):
 
 
 class DeadMessage(msgspec.Struct, frozen=True, gc=False):
+    """A dead-lettered message; `body` None as in Deliver (its content is at log index `index`)."""
+
     seq: int
     exchange: str
     routing_key: str
     props: bytes
-    body: bytes
+    body: bytes | None
     persistent: bool
     delivery_count: int
+    index: int = 0
 
 
 class DeadLetter(msgspec.Struct, frozen=True, gc=False):
@@ -476,10 +494,30 @@ class _Consumer:
                                                                                                else 0)
 
 
-def _route_enc(exchange: str, routing_key: str) -> bytes:
-    """Exchange and routing key as basic.deliver encodes them (two AMQP short strings)."""
-    e, r = exchange.encode(), routing_key.encode()
-    return bytes((len(e),)) + e + bytes((len(r),)) + r
+class LoggedMessage(Message):
+    """A quorum queue's message: what the queue decides with (size, priority, expiry, persistence)
+    and the index of the log entry whose Enqueue carries its content. The content (exchange,
+    routing key, properties, body) is in memory only where it is not in this member's log: a
+    message that came in a snapshot from the leader, or a state used without a log (index 0).
+    Otherwise `body` is None and the runtime reads the content from the log when it delivers or
+    dead-letters the message; the log keeps every entry from the lowest such index on
+    (`QuorumQueueState.first_logged_index`)."""
+
+    __slots__ = ("index", "size")
+
+    def __init__(self, index: int, size: int, persistent: bool, priority: int, expiration_ms: int | None,
+                 exchange: str = "", routing_key: str = "", props: bytes = b"", body: bytes | None = None):
+        self.index = index
+        self.size = size
+        self.persistent = persistent
+        self.priority = priority
+        self.expiration_ms = expiration_ms
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.route_enc = b""
+        self.props = props
+        self.body = body
+        self.id = 0
 
 
 def _limits(config: QuorumConfig) -> QueueLimits:
@@ -555,12 +593,16 @@ class QuorumQueueState:
         self.last_used_ms: int | None = None
         self.expired_notified = False
         self.deleted = False
+        self._index = 0  # the log index of the command being applied
 
     # ---------------------------------------------------------------- applying
 
-    def apply(self, cmd: Command) -> list[Effect]:
-        """Apply one committed command; returns the effects for the leader to carry out."""
+    def apply(self, cmd: Command, index: int = 0) -> list[Effect]:
+        """Apply one committed command, the entry at log `index`; returns the effects for the
+        leader to carry out. A message enqueued with an index keeps its content in the log only;
+        without one (index 0: a state used outside a Raft group) it keeps it in memory."""
         effects: list[Effect] = []
+        self._index = index
         now_ms = getattr(cmd, "now_ms", 0)
         if now_ms > self.clock_ms:
             if 0 < self.clock_ms < EPOCH_MS_MIN <= now_ms:
@@ -584,9 +626,9 @@ class QuorumQueueState:
             self.last_used_ms += delta_ms
         self.clock_ms += delta_ms
 
-    def apply_bytes(self, data: bytes) -> list[Effect]:
+    def apply_bytes(self, data: bytes, index: int = 0) -> list[Effect]:
         """Apply a committed log entry's data (the leader's empty no-op entry applies nothing)."""
-        return self.apply(decode_command(data)) if data else []
+        return self.apply(decode_command(data), index) if data else []
 
     def _enqueue(self, cmd: Enqueue, effects: list[Effect]) -> None:
         pub, seq, base = cmd.publisher, cmd.publisher_seq, cmd.publisher_base
@@ -624,8 +666,11 @@ class QuorumQueueState:
         ttl = cmd.expiration_ms
         if self.config.message_ttl_ms is not None:
             ttl = self.config.message_ttl_ms if ttl is None else min(ttl, self.config.message_ttl_ms)
-        msg = Message(cmd.exchange, cmd.routing_key, _route_enc(cmd.exchange, cmd.routing_key), cmd.props,
-                      cmd.body, cmd.persistent, cmd.priority, cmd.expiration_ms)
+        if self._index:
+            msg = LoggedMessage(self._index, len(cmd.body), cmd.persistent, cmd.priority, cmd.expiration_ms)
+        else:
+            msg = LoggedMessage(0, len(cmd.body), cmd.persistent, cmd.priority, cmd.expiration_ms,
+                                cmd.exchange, cmd.routing_key, cmd.props, cmd.body)
         _entry, dropped = self.queue.enqueue(msg, None if ttl is None else self.clock_ms + ttl)
         if pub is not None:
             effects.append(Accepted(pub, seq))
@@ -791,7 +836,7 @@ class QuorumQueueState:
         for seq in cmd.seqs:
             entry = self.dlx_pending.pop(seq, None)
             if entry is not None:
-                self.dlx_bytes -= len(entry.message.body)
+                self.dlx_bytes -= entry.message.size
 
     def _publisher_gone(self, cmd: PublisherGone, effects: list[Effect]) -> None:
         self.publishers.pop(cmd.publisher, None)
@@ -894,7 +939,7 @@ class QuorumQueueState:
         m = entry.message
         count = entry.delivery_count - 1  # QueueState counts deliveries; this is the returns before
         return Deliver(consumer_id, msg_id, count, count > 0, m.exchange, m.routing_key, m.props, m.body,
-                       entry.seq, prev_msg_id)
+                       entry.seq, prev_msg_id, m.index)
 
     # ---------------------------------------------------------------- returns and dead letters
 
@@ -937,7 +982,7 @@ class QuorumQueueState:
         elif strategy == AT_LEAST_ONCE:
             for e in entries:
                 self.dlx_pending[e.seq] = e
-                self.dlx_bytes += len(e.message.body)
+                self.dlx_bytes += e.message.size
         effects.append(DeadLetter(reason, cfg.dead_letter_exchange, cfg.dead_letter_routing_key, strategy,
                                   self.clock_ms, tuple(_dead_message(e) for e in entries)))
 
@@ -1032,10 +1077,10 @@ class QuorumQueueState:
         held = [seq for c in self.consumers.values() for seq in c.checked_out.values()]
         assert len(held) == len(set(held)) == len(q.unacked), "checked-out messages and holders disagree"
         assert set(held) == set(q.unacked), "a checked-out message without a holder"
-        assert q.unacked_bytes == sum(len(e.message.body) for e in q.unacked.values())
+        assert q.unacked_bytes == sum(e.message.size for e in q.unacked.values())
         ready = list(q.ready())
-        assert len(ready) == q.ready_count and sum(len(e.message.body) for e in ready) == q.ready_bytes
-        assert self.dlx_bytes == sum(len(e.message.body) for e in self.dlx_pending.values())
+        assert len(ready) == q.ready_count and sum(e.message.size for e in ready) == q.ready_bytes
+        assert self.dlx_bytes == sum(e.message.size for e in self.dlx_pending.values())
         ringed = list(self._rings)
         assert len(ringed) == len(set(ringed))
         for c in self.consumers.values():
@@ -1045,27 +1090,51 @@ class QuorumQueueState:
 
     # ---------------------------------------------------------------- snapshots
 
-    def snapshot(self) -> bytes:
-        """The whole state as canonical bytes: equal states give equal bytes."""
+    def snapshot(self, form: int = SNAP_STORED, read: Callable[[int], tuple] | None = None) -> bytes:
+        """The whole state as canonical bytes: equal states give equal bytes in the same form.
+
+        SNAP_STORED (what this member's log keeps): a message whose content is in the log is
+        named by its index, one held in memory carries it. SNAP_PORTABLE (what a leader sends a
+        follower that lacks the log): every message carries its content, `read(index)` giving
+        (exchange, routing key, properties, body) for those in the log. SNAP_DIGEST (to compare
+        members): no content at all, so members that hold the same messages in different places
+        give equal bytes."""
         q = self.queue
         normal, high = q._levels
         held = sorted(q.unacked.values(), key=lambda e: e.seq)
+
+        def entries(es) -> list[_SnapEntry]:
+            return [_snap_entry(e, form, read) for e in es]
         snap = _Snapshot(
             SNAPSHOT_VERSION, self.config, q.next_seq,
-            [_snap_entry(e) for e in sorted(normal.returned, key=lambda e: e.seq)],
-            [_snap_entry(e) for e in normal.fifo],
-            [_snap_entry(e) for e in held],
+            entries(sorted(normal.returned, key=lambda e: e.seq)),
+            entries(normal.fifo),
+            entries(held),
             [_SnapConsumer(c.consumer_id, c.tag, c.prefetch, c.priority, c.no_ack, c.status,
                            [(i, s) for i, s in c.checked_out.items()], c.ahead, c.last_msg_id)
              for c in self.consumers.values()],
             self._rings.snapshot(),
             self.active_id, self.next_msg_id,
-            [_snap_entry(e) for e in self.dlx_pending.values()],
+            entries(self.dlx_pending.values()),
             [(p, r.last, list(r.rejected), sorted(r.ahead.items())) for p, r in self.publishers.items()],
             self.rejecting, self.clock_ms, self.last_used_ms, self.expired_notified, self.deleted,
-            [_snap_entry(e) for e in sorted(high.returned, key=lambda e: e.seq)],
-            [_snap_entry(e) for e in high.fifo], q.dequeue_counter)
+            entries(sorted(high.returned, key=lambda e: e.seq)),
+            entries(high.fifo), q.dequeue_counter)
         return _encoder.encode(snap)
+
+    def _live_entries(self):
+        q = self.queue
+        return (*q.ready(), *q.unacked.values(), *self.dlx_pending.values())
+
+    def first_logged_index(self) -> int | None:
+        """The lowest log index whose content a message of the queue still needs (None: no
+        message's content is in the log). A member's log must keep every entry from it on."""
+        low = None
+        for e in self._live_entries():
+            m = e.message
+            if m.body is None and (low is None or m.index < low):
+                low = m.index
+        return low
 
     @classmethod
     def restore(cls, data: bytes) -> QuorumQueueState:
@@ -1085,11 +1154,11 @@ class QuorumQueueState:
             level.fifo = deque(_entry(s) for s in fifo)
             for e in (*level.returned, *level.fifo):
                 q.ready_count += 1
-                q.ready_bytes += len(e.message.body)
+                q.ready_bytes += e.message.size
         for s in snap.held:
             e = _entry(s)
             q.unacked[e.seq] = e
-            q.unacked_bytes += len(e.message.body)
+            q.unacked_bytes += e.message.size
         for sc in snap.consumers:
             c = _Consumer(sc.consumer_id, sc.tag, sc.prefetch, sc.priority, sc.no_ack, sc.status, sc.ahead)
             c.checked_out = dict(sc.checked_out)
@@ -1101,7 +1170,7 @@ class QuorumQueueState:
         for s in snap.dlx_pending:
             e = _entry(s)
             self.dlx_pending[e.seq] = e
-            self.dlx_bytes += len(e.message.body)
+            self.dlx_bytes += e.message.size
         self.publishers = {p: _Publisher(last, list(rej), dict(ahead)) for p, last, rej, ahead in snap.publishers}
         self.rejecting = snap.rejecting
         self.clock_ms = snap.clock_ms
@@ -1129,7 +1198,7 @@ def _checked_out_seqs(c: _Consumer, msg_ids: list[int]) -> list[int]:
 
 def _dead_message(e: Entry) -> DeadMessage:
     m = e.message
-    return DeadMessage(e.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent, e.delivery_count)
+    return DeadMessage(e.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent, e.delivery_count, m.index)
 
 
 # ---- snapshot format (msgpack arrays; append fields only, bump SNAPSHOT_VERSION otherwise)
@@ -1146,6 +1215,10 @@ class _SnapEntry(msgspec.Struct, array_like=True, frozen=True, gc=False):
     expiration_ms: int | None
     delivery_count: int
     expires_at_ms: int | None
+    # version 3: the log index of the message's Enqueue, and its size when the content is left
+    # out (in the log, or a digest); -1: the content is here
+    index: int = 0
+    size: int = -1
 
 
 class _SnapConsumer(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -1187,15 +1260,23 @@ class _Snapshot(msgspec.Struct, array_like=True, frozen=True, gc=False):
 _snapshot_decoder = msgspec.msgpack.Decoder(_Snapshot)
 
 
-def _snap_entry(e: Entry) -> _SnapEntry:
+def _snap_entry(e: Entry, form: int, read: Callable[[int], tuple] | None) -> _SnapEntry:
     m = e.message
-    return _SnapEntry(e.seq, m.exchange, m.routing_key, m.props, m.body, m.persistent, m.priority,
-                      m.expiration_ms, e.delivery_count, e.expires_at_ms)
+    if form == SNAP_DIGEST or (m.body is None and form == SNAP_STORED):
+        return _SnapEntry(e.seq, "", "", b"", b"", m.persistent, m.priority, m.expiration_ms, e.delivery_count,
+                          e.expires_at_ms, m.index, m.size)
+    exchange, routing_key, props, body = (m.exchange, m.routing_key, m.props, m.body) if m.body is not None \
+        else read(m.index)
+    return _SnapEntry(e.seq, exchange, routing_key, props, body, m.persistent, m.priority, m.expiration_ms,
+                      e.delivery_count, e.expires_at_ms, m.index)
 
 
 def _entry(s: _SnapEntry) -> Entry:
-    m = Message(s.exchange, s.routing_key, _route_enc(s.exchange, s.routing_key), s.props, s.body,
-                s.persistent, s.priority, s.expiration_ms)
+    if s.size >= 0:  # the content is in the log
+        m = LoggedMessage(s.index, s.size, s.persistent, s.priority, s.expiration_ms)
+    else:
+        m = LoggedMessage(s.index, len(s.body), s.persistent, s.priority, s.expiration_ms, s.exchange, s.routing_key,
+                          s.props, s.body)
     e = Entry(s.seq, m, s.expires_at_ms)
     e.delivery_count = s.delivery_count
     return e

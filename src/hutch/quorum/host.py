@@ -84,9 +84,11 @@ LEADER_ONLY = (fifo.NodeDown, fifo.NodeUp)
 CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to expire
 SNAPSHOT_LOG_FACTOR = 4  # compact a queue's log when it is this many times longer than the queue
 SNAPSHOT_MESSAGES_MIN = 2048
-# A snapshot is one record of the node's Raft log (16 MiB at most): a queue holding more than
-# this many bytes of messages keeps its whole log until it is shorter again (chunked snapshots
-# are not done). Per message a snapshot adds its properties and some 64 bytes of its own.
+# A snapshot is one record of the node's Raft log (16 MiB at most). The snapshot a member keeps
+# names each message's log entry, but the one a follower without the log is sent carries the
+# messages' contents: a queue holding more than this many bytes of messages keeps its whole log
+# until it is shorter again (chunked snapshots are not done). Per message a snapshot adds its
+# properties and some 64 bytes of its own.
 SNAPSHOT_MESSAGE_BYTES_MAX = 12 << 20
 SNAPSHOT_BYTES_PER_MESSAGE = 64
 
@@ -202,7 +204,7 @@ class _QuorumApp:
             log.error("queue '%s' in vhost '%s': undecodable command at index %d; skipped", self.q.name,
                       self.q.vhost, index)
             return
-        effects = self.q.machine.apply(cmd)
+        effects = self.q.machine.apply(cmd, index)
         host = self.host
         if host.proposed_at_ms:
             t = host.proposed_at_ms.pop(self.q.gid, None)
@@ -221,9 +223,22 @@ class _QuorumApp:
     def snapshot(self) -> bytes:
         return self.q.machine.snapshot()
 
+    def log_needed_from(self) -> int | None:
+        """The lowest log index a message in the queue still has its content at."""
+        st = self.q.machine
+        return None if st is None else st.first_logged_index()
+
+    def portable(self, data: bytes) -> bytes:
+        """A stored snapshot with every message's content in it, read from this member's log:
+        what a follower that lacks the log gets."""
+        return fifo.QuorumQueueState.restore(data).snapshot(fifo.SNAP_PORTABLE,
+                                                            lambda index: self.host.content(self.q, index))
+
     def snapshot_due(self, entries_kept: int) -> bool:
-        """A snapshot holds the whole queue: take one only when the log kept since the last is
-        several times longer than the queue, so its cost stays a small part per entry."""
+        """A snapshot names every message of the queue: take one only when the log written since
+        the last is several times longer than the queue, so its cost stays a small part per
+        entry; and only while the queue's messages fit one snapshot with their contents, which is
+        what a follower that lacks the log is sent (`portable`)."""
         st = self.q.machine
         if st is None:
             return True
@@ -398,7 +413,7 @@ class QuorumHost:
         for r in q.machine.resends():
             n = node_of(r.consumer_id)
             if (n == node if node is not None else self.peers.is_up(n)):
-                self._queue_out(n, _resent(q.gid, r))
+                self._queue_out(n, self._resent_out(q, r))
 
     def _cancel_stale(self, q: QuorumQueue, node: str | None = None) -> None:
         """Consumers registered by an earlier run of a node that is up again (it restarted):
@@ -635,17 +650,18 @@ class QuorumHost:
         for e in effects:
             t = type(e)
             if t is fifo.Deliver:
-                self._queue_out(node_of(e.consumer_id), ToConsumer(q.gid, e.consumer_id, e.msg_id, e.delivery_count,
-                                                                   e.redelivered, e.exchange, e.routing_key, e.props,
-                                                                   e.body, e.prev_msg_id))
+                self._queue_out(node_of(e.consumer_id), self._to_consumer(q, e))
             elif t is fifo.Accepted or t is fifo.Rejected:
                 self._queue_out(node_of(e.publisher), PublishDecided(e.publisher, e.publisher_seq,
                                                                      t is fifo.Accepted))
             elif t is fifo.GetResult:
                 m = e.message
-                reply = [200, None if m is None else [m.msg_id, m.delivery_count, m.redelivered, m.exchange,
-                                                       m.routing_key, m.props, m.body], e.message_count,
-                         e.requester]
+                if m is None:
+                    reply = [200, None, e.message_count, e.requester]
+                else:
+                    exchange, routing_key, props, body = self._content_of(q, m)
+                    reply = [200, [m.msg_id, m.delivery_count, m.redelivered, exchange, routing_key, props, body],
+                             e.message_count, e.requester]
             elif t is fifo.Purged or t is fifo.Deleted:
                 reply = [200, e.message_count]
             elif t is fifo.DeadLetter:
@@ -657,10 +673,36 @@ class QuorumHost:
             elif t is fifo.QueueExpired:
                 self.port.delete_queue(q.vhost, q.name)
             elif t is fifo.Resent:
-                self._queue_out(node_of(e.consumer_id), _resent(q.gid, e))
+                self._queue_out(node_of(e.consumer_id), self._resent_out(q, e))
         if req:
             self._queue_out(origin, Answer(req, reply, q.gid))
         self.port.schedule()
+
+    def content(self, q: QuorumQueue, index: int) -> tuple[str, str, bytes, bytes]:
+        """(exchange, routing key, properties, body) of the message enqueued at log `index` of
+        the queue's group on this node. The log keeps every entry a message in the queue still
+        needs (fifo.LoggedMessage), so one missing is a defect: LookupError."""
+        data = self.raft.entry_data(q.gid, index) if self.raft is not None else None
+        if data is None:
+            raise LookupError(f"queue '{q.name}' in vhost '{q.vhost}': no log entry {index} for a message's content")
+        cmd = fifo.decode_command(_dec.decode(data)[2])
+        if type(cmd) is not fifo.Enqueue:
+            raise LookupError(f"queue '{q.name}' in vhost '{q.vhost}': log entry {index} is not a publish")
+        return cmd.exchange, cmd.routing_key, cmd.props, cmd.body
+
+    def _content_of(self, q: QuorumQueue, m: fifo.Deliver | fifo.DeadMessage) -> tuple[str, str, bytes, bytes]:
+        if m.body is None:
+            return self.content(q, m.index)
+        return m.exchange, m.routing_key, m.props, m.body
+
+    def _to_consumer(self, q: QuorumQueue, d: fifo.Deliver, prev_msg_id: bool = True) -> ToConsumer:
+        exchange, routing_key, props, body = self._content_of(q, d)
+        return ToConsumer(q.gid, d.consumer_id, d.msg_id, d.delivery_count, d.redelivered, exchange, routing_key,
+                          props, body, d.prev_msg_id if prev_msg_id else 0)
+
+    def _resent_out(self, q: QuorumQueue, r: fifo.Resent) -> ResentToConsumer:
+        return ResentToConsumer(q.gid, r.consumer_id, r.upto_msg_id,
+                                [self._to_consumer(q, d, False) for d in r.deliveries])
 
     def _queue_out(self, node: str, item: Outcome) -> None:
         self._out.setdefault(node, []).append(item)
@@ -682,8 +724,11 @@ class QuorumHost:
 
     def _dead_letter(self, q: QuorumQueue, e: fifo.DeadLetter) -> None:
         if e.exchange is not None:
-            entries = [Entry(0, Message(m.exchange, m.routing_key, codec.route_encoding(m.exchange, m.routing_key),
-                                        m.props, m.body, m.persistent, 0, None), None) for m in e.messages]
+            entries = []
+            for m in e.messages:
+                exchange, routing_key, props, body = self._content_of(q, m)
+                entries.append(Entry(0, Message(exchange, routing_key, codec.route_encoding(exchange, routing_key),
+                                                props, body, m.persistent, 0, None), None))
             self.port.dead_letter(q, entries, e.reason)
         if e.strategy == fifo.AT_LEAST_ONCE and e.messages:
             self.propose(q, fifo.DeadLetterSettled([m.seq for m in e.messages]))
@@ -804,12 +849,6 @@ class QuorumHost:
 
 def _no_answer(_answer: Any) -> None:
     return None
-
-
-def _resent(gid: int, r: fifo.Resent) -> ResentToConsumer:
-    return ResentToConsumer(gid, r.consumer_id, r.upto_msg_id,
-                            [ToConsumer(gid, d.consumer_id, d.msg_id, d.delivery_count, d.redelivered, d.exchange,
-                                        d.routing_key, d.props, d.body) for d in r.deliveries])
 
 
 def _delivery(delivery_count: int, redelivered: bool, exchange: str, routing_key: str, props: bytes,

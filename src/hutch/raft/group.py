@@ -382,18 +382,25 @@ class RaftGroup:
         if campaign_now and self.id in self.voters:
             self.elapsed = max(self.elapsed, self.timeout - 1)
 
-    def compact(self, index: int, data: bytes) -> Snapshot:
+    def compact(self, index: int, data: bytes, keep_from: int | None = None) -> Snapshot:
         """The application took a snapshot of its state at `index` (which must be the applied
-        index); record it and drop the log below it, keeping a few trailing entries. The
-        runtime persists the returned snapshot itself."""
+        index); record it and drop the log below it, keeping a few trailing entries, and every
+        entry from `keep_from` on (an application whose state names entries it reads back: a
+        quorum queue's messages). The runtime persists the returned snapshot itself."""
         if index != self.applied:
             raise ValueError(f"snapshot index {index} is not the applied index {self.applied}")
         term = self.storage.term(index)
         if term is None:
             raise ValueError(f"no term known for index {index}")
         snap = Snapshot(SnapshotMeta(index, term, ConfState(self.voters, self.learners)), data)
-        self.storage.create_snapshot(snap, index + 1 - self.cfg.snapshot_trailing_entries)
+        keep = index + 1 - self.cfg.snapshot_trailing_entries
+        self.storage.create_snapshot(snap, keep if keep_from is None else min(keep, keep_from))
         return snap
+
+    def entries_since_snapshot(self) -> int:
+        """Entries applied since the last snapshot (or since the first entry the log keeps)."""
+        st = self.storage
+        return self.applied - max(st.snapshot().meta.index, st.first_index() - 1)
 
     def step(self, m: Message) -> None:
         """Feed one message from a peer."""
@@ -484,7 +491,7 @@ class RaftGroup:
         if self.applied < self.commit:
             committed = st.entries(self.applied + 1, self.commit + 1, self.cfg.apply_bytes_per_ready_max)
         rd = Ready(hs, entries, self.snapshot_in, committed, self.msgs or [], self.read_states or [],
-                   self.applied - st.first_index() + 1 >= self.cfg.snapshot_after_entries)
+                   self.entries_since_snapshot() >= self.cfg.snapshot_after_entries)
         self.ready_out = (entries[-1].index if entries else None, committed[-1].index if committed else None)
         self.trunc_cap = 1 << 62
         self.unstable_from = None

@@ -60,7 +60,12 @@ SNAPSHOT_RECORD_SLACK_BYTES = 64 << 10  # a snapshot record's meta (term, index,
 
 class GroupApp(Protocol):
     """What a Raft group hosted by this node applies its committed entries to. An application
-    with a `term` attribute has it set to each entry's term before the entry is applied."""
+    with a `term` attribute has it set to each entry's term before the entry is applied.
+
+    An application may also have `log_needed_from() -> int | None`, the lowest index it still
+    reads entries back from (the log keeps them through compactions), and `portable(data) ->
+    bytes`, the snapshot as a follower that lacks those entries must get it (with what the
+    entries held)."""
 
     def apply(self, data: bytes, index: int) -> None: ...
 
@@ -69,7 +74,8 @@ class GroupApp(Protocol):
     def snapshot(self) -> bytes: ...
 
     def snapshot_due(self, entries_kept: int) -> bool:
-        """Whether compacting now is worth a snapshot (which may be large: a whole queue)."""
+        """Whether compacting now is worth a snapshot (which may be large: a whole queue);
+        `entries_kept`: the entries applied since the last snapshot."""
 
 
 class CallbackApp:
@@ -136,6 +142,8 @@ class RaftHost:
         self._snapshot_bytes_max = storage.log.record_bytes_max - SNAPSHOT_RECORD_SLACK_BYTES
         # groups whose snapshot was too large -> the log length at which to try again
         self._snapshot_refused: dict[Any, int] = {}
+        # gid -> (a stored snapshot, what a follower is sent of it): see _portable
+        self._portables: dict[Any, tuple[rm.Snapshot, rm.Snapshot]] = {}
 
     # ------------------------------------------------------------ the Ready loop
 
@@ -259,6 +267,8 @@ class RaftHost:
                     peer = names.get(m.to)
                     if peer is None:
                         continue
+                    if type(m) is rm.InstallSnapshot:
+                        m = self._portable(gid, m)
                     if later:
                         self._hold(gid, peer, rm.encode(m))
                     else:
@@ -283,7 +293,7 @@ class RaftHost:
                         self._apply_failed(gid, e.index)
                         return False
             if rd.snapshot_wanted:
-                kept = g.applied - g.storage.first_index() + 1
+                kept = g.entries_since_snapshot()
                 if kept >= self._snapshot_refused.get(gid, 0) and app.snapshot_due(kept):
                     compact.append((gid, app))
         multi.advance_groups(groups, not_durable)
@@ -297,15 +307,29 @@ class RaftHost:
                     self._snapshot_failed(gid)
                     return False
                 if len(data) > self._snapshot_bytes_max:
-                    self._snapshot_too_large(gid, len(data), g.applied - g.storage.first_index() + 1)
+                    self._snapshot_too_large(gid, len(data), g.entries_since_snapshot())
                     continue
                 self._snapshot_refused.pop(gid, None)
-                g.compact(g.applied, data)
+                needed = getattr(app, "log_needed_from", None)
+                g.compact(g.applied, data, needed() if needed is not None else None)
                 multi.touched(gid)
                 compacted = True
         # a compaction's snapshot record is synced here: it is rare, and what it releases must
         # not go before the record replacing it is durable
         return not compacted or self._sync()
+
+    def _portable(self, gid: Any, m: rm.InstallSnapshot) -> rm.InstallSnapshot:
+        """The snapshot as a follower that lacks the log must get it (`GroupApp.portable`); the
+        last one made is kept, as a follower is sent the same snapshot again until it answers."""
+        app = self.apps.get(gid)
+        portable = getattr(app, "portable", None)
+        if portable is None or not m.snapshot.data:
+            return m
+        snap = m.snapshot
+        made = self._portables.get(gid)
+        if made is None or made[0] is not snap:
+            made = self._portables[gid] = (snap, rm.Snapshot(snap.meta, portable(snap.data)))
+        return rm.InstallSnapshot(m.term, m.frm, m.to, made[1])
 
     def _sync(self) -> bool:
         """One fsync of every group's log, here; False (and the node stopping) when the disk failed."""
@@ -464,6 +488,7 @@ class RaftHost:
             self.multi.remove_group(gid)
         self.apps.pop(gid, None)
         self._snapshot_refused.pop(gid, None)
+        self._portables.pop(gid, None)
         self._leader_sync_on_loop.discard(gid)
         self._leading.discard(gid)
         self._leaders.pop(gid, None)
@@ -496,6 +521,16 @@ class QueueGroups:
 
     def propose(self, gid: int, data: bytes) -> bool:
         return self.host.propose(gid, data)
+
+    def entry_data(self, gid: int, index: int) -> bytes | None:
+        """The data of the group's log entry `index` on this node (None: not in the log)."""
+        g = self.host.multi.groups.get(gid)
+        if g is None:
+            return None
+        st = g.storage
+        if not st.first_index() <= index <= st.last_index():
+            return None
+        return st.entries(index, index + 1, 1 << 62)[0].data
 
     def status(self, gid: int) -> dict | None:
         g = self.host.multi.groups.get(gid)

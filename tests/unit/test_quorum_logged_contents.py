@@ -1,0 +1,188 @@
+"""A quorum queue's messages keep their contents in the Raft log (hutch.quorum.fifo.LoggedMessage).
+
+Applied at a log index, an Enqueue leaves the state with the message's index, size, priority,
+expiry and persistence only; deliveries and dead letters name the index and the runtime reads
+the rest back from the log. The snapshot a member stores names the entries too, the one a
+follower without the log is sent carries every content, and the digest form is the same
+wherever the contents are kept. These tests play the log as a dict of index -> command.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hutch.quorum.fifo import (
+    AT_LEAST_ONCE,
+    SNAP_DIGEST,
+    SNAP_PORTABLE,
+    Checkout,
+    DeadLetter,
+    Deliver,
+    Discard,
+    Enqueue,
+    QuorumConfig,
+    QuorumQueueState,
+    Resent,
+    Return,
+    Settle,
+)
+
+PROPS = b"\x80\x00\x02"  # delivery-mode 2
+
+
+class Log:
+    """The commands a Raft log would hold, applied to `state` at their indexes."""
+
+    def __init__(self, state: QuorumQueueState, logged: bool = True, first: int = 1):
+        self.state = state
+        self.logged = logged
+        self.entries: dict[int, object] = {}
+        self.next = first
+
+    def apply(self, cmd) -> list:
+        index = self.next
+        self.next += 1
+        self.entries[index] = cmd
+        return self.state.apply(cmd, index if self.logged else 0)
+
+    def content(self, index: int) -> tuple[str, str, bytes, bytes]:
+        cmd = self.entries[index]
+        assert type(cmd) is Enqueue
+        return cmd.exchange, cmd.routing_key, cmd.props, cmd.body
+
+    def body(self, d: Deliver) -> bytes:
+        return d.body if d.body is not None else self.content(d.index)[3]
+
+
+def enq(body: str, exchange: str = "ex", routing_key: str = "rk") -> Enqueue:
+    return Enqueue(exchange, routing_key, PROPS, body.encode())
+
+
+def delivered(effects) -> list[Deliver]:
+    return [e for e in effects if type(e) is Deliver]
+
+
+def test_a_message_applied_at_a_log_index_keeps_its_index_and_size_and_no_content():
+    log = Log(QuorumQueueState(QuorumConfig(name="q")), first=7)
+    log.apply(enq("x" * 1000))
+    (entry,) = log.state.ready_entries()
+    m = entry.message
+    assert (m.index, m.size, m.body, m.props) == (7, 1000, None, b"")
+    assert log.state.message_bytes == 1000 and log.state.first_logged_index() == 7
+    (d,) = delivered(log.apply(Checkout("n1/c1", prefetch=10)))
+    assert d.body is None and d.index == 7
+    assert log.content(d.index) == ("ex", "rk", PROPS, b"x" * 1000)
+
+
+def test_without_a_log_index_the_state_keeps_the_content():
+    s = QuorumQueueState(QuorumConfig(name="q"))
+    s.apply(enq("held"))
+    (d,) = delivered(s.apply(Checkout("n1/c1", prefetch=10)))
+    assert (d.exchange, d.routing_key, d.props, d.body, d.index) == ("ex", "rk", PROPS, b"held", 0)
+    assert s.first_logged_index() is None
+
+
+def test_the_oldest_message_still_held_bounds_the_log():
+    """Ready, checked out or owed as a dead letter: each keeps its entry in the log."""
+    cfg = QuorumConfig(name="q", dead_letter_exchange="dlx", overflow="reject-publish",
+                       dead_letter_strategy=AT_LEAST_ONCE)
+    log = Log(QuorumQueueState(cfg))
+    for i in range(4):
+        log.apply(enq(f"m{i}"))  # indexes 1-4
+    ds = delivered(log.apply(Checkout("n1/c1", prefetch=2)))  # m0, m1 checked out
+    assert [d.index for d in ds] == [1, 2] and log.state.first_logged_index() == 1
+    log.apply(Settle("n1/c1", [ds[0].msg_id]))
+    assert log.state.first_logged_index() == 2
+    dead = [e for e in log.apply(Discard("n1/c1", [ds[1].msg_id])) if type(e) is DeadLetter]
+    (msg,) = dead[0].messages
+    assert msg.body is None and msg.index == 2  # owed to the dead-letter exchange: still needed
+    assert log.state.first_logged_index() == 2
+
+
+def test_the_stored_snapshot_names_log_entries_and_holds_no_body():
+    log = Log(QuorumQueueState(QuorumConfig(name="q")))
+    for i in range(50):
+        log.apply(enq(f"BODY-{i:04}"))
+    data = log.state.snapshot()
+    assert b"BODY-" not in data
+    restored = QuorumQueueState.restore(data)
+    assert restored.first_logged_index() == 1 and restored.message_bytes == 50 * 9
+    ds = delivered(restored.apply(Checkout("n1/c1", prefetch=100), 51))
+    assert [log.body(d) for d in ds] == [f"BODY-{i:04}".encode() for i in range(50)]
+
+
+def test_a_portable_snapshot_carries_every_content_and_its_copy_needs_no_log():
+    log = Log(QuorumQueueState(QuorumConfig(name="q")))
+    for i in range(20):
+        log.apply(enq(f"m{i}", routing_key=f"rk{i}"))
+    ds = delivered(log.apply(Checkout("n1/c1", prefetch=5)))  # five checked out, fifteen ready
+    portable = log.state.snapshot(SNAP_PORTABLE, log.content)
+    copy = QuorumQueueState.restore(portable)
+    assert copy.first_logged_index() is None  # a follower that installs it needs none of the log
+    assert copy.snapshot(SNAP_DIGEST) == log.state.snapshot(SNAP_DIGEST)
+    assert copy.snapshot() != log.state.snapshot()  # what each member stores differs
+    # the copy delivers the same messages with their contents (the five come back first)
+    returned = copy.apply(Return("n1/c1", [d.msg_id for d in ds]), 22)
+    got = [(d.routing_key, d.body) for d in delivered(returned)]
+    got += [(d.routing_key, d.body) for d in delivered(copy.apply(Checkout("n2/c2", prefetch=100), 23))]
+    assert sorted(got) == sorted((f"rk{i}", f"m{i}".encode()) for i in range(20))
+    assert all(b is not None for _, b in got)
+
+
+def test_a_resend_names_the_log_entries_of_what_is_checked_out():
+    log = Log(QuorumQueueState(QuorumConfig(name="q")))
+    for i in range(3):
+        log.apply(enq(f"m{i}"))
+    log.apply(Checkout("n1/c1", prefetch=10))
+    r = log.state.resend("n1/c1")
+    assert type(r) is Resent and [log.body(d) for d in r.deliveries] == [b"m0", b"m1", b"m2"]
+    assert all(d.body is None for d in r.deliveries)
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["pub", "take", "ack", "return", "discard", "snapshot"]),
+                         st.integers(0, 5)), max_size=80)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS)
+def test_a_state_that_reads_contents_from_the_log_delivers_what_one_that_holds_them_does(ops):
+    """The same commands applied with log indexes and without: the same deliveries and dead
+    letters, once the logged state's are read back from the log, with snapshots taken and
+    restored on the way; the log is always kept from the oldest message still held."""
+    cfg = QuorumConfig(name="q", dead_letter_exchange="dlx", delivery_limit=2)
+    logged, held = Log(QuorumQueueState(cfg)), Log(QuorumQueueState(cfg), logged=False)
+    n = 0
+    outstanding: list[int] = []
+
+    def both(cmd) -> None:
+        a, b = logged.apply(cmd), held.apply(cmd)
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            if type(x) is Deliver:
+                assert msgspec.structs.replace(x, body=logged.body(x), index=0, exchange="ex", routing_key="rk",
+                                               props=PROPS) == y
+                outstanding.append(x.msg_id)
+            elif type(x) is DeadLetter:
+                assert [logged.content(m.index)[3] for m in x.messages] == [m.body for m in y.messages]
+            else:
+                assert x == y
+
+    both(Checkout("n1/c1", prefetch=3))
+    for op, k in ops:
+        if op == "pub":
+            both(enq(f"p{n}"))
+            n += 1
+        elif op in ("ack", "return", "discard") and outstanding:
+            msg_id = outstanding.pop(k % len(outstanding))
+            both({"ack": Settle, "return": Return, "discard": Discard}[op]("n1/c1", [msg_id]))
+        elif op == "take":
+            both(Checkout(f"n2/c{k}", prefetch=k + 1))
+        elif op == "snapshot":
+            logged.state = QuorumQueueState.restore(logged.state.snapshot())
+            held.state = QuorumQueueState.restore(held.state.snapshot())
+        logged.state.check_invariants()
+        assert logged.state.figures() == held.state.figures()
+        live = [e.message.index for e in (*logged.state.queue.ready(), *logged.state.queue.unacked.values())]
+        assert logged.state.first_logged_index() == (min(live) if live else None)
