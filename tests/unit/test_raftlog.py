@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tests.sim.harness import QUIET, Cluster
 
 from hutch.cluster import catalogue as cat
+from hutch.cluster import raftlog
 from hutch.cluster.raftlog import HardStateRecord, RaftHostStorage, RaftLog, RaftLogError
 from hutch.raft.group import LEADER, RaftGroup
 from hutch.raft.messages import ConfState, Entry, HardState, Snapshot, SnapshotMeta
@@ -189,6 +190,51 @@ def test_random_writes_with_reopens_and_compaction_always_recover_the_model_stat
     with RaftHostStorage(directory, **SMALL) as h:
         for g in GROUPS:
             assert state(h.group(g)) == state(model[g]), (seed, g)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(0, 1 << 32), window=st.integers(1, 6), reopen_every=st.integers(20, 120))
+def test_a_log_that_keeps_few_entries_in_memory_reads_the_others_back_the_same(tmp_path_factory, monkeypatch, seed,
+                                                                                window, reopen_every):
+    """Every read after every write, with only `window` entries in memory: entries paged out
+    come back from their records as they were, across truncations, compactions and reopens,
+    and no more than the window stays in memory."""
+    monkeypatch.setattr(raftlog, "MEMORY_ENTRIES", window)
+    directory = tmp_path_factory.mktemp("raftlog")
+    model = models()
+    h = RaftHostStorage(directory, **SMALL)
+    reads = 0
+    try:
+        disk = host_groups(h)
+        steps = zip(random_ops(random.Random(seed), model, 300), random_ops(random.Random(seed), disk, 300),
+                    strict=True)
+        for n, (g, _) in enumerate(steps, 1):
+            if n % 3 == 0:
+                h.sync()
+            assert state(disk[g]) == state(model[g]), (seed, n, g)
+            assert sum(e is not None for e in disk[g]._entries) <= window, (seed, n, g)
+            if n % reopen_every == 0:
+                reads += sum(disk[g].reads for g in GROUPS)
+                h.close()
+                h = RaftHostStorage(directory, **SMALL)
+                disk.update(host_groups(h))
+        assert reads + sum(disk[g].reads for g in GROUPS) > 0
+    finally:
+        h.close()
+
+
+def test_entries_paged_out_are_read_back_ahead_in_one_go(tmp_path, monkeypatch):
+    monkeypatch.setattr(raftlog, "MEMORY_ENTRIES", 4)
+    with RaftHostStorage(tmp_path) as h:
+        s = h.bootstrap(7, (1, 2, 3))
+        for i in range(2, 1002):
+            s.append([Entry(1, i, 0, b"x%d" % i)])  # one record each, as a leader writes them
+        assert sum(e is not None for e in s._entries) == 4
+        got = [e.data for lo in range(2, 1002, 50) for e in s.entries(lo, lo + 50, 1 << 62)]
+        assert got == [b"x%d" % i for i in range(2, 1002)]
+        # read ahead: a read brings the next records with it, not one read per entry
+        assert s.reads <= 1000 // raftlog.READ_AHEAD_RECORDS + 2
 
 
 def test_snapshots_release_compacted_records_and_the_log_shrinks(tmp_path):

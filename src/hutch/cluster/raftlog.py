@@ -55,7 +55,7 @@ from collections import deque
 
 import msgspec
 
-from hutch.raft.messages import Entry, HardState, Snapshot, SnapshotMeta
+from hutch.raft.messages import Entry, HardState, Snapshot, SnapshotMeta, entry_size_bytes
 from hutch.raft.storage import EntryWindow, bootstrap_log
 from hutch.store import SegmentLog
 from hutch.store.segment_log import RECORD_BYTES_MAX_DEFAULT
@@ -90,23 +90,38 @@ GROUP_ID_MAX = (1 << 64) - 1
 # the largest entry a queue's group proposes: the log takes records up to its record limit, and
 # an entry's framing goes around it; a larger publish or batch is refused before it is proposed
 ENTRY_BYTES_MAX = RECORD_BYTES_MAX_DEFAULT - (64 << 10)
+# A group keeps its newest entries in memory (they are sent to followers and applied at once)
+# up to either bound; older ones are read back from the segment log when asked for, the
+# records after one that was asked for read ahead with it (a follower catching up, a quorum
+# queue's consumers draining a backlog read the log in order).
+MEMORY_ENTRIES = 1024
+MEMORY_BYTES = 4 << 20
+READ_AHEAD_RECORDS = 256
+READ_CACHE_ENTRIES = 4096
 
 
 class RaftLog(EntryWindow):
     """One group's `LogStorage`, backed by the host's shared segment log.
 
-    Besides the interface it keeps, per entry, the seq of the record that wrote it, and per
-    record how many of its entries are still in the log, so it knows when a record may go."""
+    Besides the interface it keeps, per entry, its term and the seq of the record that wrote
+    it, and per record how many of its entries are still in the log, so it knows when a record
+    may go. Only the newest entries stay in memory (MEMORY_ENTRIES, MEMORY_BYTES); an older one
+    is None in `_entries` and is read back from its record when asked for."""
 
-    __slots__ = ("host", "group_id", "_entries", "_seqs", "_offset", "_hs", "_hs_seq", "_snap", "_snap_seq",
-                 "_counts", "truncations")
+    __slots__ = ("host", "group_id", "_entries", "_terms", "_seqs", "_offset", "_hs", "_hs_seq", "_snap",
+                 "_snap_seq", "_counts", "truncations", "_mem_lo", "_mem_bytes", "_cache", "reads")
 
     def __init__(self, host: RaftHostStorage, group_id: int) -> None:
         self.host = host
         self.group_id = group_id
-        self._entries: list[Entry] = []
+        self._entries: list[Entry | None] = []  # None: only in the segment log
+        self._terms = array("Q")  # term of each entry in _entries
         self._seqs = array("Q")  # record seq of each entry in _entries
         self._offset = 1  # index of _entries[0]
+        self._mem_lo = 1  # every entry from this index on is in memory, none below it
+        self._mem_bytes = 0  # entry_size_bytes of the entries in memory
+        self._cache: dict[int, Entry] = {}  # entries read back lately, by index
+        self.reads = 0  # segment log reads made for entries not in memory
         self._hs = _EMPTY_HS
         self._hs_seq = 0  # 0: no record
         self._snap = _EMPTY_SNAP
@@ -114,7 +129,66 @@ class RaftLog(EntryWindow):
         self._counts: dict[int, int] = {}  # entries record seq -> its entries still in the log
         self.truncations = 0
 
-    # -- LogStorage: reads come from EntryWindow --------------------------------------------
+    # -- LogStorage: reads ----------------------------------------------------------------------
+
+    def term(self, index: int) -> int | None:
+        i = index - self._offset
+        if 0 <= i < len(self._terms):
+            return self._terms[i]
+        if index == self._snap.meta.index:
+            return self._snap.meta.term
+        return None
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        if lo >= self._mem_lo or lo >= hi:
+            return EntryWindow.entries(self, lo, hi, max_bytes)
+        if lo < self._offset or hi > self.last_index() + 1:
+            raise IndexError(f"entries [{lo}, {hi}) outside log [{self._offset}, {self.last_index()}]")
+        out: list[Entry] = []
+        size = 0
+        for index in range(lo, hi):
+            e = self._entries[index - self._offset] or self._cache.get(index) or self._read(index)
+            size += entry_size_bytes(e)
+            if size > max_bytes and out:
+                break
+            out.append(e)
+        return out
+
+    def _read(self, index: int) -> Entry:
+        """Entry `index` from its record, and the entries of the records after it, up to
+        READ_AHEAD_RECORDS, into the cache."""
+        off = self._offset
+        seqs = self._seqs
+        entries = self._entries
+        first = index - off
+        wanted: list[int] = []
+        i = first
+        end = min(len(seqs), self._mem_lo - off)
+        while i < end and len(wanted) < READ_AHEAD_RECORDS:
+            s = seqs[i]
+            if not wanted or wanted[-1] != s:
+                wanted.append(s)
+            i += 1
+        if len(self._cache) + (i - first) > READ_CACHE_ENTRIES:
+            self._cache.clear()
+        self.reads += 1
+        for rec in self.host.log.read_many(wanted):
+            if isinstance(rec, Exception):
+                raise RaftLogError(f"Raft log {self.host.log.directory}: group {self.group_id} cannot read back "
+                                   f"entry {index}: {rec}") from rec
+            record = _decode(rec.payload)
+            if type(record) is not EntriesRecord:
+                raise RaftLogError(f"Raft log {self.host.log.directory}: record {rec.seq} of group {self.group_id} "
+                                   f"holds no entries")
+            for e in record.entries:
+                j = e.index - off
+                if first <= j < end and seqs[j] == rec.seq and entries[j] is None:
+                    self._cache[e.index] = e
+        got = self._cache.get(index)
+        if got is None:
+            raise RaftLogError(f"Raft log {self.host.log.directory}: group {self.group_id}: entry {index} is not "
+                               f"in record {seqs[first]}")
+        return got
 
     # -- LogStorage: writes -------------------------------------------------------------------
 
@@ -133,11 +207,40 @@ class RaftLog(EntryWindow):
         if cut < len(self._entries):
             self.truncations += 1
             self._drop(cut, len(self._entries), seq)
+            self._forget(cut, len(self._entries))
             del self._entries[cut:]
+            del self._terms[cut:]
             del self._seqs[cut:]
+            self._mem_lo = min(self._mem_lo, first)
         self._entries.extend(entries)
+        self._terms.extend([e.term for e in entries])
         self._seqs.extend([seq] * len(entries))
         self._counts[seq] = len(entries)
+        size = self._mem_bytes
+        for e in entries:
+            size += len(e.data) + 16  # entry_size_bytes
+        self._mem_bytes = size
+        if size > MEMORY_BYTES or self.last_index() - self._mem_lo >= MEMORY_ENTRIES:
+            self._page_out()
+
+    def _page_out(self) -> None:
+        """Let the oldest entries in memory go (they stay in their records) until both bounds hold."""
+        entries = self._entries
+        off = self._offset
+        lo = self._mem_lo
+        last = self.last_index()
+        size = self._mem_bytes
+        while lo < last and (size > MEMORY_BYTES or last - lo >= MEMORY_ENTRIES):
+            size -= len(entries[lo - off].data) + 16
+            entries[lo - off] = None
+            lo += 1
+        self._mem_lo, self._mem_bytes = lo, size
+
+    def _forget(self, lo: int, hi: int) -> None:
+        """Entries [lo, hi) of _entries leave the log: their memory is no longer counted."""
+        for e in self._entries[max(lo, self._mem_lo - self._offset):hi]:
+            self._mem_bytes -= len(e.data) + 16
+        self._cache.clear()
 
     def set_hard_state(self, hs: HardState) -> None:
         seq = self.host._write(self.group_id, HardStateRecord(hs))
@@ -149,9 +252,11 @@ class RaftLog(EntryWindow):
         index = snap.meta.index
         seq = self.host._write(self.group_id, SnapshotRecord(snap, index + 1, index))
         self._drop(0, len(self._entries), seq)
+        self._forget(0, len(self._entries))
         self._entries = []
+        self._terms = array("Q")
         self._seqs = array("Q")
-        self._offset = index + 1
+        self._offset = self._mem_lo = index + 1
         self._new_snapshot(snap, seq)
 
     def create_snapshot(self, snap: Snapshot, keep_from: int) -> None:
@@ -161,9 +266,12 @@ class RaftLog(EntryWindow):
         seq = self.host._write(self.group_id, SnapshotRecord(snap, keep_from, self.last_index()))
         n = keep_from - self._offset
         self._drop(0, n, seq)
+        self._forget(0, n)
         del self._entries[:n]
+        del self._terms[:n]
         del self._seqs[:n]
         self._offset = keep_from
+        self._mem_lo = max(self._mem_lo, keep_from)
         self._new_snapshot(snap, seq)
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -317,14 +425,15 @@ class RaftHostStorage:
 
 
 class _Rebuild:
-    """One group's state while its records are replayed. Entries live in a dict because a
-    released record may be missing from the disk, so the log can have holes until the records
-    after it are replayed; `finish` checks that none is left."""
+    """One group's state while its records are replayed. Entries (their terms and records) live
+    in a dict because a released record may be missing from the disk, so the log can have holes
+    until the records after it are replayed; `finish` checks that none is left. No entry's data
+    is kept: the recovered log reads entries back from their records when asked for."""
 
     __slots__ = ("ents", "lo", "hi", "counts", "hs", "hs_seq", "snap", "snap_seq", "keep_from", "retired")
 
     def __init__(self) -> None:
-        self.ents: dict[int, tuple[Entry, int]] = {}
+        self.ents: dict[int, tuple[int, int]] = {}  # index -> (term, record seq)
         self.lo = 1 << 62  # no entry below this (or above hi) can be in `ents`
         self.hi = 0
         self.counts: dict[int, int] = {}
@@ -352,7 +461,7 @@ class _Rebuild:
             for i in range(max(first, self.lo), self.hi + 1):
                 self._remove(i)
             for e in record.entries:
-                self.ents[e.index] = (e, seq)
+                self.ents[e.index] = (e.term, seq)
             self.counts[seq] = len(record.entries)
             self.lo = min(self.lo, first)
             self.hi = record.entries[-1].index
@@ -381,11 +490,13 @@ class _Rebuild:
                 raise RaftLogError(f"Raft log {host.log.directory}: group {gid} has holes in its recovered log "
                                    f"(indices {lo}..{hi}, {len(self.ents)} entries, first expected at "
                                    f"{max(self.keep_from, 1)})")
-            st._entries = [self.ents[i][0] for i in range(lo, hi + 1)]
+            st._entries = [None] * (hi - lo + 1)
+            st._terms = array("Q", (self.ents[i][0] for i in range(lo, hi + 1)))
             st._seqs = array("Q", (self.ents[i][1] for i in range(lo, hi + 1)))
             st._offset = lo
+            st._mem_lo = hi + 1
         else:
-            st._offset = max(self.keep_from, self.snap.meta.index + 1, 1)
+            st._offset = st._mem_lo = max(self.keep_from, self.snap.meta.index + 1, 1)
         st._hs, st._hs_seq = self.hs, self.hs_seq
         st._snap, st._snap_seq = self.snap, self.snap_seq
         st._counts = self.counts

@@ -78,6 +78,7 @@ from pamqp import commands
 
 from hutch.broker.broker import Config
 from hutch.broker.journal import COMPACT_INTERVAL_S, Journal
+from hutch.cluster import raftlog
 from hutch.control import changes
 from hutch.control.copies import compare as compare_copies
 from hutch.control.digest import copy_digest, mirror_copy
@@ -401,7 +402,8 @@ class ClusterSim:
         hutch_log = logging.getLogger("hutch")
         node_log = logging.getLogger("hutch.node")  # its pauses and listeners: _watch_log
         cluster_log = logging.getLogger("hutch.cluster")  # its deletions of non-durable queues: _watch_log
-        saved = (hutch_log.level, hutch_log.propagate, Journal.compactor_thread, node_log.level, cluster_log.level)
+        saved = (hutch_log.level, hutch_log.propagate, Journal.compactor_thread, node_log.level, cluster_log.level,
+                 raftlog.MEMORY_ENTRIES)
         handler = _TraceHandler(self.kernel, self.root, self._watch_log)
         hutch_log.addHandler(handler)
         hutch_log.setLevel(logging.INFO if self.opts.trace else logging.ERROR)
@@ -410,6 +412,8 @@ class ClusterSim:
             cluster_log.setLevel(logging.INFO)
         hutch_log.propagate = False
         Journal.compactor_thread = False
+        if self.opts.memory_window:  # the Raft logs keep as few entries in memory, and read the rest back
+            raftlog.MEMORY_ENTRIES = self.opts.memory_window
         try:
             for h in self.hosts:
                 self.disk.mount(h, os.path.join(self.root, h))
@@ -432,6 +436,7 @@ class ClusterSim:
             Journal.compactor_thread = saved[2]
             node_log.setLevel(saved[3])
             cluster_log.setLevel(saved[4])
+            raftlog.MEMORY_ENTRIES = saved[5]
             shutil.rmtree(self.root, ignore_errors=True)
         violation = "; ".join(text for _, text in self.failures[:5]) or None
         h = self.history
@@ -1072,10 +1077,11 @@ class ClusterSim:
                 self._transient_gone = True  # its exclusive queue goes with the connection
 
     async def _consumer(self, who: str) -> None:
-        if self.opts.memory_window and self.opts.queue_type not in STREAMS | {"quorum", EXCLUSIVE}:
-            # a classic queue with a small window: a backlog builds while the faults begin, so
-            # the queue pages, is recovered from disk, synchronised and promoted with messages on
-            # disk (no random draw: the seed's other choices stay as they were)
+        if self.opts.memory_window and self.opts.queue_type not in STREAMS | {EXCLUSIVE}:
+            # a small window: a backlog builds while the faults begin, so a classic queue pages,
+            # is recovered from disk, synchronised and promoted with messages on disk, and a
+            # quorum queue's leader reads its messages back from a log that keeps few entries in
+            # memory (no random draw: the seed's other choices stay as they were)
             await asyncio.sleep(self.opts.fault_s / 2)
         if self.opts.queue_type == STREAM_PROTOCOL:
             await self._stream_consumer(who)
@@ -1557,7 +1563,9 @@ def trace_digest(result: SimResult) -> str:
                    "was left unconfirmed or nacked), many (two publishers and two consumers).")
 @click.option("--memory-window", type=click.IntRange(0), default=0, show_default=True,
               help="Classic queues' memory window in messages (classic_queue.memory_window_messages; 0: the "
-                   "node's default): a small one makes them page to disk, and mirrors keep their copy there.")
+                   "node's default): a small one makes them page to disk, and mirrors keep their copy there. "
+                   "Raft logs keep as many entries in memory (hutch.cluster.raftlog.MEMORY_ENTRIES) and read "
+                   "the others back.")
 @click.option("-v", "--verbose", is_flag=True, help="Print the trace of each run.")
 @click.option("--jobs", type=click.IntRange(0, 64), default=1, show_default=True,
               help="Worker processes running the seeds (0: one per core); with -v, one.")
