@@ -152,3 +152,33 @@ def test_confirms_with_some_publishes_refused_settle_every_tag_exactly_once(brok
     outcomes = asyncio.run(run())
     assert len(outcomes) == 40
     assert "Ack" in outcomes and "Nack" in outcomes, outcomes
+
+
+def test_consume_ok_comes_before_the_first_delivery_of_a_queue_with_messages_ready(ch, names, broker):
+    """A client may register its consumer when basic.consume-ok arrives (hutch's own load tool
+    does, and drops a delivery for a tag it does not know): the broker must send consume-ok
+    first, as RabbitMQ does, also when messages are ready at once."""
+    import asyncio
+
+    from hutch.lab.client import Connection
+
+    q = names.queue()
+    ch.queue_declare(q, durable=True, arguments=QUORUM)
+    for i in range(20):
+        ch.basic_publish("", q, f"m{i}".encode())
+
+    async def consume() -> list[bytes]:
+        conn = await Connection.connect(broker.url)
+        try:
+            c = await conn.channel()
+            await c.qos(50)
+            got: list[bytes] = []
+            await c.consume(q, lambda tag, _redelivered, body: (got.append(body), c.ack(tag)))
+            for _ in range(100):
+                if len(got) == 20:
+                    break
+                await asyncio.sleep(0.05)
+            return got
+        finally:
+            await conn.close()
+    assert asyncio.run(consume()) == [f"m{i}".encode() for i in range(20)]

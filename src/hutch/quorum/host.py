@@ -646,14 +646,17 @@ class QuorumHost:
 
     # -- effects, on the leader
     def carry_out(self, q: QuorumQueue, effects: list, origin: str, req: int) -> None:
+        """Carry out the effects of one command. The answer to the command goes out before what
+        else it caused: a client is told basic.consume-ok before its consumer's first delivery
+        (as RabbitMQ does; a client may register its consumer only on consume-ok)."""
         reply: Any = [200]
+        out: list[tuple[str, Outcome]] = []
         for e in effects:
             t = type(e)
             if t is fifo.Deliver:
-                self._queue_out(node_of(e.consumer_id), self._to_consumer(q, e))
+                out.append((node_of(e.consumer_id), self._to_consumer(q, e)))
             elif t is fifo.Accepted or t is fifo.Rejected:
-                self._queue_out(node_of(e.publisher), PublishDecided(e.publisher, e.publisher_seq,
-                                                                     t is fifo.Accepted))
+                out.append((node_of(e.publisher), PublishDecided(e.publisher, e.publisher_seq, t is fifo.Accepted)))
             elif t is fifo.GetResult:
                 m = e.message
                 if m is None:
@@ -667,15 +670,17 @@ class QuorumHost:
             elif t is fifo.DeadLetter:
                 self._dead_letter(q, e)
             elif t is fifo.ConsumerCancelled:
-                self._queue_out(node_of(e.consumer_id), ConsumerEnded(q.gid, e.consumer_id))
+                out.append((node_of(e.consumer_id), ConsumerEnded(q.gid, e.consumer_id)))
             elif t is fifo.DispatchPending:
                 self.propose(q, fifo.Tick(self.now_ms()))
             elif t is fifo.QueueExpired:
                 self.port.delete_queue(q.vhost, q.name)
             elif t is fifo.Resent:
-                self._queue_out(node_of(e.consumer_id), self._resent_out(q, e))
+                out.append((node_of(e.consumer_id), self._resent_out(q, e)))
         if req:
             self._queue_out(origin, Answer(req, reply, q.gid))
+        for node, item in out:
+            self._queue_out(node, item)
         self.port.schedule()
 
     def content(self, q: QuorumQueue, index: int) -> tuple[str, str, bytes, bytes]:
