@@ -3,8 +3,9 @@
 Ra (RabbitMQ's Raft) keeps one write-ahead log per node for all its groups, so a node
 with thousands of quorum queues still makes one fsync per batch. This module does the same
 on `hutch.store.SegmentLog`. `RaftHostStorage` owns the log and hands each group a
-`RaftLog`, an implementation of `hutch.raft.storage.LogStorage`: an in-memory table of the
-group's entries (what the group reads) in front of the shared log (what survives). Every
+`RaftLog`, an implementation of `hutch.raft.storage.LogStorage`: a table of the group's
+entries (their terms and records, the newest ones themselves; older ones are read back from
+their records) in front of the shared log (what survives). Every
 change the group makes to its storage is appended to the segment log as it happens, as one
 record keyed by the group id:
 

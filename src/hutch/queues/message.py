@@ -10,7 +10,7 @@ from __future__ import annotations
 
 class Message:
     __slots__ = ("exchange", "routing_key", "route_enc", "props", "body", "persistent", "priority",
-                 "expiration_ms", "id")
+                 "expiration_ms", "id", "size")
 
     def __init__(self, exchange: str, routing_key: str, route_enc: bytes, props: bytes, body: bytes,
                  persistent: bool = False, priority: int = 0, expiration_ms: int | None = None, id: int = 0):
@@ -23,10 +23,7 @@ class Message:
         self.priority = priority
         self.expiration_ms = expiration_ms  # per-message TTL (the `expiration` property)
         self.id = id  # broker-wide identity, used by the store to share one record among queues
-
-    @property
-    def size(self) -> int:
-        return len(self.body)
+        self.size = len(body)  # the body's length (a quorum queue's message may keep no body)
 
     def __repr__(self) -> str:
         return f"Message({self.exchange!r}, {self.routing_key!r}, {len(self.body)} bytes)"

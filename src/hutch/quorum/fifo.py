@@ -503,7 +503,7 @@ class LoggedMessage(Message):
     dead-letters the message; the log keeps every entry from the lowest such index on
     (`QuorumQueueState.first_logged_index`)."""
 
-    __slots__ = ("index", "size")
+    __slots__ = ("index",)
 
     def __init__(self, index: int, size: int, persistent: bool, priority: int, expiration_ms: int | None,
                  exchange: str = "", routing_key: str = "", props: bytes = b"", body: bytes | None = None):
