@@ -95,8 +95,8 @@ ENTRY_BYTES_MAX = RECORD_BYTES_MAX_DEFAULT - (64 << 10)
 # up to either bound; older ones are read back from the segment log when asked for, the
 # records after one that was asked for read ahead with it (a follower catching up, a quorum
 # queue's consumers draining a backlog read the log in order).
-MEMORY_ENTRIES = 1024
-MEMORY_BYTES = 4 << 20
+MEMORY_ENTRIES = 8192
+MEMORY_BYTES = 8 << 20
 READ_AHEAD_RECORDS = 256
 READ_CACHE_ENTRIES = 4096
 

@@ -132,6 +132,9 @@ class QuorumQueue(GroupHandle):
         self.dead_letter_exchange = config.dead_letter_exchange
         self.dead_letter_routing_key = config.dead_letter_routing_key
         self.deleted = False
+        # on the leader: the publishes applied lately, by log index, so that a message's first
+        # delivery takes its content from here rather than from the log (QuorumHost.content)
+        self.recent: dict[int, Any] = {}
         self.local_consumers: dict[str, Any] = {}
         self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
         self._ops: dict[tuple[str, str], list[int]] = {}

@@ -82,6 +82,8 @@ ONCE_ONLY = (fifo.Get, fifo.Purge)  # not idempotent: never resent once sent
 # A new leader decides again from its own view (leadership_changed).
 LEADER_ONLY = (fifo.NodeDown, fifo.NodeUp)
 CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to expire
+# publishes a leader keeps at hand per queue for their first delivery (QuorumQueue.recent)
+RECENT_MAX = 1024
 SNAPSHOT_LOG_FACTOR = 4  # compact a queue's log when it is this many times longer than the queue
 SNAPSHOT_MESSAGES_MIN = 2048
 # A snapshot is one record of the node's Raft log (16 MiB at most). The snapshot a member keeps
@@ -206,11 +208,19 @@ class _QuorumApp:
             return
         effects = self.q.machine.apply(cmd, index)
         host = self.host
+        leading = host.is_leader(self.q)
+        recent = self.q.recent
+        if leading and type(cmd) is fifo.Enqueue:
+            recent[index] = cmd
+            if len(recent) > RECENT_MAX:
+                del recent[next(iter(recent))]
+        elif recent and not leading:
+            recent.clear()
         if host.proposed_at_ms:
             t = host.proposed_at_ms.pop(self.q.gid, None)
             if t is not None:
                 host.commit_latency_ms[self.q.gid] = host.port.now_ms() - t
-        if self.host.is_leader(self.q):
+        if leading:
             self.host.carry_out(self.q, effects, origin, req)
             if type(cmd) in LEADER_ONLY:
                 self.host.judge_again(self.q, cmd.node)
@@ -687,6 +697,9 @@ class QuorumHost:
         """(exchange, routing key, properties, body) of the message enqueued at log `index` of
         the queue's group on this node. The log keeps every entry a message in the queue still
         needs (fifo.LoggedMessage), so one missing is a defect: LookupError."""
+        cmd = q.recent.pop(index, None)
+        if cmd is not None:
+            return cmd.exchange, cmd.routing_key, cmd.props, cmd.body
         data = self.raft.entry_data(q.gid, index) if self.raft is not None else None
         if data is None:
             raise LookupError(f"queue '{q.name}' in vhost '{q.vhost}': no log entry {index} for a message's content")
