@@ -12,6 +12,7 @@ import pytest
 from hutch.cluster.raftlog import RaftHostStorage
 from hutch.raft.group import LEADER, RaftConfig
 from hutch.server.raft_host import QueueGroups, RaftHost
+from hutch.store import StoreFailed
 
 ME = "a@h"
 MY_ID = 7
@@ -101,6 +102,19 @@ def test_a_failed_log_fsync_stops_the_host(hosted, monkeypatch):
     host.drain()
     assert host.failed and app.applied == []  # not applied on the strength of an unsynced write
     assert "Raft log fsync failed" in host.fatal_reasons[0]
+
+
+def test_a_log_that_refuses_writes_stops_the_host_instead_of_failing_the_peer_message(hosted, monkeypatch):
+    """After a failed fsync the segment log refuses writes until it is reopened; a peer's message
+    or a proposal that meets it stops the node (the log failed, not the message), rather than
+    raising into the transport, which would close the link and call the peer faulty."""
+    host, groups, _app, _ = hosted
+
+    def refused(*_a, **_k):
+        raise StoreFailed("Segment log raft: failed earlier ([Errno 5] Input/output error); reopen it")
+    monkeypatch.setattr(host.storage.log, "append", refused)
+    assert groups.propose(GID, b"never") is False
+    assert host.failed and "Raft log failed" in host.fatal_reasons[0]
 
 
 def test_dropping_a_group_forgets_its_bookkeeping(hosted):

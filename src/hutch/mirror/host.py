@@ -335,8 +335,8 @@ class MirrorHost:
         key = (m.vhost, m.name)
         rec = cl.catalogue.queue(m.vhost, m.name)
         v = b.vhosts.get(m.vhost)
-        if rec is None or v is None or rec.leader_node != self.node:
-            return False
+        if rec is None or v is None or rec.leader_node != self.node or self.mirrors.get(key) is not m:
+            return False  # (not a mirror of this node's any more: promoted already, or dropped)
         cur = v.queues.get(m.name)
         me = m.replica.member if m.member is None else m.member.id  # its id in the ring its view is of
         log.info("Mirrored queue '%s' in vhost '%s': Promoting slave %s to master", m.name, m.vhost,
@@ -411,8 +411,12 @@ class MirrorHost:
         when a node went down; this covers members learnt of while it was (a mirror that joins
         while its right neighbour's node is unreachable from here would otherwise send into
         nothing, and the ring stalls for good). Other messages (joins, notices) are not ring
-        traffic: losing one costs a retry, not a gap."""
-        owner = self.members.get(member.id)
+        traffic: losing one costs a retry, not a gap.
+
+        The owner is looked up for every event: one event can change it (a mirror promoted by
+        the first of two events hands its member to the leader it became, and the second goes
+        to that leader; given to the mirror still, it promoted the mirror a second time)."""
+        members = self.members
         for _ in range(PUMP_ROUNDS_MAX):
             lost: list[str] = []
             right = member.right
@@ -420,6 +424,7 @@ class MirrorHost:
                 if not self.cluster.send(node_of(to), ["G", to, member.id, gm.encode(msg)]) and to == right:
                     lost.append(to)
             for ev in member.take_events():
+                owner = members.get(member.id)
                 if owner is not None:
                     owner.on_event(ev)
             if not lost:

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from hutch.cluster.raftlog import RaftHostStorage
+from hutch.cluster.raftlog import RaftHostStorage, RaftLogError
 from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
@@ -151,7 +151,13 @@ class RaftHost:
         """Every group's Ready: persist (one fsync for all), send, apply, advance. `initial`:
         at start, before the transport exists, nothing is sent, and the fsync runs here."""
         while not self.failed:
-            mr = self.multi.ready()
+            try:
+                mr = self.multi.ready()
+            except StoreClosed:
+                return
+            except (StoreError, RaftLogError) as e:  # an entry could not be read back
+                self._storage_failed(e)
+                return
             if mr is None:
                 self._leadership()
                 return
@@ -347,6 +353,13 @@ class RaftHost:
         self.failed = True
         self._fatal(f"Raft log fsync failed: {e}")
 
+    def _storage_failed(self, e: BaseException) -> None:
+        """A write to or a read from the Raft log failed (a failed fsync before it leaves the log
+        refusing writes until it is reopened): the node stops, as for a failed fsync."""
+        if not self.failed:
+            self.failed = True
+            self._fatal(f"Raft log failed: {e}")
+
     def _snapshot_too_large(self, gid: Any, size: int, kept: int) -> None:
         """A snapshot that cannot be one record of the log: the group keeps its whole log, and
         tries again once it is twice as long (its application should not have asked for it;
@@ -401,6 +414,11 @@ class RaftHost:
         try:
             gid, data = payload
             self.multi.step(gid, rm.decode(data))
+        except StoreClosed:
+            return  # the node is stopping
+        except (StoreError, RaftLogError) as e:  # this node's log failed, not the message
+            self._storage_failed(e)
+            return
         except (msgspec.DecodeError, RaftError, ValueError, TypeError) as e:
             log.warning("bad Raft message from %s: %s", peer, e)
         self._schedule()
@@ -411,6 +429,11 @@ class RaftHost:
         try:
             self.multi.propose(gid, data)
         except RaftError:
+            return False
+        except StoreClosed:
+            return False  # the node is stopping
+        except (StoreError, RaftLogError) as e:
+            self._storage_failed(e)
             return False
         self._schedule()
         return True

@@ -31,7 +31,7 @@ every confirmed message, and the run checks (FAILURE_KINDS):
   every read and every node, and a message published once at one offset only;
 - a node that resumes from a pause lets clients in only once it has applied every catalogue
   entry committed when it resumed;
-- no exception escapes a node's callbacks or tasks.
+- no exception escapes a node's callbacks or tasks, and no node raises on a peer's message.
 
 What is real: every line of the node's code above the socket, and the files. What is simulated:
 time (every node's clocks are the loop's, at a rate off by up to DRIFT_PPM_MAX, plus a wall-clock
@@ -231,6 +231,7 @@ FAILURE_KINDS = frozenset({
     "duplicate",  # a stream holds a message twice, though its publisher (a deduplicating writer) sent it once
     "offsets",  # a stream reader got offsets out of sequence, or two reads of one offset found different messages
     "unhandled",  # an exception that escaped a node's callback or task
+    "peer-message",  # a node raised on a peer's message (its transport closed the link)
     "boot",  # the cluster did not boot
     "stuck",  # the run did not end in RUN_S_MAX of simulated time, or its clock stopped (a livelock)
     "error",  # the run itself broke (the trace has the traceback)
@@ -1406,10 +1407,14 @@ class ClusterSim:
         leads now. A non-durable queue counts as gone once a node has seen another down (a node
         that cannot reach the queue's home drops what it routes there, confirmed, and the
         catalogue's leader deletes the queue: RabbitMQ's rule), and the loss of its messages is
-        then one the run counts."""
+        then one the run counts. A node that raises on a peer's message fails the run."""
         if self.opts.queue_type in VOLATILE and (text.startswith(f"deleting non-durable queue '{QUEUE}'")
                                                   or (text.startswith("node hutch@") and " down: " in text)):
             self._transient_gone = True
+        elif "sent a message on group" in text and "could not be handled" in text:
+            # a node raised on a peer's message (the transport closes the link): a defect, never a
+            # fault the run injects, however harmless its consequences turn out to be
+            self._fail("peer-message", f"{host}: {text}")
         elif "status regained" in text or "recovery detected" in text:
             self._resuming[host] = max((n.clustering.group.commit for n in self.nodes.values()
                                         if n.clustering is not None and hasattr(n.clustering, "group")), default=0)
