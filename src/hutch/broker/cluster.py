@@ -461,18 +461,23 @@ class ClusterBroker:
         if self.recovering and kind == REMOTE:
             self._held.append((peer, payload))
             return
+        if self.store_failed:
+            return  # the node is stopping, as gone for its peers (their links stay until it exits)
+        try:
+            self._dispatch(peer, kind, payload)
+        except StoreFailed as e:
+            # A record the message store refused (it failed an fsync before): the node stops, as
+            # its next sync reports the failure. Sent again, the operation would be applied again
+            # in memory and refused again (a publish enqueued once more each time); nothing more
+            # is taken, and the peer is not blamed for it (its link stays).
+            self.store_failed = True
+            log.error("the message store refused an operation from node %s (%s); this node takes no more "
+                      "queue operations from its peers", peer, e)
+        self.broker.schedule()
+
+    def _dispatch(self, peer: str, kind: str, payload: list) -> None:
         if kind == REMOTE or kind == "ST":
-            if self.store_failed:
-                return  # the node is stopping, as gone for its peers (their links stay until it exits)
-            try:
-                self.remote.on_batch(peer, payload[1])
-            except StoreFailed as e:
-                # A record the message store refused: the node stops (its next sync reports the
-                # failure). Sent again, the operation would be applied again in memory and
-                # refused again (a publish enqueued once more each time); the rest is not taken.
-                self.store_failed = True
-                log.error("the message store refused an operation from node %s (%s); this node takes no more "
-                          "queue operations from its peers", peer, e)
+            self.remote.on_batch(peer, payload[1])
         elif kind == "QP":
             self.quorum.on_forwarded(payload[1], payload[2])
         elif kind == "QE":
@@ -489,7 +494,6 @@ class ClusterBroker:
             self.peer_info[peer] = payload[1]
         elif kind == "CC":
             self.peer_counts[peer] = payload[1]
-        self.broker.schedule()
 
     def flush(self) -> None:
         """Send what this loop iteration collected (called once per broker run)."""
