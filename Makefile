@@ -139,7 +139,7 @@ soak: install
 # Real nodes in one process on simulated time and network (docs/design/simulation.md): the wide
 # sweep, 2,530 seeds of every queue type and mirroring configuration under every fault kind and
 # client kind, on every core (about 6 minutes on two); each failure prints the command that replays
-# it. `make test` runs them too: 580 first, the rest beside the real-process suites.
+# it. `make test` runs them too: 290 first, the rest beside the real-process suites.
 sim-cluster: install
 	HUTCH_SIM_SEEDS=wide $(BIN)/python -m pytest -q -p no:cacheprovider tests/sim/test_cluster_sim.py
 

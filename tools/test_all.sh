@@ -6,8 +6,8 @@
 # using about 40% of the machine, so the two slowest suites that only wait, the client
 # libraries' own test suites (tests/conformance) and the short fault campaigns
 # (tests/cluster/test_campaign.py), run beside it in a second pytest. After them, still beside
-# the rest, the whole-cluster simulation runs the rest of its wide sweep (1,950 seeds more than
-# the 580 of the first part: 2,530 in all, and 60 more with queues paged to disk) on workers that take a core only when nothing else
+# the rest, the whole-cluster simulation runs the rest of its wide sweep (2,240 seeds more than
+# the 290 of the first part: 2,530 in all, and 60 more with queues paged to disk) on workers that take a core only when nothing else
 # wants it (SCHED_IDLE), so that the idle share of the machine does the work. Their output
 # follows the main run's; `make test` fails if any part fails. PYTEST_ADDOPTS applies to all.
 set -u

@@ -15,7 +15,7 @@ import pytest
 from hutch.sim.cluster import CLIENT_KINDS, FAULT_KINDS, NET_AND_CRASH, run_seed, trace_digest
 from hutch.simkernel import SeedPool
 
-# The seeds `make test` runs first, 580 in all: each boots three nodes, publishes with confirms and
+# The seeds `make test` runs first, 290 in all: each boots three nodes, publishes with confirms and
 # consumes with acks through one queue under faults, heals, and checks every kind in
 # hutch.sim.cluster.FAILURE_KINDS. Every queue type draws every fault kind (partitions, link and
 # client resets, crashes, power losses with torn writes, fsync errors, full and slow disks,
@@ -44,16 +44,16 @@ from hutch.simkernel import SeedPool
 EVERY = frozenset(FAULT_KINDS)
 ALL_CLIENTS = frozenset(CLIENT_KINDS)
 NO_CLIENTS = frozenset()
-CI_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 80), ("classic", EVERY, NO_CLIENTS, 100, 50),
-            ("mirrored", EVERY, NO_CLIENTS, 100, 90), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 30),
-            ("stream", EVERY, NO_CLIENTS, 100, 50),
-            ("quorum", EVERY, ALL_CLIENTS, 1, 20), ("classic", EVERY, ALL_CLIENTS, 1, 20),
-            ("mirrored", EVERY, ALL_CLIENTS, 1, 40), ("mirrored-always", EVERY, ALL_CLIENTS, 1, 20),
-            ("mirrored-nodes", EVERY, ALL_CLIENTS, 1, 20), ("mirrored-automatic-always", EVERY, ALL_CLIENTS, 1, 20),
-            ("stream", EVERY, ALL_CLIENTS, 1, 30),
-            ("transient", EVERY, NO_CLIENTS, 100, 30), ("transient", EVERY, ALL_CLIENTS, 1, 20),
-            ("stream-protocol", EVERY, NO_CLIENTS, 100, 20), ("stream-protocol", EVERY, ALL_CLIENTS, 1, 20),
-            ("exclusive", EVERY, NO_CLIENTS, 100, 10), ("exclusive", EVERY, ALL_CLIENTS, 1, 10)]
+CI_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 40), ("classic", EVERY, NO_CLIENTS, 100, 25),
+            ("mirrored", EVERY, NO_CLIENTS, 100, 45), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 15),
+            ("stream", EVERY, NO_CLIENTS, 100, 25),
+            ("quorum", EVERY, ALL_CLIENTS, 1, 10), ("classic", EVERY, ALL_CLIENTS, 1, 10),
+            ("mirrored", EVERY, ALL_CLIENTS, 1, 20), ("mirrored-always", EVERY, ALL_CLIENTS, 1, 10),
+            ("mirrored-nodes", EVERY, ALL_CLIENTS, 1, 10), ("mirrored-automatic-always", EVERY, ALL_CLIENTS, 1, 10),
+            ("stream", EVERY, ALL_CLIENTS, 1, 15),
+            ("transient", EVERY, NO_CLIENTS, 100, 15), ("transient", EVERY, ALL_CLIENTS, 1, 10),
+            ("stream-protocol", EVERY, NO_CLIENTS, 100, 10), ("stream-protocol", EVERY, ALL_CLIENTS, 1, 10),
+            ("exclusive", EVERY, NO_CLIENTS, 100, 5), ("exclusive", EVERY, ALL_CLIENTS, 1, 5)]
 WIDE_SEEDS = [("quorum", EVERY, NO_CLIENTS, 100, 450), ("classic", EVERY, NO_CLIENTS, 100, 200),
               ("mirrored", EVERY, NO_CLIENTS, 100, 550), ("mirrored", NET_AND_CRASH, NO_CLIENTS, 100, 150),
               ("stream", EVERY, NO_CLIENTS, 100, 200),
