@@ -683,11 +683,8 @@ class QuorumQueueState:
         ttl = cmd.expiration_ms
         if self.config.message_ttl_ms is not None:
             ttl = self.config.message_ttl_ms if ttl is None else min(ttl, self.config.message_ttl_ms)
-        if self._index:
-            msg = LoggedMessage(self._index, len(cmd.body), cmd.persistent, cmd.priority, cmd.expiration_ms)
-        else:
-            msg = LoggedMessage(0, len(cmd.body), cmd.persistent, cmd.priority, cmd.expiration_ms,
-                                (cmd.exchange, cmd.routing_key, cmd.props, cmd.body))
+        msg = LoggedMessage(self._index, len(cmd.body), cmd.persistent, cmd.priority, cmd.expiration_ms,
+                            None if self._index else (cmd.exchange, cmd.routing_key, cmd.props, cmd.body))
         _entry, dropped = self.queue.enqueue(msg, None if ttl is None else self.clock_ms + ttl)
         if pub is not None:
             effects.append(Accepted(pub, seq))
