@@ -48,7 +48,7 @@ import msgspec
 
 from hutch.cluster.raftlog import RaftHostStorage, RaftLogError
 from hutch.raft import messages as rm
-from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
+from hutch.raft.group import LEADER, SNAPSHOT, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
 from hutch.server import faults
 from hutch.store import StoreClosed, StoreError
@@ -142,7 +142,7 @@ class RaftHost:
         self._snapshot_bytes_max = storage.log.record_bytes_max - SNAPSHOT_RECORD_SLACK_BYTES
         # groups whose snapshot was too large -> the log length at which to try again
         self._snapshot_refused: dict[Any, int] = {}
-        # gid -> (a stored snapshot, what a follower is sent of it): see _portable
+        # gid -> (a stored snapshot, what a follower is sent of it), while a follower needs it: see _portable
         self._portables: dict[Any, tuple[rm.Snapshot, rm.Snapshot]] = {}
 
     # ------------------------------------------------------------ the Ready loop
@@ -283,6 +283,9 @@ class RaftHost:
         for gid, rd in groups:
             app = self.apps.get(gid)
             g = multi.groups.get(gid)
+            if gid in self._portables and (g is None or not g.progress or all(
+                    p.state != SNAPSHOT for p in g.progress.values())):
+                del self._portables[gid]  # no follower waits for it any more
             if app is None or g is None:
                 continue
             if rd.snapshot is not None and rd.snapshot.data:
