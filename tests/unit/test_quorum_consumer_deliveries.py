@@ -28,6 +28,7 @@ from hutch.quorum.host import (
     RETRY_LEADER_S,
     RETRY_S,
     Outcome,
+    PublishDecided,
     QuorumHost,
     ToConsumer,
     _delivery,
@@ -253,6 +254,10 @@ class _Raft:
     def __init__(self, leader: str):
         self.leader_node = leader
         self.appended: list = []
+        self.entries: dict[int, bytes] = {}  # the log's committed entries (`_commit`), by index
+
+    def entry_data(self, _gid: int, index: int) -> bytes | None:
+        return self.entries.get(index)
 
     def leader(self, _gid: int) -> str:
         return self.leader_node
@@ -359,7 +364,10 @@ def _applier(link: Link) -> _QuorumApp:
 
 
 def _commit(app: _QuorumApp, cmd, index: int) -> None:
-    app.apply(msgspec.msgpack.encode(["n1", 0, fifo.encode_command(cmd)]), index)
+    data = msgspec.msgpack.encode(["n1", 0, fifo.encode_command(cmd)])
+    if isinstance(app.host.raft, _Raft):
+        app.host.raft.entries[index] = data
+    app.apply(data, index)
 
 
 def test_a_nodedown_committed_after_the_new_leader_looked_is_undone_when_the_node_is_up():
@@ -412,3 +420,28 @@ def test_a_delivery_to_a_consumer_gone_from_its_node_goes_back_after_the_consume
     assert type(sent[0]) is fifo.Cancel
     assert [o for o in link.proposals() if type(o) is ToConsumer] == []  # nothing goes to it again
     assert link.state.consumer_count == 0 and link.state.messages_ready == 2
+
+
+def test_nothing_is_delivered_to_a_node_whose_nodedown_is_proposed_and_not_yet_applied():
+    """The link to the consumer's node broke and came back before the leader's NodeDown for it was
+    committed (with the publishes before it). The publishes' deliveries to that node are not sent:
+    the NodeDown, once applied, gives the messages to the queue's other consumers, flagged, and
+    deliveries sent now would reach the consumer too, perhaps after those, without the flag
+    (hutch sim cluster, quorum seed 58). Once it is applied, the consumer's node gets deliveries
+    again, and a publish's confirm is never held back."""
+    link = Link()
+    c = link.consume(prefetch=10)
+    link.leader.raft = raft = _Raft(leader="n1")
+    app = _applier(link)
+    link.leader.peer_down("n3")
+    assert [type(cmd) for cmd in raft.appended] == [fifo.NodeDown]
+    _commit(app, fifo.Enqueue("", "q", NO_PROPS, b"m1", now_ms=link.port.t_ms, publisher="n3/1/1", publisher_seq=1),
+            20)
+    sent = link.sent_to_consumer()
+    assert [type(o) for o in sent] == [PublishDecided]  # the confirm goes; the delivery does not
+    _commit(app, raft.appended[0], 21)  # the NodeDown: m1 is back in the queue
+    assert link.state.messages_ready == 1 and not link.sent_to_consumer()
+    _commit(app, fifo.NodeUp("n3"), 22)
+    link.arrive(link.sent_to_consumer())  # it names the delivery never sent: the node asks for it
+    link.arrive(link.proposals())
+    assert c.got == [(b"m1", True)]  # delivered once, after the NodeUp, flagged
