@@ -14,6 +14,8 @@ first (one broker runs at a time, so they never compete for the two cores):
   catch-up    a stream filled with `--catchup` messages (default 1,000,000 so a run fits in
               minutes; 10,000,000 is the goal's figure, about 10 GiB per replica), then one
               stream-protocol consumer reads them all from `first`: the time it takes.
+              `--cold` drops the page cache between the two (root only), so the read comes
+              from the disk, as it does for a stream larger than the memory.
   failover    (3 replicas) a producer at `--failover-rate` msg/s on the leader's node with a
               publisher reference (deduplication), a consumer on another node reading from
               `first`; the leader's node is killed (kill -9). Measured: time from the kill until
@@ -28,6 +30,7 @@ better for rates, lower for times).
 
     bench/streams_compare.py                     # about 10 minutes
     bench/streams_compare.py --catchup 10000000  # the goal's catch-up size (disk: ~10 GiB a replica)
+    bench/streams_compare.py --parts catchup --catchup 3000000 --cold   # the read from the disk
     bench/streams_compare.py --replicas 1 --brokers hutch --parts throughput
 
 Results go to bench/results/streams-compare-<time>.json (git-ignored).
@@ -236,13 +239,25 @@ def measure_throughput(b: Broker, protocol: str, duration_s: float) -> dict:
             "nacked": s["nacked"], "client_cpu_us_per_msg": s["client_cpu_us_per_msg"]}
 
 
-def measure_catchup(b: Broker, n: int) -> dict:
+def drop_page_cache() -> None:
+    """Write what is dirty and drop the kernel's page cache, so that what is read next comes
+    from the disk (root only: /proc/sys/vm/drop_caches)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    except OSError as e:
+        raise SystemExit(f"--cold needs to drop the page cache, which needs root: {e}") from None
+
+
+def measure_catchup(b: Broker, n: int, cold: bool = False) -> dict:
     name = f"bench-catchup-{uuid.uuid4().hex[:8]}"
     base = ["--protocol", "stream", "--uri", b.stream_url(0), "--size", str(BODY_SIZE), "--queue", name]
     fill = perf(base + ["--queue-args", json.dumps({"initial-cluster-size": b.n}), "--producers", "1",
                         "--consumers", "0", "--pmessages", str(n)])
     if fill["confirmed"] < n:
         raise RuntimeError(f"catch-up fill: {fill['confirmed']} of {n} confirmed")
+    if cold:
+        drop_page_cache()
     read = perf(base + ["--predeclared", "--producers", "0", "--consumers", "1", "--offset", "first",
                         "--cmessages", str(n)])
     out = {"messages": n, "fill_s": fill["duration_s"], "read_s": read["duration_s"],
@@ -558,7 +573,7 @@ def measure_broker(b: Broker, res: dict, parts: list[str], a: argparse.Namespace
             res[f"throughput_{protocol}"] = _attempt(lambda p=protocol: measure_throughput(b, p, a.duration))
             print(f"   throughput {protocol}: {res[f'throughput_{protocol}']}", flush=True)
     if "catchup" in parts:
-        res["catchup"] = _attempt(lambda: measure_catchup(b, a.catchup))
+        res["catchup"] = _attempt(lambda: measure_catchup(b, a.catchup, a.cold))
         print(f"   catch-up: {res['catchup']}", flush=True)
     res["peak_rss_mb"] = max(x for x in b.peak_rss_mb() if x is not None)  # before a node is killed
     if "failover" in parts and b.n > 1:
@@ -573,6 +588,9 @@ def main() -> int:
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--duration", type=float, default=DURATION_S, help="seconds per throughput run")
     ap.add_argument("--catchup", type=int, default=CATCHUP_DEFAULT, help="messages the catch-up consumer reads")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the page cache between the catch-up's fill and its read, so the read comes "
+                         "from the disk (needs root)")
     ap.add_argument("--failover-rate", type=float, default=FAILOVER_RATE)
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
