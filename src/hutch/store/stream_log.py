@@ -240,7 +240,7 @@ class StreamLog:
     `flock` keeps a second process out of the directory. With `fsync=False` nothing is
     fsynced (for tests and for streams that accept losing their tail)."""
 
-    __slots__ = ("directory", "max_segment_bytes", "fsync", "recovery", "_lock", "_sync_lock",
+    __slots__ = ("directory", "max_segment_bytes", "fsync", "recovery", "_lock", "_sync_lock", "_advised",
                  "_segments", "_bases", "_seg_fd", "_idx_fd", "_unsynced_sealed", "_dir_dirty",
                  "_synced_offset", "_epochs", "_bytes", "_closed", "_failed", "_lock_fd", "_dir_fd",
                  "fsync_count", "tail_check_bytes")
@@ -258,6 +258,7 @@ class StreamLog:
         self._sync_lock = threading.Lock()   # syncs, truncate, retain, close; taken before _lock
         self._segments: list[_Segment] = []
         self._bases: list[int] = []          # each segment's base, for bisect
+        self._advised: dict[int, int] = {}   # segment base -> how far the kernel was asked to read ahead
         self._seg_fd = -1                    # the active segment's and index's append fds
         self._idx_fd = -1
         self._unsynced_sealed: list[tuple[int, int]] = []  # sealed (segment, index) fds to fsync, then close
@@ -812,12 +813,29 @@ class StreamLog:
         with self._lock:
             ranges = self._ranges_locked(from_offset, max_bytes)
             blobs = [_pread_all(r.fd, r.length, r.position) for r in ranges]
+            if ranges and _fadvise is not None:
+                self._read_ahead(ranges[-1])
         for r, blob in zip(ranges, blobs, strict=True):
             data = memoryview(blob)
             for c in r.chunks:
                 start = c.position - r.position
                 out.append((c, data[start:start + c.size]))
         return out
+
+    def _read_ahead(self, last: SegmentRange) -> None:
+        """A reader reads on from the end of `last`: have the kernel fetch what follows while
+        this is delivered, not when it is asked for (a catch-up from the disk), READ_AHEAD_BYTES
+        at a time, asked again once a reader is half-way through what was asked. Caller holds
+        _lock."""
+        base = self._bases[bisect.bisect_right(self._bases, last.chunks[-1].chunk_id) - 1]
+        end = last.position + last.length
+        advised = self._advised
+        if end + READ_AHEAD_BYTES // 2 <= advised.get(base, 0):
+            return
+        if len(advised) >= 64:
+            advised.clear()  # segments retention removed, or read long ago
+        _fadvise(last.fd, end, READ_AHEAD_BYTES, _WILLNEED)
+        advised[base] = end + READ_AHEAD_BYTES
 
     def chunk_containing(self, offset: int) -> ChunkInfo | None:
         """The chunk holding the record at `offset`, or None outside [first_offset, next_offset)."""
@@ -979,6 +997,11 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         if n == 0:
             raise OSError("write returned 0")
         written += n
+
+
+READ_AHEAD_BYTES = 8 << 20  # what `read` asks the kernel to fetch beyond what it read
+_fadvise = getattr(os, "posix_fadvise", None)
+_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
 
 
 def _pread_all(fd: int, length: int, position: int) -> bytes:
