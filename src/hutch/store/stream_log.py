@@ -834,7 +834,10 @@ class StreamLog:
             return
         if len(advised) >= 64:
             advised.clear()  # segments retention removed, or read long ago
-        _fadvise(last.fd, end, READ_AHEAD_BYTES, _WILLNEED)
+        try:
+            _fadvise(last.fd, end, READ_AHEAD_BYTES, _WILLNEED)
+        except OSError:
+            return  # only a hint: a file system that takes none reads as it did
         advised[base] = end + READ_AHEAD_BYTES
 
     def chunk_containing(self, offset: int) -> ChunkInfo | None:
