@@ -626,7 +626,7 @@ class StreamLog:
             try:
                 self._sync_sealed_locked()
                 old = self._segments.pop()
-                self._bases.pop()
+                self._advised.pop(self._bases.pop(), None)
                 os.close(self._seg_fd)
                 os.close(self._idx_fd)
                 self._seg_fd = self._idx_fd = -1
@@ -717,7 +717,7 @@ class StreamLog:
     def _drop_active_locked(self) -> None:
         """Delete the active segment and make the one before it active. Caller holds both locks."""
         seg = self._segments.pop()
-        self._bases.pop()
+        self._advised.pop(self._bases.pop(), None)
         os.close(self._seg_fd)
         os.close(self._idx_fd)
         self._delete_segment_files(seg, index_first=True)
@@ -756,7 +756,7 @@ class StreamLog:
                 if not (over_size or too_old):
                     break
                 self._segments.pop(0)
-                self._bases.pop(0)
+                self._advised.pop(self._bases.pop(0), None)
                 self._delete_segment_files(oldest, index_first=False)
                 self._bytes -= oldest.size_bytes
                 deleted += 1
@@ -832,8 +832,6 @@ class StreamLog:
         advised = self._advised
         if end + READ_AHEAD_BYTES // 2 <= advised.get(base, 0):
             return
-        if len(advised) >= 64:
-            advised.clear()  # segments retention removed, or read long ago
         try:
             _fadvise(last.fd, end, READ_AHEAD_BYTES, _WILLNEED)
         except OSError:
