@@ -185,6 +185,7 @@ async def shrink(request: web.Request) -> web.Response:
 
 
 TRANSFER_TIMEOUT_S = 5.0  # a leadership transfer not seen done by then is reported as not done
+TRANSFER_RETRY_S = 1.5  # a transfer not seen done by then is asked for again
 
 
 @routes.post("/api/hutch/quorum/rebalance")
@@ -209,29 +210,43 @@ async def rebalance(request: web.Request) -> web.Response:
 
 
 async def _move_leader(broker, q, frm: str, to: str) -> dict:
-    """Ask the queue's leader to hand leadership to `to`, then wait until `to` is seen leading."""
+    """Ask the queue's leader to hand leadership to `to`, then wait until `to` is seen leading.
+    A Raft transfer is abandoned after an election timeout (a transferee still catching up, a
+    vote lost to a timing accident): while time is left, the leader of the moment is asked
+    again every TRANSFER_RETRY_S."""
     row = {"vhost": q.vhost, "name": q.name, "from": frm, "to": to}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + TRANSFER_TIMEOUT_S
+    asked = False
+    while True:
+        leader = q.home_node if q.home_node in q.members else frm
+        answer = await _ask_transfer(broker, q, leader, to, max(0.1, deadline - loop.time()))
+        if answer is None or answer[0] != 200:
+            if not asked:  # the first request refused: say why at once
+                row.update(result="error", reason=answer[1] if answer else f"{leader} did not answer")
+                return row
+        elif not asked:
+            asked = True
+            log.info("Rebalancing quorum queue '%s' in vhost '%s': transferring leadership from %s to %s",
+                     q.name, q.vhost, frm, to)
+        retry_at = min(deadline, loop.time() + TRANSFER_RETRY_S)
+        while q.home_node != to and loop.time() < retry_at:
+            await asyncio.sleep(0.05)
+        if q.home_node == to:
+            row["result"] = "ok"
+            return row
+        if loop.time() >= deadline:
+            row.update(result="error", reason=f"{to} did not take over within {TRANSFER_TIMEOUT_S:g} s")
+            return row
+
+
+async def _ask_transfer(broker, q, leader: str, to: str, timeout: float) -> list | None:
     try:
-        if frm == broker.cluster.node:
-            answer = broker.cluster.transfer_quorum_leader(q.gid, to)
-        else:
-            answer = await asyncio.wait_for(_call(broker, frm, [q.gid, to], "qleader"), TRANSFER_TIMEOUT_S)
+        if leader == broker.cluster.node:
+            return broker.cluster.transfer_quorum_leader(q.gid, to)
+        return await asyncio.wait_for(_call(broker, leader, [q.gid, to], "qleader"), timeout)
     except (TimeoutError, OSError):
-        answer = None
-    if answer is None or answer[0] != 200:
-        row.update(result="error", reason=answer[1] if answer else f"{frm} did not answer")
-        return row
-    log.info("Rebalancing quorum queue '%s' in vhost '%s': transferring leadership from %s to %s", q.name,
-             q.vhost, frm, to)
-    while q.home_node != to and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-    if q.home_node == to:
-        row["result"] = "ok"
-    else:
-        row.update(result="error", reason=f"{to} did not take over within {TRANSFER_TIMEOUT_S:g} s")
-    return row
+        return None
 
 
 async def drop_forgotten_member(broker, node: str) -> list[dict]:
