@@ -104,6 +104,9 @@ class _FencingCluster(_Cluster):
     def cut_off(self) -> bool:
         return False
 
+    def promotion_held(self, dead_leader: str) -> bool:
+        return False
+
     def fenced_nodes(self, vhost: str, name: str) -> tuple[str, ...]:
         return self.fenced
 

@@ -102,6 +102,10 @@ def _stream_filter_value(props: bytes) -> bytes | None:
     return v.encode() if isinstance(v, str) and v else None
 
 
+
+def _no_hold(_node: str) -> bool:
+    return False
+
 class _Stale:
     """What a channel's unacknowledged delivery points to once its queue's leader is gone:
     the new leader has requeued the message, so an ack or reject of the old tag does nothing."""
@@ -148,6 +152,9 @@ class ClusterBroker:
         self.migrator: Callable[[list, Callable], None] | None = None  # migrate_to_quorum here (runtime)
         self.migrations: dict[tuple[str, str], Any] = {}  # classic queue being migrated -> its quorum queue
         self.peer_info: dict[str, dict] = {}  # the last one each peer sent
+        # pause_minority's partial-partition handling (set by the runtime, hutch.server.clustering):
+        # whether a mirror here must not take over from a leader on the node named, for now
+        self.promotion_hold: Callable[[str], bool] = _no_hold
         self.peer_counts: dict[str, dict] = {}  # each peer's connection and channel counts (for limits)
         self.quorum = QuorumHost(self.peers, BrokerQuorumPort(self))
         self.streams = StreamHost(self.peers, BrokerStreamPort(self))
@@ -231,6 +238,12 @@ class ClusterBroker:
         if self.broker.config.cluster_partition_handling != "pause_minority" or not self.members:
             return False
         return 2 * len(self.running_nodes()) <= len(self.members)
+
+    def promotion_held(self, dead_leader: str) -> bool:
+        """Whether no mirror on this node may propose its promotion over a leader on
+        `dead_leader` now (pause_minority: the node is paused by a partial partition, or is
+        still asking whether the others reach `dead_leader`)."""
+        return self.promotion_hold(dead_leader)
 
     # ------------------------------------------------------------ the catalogue, applied
 

@@ -314,6 +314,8 @@ class Mirror:
             return
         if chosen != self.member.id or self.promoting:
             return
+        if self.host.cluster.promotion_held(self.dead_leader_node):
+            return  # a partial partition: paused, or not yet known (the next tick asks again)
         self.promoting = True
         view = self.replica.view
         alive = set(self.member.members)

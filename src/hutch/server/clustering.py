@@ -62,6 +62,7 @@ log = logging.getLogger("hutch.cluster")
 
 CATALOGUE_GROUP = 0
 TICK_S = 0.1
+PP_CHECK_S = 1.0  # a partial-partition check some member asked has not answered by then is over
 PP_ASKED_MAX = 1024  # partial-partition pings awaiting their answer (a handful: members x members)
 ELECTION_TIMEOUT_TICKS = 10  # a follower that hears no leader for a second stands for election
 HEARTBEAT_INTERVAL_TICKS = 1
@@ -85,7 +86,7 @@ _dec = msgspec.msgpack.Decoder()
 # a cluster call ("rpc"): its kind, then arguments of these types
 _RPC_ARGS = {"propose": tuple[bytes], "join": tuple[str, str], "forget": tuple[str], "leaving": tuple[()],
              "members": tuple[dict[str, str]], "pp_check": tuple[str], "pp_ping": tuple[str], "pp_pong": tuple[str],
-             "pp_seen": tuple[str]}
+             "pp_seen": tuple[str], "pp_unseen": tuple[str]}
 
 
 class MalformedProposal(ValueError):
@@ -178,6 +179,9 @@ class ClusterRuntime:
         # still reaches it), until every member is reachable again (`_partition_check`)
         self.partial_partition: tuple[str, str] | None = None
         self._pp_asked: set[tuple[str, str]] = set()  # (node pinged, node that asked about it)
+        # members lost whose partial-partition check is under way: the members asked that have
+        # not answered, and until when the check may take
+        self._pp_checking: dict[str, tuple[set[str], float]] = {}
         self.forgets: list[list] = []  # [name, callback, deadline]: waiting for the member to leave
         self._tasks = TaskSet("cluster", log)  # the join loop
 
@@ -189,6 +193,7 @@ class ClusterRuntime:
         self.cluster = ClusterBroker(broker, self.name, self._send_q, self.is_up, self.submit,
                                      self.loop.call_soon, self.status)
         broker.cluster = self.cluster
+        self.cluster.promotion_hold = self.promotion_hold
         self.cluster.recovering = True  # until the runtime has opened the broker's storage
         raft_dir = Path(cfg.data_dir) / "raft"
         self.host = RaftHostStorage(raft_dir)
@@ -593,6 +598,8 @@ class ClusterRuntime:
                     and len(self._pp_asked) < PP_ASKED_MAX:
                 self._pp_asked.add((x, peer))
                 self.transport.send(x, "rpc", ["pp_ping", peer])
+            else:  # not from here: the asking node need not wait for this one
+                self.transport.send(peer, "rpc", ["pp_unseen", x])
         elif kind == "pp_ping":
             self.transport.send(peer, "rpc", ["pp_pong", payload[1]])
         elif kind == "pp_pong":  # `peer` is alive: tell the node that lost it
@@ -601,9 +608,13 @@ class ClusterRuntime:
                 self._pp_asked.discard((peer, asker))
                 self.transport.send(asker, "rpc", ["pp_seen", peer])
         elif kind == "pp_seen":
+            self._pp_checking.pop(payload[1], None)
             self._partial_partition(payload[1], peer)
+        elif kind == "pp_unseen":
+            self._pp_answered(payload[1], peer)
 
     def _on_peer_up(self, peer: str) -> None:
+        self._pp_checking.pop(peer, None)
         was_partitioned = peer in self.down_since and peer not in self.stopping_peers
         self.down_since.pop(peer, None)
         self.stopping_peers.discard(peer)
@@ -655,7 +666,11 @@ class ClusterRuntime:
         self.on_partition(up, members, self.partial_partition is not None)
 
     def _on_peer_down(self, peer: str, reason: str) -> None:
+        for x, asker in [a for a in self._pp_asked if a[0] == peer]:  # it will not answer the ping now
+            self.transport.send(asker, "rpc", ["pp_unseen", x])
         self._pp_asked = {a for a in self._pp_asked if peer not in a}
+        for lost in list(self._pp_checking):  # nor, gone, answer a check
+            self._pp_answered(lost, peer)
         self.down_since[peer] = self.now_s()
         self.raft.peer_down(node_id(peer), {node_id(m) for m in self._running()})
         self.cluster.peer_down(peer)
@@ -665,9 +680,34 @@ class ClusterRuntime:
             # a partial partition? ask the members still reached whether they reach `peer`
             # (RabbitMQ's check_partial_partition): each pings it and answers only once it has
             # answered, so a node that died is not taken for one cut off
-            for other in self.transport.up_peers:
-                if other != peer:
-                    self.transport.send(other, "rpc", ["pp_check", peer])
+            asked = {other for other in self.transport.up_peers if other != peer}
+            for other in asked:
+                self.transport.send(other, "rpc", ["pp_check", peer])
+            if asked:
+                self._pp_checking[peer] = (asked, self.now_s() + PP_CHECK_S)
+
+    def _pp_answered(self, lost: str, peer: str) -> None:
+        """`peer` does not reach `lost` (or went down itself): one answer fewer to wait for."""
+        entry = self._pp_checking.get(lost)
+        if entry is not None:
+            entry[0].discard(peer)
+            if not entry[0]:
+                del self._pp_checking[lost]
+
+    def promotion_hold(self, dead_leader: str) -> bool:
+        """pause_minority: whether a mirror on this node must not take over from its leader on
+        `dead_leader` now. Not while this node is paused by a partial partition (it serves no
+        one, and that leader may still serve the nodes beyond the cut), nor while it waits to
+        hear whether the members it reaches still reach `dead_leader` (PP_CHECK_S at most):
+        otherwise a mirror at one end of a cut link could be promoted in the moment before its
+        node pauses."""
+        if self.partial_partition is not None:
+            return True
+        entry = self._pp_checking.get(dead_leader)
+        if entry is not None and self.now_s() >= entry[1]:
+            del self._pp_checking[dead_leader]
+            return False
+        return entry is not None
 
     def _partial_partition(self, lost: str, seer: str) -> None:
         """`seer` still reaches `lost`, which this node lost: pause_minority pauses until the
