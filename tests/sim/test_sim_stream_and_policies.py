@@ -291,12 +291,15 @@ def _diverging(monkeypatch, tamper) -> None:
 
 def _diverging_mirror(monkeypatch, tamper) -> None:
     """Have `tamper(node)` change a mirror's copy each time the check looks at the copies (the
-    check waits for them to agree, and the leader's next ops could mend a change made once)."""
+    check waits for them to agree, and the leader's next ops could mend a change made once); at
+    a look before the mirror has joined again after the faults, there is none to change."""
     real = ClusterSim._mirrored_copies
 
     def copies(self):
-        tamper(next(n for _h, n in sorted(self.nodes.items())
-                    if ("/", QUEUE) in n.clustering.cluster.mirroring.mirrors and not _queue_on(n).local))
+        mirror = next((n for _h, n in sorted(self.nodes.items())
+                       if ("/", QUEUE) in n.clustering.cluster.mirroring.mirrors and not _queue_on(n).local), None)
+        if mirror is not None:
+            tamper(mirror)
         return real(self)
     monkeypatch.setattr(ClusterSim, "_mirrored_copies", copies)
 

@@ -40,10 +40,12 @@ class SimClient:
     """One AMQP connection with one channel (number 1)."""
 
     def __init__(self, name: str, on_confirm: Callable[[int, bool, bool], None] | None = None,
-                 on_delivery: Callable[[int, bool, Any, bytes], None] | None = None) -> None:
+                 on_delivery: Callable[[int, bool, Any, bytes], None] | None = None,
+                 on_return: Callable[[bytes], None] | None = None) -> None:
         self.name = name
         self.on_confirm = on_confirm  # (delivery tag, multiple, ack?) for publisher confirms
         self.on_delivery = on_delivery  # (delivery tag, redelivered, properties, body)
+        self.on_return = on_return  # (body) of a mandatory publish that no queue took
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.closed: ClientClosed | None = None
@@ -103,11 +105,13 @@ class SimClient:
         ok = await self._rpc(1, commands.Basic.Consume(queue=queue, arguments=arguments), (commands.Basic.ConsumeOk,))
         return ok.consumer_tag
 
-    def publish(self, routing_key: str, body_bytes: bytes, properties: commands.Basic.Properties) -> int:
-        """Publish on the default exchange; returns the publish sequence number (confirm tag)."""
+    def publish(self, routing_key: str, body_bytes: bytes, properties: commands.Basic.Properties,
+                mandatory: bool = False) -> int:
+        """Publish on the default exchange; returns the publish sequence number (confirm tag).
+        `mandatory`: a message no queue takes comes back (basic.return, before its confirm)."""
         self._check_open()
         self.publish_seq += 1
-        out = [frame.marshal(commands.Basic.Publish(exchange="", routing_key=routing_key), 1),
+        out = [frame.marshal(commands.Basic.Publish(exchange="", routing_key=routing_key, mandatory=mandatory), 1),
                frame.marshal(header.ContentHeader(0, len(body_bytes), properties), 1),
                frame.marshal(body.ContentBody(body_bytes), 1)]
         self.writer.write(b"".join(out))
@@ -203,7 +207,7 @@ class SimClient:
                 if self._content[3] <= 0:
                     self._content_done()
             return
-        if isinstance(value, (commands.Basic.Deliver, commands.Basic.GetOk)):
+        if isinstance(value, (commands.Basic.Deliver, commands.Basic.GetOk, commands.Basic.Return)):
             self._content = [value, None, [], 0]
         elif isinstance(value, (commands.Basic.Ack, commands.Basic.Nack)):
             if self.on_confirm is not None:
@@ -226,6 +230,9 @@ class SimClient:
         if isinstance(deliver, commands.Basic.GetOk):
             if self._waiting is not None and not self._waiting[1].done():
                 self._waiting[1].set_result(_GotMessage(deliver, b"".join(parts)))
+        elif isinstance(deliver, commands.Basic.Return):
+            if self.on_return is not None:
+                self.on_return(b"".join(parts))
         elif self.on_delivery is not None:
             self.on_delivery(deliver.delivery_tag, deliver.redelivered, head.properties, b"".join(parts))
 

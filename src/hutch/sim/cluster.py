@@ -262,6 +262,7 @@ class _History:
     published: set[str] = field(default_factory=set)
     confirmed: set[str] = field(default_factory=set)
     nacked: set[str] = field(default_factory=set)
+    unroutable: set[str] = field(default_factory=set)  # returned (mandatory) and so not confirmed
     delivered: dict[str, int] = field(default_factory=dict)  # message id -> deliveries seen
     unflagged: set[str] = field(default_factory=set)  # message ids delivered once without `redelivered`
 
@@ -444,6 +445,8 @@ class ClusterSim:
         h = self.history
         self.stats.update(published=len(h.published), confirmed=len(h.confirmed), nacked=len(h.nacked),
                           delivered=len(h.delivered), sim_s=round(self.kernel.now / 1e6, 3))
+        if h.unroutable:
+            self.stats["unroutable"] = len(h.unroutable)
         if self.failures:
             self.stats["failed"] = sorted({kind for kind, _ in self.failures})
         if violation is not None:
@@ -830,6 +833,9 @@ class ClusterSim:
                                                    arguments=self._queue_arguments())
                 self.kernel.log(f"client {who}: connected to {host}")
                 return client, host
+            except asyncio.CancelledError:  # the run is over: a connection half set up closes too
+                client.abort()
+                raise
             except Exception as e:  # noqa: BLE001 - any failure: retry
                 self.kernel.log(f"client {who}: could not set up on {host}: {type(e).__name__}: {e}")
                 client.abort()
@@ -854,21 +860,33 @@ class ClusterSim:
         window_max = 8
         retrying = "retry" in self.opts.clients
         again: list[str] = []  # copies to send again
+        # an exclusive queue exists only while its owner's connection does: a message published
+        # when there is none is routed nowhere and confirmed (AMQP's rule); mandatory, it comes
+        # back first, and counts as unroutable, not confirmed
+        mandatory = self.opts.queue_type == EXCLUSIVE
         while self._next_id < self.opts.messages or again:
             tags: dict[int, str] = {}
+            returned: set[str] = set()
 
-            def on_confirm(tag: int, multiple: bool, ack: bool, tags=tags) -> None:
+            def on_confirm(tag: int, multiple: bool, ack: bool, tags=tags, returned=returned) -> None:
                 done = [t for t in tags if t <= tag] if multiple else [tag]
                 for t in done:
                     mid = tags.pop(t, None)
                     if mid is None:
                         continue
-                    (h.confirmed if ack else h.nacked).add(mid)
-                    self.kernel.log(f"client {who}: {'confirmed' if ack else 'nacked'} {mid}")
+                    if mid in returned:
+                        returned.discard(mid)
+                        h.unroutable.add(mid)
+                        self.kernel.log(f"client {who}: {mid} returned unroutable")
+                        ack = False
+                    else:
+                        (h.confirmed if ack else h.nacked).add(mid)
+                        self.kernel.log(f"client {who}: {'confirmed' if ack else 'nacked'} {mid}")
                     if not ack and retrying:
                         _send_again(again, mid)
 
-            client, _ = await self._connect(who, on_confirm=on_confirm)
+            client, _ = await self._connect(who, on_confirm=on_confirm,
+                                            on_return=lambda body, returned=returned: returned.add(body.decode()))
             try:
                 async with asyncio.timeout(STEP_TIMEOUT_S):
                     await client.confirm_select()
@@ -883,7 +901,7 @@ class ClusterSim:
                         self._next_id += 1
                     props = commands.Basic.Properties(delivery_mode=1 if self.opts.queue_type == TRANSIENT else 2,
                                                       message_id=mid.partition(".")[0])
-                    tags[client.publish(QUEUE, mid.encode(), props)] = mid
+                    tags[client.publish(QUEUE, mid.encode(), props, mandatory)] = mid
                     h.published.add(mid)
                     self.kernel.log(f"client {who}: published {mid}")
                     await asyncio.sleep(self.rng.uniform(0.005, 0.1))
@@ -1335,8 +1353,10 @@ class ClusterSim:
             if not holding:
                 return
             if self.loop.time() >= deadline:
+                rec = self.nodes[holding[0]].clustering.cluster.catalogue.queue("/", QUEUE)
                 self._fail("exclusive", f"the exclusive queue {QUEUE} outlived its owner's last connection by "
-                                        f"{EXCLUSIVE_GONE_S:.0f} s in the catalogue of {', '.join(holding)}")
+                                        f"{EXCLUSIVE_GONE_S:.0f} s in the catalogue of {', '.join(holding)} "
+                                        f"(owner {rec.exclusive_owner}, home node {rec.leader_node})")
                 return
             await asyncio.sleep(0.05)
 
