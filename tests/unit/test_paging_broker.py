@@ -163,6 +163,26 @@ def test_recovery_pages_a_persistent_backlog_again_and_keeps_redelivered(tmp_pat
         b2.close_storage()
 
 
+def test_a_message_an_earlier_leader_may_have_delivered_stays_redelivered_across_a_clean_restart(tmp_path):
+    """A publish resent to a new leader of a mirrored queue (`maybe_delivered`: the old leader
+    may have delivered it) is enqueued with a delivery count of 1, in memory or paged; its V
+    record must say so on disk too, or a restart after a clean close (which trusts the V
+    records) delivers it without `redelivered` (simulation seed 235)."""
+    b, q = make_broker(tmp_path)
+    for i in range(WINDOW + 5):  # the last five paged
+        b.enqueue_local((q,), msg(i, persistent=True), maybe_delivered=i % 2 == 0)
+    b.journal.sync()
+    b.close_storage()
+
+    b2, q2 = make_broker(tmp_path)
+    try:
+        assert b2._recover_messages({7: q2}) == WINDOW + 5
+        assert b2.journal.closed_cleanly
+        assert drain(b2, q2) == [(i, 2 if i % 2 == 0 else 1) for i in range(WINDOW + 5)]
+    finally:
+        b2.close_storage()
+
+
 def test_purge_and_delete_free_paged_records_unread(broker):
     b, q = broker
     for i in range(30):

@@ -990,6 +990,8 @@ class Broker:
             else:
                 entry.log_seq = self.journal.enqueue(q.journal_id, msg.exchange, msg.routing_key, msg.props,
                                                      msg.body)
+                if delivery_count:  # and a restart keeps it redelivered (a V record)
+                    self.journal.delivered(q.journal_id, entry.log_seq)
         if dropped:
             self.dead_letter(q, dropped, "maxlen")
         if msg.expiration_ms is not None:
@@ -1012,6 +1014,8 @@ class Broker:
             q.page_in_all()
             return None
         log_seq = loc if loc < SCRATCH else 0
+        if delivery_count and log_seq:  # and a restart keeps it redelivered (a V record)
+            self.journal.delivered(q.journal_id, log_seq)
         expires = q.expiry_of(msg, now) if msg.expiration_ms is not None or q.message_ttl_ms is not None else None
         q.publish_paged(loc, len(msg.body), expires, delivery_count, msg.priority, msg)
         if q.limited:
