@@ -154,7 +154,7 @@ def test_the_same_loss_on_a_durable_classic_queue_fails_the_run_whatever_went_do
 
 
 def test_a_transient_run_declares_a_non_durable_queue_which_goes_when_its_home_node_is_down():
-    result = run_seed(1, queue_type="transient", faults=frozenset({"net", "crash"}), trace=True)
+    result = run_seed(7, queue_type="transient", faults=frozenset({"net", "crash"}), trace=True)
     assert result.ok, result.violation
     assert any("deleting non-durable queue 'sim-q'" in line for line in result.trace)
     assert result.stats["lost_allowed"] > 0  # what its publisher sent on into nothing, confirmed
@@ -164,16 +164,16 @@ def test_a_transient_run_declares_a_non_durable_queue_which_goes_when_its_home_n
 
 
 def test_a_stream_protocol_publisher_sends_again_after_reconnecting_and_the_stream_stores_each_message_once():
-    result = run_seed(6, queue_type="stream-protocol", faults=FAULT_KINDS, trace=True)
+    result = run_seed(2, queue_type="stream-protocol", faults=FAULT_KINDS, trace=True)
     assert result.ok, result.violation
-    assert [line for line in result.trace if "again as publishing id" in line]  # seed 6 sends 16 again
+    assert [line for line in result.trace if "again as publishing id" in line]  # seed 2 sends some again
     assert [line for line in result.trace if "started stream protocol listener on n1:5552" in line]
     assert result.stats["confirmed"] == result.stats["published"] == 40
 
 
 def test_without_a_publisher_reference_the_same_run_stores_what_was_sent_again_twice_and_fails(monkeypatch):
     monkeypatch.setattr(ClusterSim, "_publisher_reference", lambda _sim, _who: "")  # no deduplication
-    result = run_seed(6, queue_type="stream-protocol", faults=FAULT_KINDS)
+    result = run_seed(2, queue_type="stream-protocol", faults=FAULT_KINDS)
     assert result.stats["failed"] == ["duplicate"], result.violation
 
 
@@ -311,7 +311,7 @@ def _queue_on(node):
 def test_a_quorum_member_that_applied_more_than_the_others_at_the_same_index_fails_the_copies_check(monkeypatch):
     # (untouched, quorum and mirrored runs compare their copies and pass: the CI batches)
     _diverging(monkeypatch, lambda node: _queue_on(node).machine.apply(fifo.Enqueue("", QUEUE, b"\x00\x00", b"x")))
-    result = run_seed(1, queue_type="quorum", faults=FAULT_KINDS)
+    result = run_seed(2, queue_type="quorum", faults=FAULT_KINDS)  # a seed whose three copies are compared
     assert result.stats["failed"] == ["copies"] and result.stats["copies_compared"] == 3, result.violation
 
 

@@ -94,6 +94,29 @@ def test_work_that_takes_simulated_time_in_a_worker_thread_is_done_that_much_lat
     run(loop, main())
 
 
+def test_what_a_worker_thread_hands_back_to_the_loop_runs_once_its_work_is_done():
+    _, loop, _ = make()
+    work = [0.0]
+    loop.work_clock = lambda: work[0]
+    seen = []
+
+    def slow(result):
+        work[0] += 0.25
+        loop.call_soon_threadsafe(lambda: seen.append((result, loop.time())))
+
+    async def main():
+        loop.run_in_executor(None, slow, "synced")
+        await asyncio.sleep(0.2)
+        assert seen == []  # the thread is still at work
+        await asyncio.sleep(0.1)
+        assert seen == [("synced", pytest.approx(0.25))]
+        loop.call_soon_threadsafe(seen.append, "from the loop")  # not from a worker: as call_soon
+        await asyncio.sleep(0)
+        assert seen[-1] == "from the loop"
+
+    run(loop, main())
+
+
 def test_work_in_a_worker_thread_of_a_process_that_dies_is_never_reported():
     from hutch.simkernel.aioloop import Life, life_var
 

@@ -216,6 +216,14 @@ class PeerTransport:
         link.queue(frame)
         return True
 
+    def flush(self) -> None:
+        """Write what is queued for every peer now rather than at the end of the loop's
+        iteration (for a caller that knows nothing more is coming this iteration that could
+        share the write, and that the peers wait for it)."""
+        for link in self._links.values():
+            if link.pending:
+                link.flush()
+
     def is_up(self, peer: str) -> bool:
         return peer in self._links
 

@@ -215,7 +215,7 @@ class ClusterRuntime:
                              send=self._send_raft, schedule=self._schedule,
                              on_leader_known=self._group_leader_known,
                              on_leadership=self._group_leadership,
-                             fatal=self.fatal, sync_in_thread=True)
+                             fatal=self.fatal, sync_in_thread=True, flush=self._flush_raft)
         self.multi = self.raft.multi
         self.group = self.raft.add_main_group(storage, CallbackApp(self._apply_catalogue, self._restore_catalogue,
                                                                    lambda: self.cluster.catalogue.snapshot()))
@@ -447,6 +447,16 @@ class ClusterRuntime:
     def _drain(self, initial: bool = False) -> None:
         """Every group's Ready: persist, send, apply, advance (hutch.server.raft_host)."""
         self.raft.drain(initial)
+
+    def _flush_raft(self) -> None:
+        """After a drain, and after a worker thread's fsync released followers' answers: what
+        the quorum queues led here decided (confirms, deliveries, answers) joins the Raft
+        messages, and both are written at once. Left to the end of the loop's iteration, the
+        Raft messages would go in one write and the outcomes an iteration later in another,
+        and each peer would be woken twice, the second time for what a client waits for."""
+        self.cluster.quorum.flush()
+        if self.transport is not None:
+            self.transport.flush()
 
     def _group_leader_known(self, gid: Any) -> None:
         if gid in self.cluster.streams.queues:

@@ -111,7 +111,8 @@ class RaftHost:
     def __init__(self, my_id: int, my_name: str, storage: RaftHostStorage, cfg: RaftConfig, names: dict[int, str],
                  main_gid: Any, send: Callable[[str, Any, bytes], None], schedule: Callable[[], None],
                  on_leader_known: Callable[[Any], None], on_leadership: Callable[[Any, bool], None],
-                 fatal: Callable[[str], None] = lambda reason: None, sync_in_thread: bool = False):
+                 fatal: Callable[[str], None] = lambda reason: None, sync_in_thread: bool = False,
+                 flush: Callable[[], None] = lambda: None):
         self.id = my_id
         self.name = my_name
         self.storage = storage
@@ -133,6 +134,7 @@ class RaftHost:
         self._holding: dict[Any, int] = {}
         self._leader_sync_on_loop: set[Any] = set()  # groups whose leader fsyncs on the loop all the same
         self._send = send
+        self._flush = flush  # what was sent leaves now (else at the end of the loop's iteration)
         self._schedule = schedule
         self._on_leader_known = on_leader_known
         self._on_leadership = on_leadership
@@ -171,10 +173,13 @@ class RaftHost:
                 self._release_held(mr.hard)
                 if not self._finish(mr.groups, initial):
                     return
+                if not initial:
+                    self._flush()
             else:
                 later = mr.follower_writes | {gid for gid, _, _ in mr.leader_writes}
                 if not self._finish(mr.groups, initial, later, mr.follower_writes):
                     return
+                self._flush()  # before the fsync is handed to the worker thread: the peers wait for these
                 if later or self._held_next:
                     groups = self.multi.groups
                     self._sync_later([(gid, groups[gid], term, index) for gid, term, index in mr.leader_writes])
@@ -191,27 +196,41 @@ class RaftHost:
         writes, self._unsynced = self._unsynced, []
         held, self._held_next = self._held_next, []
         self._held_syncing = held
-        self._syncing = asyncio.get_running_loop().run_in_executor(None, self._thread_sync)
-        self._syncing.add_done_callback(lambda fut: self._synced(fut, writes, held))
+        loop = asyncio.get_running_loop()
+        self._syncing = loop.run_in_executor(None, self._sync_in_worker, loop, writes, held)
+
+    def _sync_in_worker(self, loop: asyncio.AbstractEventLoop, writes: list, held: list) -> None:
+        """In the worker thread: the fsync, then `_synced` on the loop, called from here rather
+        than as the executor future's callback (that would take the loop one more iteration, on
+        every commit's path)."""
+        seq, error = 0, None
+        try:
+            seq = self._thread_sync()
+        except BaseException as e:  # noqa: BLE001 - handed to the loop, which stops the node
+            error = e
+        try:
+            loop.call_soon_threadsafe(self._synced, seq, error, writes, held)
+        except RuntimeError:
+            pass  # the loop is closed: the node stopped
 
     def _thread_sync(self) -> int:
-        """In the worker thread: the log's fsync (`SegmentLog.sync` is thread-safe); the durable seq."""
+        """The log's fsync (`SegmentLog.sync` is thread-safe); the durable seq."""
         faults.check_fsync()
         return self.storage.log.sync()
 
-    def _synced(self, fut: asyncio.Future, writes: list, held: list) -> None:
-        """On the loop, once the worker thread's fsync returned."""
+    def _synced(self, seq: int, error: BaseException | None, writes: list, held: list) -> None:
+        """On the loop, once the worker thread's fsync returned (`seq`, the log's durable seq) or
+        failed (`error`)."""
         self._syncing = None
-        if self.failed or fut.cancelled() or self.storage.closed:
+        if self.failed or self.storage.closed:
             return  # failed before, or the node stopped (and synced and closed the log itself)
-        e = fut.exception()
-        if isinstance(e, StoreClosed):
+        if isinstance(error, StoreClosed):
             return  # the node is stopping
-        if e is not None:
-            self._disk_failed(e)
+        if error is not None:
+            self._disk_failed(error)
             return
         try:
-            self.storage.settle(fut.result())
+            self.storage.settle(seq)
         except StoreClosed:
             return
         multi = self.multi
@@ -222,6 +241,7 @@ class RaftHost:
         self._send_held(held)
         self._held_syncing = []
         self._sync_later([])
+        self._flush()  # a follower's answers: the commit waits for them
         self._schedule()
 
     def _hold(self, gid: Any, peer: str, data: bytes) -> None:

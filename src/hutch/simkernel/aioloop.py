@@ -9,7 +9,8 @@ runs. Nothing waits on a file descriptor: sockets are the in-memory ones of `hut
 whose deliveries are timers of this loop, and `run_in_executor` runs the function inline. Its
 future is done when the caller gets it, unless the simulator says the work took time
 (`work_clock`: a slow disk's fsyncs): then the future is done that much simulated time later,
-as a worker thread's would be, while the node's loop goes on.
+as a worker thread's would be, while the node's loop goes on; so do the calls the function hands
+back with `call_soon_threadsafe`.
 
 Order is deterministic: callbacks run in the order they were scheduled, timers in the order of
 their due time (ties in the order the loop's heap gives them, itself a function of the order of
@@ -127,6 +128,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         # seconds of simulated work done so far (a slow disk's fsyncs), read around each function
         # `run_in_executor` runs: its future is done as much later as the function's work took
         self.work_clock: Callable[[], float] | None = None
+        # while `run_in_executor` runs a function: what it hands back with `call_soon_threadsafe`
+        self._executor_calls: list[tuple[Callable, tuple, contextvars.Context | None]] | None = None
 
     def time(self) -> float:
         return self.kernel.now / 1_000_000
@@ -225,18 +228,33 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         fut = self.create_future()
         clock = self.work_clock
         started = clock() if clock is not None else 0.0
+        self._executor_calls = calls = []
         try:
             settle, outcome = fut.set_result, func(*args)
         except BaseException as e:  # noqa: BLE001 - the caller sees it through the future, as with a thread
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             settle, outcome = fut.set_exception, e
+        finally:
+            self._executor_calls = None
         took_s = clock() - started if clock is not None else 0.0
         if took_s > 0:
             self.call_later(took_s, _settle_unless_cancelled, fut, settle, outcome)
         else:
             settle(outcome)
+        for callback, cb_args, context in calls:  # the thread's last acts: after its work, as the future
+            self.call_later(took_s, callback, *cb_args, context=context)
         return fut
+
+    def call_soon_threadsafe(self, callback: Callable, *args: Any, context: contextvars.Context | None = None):
+        """As `call_soon`; but what a function run by `run_in_executor` hands back to the loop
+        this way runs once that function's work is over, as from a worker thread that calls
+        the loop back when it is done (the handle returned then is None)."""
+        calls = self._executor_calls
+        if calls is None:
+            return self.call_soon(callback, *args, context=context)
+        calls.append((callback, args, context))
+        return None
 
     def run_for(self, seconds: float) -> None:
         """Run the loop until `seconds` of simulated time have passed."""
