@@ -101,6 +101,27 @@ def test_objects_created_through_one_node_are_visible_on_every_node(cluster):
                    f"queues with their homes and policy on node {i + 1}")
 
 
+def test_a_queue_declared_through_one_node_is_found_at_once_through_another(cluster):
+    """Reads are local, but a GET that misses a queue first waits for the catalogue to catch
+    up (a barrier): what a client declared through node 1 is never a 404 on node 3 the moment
+    after, over AMQP or HTTP, as RabbitMQ's synchronously replicated metadata is not."""
+    one, three = apis(cluster)[0], apis(cluster)[2]
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[0].amqp_port, heartbeat=0))
+    try:
+        ch = conn.channel()
+        for i in range(20):
+            name = f"ryw.{uuid.uuid4().hex[:8]}.{i}"
+            if i % 2:
+                ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+            else:
+                assert one("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})[0] == 201
+            status, body = three("GET", f"/api/queues/%2F/{q(name)}")
+            assert status == 200 and body["name"] == name, (name, status, body)
+    finally:
+        conn.close()
+    assert three("GET", "/api/queues/%2F/ryw.never-declared")[0] == 404
+
+
 def test_topology_created_through_one_node_is_usable_over_amqp_on_the_others(cluster):
     t = build_topology(cluster, uuid.uuid4().hex[:8])
     v = q(t["vhost"])

@@ -58,6 +58,23 @@ async def change(broker: Broker, cmd: cat.Command) -> cat.Result:
                           f"timed out after {wait_s:.0f} s waiting for the cluster metadata store")
 
 
+CATCH_UP_WAIT_S = 2.0  # how long a read waits for `caught_up` before it answers from what it has
+
+
+async def caught_up(broker: Broker) -> bool:
+    """Whether this node has applied everything the cluster's catalogue committed before the
+    call (a catalogue barrier, waited for CATCH_UP_WAIT_S at most): a read that misses an
+    object asks for it before it answers 404, so that what a client made through another node
+    a moment ago is found here too, as RabbitMQ's synchronously replicated metadata is."""
+    if broker.cluster is None:
+        return True
+    try:
+        res = await asyncio.wait_for(change(broker, cat.Barrier()), CATCH_UP_WAIT_S)
+    except TimeoutError:
+        return False
+    return res.ok
+
+
 def http_error(res: cat.Result) -> ApiError:
     """The API's error answer for a refused or failed catalogue command."""
     if res.code == spec.INTERNAL_ERROR:

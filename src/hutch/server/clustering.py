@@ -604,12 +604,13 @@ class ClusterRuntime:
                     self._learn(n, addr)
         elif kind == "pp_check":  # `peer` lost node X: do we still reach it? X must answer a ping
             x = payload[1]
-            if x not in (peer, self.name) and self.transport.is_up(x) and x not in self.stopping_peers \
-                    and len(self._pp_asked) < PP_ASKED_MAX:
+            if x in (peer, self.name):
+                pass
+            elif not self.transport.is_up(x) or x in self.stopping_peers:
+                self.transport.send(peer, "rpc", ["pp_unseen", x])  # the asking node need not wait for this one
+            elif len(self._pp_asked) < PP_ASKED_MAX:
                 self._pp_asked.add((x, peer))
                 self.transport.send(x, "rpc", ["pp_ping", peer])
-            else:  # not from here: the asking node need not wait for this one
-                self.transport.send(peer, "rpc", ["pp_unseen", x])
         elif kind == "pp_ping":
             self.transport.send(peer, "rpc", ["pp_pong", payload[1]])
         elif kind == "pp_pong":  # `peer` is alive: tell the node that lost it
