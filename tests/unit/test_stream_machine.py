@@ -260,3 +260,34 @@ def test_a_snapshot_holds_the_writers_and_tracked_offsets(log, tmp_path):
     assert m2.writer_sequence("w") == 7 and m2.stored_offset("app") == 0
     assert m2.apply(write(2, [b"a"], pids=[7])).duplicates == 1
     lg2.close()
+
+
+# -- entries carry their records framed as a chunk's data
+
+
+def test_framed_records_make_the_same_chunk_and_come_back_as_they_went():
+    records = [b"", b"a", b"x" * 70_000, bytes(range(256))]
+    data = chunk.frame(records)
+    assert chunk.unframe(data, len(records)) == records
+    assert chunk.encode_framed(data, 4, 1000, 3, 42, [b"eu"]) == chunk.encode(records, 1000, 3, 42, [b"eu"])
+    for bad, n in ((data[:-1], 4), (data + b"\x00", 4), (data, 5), (b"\x80\x00\x00\x01x", 1)):
+        with pytest.raises(chunk.ChunkError):
+            chunk.unframe(bad, n)
+
+
+def test_an_entry_of_the_first_format_a_list_of_records_is_applied_as_before(log, tmp_path):
+    """Raft logs and snapshots written before entries framed their records hold WRITE entries of
+    nine fields with a list of records: they make the same chunks, deduplicated alike."""
+    old = [sm._enc.encode([sm.WRITE, "n1", 1, 0, 1000, "w", [1, 2], [b"a", b"b"], None]),
+           sm._enc.encode([sm.WRITE, "n1", 2, 0, 1000, "w", [2, 3], [b"b", b"c"], None])]
+    m = sm.StreamMachine(log)
+    assert [m.apply(e).duplicates for e in old] == [0, 1]
+    new_log = StreamLog(tmp_path / "new", fsync=False)
+    try:
+        m2 = sm.StreamMachine(new_log)
+        assert [m2.apply(e).duplicates for e in (write(1, [b"a", b"b"], pids=[1, 2]),
+                                                 write(2, [b"b", b"c"], pids=[2, 3]))] == [0, 1]
+        assert stored(log) == stored(new_log) == [(0, b"a"), (1, b"b"), (2, b"c")]
+        assert [d for _i, d in log.read(0, 1 << 30)] == [d for _i, d in new_log.read(0, 1 << 30)]
+    finally:
+        new_log.close()

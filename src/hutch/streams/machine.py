@@ -4,8 +4,12 @@ to, on top of the member's own log of chunks.
 Entries (msgpack arrays; field order is the wire format, append only):
 
     [WRITE, origin node, request id, epoch, timestamp ms, writer, publishing ids | None,
-     records, filter values | None]
+     records, filter values | None, record count]
     [TRACK, reference, offset]
+
+`records` is the records framed as a chunk's data (`chunk.frame`), `record count` of them, so
+that a member applying the entry wraps a header around it and looks at no record (the proposer
+frames them once; an entry of the first format, without the count, holds a list of records).
 
 A `WRITE` becomes one chunk, numbered from the stream's next offset when it is applied, so every
 member numbers every message alike. Deduplication is part of the state: a writer (a stream
@@ -84,7 +88,8 @@ class Written:
 
 def write_entry(origin: str, req: int, epoch: int, timestamp: int, writer: str, pids: Sequence[int] | None,
                 records: Sequence[bytes], filters: Sequence[bytes | None] | None = None) -> bytes:
-    return _enc.encode([WRITE, origin, req, epoch, timestamp, writer, pids, records, filters])
+    return _enc.encode([WRITE, origin, req, epoch, timestamp, writer, pids, chunk.frame(records), filters,
+                        len(records)])
 
 
 def track_entry(reference: str, offset: int) -> bytes:
@@ -133,7 +138,9 @@ class StreamMachine:
         raise ValueError(f"unknown stream entry kind {e[0]!r}")
 
     def _write(self, e: list) -> Written:
-        _k, origin, req, epoch, ts, writer, pids, records, filters = e
+        _k, origin, req, epoch, ts, writer, pids, records, filters = e[:9]
+        framed = len(e) > 9  # records framed as a chunk's data, e[9] of them (else a list)
+        n = e[9] if framed else len(records)
         dups = 0
         if writer and pids is not None:
             last = self.writers.pop(writer, -1)
@@ -146,8 +153,11 @@ class StreamMachine:
                 keep = [i for i, p in enumerate(pids) if p > last or (holes is not None and _take(holes, p))]
                 if holes == []:
                     del self.holes[writer]
-                dups = len(records) - len(keep)
+                dups = n - len(keep)
+                if framed:
+                    records, framed = chunk.unframe(records, n), False
                 records = [records[i] for i in keep]
+                n = len(records)
                 if filters is not None:
                     filters = [filters[i] for i in keep]
                 pids = [pids[i] for i in keep]
@@ -158,10 +168,9 @@ class StreamMachine:
                 self._skipped(writer, last, pids)
                 last = max(last, pids[-1])
             self.writers[writer] = last
-        if not records:
+        if not n:
             return Written(origin, req, None, 0, dups)
         first = self.next_offset
-        n = len(records)
         self.next_offset = first + n
         self.last_epoch = epoch
         self.last_timestamp = ts
@@ -172,7 +181,10 @@ class StreamMachine:
                                      f"{log.next_offset}: the log does not hold whole applied entries")
             return Written(origin, req, first, n, dups)
         values = [f for f in filters if f] if filters else ()
-        data = chunk.encode(records, ts, epoch, first, values, self.filter_size)
+        if framed:
+            data = chunk.encode_framed(records, n, ts, epoch, first, values, self.filter_size)
+        else:
+            data = chunk.encode(records, ts, epoch, first, values, self.filter_size)
         if self.missing_from is None:
             log.append(data, first, n, ts, epoch)
         else:
