@@ -102,9 +102,9 @@ def _stream_filter_value(props: bytes) -> bytes | None:
     return v.encode() if isinstance(v, str) and v else None
 
 
-
 def _no_hold(_node: str) -> bool:
     return False
+
 
 class _Stale:
     """What a channel's unacknowledged delivery points to once its queue's leader is gone:
