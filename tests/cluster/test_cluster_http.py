@@ -15,6 +15,7 @@ import urllib.request
 import uuid
 
 import pika
+import pika.exceptions
 import pytest
 
 from tests.support.brokers import wait_until
@@ -102,24 +103,34 @@ def test_objects_created_through_one_node_are_visible_on_every_node(cluster):
 
 
 def test_a_queue_declared_through_one_node_is_found_at_once_through_another(cluster):
-    """Reads are local, but a GET that misses a queue first waits for the catalogue to catch
-    up (a barrier): what a client declared through node 1 is never a 404 on node 3 the moment
-    after, over AMQP or HTTP, as RabbitMQ's synchronously replicated metadata is not."""
+    """Reads are local, but a GET, a passive declare or a bind that misses a queue first waits
+    for the catalogue to catch up (a barrier): what a client declared through node 1 is never a
+    404 on node 3 the moment after, over AMQP or HTTP, as RabbitMQ's synchronously replicated
+    metadata is not; a queue that does not exist is still a 404."""
     one, three = apis(cluster)[0], apis(cluster)[2]
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[0].amqp_port, heartbeat=0))
+    params = [pika.ConnectionParameters("127.0.0.1", cluster.nodes[i].amqp_port, heartbeat=0) for i in (0, 2)]
+    conn, conn3 = pika.BlockingConnection(params[0]), pika.BlockingConnection(params[1])
     try:
-        ch = conn.channel()
+        ch, ch3 = conn.channel(), conn3.channel()
         for i in range(20):
             name = f"ryw.{uuid.uuid4().hex[:8]}.{i}"
             if i % 2:
                 ch.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
             else:
                 assert one("PUT", f"/api/queues/%2F/{q(name)}", {"durable": True})[0] == 201
-            status, body = three("GET", f"/api/queues/%2F/{q(name)}")
-            assert status == 200 and body["name"] == name, (name, status, body)
+            if i % 4 < 2:
+                status, body = three("GET", f"/api/queues/%2F/{q(name)}")
+                assert status == 200 and body["name"] == name, (name, status, body)
+            else:  # over AMQP: a passive declare and a bind through node 3
+                assert ch3.queue_declare(name, passive=True).method.queue == name
+                ch3.queue_bind(name, "amq.direct", routing_key=name)
+        assert three("GET", "/api/queues/%2F/ryw.never-declared")[0] == 404
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch3.queue_declare("ryw.never-declared", passive=True)
+        assert e.value.reply_code == 404
     finally:
         conn.close()
-    assert three("GET", "/api/queues/%2F/ryw.never-declared")[0] == 404
+        conn3.close()
 
 
 def test_topology_created_through_one_node_is_usable_over_amqp_on_the_others(cluster):

@@ -548,7 +548,26 @@ class Session:
         handler = _HANDLERS.get(m.name)
         if handler is None:
             raise AMQPError(spec.NOT_IMPLEMENTED, f"{m.name} is not implemented")
-        handler(self, ch, m)
+        try:
+            handler(self, ch, m)
+        except AMQPError as err:
+            if err.code != spec.NOT_FOUND or not self._may_catch_up(m):
+                raise
+            # made through another node a moment ago? Once this node has applied everything the
+            # catalogue committed before now (a barrier), the method runs once more
+            again = _AGAIN.get(m.name, handler)
+            self.wait_for(ch, m, lambda reply: self.broker.cluster.submit(cat.Barrier(), reply),
+                          lambda _res: again(self, ch, m))
+
+    def _may_catch_up(self, m) -> bool:
+        """Whether a method that found no such queue or exchange waits for the catalogue to catch
+        up and runs again: one that names an object it does not make (a passive declare, a
+        bind, consume, get or purge), on a node of a cluster that reaches a majority of its
+        members (a node cut off answers from what it has at once, as RabbitMQ's would)."""
+        cl = self.broker.cluster
+        if cl is None or m.name not in _CATCHES_UP or (m.name.endswith(".Declare") and not m.passive):
+            return False
+        return 2 * len(cl.running_nodes()) > len(cl.members)
 
     def on_connection_method(self, m) -> None:
         name = m.name
@@ -621,6 +640,10 @@ class Session:
 
     def queue_declare(self, ch: Channel, m) -> None:
         msgstats.node_counters(self.broker)[msgstats.QUEUES_DECLARED] += 1
+        self.queue_declare_again(ch, m)
+
+    def queue_declare_again(self, ch: Channel, m) -> None:
+        """queue.declare, not counted (again: after the catalogue caught up, `on_method`)."""
         vhost = self.vhost
         name = m.queue
         if m.passive:
@@ -904,6 +927,12 @@ def _method_name(err: AMQPError) -> str:
     snake = "".join("_" + c.lower() if c.isupper() else c for c in mname).lstrip("_")
     return f"'{cname.lower()}.{snake}'"
 
+
+# methods that name a queue or exchange they do not make: a 404 waits for the catalogue first
+_CATCHES_UP = frozenset({"Queue.Declare", "Queue.Bind", "Queue.Purge", "Basic.Consume", "Basic.Get",
+                         "Exchange.Declare", "Exchange.Bind"})
+
+_AGAIN = {"Queue.Declare": Session.queue_declare_again}  # run again without counting twice
 
 _HANDLERS = {
     "Exchange.Declare": Session.exchange_declare,
