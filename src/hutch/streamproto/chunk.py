@@ -144,21 +144,9 @@ def frame(records: Sequence[bytes]) -> bytes:
 
 def unframe(data: bytes, n: int) -> list[bytes]:
     """The `n` records of data made by `frame` (ChunkError if it is not that)."""
-    out: list[bytes] = []
-    pos = 0
-    unpack = _U32.unpack_from
-    try:
-        for _ in range(n):
-            (size,) = unpack(data, pos)
-            pos += 4
-            if size & 0x80000000 or pos + size > len(data):
-                raise ChunkError("framed records: an entry that is not a record, or runs past the data")
-            out.append(data[pos:pos + size])
-            pos += size
-    except struct.error as e:
-        raise ChunkError(f"framed records: {e}") from None
-    if pos != len(data):
-        raise ChunkError(f"framed records: {len(data) - pos} bytes after the {n} records")
+    out, pos = _entries(memoryview(data), 0, len(data), n)
+    if pos != len(data) or len(out) != n:
+        raise ChunkError(f"framed records: {len(data) - pos} bytes after {len(out)} records, where {n} were said")
     return out
 
 
@@ -182,13 +170,21 @@ def records(chunk: bytes | memoryview, h: ChunkHeader | None = None) -> list[byt
     """The records of a whole chunk, in order (sub-batches unpacked)."""
     if h is None:
         h = read_header(chunk)
-    mv = memoryview(chunk)
     pos = h.data_at
-    end = pos + h.data_length
+    out, _end = _entries(memoryview(chunk), pos, pos + h.data_length, h.num_entries)
+    if len(out) != h.num_records:
+        raise ChunkError(f"chunk at offset {h.first_offset} holds {len(out)} records, its header says "
+                         f"{h.num_records}")
+    return out
+
+
+def _entries(mv: memoryview, pos: int, end: int, count: int) -> tuple[list[bytes], int]:
+    """The records of `count` entries of a chunk's data from `pos` (sub-batches unpacked), and
+    where they end."""
     out: list[bytes] = []
     unpack = _U32.unpack_from
     try:
-        for _ in range(h.num_entries):
+        for _ in range(count):
             first = mv[pos]
             if first & 0x80 == 0:
                 (size,) = unpack(mv, pos)
@@ -199,18 +195,15 @@ def records(chunk: bytes | memoryview, h: ChunkHeader | None = None) -> list[byt
                 pos += size
             else:
                 kind = (first >> 4) & 0x7
-                _b, count, raw_len, length = _SUB.unpack_from(mv, pos)
+                _b, sub_count, raw_len, length = _SUB.unpack_from(mv, pos)
                 pos += _SUB.size
                 if pos + length > end:
                     raise ChunkError("a sub-batch runs past the chunk's data")
-                out.extend(sub_batch_records(kind, count, raw_len, bytes(mv[pos:pos + length])))
+                out.extend(sub_batch_records(kind, sub_count, raw_len, bytes(mv[pos:pos + length])))
                 pos += length
     except (struct.error, IndexError, OSError, EOFError, zlib.error) as e:
         raise ChunkError(f"malformed chunk data: {e}") from None
-    if len(out) != h.num_records:
-        raise ChunkError(f"chunk at offset {h.first_offset} holds {len(out)} records, its header says "
-                         f"{h.num_records}")
-    return out
+    return out, pos
 
 
 def sub_batch_records(compression: int, count: int, raw_len: int, packed: bytes) -> list[bytes]:
