@@ -152,9 +152,10 @@ class ClusterBroker:
         self.migrator: Callable[[list, Callable], None] | None = None  # migrate_to_quorum here (runtime)
         self.migrations: dict[tuple[str, str], Any] = {}  # classic queue being migrated -> its quorum queue
         self.peer_info: dict[str, dict] = {}  # the last one each peer sent
-        # pause_minority's partial-partition handling (set by the runtime, hutch.server.clustering):
-        # whether a mirror here must not take over from a leader on the node named, for now
-        self.promotion_hold: Callable[[str], bool] = _no_hold
+        # promotion_held(dead leader's node): whether no mirror here may propose its promotion
+        # over that leader now (pause_minority's partial-partition handling: set by the runtime,
+        # ClusterRuntime.promotion_hold)
+        self.promotion_held: Callable[[str], bool] = _no_hold
         self.peer_counts: dict[str, dict] = {}  # each peer's connection and channel counts (for limits)
         self.quorum = QuorumHost(self.peers, BrokerQuorumPort(self))
         self.streams = StreamHost(self.peers, BrokerStreamPort(self))
@@ -237,13 +238,11 @@ class ClusterBroker:
         then a mirrored queue led here confirms nothing (hutch.mirror.leader)."""
         if self.broker.config.cluster_partition_handling != "pause_minority" or not self.members:
             return False
-        return 2 * len(self.running_nodes()) <= len(self.members)
+        return not self.reaches_majority()
 
-    def promotion_held(self, dead_leader: str) -> bool:
-        """Whether no mirror on this node may propose its promotion over a leader on
-        `dead_leader` now (pause_minority: the node is paused by a partial partition, or is
-        still asking whether the others reach `dead_leader`)."""
-        return self.promotion_hold(dead_leader)
+    def reaches_majority(self) -> bool:
+        """Whether this node reaches more than half of the cluster's members, itself included."""
+        return 2 * len(self.running_nodes()) > len(self.members)
 
     # ------------------------------------------------------------ the catalogue, applied
 

@@ -567,7 +567,7 @@ class Session:
         cl = self.broker.cluster
         if cl is None or m.name not in _CATCHES_UP or (m.name.endswith(".Declare") and not m.passive):
             return False
-        return 2 * len(cl.running_nodes()) > len(cl.members)
+        return cl.reaches_majority()
 
     def on_connection_method(self, m) -> None:
         name = m.name

@@ -63,11 +63,14 @@ CATCH_UP_WAIT_S = 2.0  # how long a read waits for `caught_up` before it answers
 
 async def caught_up(broker: Broker) -> bool:
     """Whether this node has applied everything the cluster's catalogue committed before the
-    call (a catalogue barrier, waited for CATCH_UP_WAIT_S at most): a read that misses an
+    call (a catalogue barrier, waited for CATCH_UP_WAIT_S at most; False at once on a node that
+    reaches no majority): a read that misses an
     object asks for it before it answers 404, so that what a client made through another node
     a moment ago is found here too, as RabbitMQ's synchronously replicated metadata is."""
     if broker.cluster is None:
         return True
+    if not broker.cluster.reaches_majority():
+        return False  # no barrier can commit: answer from what this node has, at once
     try:
         res = await asyncio.wait_for(change(broker, cat.Barrier()), CATCH_UP_WAIT_S)
     except TimeoutError:

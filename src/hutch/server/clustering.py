@@ -193,7 +193,7 @@ class ClusterRuntime:
         self.cluster = ClusterBroker(broker, self.name, self._send_q, self.is_up, self.submit,
                                      self.loop.call_soon, self.status)
         broker.cluster = self.cluster
-        self.cluster.promotion_hold = self.promotion_hold
+        self.cluster.promotion_held = self.promotion_hold
         self.cluster.recovering = True  # until the runtime has opened the broker's storage
         raft_dir = Path(cfg.data_dir) / "raft"
         self.host = RaftHostStorage(raft_dir)
