@@ -61,3 +61,37 @@ def test_pause_minority_pauses_a_majority_side_after_a_partial_partition():
 @pytest.mark.parametrize("mode", ["ignore", "autoheal", "pause_if_all_down"])
 def test_a_partial_partition_pauses_only_under_pause_minority(mode):
     assert should_pause(mode, "a", ABC, {"a", "c"}, ["a"], partial=True) is False
+
+
+# -- ClusterRuntime.promotion_hold: no mirror promoted while a partial-partition check runs
+
+
+def _runtime_checking(now: list[float]):
+    from hutch.server.clustering import PP_CHECK_S, ClusterRuntime
+
+    rt = ClusterRuntime.__new__(ClusterRuntime)  # only the partial-partition bookkeeping is used
+    rt.now_s = lambda: now[0]
+    rt.partial_partition = None
+    rt._pp_checking = {"a": ({"b", "c"}, now[0] + PP_CHECK_S)}  # lost a, asked b and c
+    return rt, PP_CHECK_S
+
+
+def test_a_promotion_over_a_lost_node_waits_until_every_member_asked_has_answered():
+    now = [100.0]
+    rt, _ = _runtime_checking(now)
+    assert rt.promotion_hold("a") and not rt.promotion_hold("d")
+    rt._pp_answered("a", "b")  # b does not reach a
+    assert rt.promotion_hold("a")
+    rt._pp_answered("a", "c")  # nor does c: a is gone, not cut off
+    assert not rt.promotion_hold("a")
+
+
+def test_an_unanswered_check_ends_and_a_partial_partition_holds_every_promotion():
+    now = [100.0]
+    rt, check_s = _runtime_checking(now)
+    now[0] += check_s - 0.01
+    assert rt.promotion_hold("a")
+    now[0] += 0.02
+    assert not rt.promotion_hold("a") and "a" not in rt._pp_checking
+    rt.partial_partition = ("a", "b")  # paused: b still reaches a
+    assert rt.promotion_hold("a") and rt.promotion_hold("d")
