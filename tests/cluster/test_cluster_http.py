@@ -103,7 +103,7 @@ def test_objects_created_through_one_node_are_visible_on_every_node(cluster):
 
 
 def test_a_queue_declared_through_one_node_is_found_at_once_through_another(cluster):
-    """Reads are local, but a GET, a passive declare or a bind that misses a queue first waits
+    """Reads are local, but a GET, a passive declare or a bind that misses an object first waits
     for the catalogue to catch up (a barrier): what a client declared through node 1 is never a
     404 on node 3 the moment after, over AMQP or HTTP, as RabbitMQ's synchronously replicated
     metadata is not; a queue that does not exist is still a 404."""
@@ -124,6 +124,8 @@ def test_a_queue_declared_through_one_node_is_found_at_once_through_another(clus
             else:  # over AMQP: a passive declare and a bind through node 3
                 assert ch3.queue_declare(name, passive=True).method.queue == name
                 ch3.queue_bind(name, "amq.direct", routing_key=name)
+            ch.exchange_declare(name, "fanout")  # any object a GET reads: an exchange too
+            assert three("GET", f"/api/exchanges/%2F/{q(name)}")[0] == 200, name
         assert three("GET", "/api/queues/%2F/ryw.never-declared")[0] == 404
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
             ch3.queue_declare("ryw.never-declared", passive=True)

@@ -29,6 +29,7 @@ from hutch.amqp.spec import AMQPError
 from hutch.broker.broker import Broker, User
 from hutch.control import (
     access,
+    changes,
     definitions,
     digest,
     migrate,
@@ -76,7 +77,15 @@ async def _api_middleware(request: web.Request, handler):
             need = getattr(target, "hutch_requires", "management")
             if not has_tag(user, need):
                 raise not_authorised(f"Not {need} user" if need != "administrator" else "Not administrator user")
-        return await handler(request)
+        try:
+            return await handler(request)
+        except (ApiError, AMQPError) as e:
+            # made through another node a moment ago? A read that finds no such object runs once
+            # more after this node has applied everything the catalogue committed before now
+            missing = (e.status if isinstance(e, ApiError) else from_amqp(e).status) == 404
+            if request.method != "GET" or not missing or not await changes.caught_up(api.broker):
+                raise
+            return await handler(request)
     except ApiError as e:
         return e.response()
     except AMQPError as e:

@@ -203,13 +203,10 @@ async def list_vhost_queues(request: web.Request) -> web.Response:
 @routes.get("/api/queues/{vhost}/{name}")
 async def get_queue(request: web.Request) -> web.Response:
     v = vhost_for_read(request)
-    name = request.match_info["name"]
-    broker = api_of(request).broker
-    q = v.queues.get(name)
-    if q is None and await changes.caught_up(broker):  # declared through another node a moment ago?
-        q = v.queues.get(name)
+    q = v.queues.get(request.match_info["name"])
     if q is None:
         raise not_found()
+    broker = api_of(request).broker
     out = shapes.queue(broker, q, details=True)
     await stats.decorate(broker, rates.QUEUE, [out], stats.window_of(request))
     return web.json_response(out)
