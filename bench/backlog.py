@@ -76,6 +76,7 @@ class RssPeak:
         self.node = node
         self.interval_s = interval_s
         self.peak = 0
+        self.phase_peak = 0  # since the last `phase()`
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -101,9 +102,16 @@ class RssPeak:
         except psutil.Error:
             return 0
 
+    def phase(self) -> int:
+        """The peak since the last call (or the start), in MiB; a new phase begins."""
+        peak, self.phase_peak = self.phase_peak, 0
+        return round(peak / 2**20)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, self.sample())
+            rss = self.sample()
+            self.peak = max(self.peak, rss)
+            self.phase_peak = max(self.phase_peak, rss)
 
 
 def tree_cpu_s(node) -> float:
@@ -231,14 +239,16 @@ def run_one(kind: str, messages: int, base: Path, workdir: Path, timeout_s: floa
             out["publish_rate"] = round(pub["confirmed_rate"])
             out["publisher_blocked"] = bool(blocked)
             out["queued"] = depth(node)
-            out["peak_rss_publish_mib"] = round(rss.peak / 2**20)
+            out["peak_rss_publish_mib"] = rss.phase()
             out["disk_bytes"] = dir_bytes(data)
             print(f"  {kind}: published {out['queued']} in {out['publish_s']} s ({out['publish_rate']} msg/s), "
                   f"blocked {out['publisher_blocked']}, peak RSS {out['peak_rss_publish_mib']} MiB, "
                   f"disk {out['disk_bytes'] / 2**20:.0f} MiB", flush=True)
             out["serves_again_after_kill_s"], out["count_after_kill"] = serves_again_s(node, out["queued"], timeout_s)
+            out["peak_rss_restart_mib"] = rss.phase()
             print(f"  {kind}: kill -9 with the queue full: serving again (passive declare reports "
-                  f"{out['count_after_kill']}) after {out['serves_again_after_kill_s']} s", flush=True)
+                  f"{out['count_after_kill']}) after {out['serves_again_after_kill_s']} s; peak RSS of the "
+                  f"restart {out['peak_rss_restart_mib']} MiB", flush=True)
             t0 = time.monotonic()
             cpu0 = tree_cpu_s(node)
             drained = perf(node.url, workdir, "--producers", "0", "--consumers", "1", "--cmessages",
@@ -250,11 +260,12 @@ def run_one(kind: str, messages: int, base: Path, workdir: Path, timeout_s: floa
             out["drain_node_cpu_us_per_msg"] = round((tree_cpu_s(node) - cpu0) / received * 1e6, 1)
             out["drain_client_cpu_us_per_msg"] = round(drained["client_cpu_s"] / received * 1e6, 1)
             out["load_average"] = os.getloadavg()[0]
+            out["peak_rss_drain_mib"] = rss.phase()
             out["peak_rss_mib"] = round(rss.peak / 2**20)
         out["vm_hwm_last_incarnation_mib"] = round(vm_hwm(main_pid(node)) / 2**20)
         print(f"  {kind}: drained in {out['drain_s']} s ({out['drain_rate']} msg/s; CPU a message: node "
               f"{out['drain_node_cpu_us_per_msg']} us, load tool {out['drain_client_cpu_us_per_msg']} us); peak RSS "
-              f"over the run {out['peak_rss_mib']} MiB", flush=True)
+              f"of the drain {out['peak_rss_drain_mib']} MiB, over the run {out['peak_rss_mib']} MiB", flush=True)
     finally:
         node.cleanup()
         shutil.rmtree(data, ignore_errors=True)

@@ -292,15 +292,21 @@ def test_recover_refs_keeps_survivors_in_publish_order_without_their_bodies(tmp_
         j2.close()
 
 
-def test_ref_table_is_ordered_even_if_seqs_come_out_of_order():
-    from hutch.broker.journal import _RefTable
+def test_ref_table_settles_flags_and_refuses_seqs_out_of_order():
+    from hutch.broker.journal import REF_EXPIRATION, REF_PRIORITY_SHIFT, _RefTable
     t = _RefTable()
     t[5] = 50
-    t[9] = 90
-    t[7] = 70
-    assert 7 in t and t.pop(9) == 90 and 9 not in t and t.pop(9, "none") == "none"
-    t.set_flag(5, REF_DELIVERED)
-    assert list(t.items()) == [(5, 50 | REF_DELIVERED), (7, 70)] and len(t) == 2
+    t[7] = 70 | REF_EXPIRATION
+    t[9] = 90 | (3 << REF_PRIORITY_SHIFT)
+    t[(1 << 33) + 5] = 1024  # seqs further apart than 32 bits widen the array
+    with pytest.raises(ValueError):
+        t[8] = 80  # the log replays in seq order: anything else is a defect
+    assert 7 in t and t.pop(9) is True and 9 not in t and t.pop(9, "none") == "none" and 8 not in t
+    t.set_delivered(5)
+    assert list(t.items()) == [(5, 50 | REF_DELIVERED), (7, 70 | REF_EXPIRATION), ((1 << 33) + 5, 1024)]
+    assert len(t) == 3
+    assert t.flag_delivered_below(8) == 2  # 5 and 7 (9 was settled)
+    assert [r & REF_DELIVERED for _s, r in t.items()] == [REF_DELIVERED, REF_DELIVERED, 0]
 
 
 def test_a_queue_being_migrated_to_a_quorum_queue_keeps_late_arrivals_in_memory(broker):

@@ -320,6 +320,10 @@ def test_release_and_compaction_never_lose_a_live_record(tmp_path_factory, sizes
             for s in live:
                 assert log.is_live(s)
         assert {r.seq: r.payload for r in log.replay()} == {s: payload_of[s] for s in live}
+        assert all(log.read(s).payload == payload_of[s] for s in live)  # lengths implied by offsets
+        for seg in log._segments:  # what compaction weighs, kept right through rewrites
+            assert seg.live_bytes == sum(fmt.RECORD_HEADER_BYTES + len(payload_of[s])
+                                         for s in live if seg.base_seq <= s < seg.end_seq)
         on_disk = {s for s in payload_of if log.contains(s)}
         assert live <= on_disk
     with SegmentLog(directory, segment_bytes_max=1024) as log:

@@ -170,6 +170,26 @@ def test_corrupt_record_in_the_middle_is_reported_with_its_position_and_the_rest
         assert log.append(b"next") == 13
 
 
+def test_bytes_that_are_no_record_between_two_records_do_not_become_part_of_either(tmp_path):
+    """The index keeps no lengths: a record's length is where the next one starts. Garbage
+    between two records of consecutive seqs must still not be read as part of the first."""
+    written = _write(tmp_path, [bytes([i]) * (60 + i) for i in range(8)], segment_bytes_max=1 << 20)
+    name, offset, raw = _record_spans(tmp_path)[3]
+    path = tmp_path / name
+    data = path.read_bytes()
+    end = offset + len(raw)
+    path.write_bytes(data[:end] + b"no record here" * 3 + data[end:])
+    with SegmentLog(tmp_path) as log:
+        assert [c.offset for c in log.recovery.corrupt] == [end]
+        assert {r.seq: r.payload for r in log.replay()} == written
+        assert all(log.read(s).payload == p for s, p in written.items())
+        assert [bytes(r.payload) for r in log.read_many(sorted(written))] == [written[s] for s in sorted(written)]
+        seg = log._segments[0]
+        assert seg.live_bytes == sum(fmt.RECORD_HEADER_BYTES + len(p) for p in written.values())
+        log.release_many([3, 4])
+        assert seg.live_bytes == sum(fmt.RECORD_HEADER_BYTES + len(p) for s, p in written.items() if s not in (3, 4))
+
+
 def test_corrupt_tail_of_a_sealed_segment_is_reported_and_later_segments_recovered(tmp_path):
     written = _write(tmp_path, [bytes([i]) * 100 for i in range(30)])
     spans = _record_spans(tmp_path)
@@ -294,6 +314,10 @@ def test_every_intact_record_is_recovered_and_nothing_damaged_is_returned(tmp_pa
         recovered = {r.seq: (r.key, r.payload) for r in log.replay()}
         assert set(recovered) == intact
         assert all(recovered[s] == written[s] for s in recovered)  # nothing damaged comes back
+        # the index (offsets only; lengths implied) finds each record beside the damage too
+        assert all(log.read(s).payload == written[s][1] for s in recovered)
+        seqs = sorted(recovered)
+        assert [bytes(r.payload) for r in log.read_many(seqs)] == [written[s][1] for s in seqs]
         assert log.append(b"after") > max(recovered, default=0)
     with SegmentLog(image, segment_bytes_max=1024) as log:  # recovery leaves a clean log behind
         assert log.recovery.torn_tail is None

@@ -55,7 +55,7 @@ from hutch.queues import effective
 from hutch.queues.classic import ClassicQueue
 from hutch.queues.message import Message
 from hutch.queues.paging import (
-    PAGED_OVERHEAD_BYTES,
+    PAGED_INDEX_BYTES,
     SCRATCH,
     WINDOW_BYTES_DEFAULT,
     WINDOW_MESSAGES_DEFAULT,
@@ -1263,7 +1263,7 @@ class Broker:
                 total += st.ready_bytes + st.unacked_bytes + per * (st.ready_count + len(st.unacked))
                 tail = q.tail
                 if tail is not None:
-                    total += PAGED_OVERHEAD_BYTES * tail.count
+                    total += tail.memory_bytes() + PAGED_INDEX_BYTES * tail.count
         return total
 
     def memory_check(self, used_bytes: int, total_bytes: int) -> None:

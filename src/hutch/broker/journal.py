@@ -95,6 +95,7 @@ import msgspec
 
 from hutch.amqp import codec
 from hutch.amqp.spec import AMQPError
+from hutch.queues.columns import DeltaColumn
 from hutch.store import SegmentLog, StoreError
 
 log = logging.getLogger("hutch.journal")
@@ -663,37 +664,53 @@ def _ref_of(_seq: int, item: list) -> int:
 
 
 def _ref_delivered(q: _RefTable, e_seq: int) -> None:
-    q.set_flag(e_seq, REF_DELIVERED)
+    q.set_delivered(e_seq)
 
 
 class _RefTable:
-    """One queue's surviving messages during `recover_refs`: E seqs (they come in increasing
-    order) and their packed refs in two arrays, 16 bytes a message instead of a dict entry's
-    hundred; lookups by binary search; a settled message's ref becomes GONE."""
+    """One queue's surviving messages during `recover_refs`, about six bytes a message instead of
+    a dict entry's hundred: E seqs (they come in increasing order) as offsets from the first in
+    an array searched by bisection, sizes in a `DeltaColumn`, a flags byte each (delivered,
+    expiration, settled) and a priority byte each once one has a priority."""
 
-    GONE = (1 << 64) - 1
+    _DELIVERED, _EXPIRATION, _GONE = 1, 2, 128
 
-    __slots__ = ("seqs", "refs", "live")
+    __slots__ = ("base", "seqs", "sizes", "flags", "prios", "live")
 
     def __init__(self) -> None:
-        self.seqs = array("Q")
-        self.refs = array("Q")
+        self.base = 0
+        self.seqs = array("I")  # seq - base; widened to "Q" should the seqs span more than 2**32
+        self.sizes = DeltaColumn()
+        self.flags = bytearray()
+        self.prios: bytearray | None = None
         self.live = 0
 
     def __setitem__(self, seq: int, ref: int) -> None:
         seqs = self.seqs
-        if not seqs or seq > seqs[-1]:
-            seqs.append(seq)
-            self.refs.append(ref)
-        else:  # the log replays in seq order; kept correct (and slow) should that ever change
-            i = bisect_left(seqs, seq)
-            seqs.insert(i, seq)
-            self.refs.insert(i, ref)
+        if not seqs:
+            self.base = seq
+        elif seq - self.base <= seqs[-1]:
+            raise ValueError(f"journal record {seq} replayed out of order")  # the log replays in seq order
+        off = seq - self.base
+        if off >= 1 << 32 and seqs.typecode == "I":
+            seqs = self.seqs = array("Q", seqs)
+        seqs.append(off)
+        self.sizes.append(ref & REF_SIZE_MASK)
+        self.flags.append((self._DELIVERED if ref & REF_DELIVERED else 0)
+                          | (self._EXPIRATION if ref & REF_EXPIRATION else 0))
+        prio = (ref >> REF_PRIORITY_SHIFT) & 0xFF
+        if prio and self.prios is None:
+            self.prios = bytearray(len(seqs) - 1)
+        if self.prios is not None:
+            self.prios.append(prio)
         self.live += 1
 
     def _index(self, seq: int) -> int:
-        i = bisect_left(self.seqs, seq)
-        if i < len(self.seqs) and self.seqs[i] == seq and self.refs[i] != self.GONE:
+        off = seq - self.base
+        if off < 0:
+            return -1
+        i = bisect_left(self.seqs, off)
+        if i < len(self.seqs) and self.seqs[i] == off and not self.flags[i] & self._GONE:
             return i
         return -1
 
@@ -701,36 +718,45 @@ class _RefTable:
         return self._index(seq) >= 0
 
     def pop(self, seq: int, default: Any = None) -> Any:
+        """Settle the message `seq`: True if it was here, else `default`."""
         i = self._index(seq)
         if i < 0:
             return default
-        ref = self.refs[i]
-        self.refs[i] = self.GONE
+        self.flags[i] |= self._GONE
         self.live -= 1
-        return ref
+        return True
 
     def flag_delivered_below(self, below: int) -> int:
         """Flag every surviving message before seq `below` delivered; how many there were."""
-        refs, gone, marked = self.refs, self.GONE, 0
-        for i in range(bisect_left(self.seqs, below)):
-            if refs[i] != gone:
-                refs[i] |= REF_DELIVERED
+        flags, gone, marked = self.flags, self._GONE, 0
+        for i in range(bisect_left(self.seqs, max(below - self.base, 0))):
+            if not flags[i] & gone:
+                flags[i] |= self._DELIVERED
                 marked += 1
         return marked
 
-    def set_flag(self, seq: int, flag: int) -> None:
+    def set_delivered(self, seq: int) -> None:
         i = self._index(seq)
         if i >= 0:
-            self.refs[i] |= flag
+            self.flags[i] |= self._DELIVERED
 
     def __len__(self) -> int:
         return self.live
 
     def items(self) -> Iterator[tuple[int, int]]:
-        gone = self.GONE
-        for seq, ref in zip(self.seqs, self.refs, strict=True):
-            if ref != gone:
-                yield seq, ref
+        """(E seq, size | REF_DELIVERED | REF_EXPIRATION | priority << REF_PRIORITY_SHIFT) of each
+        surviving message, in seq order."""
+        base, gone, prios = self.base, self._GONE, self.prios
+        sizes, flags, seqs = self.sizes, self.flags, self.seqs
+        for start in range(0, len(seqs), 65536):  # the sizes a slice at a time
+            for j, size in enumerate(sizes.values(65536, start), start):
+                f = flags[j]
+                if f & gone:
+                    continue
+                ref = size | (REF_DELIVERED if f & 1 else 0) | (REF_EXPIRATION if f & 2 else 0)
+                if prios is not None:
+                    ref |= prios[j] << REF_PRIORITY_SHIFT
+                yield base + seqs[j], ref
 
 
 class ScratchLog:

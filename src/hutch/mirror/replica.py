@@ -316,6 +316,7 @@ class Replica:
         self.body_bytes_held -= len(e.body)
         e.body = None
         e.props = b""
+        e.exchange = e.routing_key = ""  # (each its own string: some 100 bytes a message)
 
     def _add(self, e: MirrorEntry) -> None:
         if e.seq in self.entries:

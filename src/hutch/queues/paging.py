@@ -24,7 +24,7 @@ A priority queue (`x-max-priority`) pages the same way, one tail per priority le
 (`PagedLevels`): the rule holds level by level, so each level's paged messages are younger than
 its messages in memory, and the queue reads back from the highest level that has messages
 before it delivers (order per level, higher levels first). A level's seqs are not consecutive
-(the levels interleave), so its tail keeps them (8 bytes more a message).
+(the levels interleave), so its tail keeps them (one more column).
 
 This module decides and counts; it does no I/O. The queue asks a `BodyStore` (the broker, on
 its journal and scratch log) for the bodies. The leader of a mirrored queue pages as any
@@ -34,10 +34,11 @@ taking them out of it (`BodyStore.peek_paged`). Not paged: quorum queues.
 
 from __future__ import annotations
 
-from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Protocol
+
+from hutch.queues.columns import DeltaColumn
 
 if TYPE_CHECKING:
     from hutch.queues.message import Message
@@ -48,9 +49,7 @@ WINDOW_MESSAGES_DEFAULT = 8192  # classic_queue.memory_window_messages
 WINDOW_BYTES_DEFAULT = 16 * 1024 * 1024  # classic_queue.memory_window_bytes
 READ_AHEAD_MESSAGES = 256  # bodies read back per batch, and the low mark that starts a batch
 READ_AHEAD_BYTES = 4 * 1024 * 1024  # ... and at most this many body bytes per batch
-PAGED_OVERHEAD_BYTES = 24  # what a paged message costs in memory (tail arrays and the log's index)
-
-_NO_EXPIRY = -1
+PAGED_INDEX_BYTES = 5  # what a paged message's record costs the node's segment log index (beside the tail)
 
 
 class PagingPolicy:
@@ -89,26 +88,26 @@ class PagingPolicy:
 
 
 class PagedTail:
-    """The paged messages of one queue, oldest first, in parallel arrays (no object per message).
+    """The paged messages of one queue, oldest first, in parallel columns (no object per message).
 
-    Per message: location (8 bytes), body size (4), delivery count (1, capped at 255), and the
-    expiry time (8) only once some message of the queue has one. Seqs are consecutive from
-    `first_seq`; a tail made with `gaps=True` (a priority level's) takes increasing seqs with
-    gaps and keeps them (8). Popped items leave a hole at the front that is compacted away when
-    it is half of the arrays."""
+    Per message: location, body size and delivery count (capped at 255), and the expiry time only
+    once some message of the queue has one. Locations, sizes and expiry times are
+    `DeltaColumn`s: a backlog of journal seqs and like sizes costs about three bytes a message.
+    Seqs are consecutive from `first_seq`; a tail made with `gaps=True` (a priority level's)
+    takes increasing seqs with gaps and keeps them (a fourth column)."""
 
-    __slots__ = ("count", "bytes", "first_seq", "_locs", "_sizes", "_counts", "_expiry", "_seqs", "_i")
+    __slots__ = ("count", "bytes", "first_seq", "_locs", "_sizes", "_counts", "_ci", "_expiry", "_seqs")
 
     def __init__(self, gaps: bool = False) -> None:
         self.count = 0
         self.bytes = 0
         self.first_seq = 0
-        self._locs = array("Q")
-        self._sizes = array("I")
+        self._locs = DeltaColumn()
+        self._sizes = DeltaColumn()
         self._counts = bytearray()
-        self._expiry: array | None = None
-        self._seqs: array | None = array("Q") if gaps else None
-        self._i = 0  # index of the head in the arrays
+        self._ci = 0  # index of the head in _counts
+        self._expiry: DeltaColumn | None = None  # expiry time + 1; 0: none
+        self._seqs: DeltaColumn | None = DeltaColumn() if gaps else None
 
     def __len__(self) -> int:
         return self.count
@@ -117,7 +116,7 @@ class PagedTail:
     def next_seq(self) -> int:
         """The lowest seq the next append may take."""
         if self._seqs is not None:
-            return self._seqs[-1] + 1 if self.count else self.first_seq
+            return self._seqs.last + 1 if self.count else self.first_seq
         return self.first_seq + self.count
 
     def append(self, seq: int, loc: int, size: int, expires_at_ms: int | None = None,
@@ -126,7 +125,7 @@ class PagedTail:
         if self.count == 0:
             self._clear()
             self.first_seq = seq
-        elif (seq <= seqs[-1]) if seqs is not None else (seq != self.first_seq + self.count):
+        elif seq < self.next_seq if seqs is not None else seq != self.first_seq + self.count:
             raise ValueError(f"paged seq {seq} out of order: the tail expects {self.next_seq}"
                              + (" or later" if seqs is not None else ""))
         if seqs is not None:
@@ -136,18 +135,19 @@ class PagedTail:
         self._counts.append(min(delivery_count, 255))
         exp = self._expiry
         if expires_at_ms is not None and exp is None:
-            exp = self._expiry = array("q", [_NO_EXPIRY]) * len(self._locs)
-            exp.pop()
+            exp = self._expiry = DeltaColumn()
+            for _ in range(self.count):
+                exp.append(0)
         if exp is not None:
-            exp.append(_NO_EXPIRY if expires_at_ms is None else expires_at_ms)
+            exp.append(0 if expires_at_ms is None else expires_at_ms + 1)
         self.count += 1
         self.bytes += size
 
     def head_expires_at_ms(self) -> int | None:
         if not self.count or self._expiry is None:
             return None
-        e = self._expiry[self._i]
-        return None if e == _NO_EXPIRY else e
+        e = self._expiry[0]
+        return e - 1 if e else None
 
     def pop(self, messages_max: int, bytes_max: int) -> list[tuple[int, int, int, int | None, int]]:
         """Up to `messages_max` items from the head (and at least one, whatever `bytes_max`):
@@ -155,44 +155,45 @@ class PagedTail:
         n = min(self.count, messages_max)
         if n <= 0:
             return []
-        i = self._i
-        sizes = self._sizes[i:i + n]
-        sums = list(accumulate(sizes))
+        sums = list(accumulate(self._sizes.values(n)))
         n = max(bisect_right(sums, bytes_max), 1)  # the first always; then while the bytes fit
-        end = i + n
+        sizes = self._sizes.take(n)
         gaps = self._seqs
-        seqs = range(self.first_seq, self.first_seq + n) if gaps is None else gaps[i:end]
+        seqs = range(self.first_seq, self.first_seq + n) if gaps is None else gaps.take(n)
         exp = self._expiry
-        expiries = [None] * n if exp is None else [None if e == _NO_EXPIRY else e for e in exp[i:end]]
-        out = list(zip(seqs, self._locs[i:end], sizes[:n], expiries, self._counts[i:end], strict=True))
-        self._i = end
+        expiries = [None] * n if exp is None else [e - 1 if e else None for e in exp.take(n)]
+        i = self._ci
+        end = i + n
+        out = list(zip(seqs, self._locs.take(n), sizes, expiries, self._counts[i:end], strict=True))
+        self._ci = end
         self.count -= n
         self.bytes -= sums[n - 1]
         if gaps is None:
             self.first_seq += n
         else:
-            self.first_seq = gaps[end] if self.count else gaps[end - 1] + 1
+            self.first_seq = gaps[0] if self.count else out[-1][0] + 1
         if self.count == 0:
             self._clear()
-        elif end > 4096 and end * 2 > len(self._locs):
-            self._compact()
+        elif end > 4096 and end * 2 > len(self._counts):
+            del self._counts[:end]
+            self._ci = 0
         return out
 
     def take_all(self) -> list[int]:
         """Empty the tail; returns the locations of what it held (a purge, a deleted queue)."""
-        locs = self._locs[self._i:].tolist()
+        locs = self._locs.tolist()
         self._clear()
         self.count = 0
         self.bytes = 0
         return locs
 
     def locations(self) -> list[int]:
-        return self._locs[self._i:].tolist()
+        return self._locs.tolist()
 
     def seqs(self) -> list[int]:
         """The seqs of the paged messages, oldest first (a mirrored queue's sync, its copies)."""
         if self._seqs is not None:
-            return self._seqs[self._i:].tolist()
+            return self._seqs.tolist()
         return list(range(self.first_seq, self.first_seq + self.count))
 
     @property
@@ -213,42 +214,31 @@ class PagedTail:
         if gaps is None:
             if not self.first_seq <= seq < self.first_seq + self.count:
                 return None
-            k = self._i + seq - self.first_seq
+            k = seq - self.first_seq
         else:
-            k = bisect_left(gaps, seq, self._i)
-            if k >= len(gaps) or gaps[k] != seq:
+            k = gaps.index(seq)
+            if k < 0:
                 return None
         exp = self._expiry
-        e = _NO_EXPIRY if exp is None else exp[k]
-        return self._locs[k], None if e == _NO_EXPIRY else e, self._counts[k]
+        e = 0 if exp is None else exp[k]
+        return self._locs[k], e - 1 if e else None, self._counts[self._ci + k]
 
     def _clear(self) -> None:
-        del self._locs[:]  # in place: a lazy queue whose consumers keep up empties its tail per message
-        del self._sizes[:]
+        self._locs.clear()  # in place: a lazy queue whose consumers keep up empties its tail per message
+        self._sizes.clear()
         del self._counts[:]
+        self._ci = 0
         self._expiry = None
         if self._seqs is not None:
-            del self._seqs[:]
-        self._i = 0
-
-    def _compact(self) -> None:
-        i = self._i
-        self._locs = self._locs[i:]
-        self._sizes = self._sizes[i:]
-        self._counts = self._counts[i:]
-        if self._expiry is not None:
-            self._expiry = self._expiry[i:]
-        if self._seqs is not None:
-            self._seqs = self._seqs[i:]
-        self._i = 0
+            self._seqs.clear()
 
     def memory_bytes(self) -> int:
-        """What the arrays take now (their allocated size, hole included)."""
-        n = self._locs.buffer_info()[1] * 8 + self._sizes.buffer_info()[1] * 4 + len(self._counts)
+        """What the columns take now (their allocated size, hole included)."""
+        n = self._locs.memory_bytes() + self._sizes.memory_bytes() + len(self._counts)
         if self._expiry is not None:
-            n += self._expiry.buffer_info()[1] * 8
+            n += self._expiry.memory_bytes()
         if self._seqs is not None:
-            n += self._seqs.buffer_info()[1] * 8
+            n += self._seqs.memory_bytes()
         return n
 
 
@@ -353,4 +343,4 @@ def is_scratch(loc: int) -> bool:
 
 
 __all__ = ["BodyStore", "PagedLevels", "PagedTail", "PagingPolicy", "SCRATCH", "is_scratch", "WINDOW_MESSAGES_DEFAULT",
-           "WINDOW_BYTES_DEFAULT", "READ_AHEAD_MESSAGES", "READ_AHEAD_BYTES", "PAGED_OVERHEAD_BYTES"]
+           "WINDOW_BYTES_DEFAULT", "READ_AHEAD_MESSAGES", "READ_AHEAD_BYTES", "PAGED_INDEX_BYTES"]

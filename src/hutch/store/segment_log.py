@@ -65,6 +65,7 @@ RECORD_BYTES_MAX_DEFAULT = 16 * MiB
 WRITE_BUFFER_BYTES_MAX_DEFAULT = 1 * MiB
 READ_RUN_BYTES_MAX = 1 * MiB  # read_many: one pread covers records that lie together, up to this much
 READ_RUN_GAP_BYTES_MAX = 64 * KiB  # ... skipping at most this much between two of them
+REPLAY_WINDOW_BYTES = 4 * MiB  # replay reads a segment this much at a time
 SEGMENT_BYTES_MAX_LIMIT = 1024 * MiB  # offsets are kept as u32
 SEGMENT_BYTES_MAX_MIN = 256
 
@@ -144,9 +145,15 @@ def segment_name(base_seq: int) -> str:
 
 
 class _Segment:
-    """The in-memory index of one segment file: where each seq's record is, and its state."""
+    """The in-memory index of one segment file: where each seq's record is, and its state.
 
-    __slots__ = ("base_seq", "path", "size_bytes", "offsets", "lengths", "states",
+    Five bytes a record: its offset and its state. A record's length is where the next one
+    starts less its header (records lie back to back), so it is not kept: a seq that is not in
+    the file is given the offset where the record before it ended, and the rare record that is
+    followed by bytes that are no record (a damaged one skipped at recovery) has its length in
+    `odd`."""
+
+    __slots__ = ("base_seq", "path", "size_bytes", "offsets", "end", "odd", "states",
                  "live_count", "live_bytes", "read_fd", "compacting", "unsynced", "live_at_look")
 
     def __init__(self, base_seq: int, path: Path, size_bytes: int):
@@ -154,7 +161,8 @@ class _Segment:
         self.path = path
         self.size_bytes = size_bytes        # including bytes still in the write buffer
         self.offsets = array("I")           # by seq - base_seq
-        self.lengths = array("I")           # payload bytes, by seq - base_seq
+        self.end = fmt.SEGMENT_HEADER_BYTES  # where the last indexed record ends
+        self.odd: dict[int, int] = {}       # payload length by seq - base_seq, where not implied
         self.states = bytearray()           # _ABSENT / _LIVE / _RELEASED, by seq - base_seq
         self.live_count = 0
         self.live_bytes = 0                 # on-disk bytes of live records
@@ -168,18 +176,44 @@ class _Segment:
         """One past the highest seq this segment indexes."""
         return self.base_seq + len(self.states)
 
+    def length(self, i: int) -> int:
+        """The payload bytes of the record at index i (one that is in the file)."""
+        if self.odd:
+            odd = self.odd.get(i)
+            if odd is not None:
+                return odd
+        offsets = self.offsets
+        nxt = offsets[i + 1] if i + 1 < len(offsets) else self.end
+        return nxt - offsets[i] - fmt.RECORD_HEADER_BYTES
+
+    def lengths(self) -> list[int]:
+        """The payload bytes of every index (meaningless for a seq not in the file)."""
+        offsets = self.offsets
+        header = fmt.RECORD_HEADER_BYTES
+        out = [b - a - header for a, b in zip(offsets, offsets[1:], strict=False)]
+        if offsets:
+            out.append(self.end - offsets[-1] - header)
+        for i, n in self.odd.items():
+            out[i] = n
+        return out
+
     def add_scanned(self, records: list[fmt.ScannedRecord]) -> None:
         """Index the records a scan of the file found (seqs ascending, from base_seq on): a run
-        without gaps in three array extensions, as at every start for each segment."""
+        without gaps, lying back to back, in two array extensions, as at every start for each
+        segment."""
         if not records:
             return
-        if not self.states and records[0].seq == self.base_seq and records[-1].seq == self.base_seq + len(records) - 1:
+        header = fmt.RECORD_HEADER_BYTES
+        last = records[-1]
+        if (not self.states and records[0].seq == self.base_seq and last.seq == self.base_seq + len(records) - 1
+                and records[0].offset == self.end
+                and last.offset + header + last.length - records[0].offset
+                == header * len(records) + sum(r.length for r in records)):
             self.offsets.extend(r.offset for r in records)
-            lengths = [r.length for r in records]
-            self.lengths.extend(lengths)
             self.states.extend(bytes([_LIVE]) * len(records))
             self.live_count += len(records)
-            self.live_bytes += fmt.RECORD_HEADER_BYTES * len(records) + sum(lengths)
+            self.live_bytes += last.offset + header + last.length - records[0].offset
+            self.end = last.offset + header + last.length
             return
         for r in records:
             self.add(r.seq, r.offset, r.length)
@@ -187,15 +221,36 @@ class _Segment:
     def add(self, seq: int, offset: int, length: int) -> None:
         gap = seq - self.end_seq
         assert gap >= 0, (seq, self.end_seq)
-        if gap:
-            self.offsets.extend([0] * gap)
-            self.lengths.extend([0] * gap)
+        if gap:  # seqs not in the file: they end where the record before them did
+            self.offsets.extend([self.end] * gap)
             self.states.extend(bytes(gap))
+        elif offset != self.end and self.offsets:  # bytes that are no record follow the one before
+            i = len(self.offsets) - 1
+            self.odd[i] = self.end - self.offsets[i] - fmt.RECORD_HEADER_BYTES
         self.offsets.append(offset)
-        self.lengths.append(length)
         self.states.append(_LIVE)
         self.live_count += 1
         self.live_bytes += fmt.RECORD_HEADER_BYTES + length
+        self.end = offset + fmt.RECORD_HEADER_BYTES + length
+
+    def moved(self, kept: list[tuple[int, int, int]], end: int) -> None:
+        """The segment was rewritten with only the records at these indices (ascending), as
+        (index, new offset, payload length), back to back up to `end`: the others are no longer
+        in the file."""
+        offsets = self.offsets
+        header = fmt.RECORD_HEADER_BYTES
+        at = fmt.SEGMENT_HEADER_BYTES  # where the kept record before ends
+        j = 0
+        for i in range(len(offsets)):
+            if j < len(kept) and kept[j][0] == i:
+                _i, offset, length = kept[j]
+                offsets[i] = offset
+                at = offset + header + length
+                j += 1
+            else:
+                offsets[i] = at
+        self.odd = {}
+        self.end = end
 
 
 class SegmentLog:
@@ -588,7 +643,7 @@ class SegmentLog:
                 raise UnknownRecord(f"record {seq} is {what}")
             seg.states[i] = _RELEASED
             seg.live_count -= 1
-            seg.live_bytes -= fmt.RECORD_HEADER_BYTES + seg.lengths[i]
+            seg.live_bytes -= fmt.RECORD_HEADER_BYTES + seg.length(i)
             if seg.live_count == 0 and seg is not self._active and not seg.compacting:
                 self._delete(seg)
 
@@ -614,7 +669,11 @@ class SegmentLog:
                     raise UnknownRecord(f"record {seq} is {what}")
                 states[i] = _RELEASED
                 seg.live_count -= 1
-                seg.live_bytes -= header + seg.lengths[i]
+                if seg.odd:
+                    seg.live_bytes -= header + seg.length(i)
+                else:  # (seg.length inlined: a drain releases every record)
+                    offsets = seg.offsets
+                    seg.live_bytes -= (offsets[i + 1] if i + 1 < len(offsets) else seg.end) - offsets[i]
             if seg is not None and seg.live_count == 0 and seg is not self._active and not seg.compacting:
                 self._delete(seg)
 
@@ -715,7 +774,7 @@ class SegmentLog:
             if seg is self._active and seq > self._written_seq:
                 self._check_writable()
                 self._write_buffer()
-            offset, length = seg.offsets[i], seg.lengths[i]
+            offset, length = seg.offsets[i], seg.length(i)
             data = os.pread(self._read_fd(seg), fmt.RECORD_HEADER_BYTES + length, offset)
         rec = fmt.decode_record_at(data, 0, self.record_bytes_max)
         if rec is None or rec.seq != seq or rec.length != length:
@@ -761,8 +820,12 @@ class SegmentLog:
                 if seg is active and seq > self._written_seq:
                     self._check_writable()
                     self._write_buffer()
-                offset = seg.offsets[i]
-                length = seg.lengths[i]
+                offsets = seg.offsets
+                offset = offsets[i]
+                if seg.odd:
+                    length = seg.length(i)
+                else:  # (seg.length inlined: a drain reads every record)
+                    length = (offsets[i + 1] if i + 1 < len(offsets) else seg.end) - offset - header
                 end = offset + header + length
                 if seg is rseg and 0 <= offset - rend <= READ_RUN_GAP_BYTES_MAX and end - rstart <= READ_RUN_BYTES_MAX:
                     rend = end
@@ -795,9 +858,11 @@ class SegmentLog:
 
     def replay(self, key: int | None = None, views: bool = False) -> Iterator[Record]:
         """Every live record in seq order (only those with `key`, when given). Meant for
-        start-up, after recovery; it reads one segment at a time. `views`: each payload is a
-        memoryview into that segment's bytes instead of a copy, for a reader that only decodes
-        it (one that keeps a view keeps the whole segment's bytes alive)."""
+        start-up, after recovery: it yields the records live when it reached their segment, read
+        through a descriptor of its own (so a segment rewritten or deleted meanwhile is still read
+        as it was) in windows of `REPLAY_WINDOW_BYTES`. `views`: each payload is a memoryview
+        into its window's bytes instead of a copy, for a reader that only decodes it (one that
+        keeps a view keeps the whole window in memory)."""
         unpack_key = fmt.unpack_record_key
         header_bytes = fmt.RECORD_HEADER_BYTES
         with self._lock:
@@ -813,20 +878,30 @@ class SegmentLog:
                     self._write_buffer()
                 base = seg.base_seq
                 if seg.live_count == len(seg.states):  # all live: no state to look at
-                    entries = list(zip(range(base, base + len(seg.states)), seg.offsets, seg.lengths, strict=True))
+                    entries = list(zip(range(base, base + len(seg.states)), seg.offsets, seg.lengths(), strict=True))
                 else:
-                    offsets, lengths = seg.offsets, seg.lengths
+                    offsets, lengths = seg.offsets, seg.lengths()
                     entries = [(base + i, offsets[i], lengths[i]) for i, st in enumerate(seg.states) if st == _LIVE]
-                size = seg.size_bytes
-                data = os.pread(self._read_fd(seg), size, 0)
-            view = memoryview(data)
-            for seq, offset, length in entries:
-                (rec_key,) = unpack_key(data, offset)
-                if key is not None and rec_key != key:
-                    continue
-                start = offset + header_bytes
-                payload = view[start:start + length]
-                yield Record(seq, rec_key, payload if views else bytes(payload))
+                fd = os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = b""
+                view = memoryview(data)
+                wstart = wend = 0  # the window's extent in the file
+                for seq, offset, length in entries:
+                    end = offset + header_bytes + length
+                    if end > wend or offset < wstart:
+                        last_end = entries[-1][1] + header_bytes + entries[-1][2]
+                        wstart, wend = offset, max(end, min(offset + REPLAY_WINDOW_BYTES, last_end))
+                        data = os.pread(fd, wend - wstart, wstart)
+                        view = memoryview(data)
+                    at = offset - wstart
+                    (rec_key,) = unpack_key(data, at)
+                    if key is not None and rec_key != key:
+                        continue
+                    payload = view[at + header_bytes:at + header_bytes + length]
+                    yield Record(seq, rec_key, payload if views else bytes(payload))
+            finally:
+                os.close(fd)
 
     # -- compaction ---------------------------------------------------------------------
 
@@ -865,8 +940,8 @@ class SegmentLog:
                         break
                     budget -= seg.live_bytes
                     seg.compacting = True
-                    live = [(i, seg.offsets[i], seg.lengths[i])
-                            for i, st in enumerate(seg.states) if st == _LIVE]
+                    lengths = seg.lengths()
+                    live = [(i, seg.offsets[i], lengths[i]) for i, st in enumerate(seg.states) if st == _LIVE]
                     chosen.append((seg, live))
             try:
                 for seg, live in chosen:
@@ -892,14 +967,14 @@ class SegmentLog:
         finally:
             os.close(src)
         out = bytearray(fmt.encode_segment_header(seg.base_seq))
-        new_offsets: list[tuple[int, int]] = []
+        new_offsets: list[tuple[int, int, int]] = []  # (index, new offset, length)
         for i, offset, length in live:
             end = offset + fmt.RECORD_HEADER_BYTES + length
             rec = fmt.decode_record_at(data, offset, self.record_bytes_max)
             if rec is None or rec.seq != seg.base_seq + i:
                 raise StoreError(f"Segment log {self.directory}: record {seg.base_seq + i} in segment "
                                  f"{seg.path.name} at offset {offset} is corrupt; not compacting it")
-            new_offsets.append((i, len(out)))
+            new_offsets.append((i, len(out), length))
             out += data[offset:end]
         tmp = seg.path.with_name(seg.path.name + COMPACT_SUFFIX)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -913,12 +988,11 @@ class SegmentLog:
                 os.unlink(tmp)
                 return 0, 0
             os.rename(tmp, seg.path)
-            kept = {i for i, _ in new_offsets}
+            kept = {i for i, _, _ in new_offsets}
             for i, st in enumerate(seg.states):
                 if st == _RELEASED and i not in kept:
                     seg.states[i] = _ABSENT  # released before the copy: not in the new file
-            for i, offset in new_offsets:
-                seg.offsets[i] = offset
+            seg.moved(new_offsets, len(out))
             reclaimed = seg.size_bytes - len(out)
             seg.size_bytes = len(out)
             if seg.read_fd is not None:
