@@ -15,7 +15,6 @@ from hutch.mirror.leader import RECOVERY_REPORTS_MAX, Leader, new_epochs
 from hutch.mirror.replica import (
     RANGES_MAX,
     Enqueued,
-    MirrorEntry,
     Recovered,
     Removed,
     Replica,
@@ -112,9 +111,7 @@ def test_a_durable_replica_notes_what_to_write_and_release_and_a_plain_one_does_
 def _restored(seqs) -> Replica:
     r = Replica(durable=True)
     for s in seqs:
-        e = MirrorEntry(SyncItem(s, "", "q", b"\x00\x00", b"old %d" % s, True, 0, None, None, 1), 1)
-        e.log_seq = 1000 + s
-        r.restore(e)
+        r.restore(s, 1000 + s)  # by reference: its ME record is 1000 + s
     return r
 
 
@@ -124,7 +121,7 @@ def test_ranges_are_compact_and_bounded_to_the_newest():
     r = _restored(range(2, 2 * (RANGES_MAX + 10) + 1, 2))  # every other seq: one range each
     ranges = r.held_ranges()
     assert len(ranges) == 2 * RANGES_MAX
-    assert in_ranges(ranges) == sorted(r.entries)  # the older ones were dropped from the copy
+    assert in_ranges(ranges) == sorted(r.seqs())  # the older ones were dropped from the copy
     assert len(r.to_release) == 10
 
 
@@ -134,19 +131,20 @@ def test_recovered_drops_what_the_leader_says_for_that_mirror_only():
     r.apply(decode_ops(encode_ops([Recovered("m2", (1, 10))])))
     assert len(r) == 10
     r.apply(decode_ops(encode_ops([Recovered("m1", (1, 3, 8, 8))])))
-    assert sorted(r.entries) == [4, 5, 6, 7, 9, 10]
+    assert sorted(r.seqs()) == [4, 5, 6, 7, 9, 10]
     assert sorted(r.to_release) == [1001, 1002, 1003, 1008]
     assert r.unreconciled == set()
     r.apply([SyncBatch((SyncItem(4, "", "q", b"\x00\x00", b"new", True, 0, None, None, 0),))])
-    assert r.entries[4].body == b"old 4"  # reconciled: the copy's message is the leader's
+    assert 4 in r.on_disk and 4 not in r.entries  # reconciled: the copy's message (on disk) is the leader's
 
 
 def test_the_leaders_message_replaces_an_unreconciled_one_and_promotion_forgets_the_rest():
     r = _restored([1, 2, 3])
     r.apply([SyncBatch((SyncItem(2, "", "q", b"\x00\x00", b"new", True, 0, None, None, 0),)), _enq(3)])
     assert r.entries[2].body == b"new" and r.entries[3].body == b"3"
+    assert 1002 in r.to_release  # the copy's own message 2 gives way
     r.forget_unreconciled()
-    assert sorted(r.entries) == [2, 3]
+    assert sorted(r.seqs()) == [2, 3] and len(r.on_disk) == 0
 
 
 def test_a_promoted_leader_keeps_the_epochs_before_it_bounded():

@@ -104,7 +104,7 @@ def mirror_copy(broker: Any, q: Any) -> tuple[str, list[int], int] | None:
         return "leader", list(q.live_seqs()), q.state.next_seq - 1
     cluster = broker.cluster
     m = cluster.mirroring.mirrors.get((q.vhost, q.name)) if cluster is not None else None
-    return ("mirror", list(m.replica.entries), m.replica.max_seq) if m is not None else None
+    return ("mirror", sorted(m.replica.seqs()), m.replica.max_seq) if m is not None else None
 
 
 def _read_chunks(log: Any, lo: int, hi: int) -> list[tuple[int, int, bytes]]:

@@ -168,16 +168,16 @@ class MirrorHost:
             partial = len(ready)
         m = Mirror(self, rec.vhost, rec.name, self.node, rec.durable, rec.journal_id if rec.durable else 0)
         m._claim()  # takes the copy (one of another declaration of the queue, or not kept, is dropped)
-        if not m.replica.entries:
+        if not len(m.replica):
             return
         if partial:
             log.warning("Mirrored queue '%s' in vhost '%s': this node's promotion of its mirror stopped before it "
                         "had written the copy into the queue; it leads with the %d messages of the copy (the %d "
                         "written before it stopped are a part of them)", rec.name, rec.vhost,
-                        len(m.replica.entries), partial)
+                        len(m.replica), partial)
         else:
             log.info("Mirrored queue '%s' in vhost '%s': this node was made its leader while it was down; it "
-                     "leads with the %d messages of its mirror's copy", rec.name, rec.vhost, len(m.replica.entries))
+                     "leads with the %d messages of its mirror's copy", rec.name, rec.vhost, len(m.replica))
         self._restore_copy(m, q, failed=True)
         self.broker.dirty_queues.add(q)
 
@@ -274,7 +274,7 @@ class MirrorHost:
             # between rings (it left the ring of a leader it saw die, to join that leader's node
             # again once it is back, or the ring took it off): a promotion decided while it was in
             # the ring commits now. What it held there is the queue; it leads a ring of its own.
-            if m.replica.view is None and not m.replica.entries:
+            if m.replica.view is None and not len(m.replica):
                 return True
             if m.replica.view is None:
                 # the copy this node's mirror kept on disk before a restart, its promotion proposed
@@ -377,7 +377,7 @@ class MirrorHost:
                 ld._order += 1
                 since = 0 if mv.since <= my_since else mv.since
                 ld.mirrors[mv.member] = MirrorInfo(mv.member, mv.node, since, ld._order)
-        ld.ops.append(NewLeaderHead(my_since, tuple(s for s in m.replica.entries if s < my_since)))
+        ld.ops.append(NewLeaderHead(my_since, tuple(sorted(s for s in m.replica.seqs() if s < my_since))))
         ld.send_view()
         if cur is not None and cur is not q:
             self.cluster.leader_here(cur, q)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
 from hutch.mirror.placement import ALWAYS, WHEN_SYNCED
-from hutch.mirror.replica import MirrorEntry, Replica, decode_ops
+from hutch.mirror.replica import OnDisk, Replica, decode_ops
 
 log = logging.getLogger("hutch.mirroring")
 
@@ -84,14 +84,14 @@ class Mirror:
         self.asking = True
         self.joining_as = self.host.new_member_id()
         args = [self.vhost, self.name]
-        if self.copy_id and self.replica.entries:
+        if self.copy_id and len(self.replica):
             if not self.replica.recovered_epoch:
                 # the first offer of this copy (a join that failed is asked again, and must not
                 # take the entries it marked unreconciled then for a copy read from disk)
                 self.copy_from_ring = self.replica.view is not None and not self.replica.unreconciled
             self.replica.recovered_epoch = self.epoch
             ranges = self.replica.held_ranges()
-            self.replica.unreconciled = set(self.replica.entries)
+            self.replica.unreconciled = set(self.replica.seqs())
             self.persist()
             args += [self.joining_as, self.epoch, ranges]
         self.host.cluster.call(self.leader_node, "gmid", args, self._got_leader)
@@ -135,18 +135,17 @@ class Mirror:
             journal.drop_mirror_copy(copy)
             return True
         r = self.replica
-        on_disk = MirrorEntry.on_disk
         for log_seq, seq in copy.items.items():  # by reference: bodies stay on disk until a promotion
-            r.restore(on_disk(seq, log_seq))
+            r.restore(seq, log_seq)
         self.copy_id, self.header_seq, self.epoch = copy.copy_id, copy.header_seq, copy.epoch
         self.adopted_seq = copy.adopted_seq
         log.info("Mirrored queue '%s' in vhost '%s': recovered %d messages of the mirror's copy from disk",
-                 self.name, self.vhost, len(r.entries))
+                 self.name, self.vhost, len(r))
         return True
 
     def _start_copy(self, epochs: list) -> None:
         """Start empty: forget any copy on disk and, if this mirror persists, begin a new one."""
-        dropped = len(self.replica.entries)
+        dropped = len(self.replica)
         self.forget_copy()
         if dropped and self.persists:
             log.info("Mirrored queue '%s' in vhost '%s': the leader does not know the epoch of the mirror's copy; "
@@ -168,10 +167,11 @@ class Mirror:
             r = self.replica
             # the header first: once its removal is on disk the copy is gone (journal.py, MA)
             seqs = [self.header_seq, *([self.adopted_seq] if self.adopted_seq else []),
-                    *(e.log_seq for e in r.entries.values() if e.log_seq), *r.to_release]
+                    *(log_seq for log_seq, _seq in r.log_refs()), *r.to_release]
             journal.mirror_removed(self.copy_id, seqs)
             for e in r.entries.values():
                 e.log_seq = 0
+            r.on_disk = OnDisk()  # (their records are gone)
         self.replica.to_release = []
         self.replica.to_write = []
         self.replica.durable = False
@@ -194,7 +194,7 @@ class Mirror:
         if not self.copy_id or journal is None:
             return
         self.persist()
-        items = {e.log_seq: e.seq for e in sorted(self.replica.entries.values(), key=lambda e: e.log_seq) if e.log_seq}
+        items = dict(sorted(self.replica.log_refs()))
         journal.shelve_mirror_copy(self.copy_id, self.header_seq, self.vhost, self.name, self.queue_journal_id,
                                    self.epoch, items, self.adopted_seq)
         self.copy_id = self.header_seq = self.adopted_seq = 0
@@ -218,8 +218,13 @@ class Mirror:
             # past the node's memory window the newest are kept on disk only (read back on promotion)
             config = self.host.broker.config
             window, window_bytes = config.classic_queue_memory_window_messages, config.classic_queue_memory_window_bytes
-            while written and (r.bodies_held > window or r.body_bytes_held > window_bytes):
-                r.release_body(written.pop())
+            held, held_bytes, n = r.bodies_held, r.body_bytes_held, len(written)
+            while n and (held > window or held_bytes > window_bytes):  # the newest go, released oldest first
+                n -= 1
+                held -= 1
+                held_bytes -= len(written[n].body)
+            for e in written[n:]:
+                r.release_body(e)
         if r.to_release:
             journal.mirror_removed(self.copy_id, r.to_release)
             r.to_release = []

@@ -57,9 +57,15 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import heapq
+from array import array
+from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Iterator
 
 import msgspec
+
+from hutch.queues.columns import DeltaColumn
 
 TOKENS_KEPT = 65536  # publish ids remembered for deduplication after a promotion
 
@@ -239,6 +245,141 @@ class MirrorEntry:
         return e
 
 
+class _Run:
+    """Entries of ascending seqs kept by reference: seqs as offsets from the first (bisected),
+    their ME records' seqs in a DeltaColumn, a delivery count byte each (GONE: it left)."""
+
+    GONE = 255
+
+    __slots__ = ("first", "offs", "logs", "counts", "live", "head")
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self.offs = array("I")
+        self.logs = DeltaColumn()
+        self.counts = bytearray()
+        self.live = 0
+        self.head = 0  # no live entry before this index
+
+    @property
+    def last(self) -> int:
+        return self.first + self.offs[-1]
+
+    def append(self, seq: int, log_seq: int, delivery_count: int) -> None:
+        self.offs.append(seq - self.first)
+        self.logs.append(log_seq)
+        self.counts.append(min(delivery_count, self.GONE - 1))
+        self.live += 1
+
+    def find(self, seq: int) -> int:
+        off = seq - self.first
+        if not 0 <= off <= self.offs[-1]:
+            return -1
+        i = bisect_left(self.offs, off, self.head)
+        return i if i < len(self.offs) and self.offs[i] == off and self.counts[i] != self.GONE else -1
+
+    def take(self, i: int) -> int:
+        """Remove entry i; its ME record's seq."""
+        self.counts[i] = self.GONE
+        self.live -= 1
+        log_seq = self.logs[i]
+        if i == self.head:  # a backlog drained in order: let the front go once it is most of the run
+            h, counts, n = i, self.counts, len(self.offs)
+            while h < n and counts[h] == self.GONE:
+                h += 1
+            self.head = h
+            if h >= 4096 and 2 * h > n:
+                self.logs.take(h)
+                base = self.offs[h]
+                self.offs = array("I", (o - base for o in self.offs[h:]))
+                del self.counts[:h]
+                self.first += base
+                self.head = 0
+        return log_seq
+
+    def items(self) -> Iterator[tuple[int, int, int]]:
+        """(seq, ME record seq, delivery count) of each live entry, in order."""
+        first, offs, counts, gone = self.first, self.offs, self.counts, self.GONE
+        for j, log_seq in enumerate(self.logs.values(len(offs) - self.head, self.head), self.head):
+            if counts[j] != gone:
+                yield first + offs[j], log_seq, counts[j]
+
+
+class OnDisk:
+    """The entries of a copy kept by reference only: the message is in its ME record (written),
+    read back if the mirror is promoted. In runs of ascending seqs (a copy grows at its end; a
+    sync or a copy read back from disk makes a run of its own below), about 6 bytes an entry
+    where a MirrorEntry in a dict costs some 300, so a mirror of a long backlog stays small."""
+
+    __slots__ = ("runs", "firsts", "live")
+
+    def __init__(self) -> None:
+        self.runs: list[_Run] = []
+        self.firsts: list[int] = []  # each run's first seq, for bisection
+        self.live = 0
+
+    def __len__(self) -> int:
+        return self.live
+
+    def _locate(self, seq: int) -> tuple[int, int]:
+        """(run index, entry index) of a live entry, or (-1, -1)."""
+        k = bisect_right(self.firsts, seq) - 1
+        if k < 0:
+            return -1, -1
+        i = self.runs[k].find(seq)
+        return (k, i) if i >= 0 else (-1, -1)
+
+    def __contains__(self, seq: int) -> bool:
+        return self._locate(seq)[1] >= 0
+
+    def add(self, seq: int, log_seq: int, delivery_count: int) -> bool:
+        """Keep an entry by reference; False if its seq falls inside a run's range (the caller
+        keeps it as a MirrorEntry then)."""
+        k = bisect_right(self.firsts, seq) - 1
+        if k >= 0:
+            run = self.runs[k]
+            if seq <= run.last:
+                return False
+            if seq - run.first < 1 << 32:
+                run.append(seq, log_seq, delivery_count)
+                self.live += 1
+                return True
+        run = _Run(seq)
+        self.runs.insert(k + 1, run)
+        self.firsts.insert(k + 1, seq)
+        run.append(seq, log_seq, delivery_count)
+        self.live += 1
+        return True
+
+    def bump(self, seq: int) -> None:
+        """One more delivery of the entry, if it is here."""
+        k, i = self._locate(seq)
+        if i >= 0:
+            counts = self.runs[k].counts
+            if counts[i] < _Run.GONE - 1:
+                counts[i] += 1
+
+    def pop(self, seq: int) -> int | None:
+        """Remove the entry; its ME record's seq (None: not here)."""
+        k, i = self._locate(seq)
+        if i < 0:
+            return None
+        run = self.runs[k]
+        log_seq = run.take(i)
+        self.live -= 1
+        if not run.live:
+            del self.runs[k]
+            del self.firsts[k]
+        else:
+            self.firsts[k] = run.first
+        return log_seq
+
+    def items(self) -> Iterator[tuple[int, int, int]]:
+        """(seq, ME record seq, delivery count) of every entry, in seq order."""
+        for run in list(self.runs):
+            yield from run.items()
+
+
 class Replica:
     """A mirror's copy of its queue, built from the leader's operations."""
 
@@ -250,7 +391,8 @@ class Replica:
         self.recovered_epoch = 0  # the leader epoch of a copy recovered from disk, until reconciled
         self.epochs: list = []  # the leader's epochs [epoch, first seq] as it told at join
         self.unreconciled: set[int] = set()  # seqs recovered from disk the leader has not judged yet
-        self.entries: dict[int, MirrorEntry] = {}
+        self.entries: dict[int, MirrorEntry] = {}  # in memory (a body, or by reference out of order)
+        self.on_disk = OnDisk()  # by reference only, compactly: most of a long copy
         # entries whose body is in memory, and those bodies' bytes (`release_body` drops one past
         # the node's memory window once its ME record is written; `_drop` counts them out)
         self.bodies_held = 0
@@ -261,7 +403,16 @@ class Replica:
         self.deleted = False  # the leader said: the queue is deleted (its leaving is no failure)
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.entries) + len(self.on_disk)
+
+    def holds(self, seq: int) -> bool:
+        return seq in self.entries or seq in self.on_disk
+
+    def seqs(self) -> Iterator[int]:
+        """Every entry's seq (those in memory first, then the rest in order)."""
+        yield from self.entries
+        for seq, _log_seq, _count in self.on_disk.items():
+            yield seq
 
     def apply(self, ops: list[Op]) -> None:
         for op in ops:
@@ -275,18 +426,20 @@ class Replica:
                     e = self.entries.get(seq)
                     if e is not None:
                         e.delivery_count += 1
+                    elif self.on_disk.live:
+                        self.on_disk.bump(seq)
             elif t is Removed:
                 for seq in op.seqs:
                     self._drop(seq)
             elif t is SyncBatch:
                 for item in op.items:
-                    if item.seq not in self.entries or item.seq in self.unreconciled:
+                    if not self.holds(item.seq) or item.seq in self.unreconciled:
                         self._add(MirrorEntry(item, item.delivery_count))
             elif t is SyncDone:
                 pass  # the leader's marker: once it is stable, every mirror has the sync's messages
             elif t is NewLeaderHead:  # a new leader: what it lacks goes
                 keep = set(op.keep)
-                for seq in [s for s in self.entries if s < op.floor and s not in keep]:
+                for seq in [s for s in self.seqs() if s < op.floor and s not in keep]:
                     self._drop(seq)
             elif t is View:
                 self.view = op
@@ -302,6 +455,10 @@ class Replica:
     def _drop(self, seq: int) -> None:
         e = self.entries.pop(seq, None)
         if e is None:
+            if self.on_disk.live:
+                log_seq = self.on_disk.pop(seq)
+                if log_seq is not None:
+                    self.to_release.append(log_seq)
             return
         if e.log_seq:
             self.to_release.append(e.log_seq)
@@ -311,15 +468,19 @@ class Replica:
 
     def release_body(self, e: MirrorEntry) -> None:
         """Keep `e` by reference from here on: its ME record (written) holds the message, read
-        back only if this mirror is promoted, as a copy recovered from disk is."""
+        back only if this mirror is promoted, as a copy recovered from disk is. Call it oldest
+        first: an entry newer than every one kept so goes to `on_disk`."""
         self.bodies_held -= 1
         self.body_bytes_held -= len(e.body)
+        if self.entries.get(e.seq) is e and self.on_disk.add(e.seq, e.log_seq, e.delivery_count):
+            del self.entries[e.seq]
+            return
         e.body = None
         e.props = b""
-        e.exchange = e.routing_key = ""  # (each its own string: some 100 bytes a message)
+        e.exchange = e.routing_key = ""
 
     def _add(self, e: MirrorEntry) -> None:
-        if e.seq in self.entries:
+        if self.holds(e.seq):
             if e.seq not in self.unreconciled:
                 return
             self.unreconciled.discard(e.seq)  # the leader's message beats one recovered from disk
@@ -332,12 +493,14 @@ class Replica:
         if e.seq > self.max_seq:
             self.max_seq = e.seq
 
-    def restore(self, e: MirrorEntry) -> None:
-        """An entry recovered from disk (already written)."""
-        self.entries[e.seq] = e
-        self.unreconciled.add(e.seq)
-        if e.seq > self.max_seq:
-            self.max_seq = e.seq
+    def restore(self, seq: int, log_seq: int) -> None:
+        """An entry recovered from disk by reference (its ME record `log_seq`): delivered or not
+        while the mirror was away, it counts as delivered once."""
+        if not self.on_disk.add(seq, log_seq, 1):
+            self.entries[seq] = MirrorEntry.on_disk(seq, log_seq)
+        self.unreconciled.add(seq)
+        if seq > self.max_seq:
+            self.max_seq = seq
 
     def keep_unreconciled(self) -> None:
         """Promoted with a copy that is the queue as it stands: take what the leader never judged
@@ -357,7 +520,7 @@ class Replica:
         the newest; entries not covered (transient ones, the oldest beyond the bound) are dropped."""
         for seq in [s for s, e in self.entries.items() if not e.log_seq]:
             self._drop(seq)
-        seqs = sorted(self.entries)
+        seqs = sorted(self.seqs())
         ranges = to_ranges(seqs)
         if len(ranges) > 2 * RANGES_MAX:
             ranges = ranges[-2 * RANGES_MAX:]
@@ -365,9 +528,22 @@ class Replica:
                 self._drop(seq)
         return ranges
 
-    def in_order(self) -> list[MirrorEntry]:
-        """Every entry by sequence number: what a promoted mirror's queue starts from."""
-        return [self.entries[s] for s in sorted(self.entries)]
+    def in_order(self) -> Iterator[MirrorEntry]:
+        """Every entry by sequence number: what a promoted mirror's queue starts from. One kept
+        by reference comes as a MirrorEntry without its body (read it from its ME record)."""
+        def referenced() -> Iterator[MirrorEntry]:
+            for seq, log_seq, count in self.on_disk.items():
+                e = MirrorEntry.on_disk(seq, log_seq)
+                e.delivery_count = count
+                yield e
+        in_memory = [self.entries[s] for s in sorted(self.entries)]
+        return heapq.merge(in_memory, referenced(), key=lambda e: e.seq)
+
+    def log_refs(self) -> list[tuple[int, int]]:
+        """(ME record seq, seq) of every entry written to the journal."""
+        refs = [(e.log_seq, e.seq) for e in self.entries.values() if e.log_seq]
+        refs.extend((log_seq, seq) for seq, log_seq, _count in self.on_disk.items())
+        return refs
 
 
 class Backlog:
