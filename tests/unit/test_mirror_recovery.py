@@ -8,9 +8,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hutch.broker.broker import Config
-from hutch.broker.journal import Journal
+from hutch.broker.journal import CopyRefs, Journal
 from hutch.mirror.leader import RECOVERY_REPORTS_MAX, Leader, new_epochs
 from hutch.mirror.replica import (
     RANGES_MAX,
@@ -20,6 +22,7 @@ from hutch.mirror.replica import (
     Replica,
     SyncBatch,
     SyncItem,
+    Unreconciled,
     decode_ops,
     encode_ops,
     in_ranges,
@@ -59,7 +62,7 @@ def test_a_mirror_copy_comes_back_with_its_live_messages_only(tmp_path):
     assert [m.log_seq for m in recovered[77]] == queue_msgs  # the queue's own records are apart
     copy = j2.take_mirror_copy("/", "q")
     assert (copy.copy_id, copy.queue_journal_id, copy.epoch) == (11, 77, 5)
-    assert copy.items == live  # by reference: record seq -> leader seq, no message decoded
+    assert dict(copy.items.items()) == live  # by reference: record seq -> leader seq, no message decoded
     assert j2.take_mirror_copy("/", "q") is None
     j2.drop_mirror_copy(copy)
     j2.sync()
@@ -83,7 +86,7 @@ def test_a_newer_header_replaces_the_older_and_a_second_copy_of_a_queue_wins(tmp
     j2 = _journal(tmp_path)
     j2.recover([])
     copy = j2.mirror_copies[("/", "q")]
-    assert (copy.copy_id, copy.epoch, list(copy.items.values())) == (2, 300, [5])
+    assert (copy.copy_id, copy.epoch, [seq for _log, seq in copy.items.items()]) == (2, 300, [5])
     # the message itself is read back from its record only when asked (a promotion)
     assert j2.read_mirror_enqueue(next(iter(copy.items))) == ("", "q", b"\x00\x00", b"m5", 0, None, None)
     assert j2.read_mirror_enqueue(copy.header_seq) is None  # not a message record
@@ -133,7 +136,7 @@ def test_recovered_drops_what_the_leader_says_for_that_mirror_only():
     r.apply(decode_ops(encode_ops([Recovered("m1", (1, 3, 8, 8))])))
     assert sorted(r.seqs()) == [4, 5, 6, 7, 9, 10]
     assert sorted(r.to_release) == [1001, 1002, 1003, 1008]
-    assert r.unreconciled == set()
+    assert not r.unreconciled
     r.apply([SyncBatch((SyncItem(4, "", "q", b"\x00\x00", b"new", True, 0, None, None, 0),))])
     assert 4 in r.on_disk and 4 not in r.entries  # reconciled: the copy's message (on disk) is the leader's
 
@@ -197,3 +200,44 @@ def test_a_large_copy_is_dropped_in_bounded_records(tmp_path, monkeypatch):
     j3.recover([])
     assert j3.mirror_copies == {}
     j3.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "add_any", "discard"]), st.integers(0, 400)), max_size=200),
+       st.lists(st.integers(0, 300), max_size=12))
+def test_unreconciled_seqs_behave_as_a_set(ops, start) -> None:
+    """Unreconciled (ranges, less what was taken out) against a set."""
+    seqs = sorted(set(start))
+    u, model = Unreconciled(to_ranges(seqs)), set(seqs)
+    top = max(seqs, default=0)
+    for op, n in ops:
+        if op == "add":  # in order, as a copy is read back
+            top += n % 3 + 1
+            u.add(top)
+            model.add(top)
+        elif op == "add_any":
+            u.add(n)
+            model.add(n)
+            top = max(top, n)
+        else:
+            u.discard(n)
+            model.discard(n)
+        assert (n in u) == (n in model)
+        assert len(u) == len(model) and bool(u) == bool(model)
+    assert sorted(u) == sorted(model)
+
+
+def test_a_recovered_copy_costs_a_few_bytes_a_message() -> None:
+    import tracemalloc
+    tracemalloc.start()
+    refs = CopyRefs()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(200_000):
+        refs[1_000_000 + 3 * i] = 10 + i
+    per = (tracemalloc.get_traced_memory()[0] - before) / 200_000
+    tracemalloc.stop()
+    assert per < 8, per
+    assert refs.pop(1_000_003) == 11 and refs.pop(1_000_003) is None and 1_000_006 in refs
+    assert len(refs) == 199_999 and list(refs.items())[:2] == [(1_000_000, 10), (1_000_006, 12)]
+    with pytest.raises(ValueError):
+        refs[5] = 1  # a replay gives record seqs in order: anything else is a defect

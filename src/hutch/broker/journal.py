@@ -122,8 +122,8 @@ class RecoveredMessage:
 @dataclass
 class MirrorCopy:
     """A mirror's copy as recovered: its header and its surviving messages by reference, ME
-    record seq -> the leader's seq of its message, in log order. The messages stay on disk
-    (`read_mirror_enqueue` reads one back), so a copy of millions costs its two ints each."""
+    record seq -> the leader's seq of its message, in log order (`CopyRefs`). The messages stay
+    on disk (`read_mirror_enqueue` reads one back), so a copy of millions costs a few bytes each."""
 
     copy_id: int
     header_seq: int
@@ -131,7 +131,7 @@ class MirrorCopy:
     name: str
     queue_journal_id: int
     epoch: int
-    items: dict[int, int]
+    items: CopyRefs
     adopted_seq: int = 0  # its newest MA record: a promotion began to write it into its queue
 
 
@@ -367,20 +367,24 @@ class Journal:
         return self.mirror_copies.pop((vhost, name), None)
 
     def shelve_mirror_copy(self, copy_id: int, header_seq: int, vhost: str, name: str, queue_journal_id: int,
-                           epoch: int, items: dict[int, int], adopted_seq: int = 0) -> None:
+                           epoch: int, items: Iterable[tuple[int, int]], adopted_seq: int = 0) -> None:
         """A running mirror's copy goes back among the recovered ones (its node stopped mirroring
-        the queue; a mirror made again may take it). It replaces an older one of the queue."""
+        the queue; a mirror made again may take it). It replaces an older one of the queue.
+        `items`: (ME record seq, leader seq) of its messages, in record order."""
         old = self.mirror_copies.pop((vhost, name), None)
         if old is not None:
             self.drop_mirror_copy(old)
-        self.mirror_copies[(vhost, name)] = MirrorCopy(copy_id, header_seq, vhost, name, queue_journal_id, epoch, items,
+        refs = CopyRefs()
+        for log_seq, seq in items:
+            refs[log_seq] = seq
+        self.mirror_copies[(vhost, name)] = MirrorCopy(copy_id, header_seq, vhost, name, queue_journal_id, epoch, refs,
                                                        adopted_seq)
 
     def drop_mirror_copy(self, copy: MirrorCopy) -> None:
         """Header first: a copy is gone as soon as its header is (see MA above)."""
         self.mirror_removed(copy.copy_id, [copy.header_seq, *([copy.adopted_seq] if copy.adopted_seq else []),
                                            *copy.items])
-        copy.items = {}
+        copy.items = CopyRefs()
 
     def _guard(self, g: int, deps: list[int]) -> None:
         """Release the guard record g now if its released E records share its segment (or are
@@ -536,7 +540,7 @@ class Journal:
                 else:
                     c = copies.get(me.copy_id)
                     if c is None:
-                        c = copies[me.copy_id] = MirrorCopy(me.copy_id, 0, "", "", 0, 0, {})
+                        c = copies[me.copy_id] = MirrorCopy(me.copy_id, 0, "", "", 0, 0, CopyRefs())
                     c.items[rec.seq] = me.seq
                     continue
             try:
@@ -589,14 +593,14 @@ class Journal:
             elif kind == "MH":
                 c = copies.get(qid)
                 if c is None:
-                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, {})
+                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, CopyRefs())
                 if c.header_seq:  # a newer header replaces the older (which the mirror released)
                     dead.append(c.header_seq)
                 c.header_seq, c.vhost, c.name, c.queue_journal_id, c.epoch = rec.seq, item[2], item[3], item[4], item[5]
             elif kind == "MA":
                 c = copies.get(qid)
                 if c is None:
-                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, {})
+                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, CopyRefs())
                 if c.adopted_seq:
                     dead.append(c.adopted_seq)
                 c.adopted_seq = rec.seq
@@ -667,69 +671,100 @@ def _ref_delivered(q: _RefTable, e_seq: int) -> None:
     q.set_delivered(e_seq)
 
 
-class _RefTable:
-    """One queue's surviving messages during `recover_refs`, about six bytes a message instead of
-    a dict entry's hundred: E seqs (they come in increasing order) as offsets from the first in
-    an array searched by bisection, sizes in a `DeltaColumn`, a flags byte each (delivered,
-    expiration, settled) and a priority byte each once one has a priority."""
+class _KeyedColumns:
+    """Entries keyed by seqs that come in increasing order (a replay's), a few bytes each: the
+    keys as offsets from the first in an array searched by bisection (widened to 64 bits should
+    they span more than 2**32), one integer value each in a `DeltaColumn` and a flags byte each
+    (GONE once taken out)."""
 
-    _DELIVERED, _EXPIRATION, _GONE = 1, 2, 128
+    GONE = 128
 
-    __slots__ = ("base", "seqs", "sizes", "flags", "prios", "live")
+    __slots__ = ("base", "keys", "values", "flags", "live")
 
     def __init__(self) -> None:
         self.base = 0
-        self.seqs = array("I")  # seq - base; widened to "Q" should the seqs span more than 2**32
-        self.sizes = DeltaColumn()
+        self.keys = array("I")
+        self.values = DeltaColumn()
         self.flags = bytearray()
-        self.prios: bytearray | None = None
         self.live = 0
 
-    def __setitem__(self, seq: int, ref: int) -> None:
-        seqs = self.seqs
-        if not seqs:
-            self.base = seq
-        elif seq - self.base <= seqs[-1]:
-            raise ValueError(f"journal record {seq} replayed out of order")  # the log replays in seq order
-        off = seq - self.base
-        if off >= 1 << 32 and seqs.typecode == "I":
-            seqs = self.seqs = array("Q", seqs)
-        seqs.append(off)
-        self.sizes.append(ref & REF_SIZE_MASK)
-        self.flags.append((self._DELIVERED if ref & REF_DELIVERED else 0)
-                          | (self._EXPIRATION if ref & REF_EXPIRATION else 0))
-        prio = (ref >> REF_PRIORITY_SHIFT) & 0xFF
-        if prio and self.prios is None:
-            self.prios = bytearray(len(seqs) - 1)
-        if self.prios is not None:
-            self.prios.append(prio)
+    def _append(self, key: int, value: int, flags: int = 0) -> None:
+        keys = self.keys
+        if not keys:
+            self.base = key
+        elif key - self.base <= keys[-1]:
+            raise ValueError(f"journal record {key} replayed out of order")  # the log replays in seq order
+        off = key - self.base
+        if off >= 1 << 32 and keys.typecode == "I":
+            keys = self.keys = array("Q", keys)
+        keys.append(off)
+        self.values.append(value)
+        self.flags.append(flags)
         self.live += 1
 
-    def _index(self, seq: int) -> int:
-        off = seq - self.base
+    def _index(self, key: int) -> int:
+        off = key - self.base
         if off < 0:
             return -1
-        i = bisect_left(self.seqs, off)
-        if i < len(self.seqs) and self.seqs[i] == off and not self.flags[i] & self._GONE:
+        i = bisect_left(self.keys, off)
+        if i < len(self.keys) and self.keys[i] == off and not self.flags[i] & self.GONE:
             return i
         return -1
 
-    def __contains__(self, seq: int) -> bool:
-        return self._index(seq) >= 0
+    def __contains__(self, key: int) -> bool:
+        return self._index(key) >= 0
+
+    def _take(self, key: int) -> int:
+        """Take the entry out; its index, or -1 if it is not here."""
+        i = self._index(key)
+        if i >= 0:
+            self.flags[i] |= self.GONE
+            self.live -= 1
+        return i
+
+    def __len__(self) -> int:
+        return self.live
+
+    def _live(self) -> Iterator[tuple[int, int, int, int]]:
+        """(index, key, value, flags) of each entry still here, in key order."""
+        base, gone, keys, flags = self.base, self.GONE, self.keys, self.flags
+        for start in range(0, len(keys), 65536):  # the values a slice at a time
+            for i, value in enumerate(self.values.values(65536, start), start):
+                f = flags[i]
+                if not f & gone:
+                    yield i, base + keys[i], value, f
+
+
+class _RefTable(_KeyedColumns):
+    """One queue's surviving messages during `recover_refs`, about six bytes a message instead of
+    a dict entry's hundred: E seq -> size, flags (delivered, expiration) and, once one has a
+    priority, a priority byte each."""
+
+    _DELIVERED, _EXPIRATION = 1, 2
+
+    __slots__ = ("prios",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prios: bytearray | None = None
+
+    def __setitem__(self, seq: int, ref: int) -> None:
+        self._append(seq, ref & REF_SIZE_MASK, (self._DELIVERED if ref & REF_DELIVERED else 0)
+                     | (self._EXPIRATION if ref & REF_EXPIRATION else 0))
+        prio = (ref >> REF_PRIORITY_SHIFT) & 0xFF
+        if prio and self.prios is None:
+            self.prios = bytearray(len(self.keys) - 1)
+        if self.prios is not None:
+            self.prios.append(prio)
 
     def pop(self, seq: int, default: Any = None) -> Any:
         """Settle the message `seq`: True if it was here, else `default`."""
-        i = self._index(seq)
-        if i < 0:
-            return default
-        self.flags[i] |= self._GONE
-        self.live -= 1
-        return True
+        return True if self._take(seq) >= 0 else default
 
     def flag_delivered_below(self, below: int) -> int:
         """Flag every surviving message before seq `below` delivered; how many there were."""
-        flags, gone, marked = self.flags, self._GONE, 0
-        for i in range(bisect_left(self.seqs, max(below - self.base, 0))):
+        flags, gone, marked = self.flags, self.GONE, 0
+        for i in range(bisect_left(self.keys, max(below - self.base, 0))):
             if not flags[i] & gone:
                 flags[i] |= self._DELIVERED
                 marked += 1
@@ -740,23 +775,40 @@ class _RefTable:
         if i >= 0:
             self.flags[i] |= self._DELIVERED
 
-    def __len__(self) -> int:
-        return self.live
-
     def items(self) -> Iterator[tuple[int, int]]:
         """(E seq, size | REF_DELIVERED | REF_EXPIRATION | priority << REF_PRIORITY_SHIFT) of each
         surviving message, in seq order."""
-        base, gone, prios = self.base, self._GONE, self.prios
-        sizes, flags, seqs = self.sizes, self.flags, self.seqs
-        for start in range(0, len(seqs), 65536):  # the sizes a slice at a time
-            for j, size in enumerate(sizes.values(65536, start), start):
-                f = flags[j]
-                if f & gone:
-                    continue
-                ref = size | (REF_DELIVERED if f & 1 else 0) | (REF_EXPIRATION if f & 2 else 0)
-                if prios is not None:
-                    ref |= prios[j] << REF_PRIORITY_SHIFT
-                yield base + seqs[j], ref
+        prios = self.prios
+        for i, seq, size, f in self._live():
+            ref = size | (REF_DELIVERED if f & self._DELIVERED else 0) | (REF_EXPIRATION if f & self._EXPIRATION else 0)
+            if prios is not None:
+                ref |= prios[i] << REF_PRIORITY_SHIFT
+            yield seq, ref
+
+
+class CopyRefs(_KeyedColumns):
+    """A mirror copy's messages by reference: ME record seq -> the leader's seq of its message,
+    in record order, about six bytes a message (a copy of millions is read back at boot)."""
+
+    __slots__ = ()
+
+    def __setitem__(self, log_seq: int, seq: int) -> None:
+        self._append(log_seq, seq)
+
+    def pop(self, log_seq: int, default: Any = None) -> Any:
+        """Take the message out: its leader seq, or `default` if it is not here."""
+        i = self._take(log_seq)
+        return self.values[i] if i >= 0 else default
+
+    def __iter__(self) -> Iterator[int]:
+        """The record seqs."""
+        for _i, log_seq, _seq, _f in self._live():
+            yield log_seq
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        """(ME record seq, leader seq) of each message, in record order."""
+        for _i, log_seq, seq, _f in self._live():
+            yield log_seq, seq
 
 
 class ScratchLog:
@@ -823,5 +875,5 @@ class ScratchLog:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-__all__ = ["Journal", "MirrorCopy", "RecoveredMessage", "ScratchLog", "Unreadable", "REF_DELIVERED", "REF_EXPIRATION",
+__all__ = ["CopyRefs", "Journal", "MirrorCopy", "RecoveredMessage", "ScratchLog", "Unreadable", "REF_DELIVERED", "REF_EXPIRATION",
            "REF_PRIORITY_SHIFT", "REF_SIZE_MASK"]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from hutch.cluster import catalogue as cat
 from hutch.mirror import gm
 from hutch.mirror.placement import ALWAYS, WHEN_SYNCED
-from hutch.mirror.replica import OnDisk, Replica, decode_ops
+from hutch.mirror.replica import OnDisk, Replica, Unreconciled, decode_ops
 
 log = logging.getLogger("hutch.mirroring")
 
@@ -91,7 +91,7 @@ class Mirror:
                 self.copy_from_ring = self.replica.view is not None and not self.replica.unreconciled
             self.replica.recovered_epoch = self.epoch
             ranges = self.replica.held_ranges()
-            self.replica.unreconciled = set(self.replica.seqs())
+            self.replica.unreconciled = Unreconciled(ranges)
             self.persist()
             args += [self.joining_as, self.epoch, ranges]
         self.host.cluster.call(self.leader_node, "gmid", args, self._got_leader)
@@ -194,7 +194,7 @@ class Mirror:
         if not self.copy_id or journal is None:
             return
         self.persist()
-        items = dict(sorted(self.replica.log_refs()))
+        items = sorted(self.replica.log_refs())
         journal.shelve_mirror_copy(self.copy_id, self.header_seq, self.vhost, self.name, self.queue_journal_id,
                                    self.epoch, items, self.adopted_seq)
         self.copy_id = self.header_seq = self.adopted_seq = 0

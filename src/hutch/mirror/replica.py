@@ -61,7 +61,7 @@ import heapq
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import msgspec
 
@@ -190,7 +190,7 @@ def decode_ops(data: bytes) -> list[Op]:
 RANGES_MAX = 4096  # ranges a mirror reports of its recovered copy (it drops the oldest beyond)
 
 
-def to_ranges(seqs: list[int]) -> list[int]:
+def to_ranges(seqs: Iterable[int]) -> list[int]:
     """Sorted seqs as flat pairs (first, last, first, last, ...)."""
     out: list[int] = []
     for s in seqs:
@@ -208,6 +208,58 @@ def in_ranges(ranges: list[int] | tuple[int, ...]) -> list[int]:
     for i in range(0, len(ranges) - 1, 2):
         out.extend(range(ranges[i], ranges[i + 1] + 1))
     return out
+
+
+class Unreconciled:
+    """The seqs of a copy read from disk that the leader has not judged yet: ranges of seqs
+    (added in order, as a copy is read back, or given as the ranges the mirror reports), less
+    those taken out since. A copy of millions is a few ranges, not a set of millions."""
+
+    __slots__ = ("firsts", "lasts", "out", "extra")
+
+    def __init__(self, ranges: list[int] | tuple[int, ...] = ()) -> None:
+        self.firsts = array("Q", ranges[0::2])
+        self.lasts = array("Q", ranges[1::2])
+        self.out: set[int] = set()  # taken out of the ranges
+        self.extra: set[int] = set()  # added out of order
+
+    def add(self, seq: int) -> None:
+        if self.lasts and seq == self.lasts[-1] + 1:
+            self.lasts[-1] = seq
+        elif not self.lasts or seq > self.lasts[-1]:
+            self.firsts.append(seq)
+            self.lasts.append(seq)
+        elif seq not in self:
+            self.out.discard(seq)
+            if not self._in_ranges(seq):
+                self.extra.add(seq)
+
+    def _in_ranges(self, seq: int) -> bool:
+        k = bisect_right(self.firsts, seq) - 1
+        return k >= 0 and seq <= self.lasts[k]
+
+    def __contains__(self, seq: int) -> bool:
+        return seq in self.extra or self._in_ranges(seq) and seq not in self.out
+
+    def discard(self, seq: int) -> None:
+        if seq in self.extra:
+            self.extra.discard(seq)
+        elif self._in_ranges(seq):
+            self.out.add(seq)
+
+    def __iter__(self) -> Iterator[int]:
+        out = self.out
+        for first, last in zip(self.firsts, self.lasts, strict=True):
+            for seq in range(first, last + 1):
+                if seq not in out:
+                    yield seq
+        yield from sorted(self.extra)
+
+    def __len__(self) -> int:
+        return sum(self.lasts) - sum(self.firsts) + len(self.firsts) - len(self.out) + len(self.extra)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
 
 
 class MirrorEntry:
@@ -390,7 +442,7 @@ class Replica:
         self.member = ""  # this mirror's GM member (for Recovered)
         self.recovered_epoch = 0  # the leader epoch of a copy recovered from disk, until reconciled
         self.epochs: list = []  # the leader's epochs [epoch, first seq] as it told at join
-        self.unreconciled: set[int] = set()  # seqs recovered from disk the leader has not judged yet
+        self.unreconciled = Unreconciled()  # seqs recovered from disk the leader has not judged yet
         self.entries: dict[int, MirrorEntry] = {}  # in memory (a body, or by reference out of order)
         self.on_disk = OnDisk()  # by reference only, compactly: most of a long copy
         # entries whose body is in memory, and those bodies' bytes (`release_body` drops one past
@@ -450,7 +502,7 @@ class Replica:
                     for seq in in_ranges(op.drop):
                         self._drop(seq)
                     self.recovered_epoch = 0
-                    self.unreconciled = set()
+                    self.unreconciled = Unreconciled()
 
     def _drop(self, seq: int) -> None:
         e = self.entries.pop(seq, None)
@@ -505,14 +557,14 @@ class Replica:
     def keep_unreconciled(self) -> None:
         """Promoted with a copy that is the queue as it stands: take what the leader never judged
         as judged."""
-        self.unreconciled = set()
+        self.unreconciled = Unreconciled()
         self.recovered_epoch = 0
 
     def forget_unreconciled(self) -> None:
         """Promoted before the leader judged the copy from disk: keep only what came since."""
-        for seq in self.unreconciled:
+        for seq in list(self.unreconciled):
             self._drop(seq)
-        self.unreconciled = set()
+        self.unreconciled = Unreconciled()
         self.recovered_epoch = 0
 
     def held_ranges(self) -> list[int]:
@@ -520,13 +572,16 @@ class Replica:
         the newest; entries not covered (transient ones, the oldest beyond the bound) are dropped."""
         for seq in [s for s, e in self.entries.items() if not e.log_seq]:
             self._drop(seq)
-        seqs = sorted(self.seqs())
-        ranges = to_ranges(seqs)
+        ranges = self.seq_ranges()
         if len(ranges) > 2 * RANGES_MAX:
             ranges = ranges[-2 * RANGES_MAX:]
-            for seq in [s for s in seqs if s < ranges[0]]:
+            for seq in [s for s in self.seqs() if s < ranges[0]]:
                 self._drop(seq)
         return ranges
+
+    def seq_ranges(self) -> list[int]:
+        """Every entry's seq as ranges (flat pairs), without a list of them all."""
+        return to_ranges(heapq.merge(sorted(self.entries), (seq for seq, _log, _count in self.on_disk.items())))
 
     def in_order(self) -> Iterator[MirrorEntry]:
         """Every entry by sequence number: what a promoted mirror's queue starts from. One kept
