@@ -186,3 +186,25 @@ def test_a_state_that_reads_contents_from_the_log_delivers_what_one_that_holds_t
         assert logged.state.figures() == held.state.figures()
         live = [e.message.index for e in (*logged.state.queue.ready(), *logged.state.queue.unacked.values())]
         assert logged.state.first_logged_index() == (min(live) if live else None)
+
+
+def test_a_queue_too_large_to_snapshot_says_its_log_is_not_compacted_and_when_it_is_again(caplog) -> None:
+    import logging
+    from types import SimpleNamespace
+
+    from hutch.quorum import host as qhost
+
+    app = qhost._QuorumApp.__new__(qhost._QuorumApp)
+    machine = SimpleNamespace(messages=20_000, message_bytes=20_000 * 1024)  # 20 MiB: past what a snapshot carries
+    app.q = SimpleNamespace(name="orders", vhost="/", machine=machine)
+    app.held_back = False
+    long_log = qhost.SNAPSHOT_LOG_FACTOR * (20_000 + qhost.SNAPSHOT_MESSAGES_MIN)
+    with caplog.at_level(logging.INFO, logger="hutch.quorum"):
+        assert not app.snapshot_due(long_log - 1)  # not long enough yet: nothing to say
+        assert caplog.records == []
+        assert not app.snapshot_due(long_log) and not app.snapshot_due(long_log + 5)
+        warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and "queue 'orders' in vhost '/': its log is not compacted" in warned[0].getMessage()
+        machine.messages, machine.message_bytes = 100, 102_400
+        assert app.snapshot_due(long_log)
+        assert "its log is compacted again" in caplog.records[-1].getMessage()

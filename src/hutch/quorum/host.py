@@ -198,6 +198,7 @@ class _QuorumApp:
         self.host = host
         self.q = q
         q.machine = fifo.QuorumQueueState(q.config)
+        self.held_back = False  # the queue is too large for a snapshot to carry (snapshot_due)
 
     def apply(self, data: bytes, index: int) -> None:
         try:
@@ -255,8 +256,20 @@ class _QuorumApp:
         st = self.q.machine
         if st is None:
             return True
-        return (entries_kept >= SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN)
-                and st.message_bytes + SNAPSHOT_BYTES_PER_MESSAGE * st.messages <= SNAPSHOT_MESSAGE_BYTES_MAX)
+        if entries_kept < SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN):
+            return False
+        fits = st.message_bytes + SNAPSHOT_BYTES_PER_MESSAGE * st.messages <= SNAPSHOT_MESSAGE_BYTES_MAX
+        if fits == self.held_back:  # it changed: say so, once each way
+            self.held_back = not fits
+            if fits:
+                log.info("queue '%s' in vhost '%s': its log is compacted again (%d entries kept; the queue holds "
+                         "%d messages)", self.q.name, self.q.vhost, entries_kept, st.messages)
+            else:
+                log.warning("queue '%s' in vhost '%s': its log is not compacted while the queue holds %d messages "
+                            "of %d bytes, more than one snapshot carries (%d MiB); %d entries kept so far, and the "
+                            "log grows until the queue is smaller", self.q.name, self.q.vhost, st.messages,
+                            st.message_bytes, SNAPSHOT_MESSAGE_BYTES_MAX >> 20, entries_kept)
+        return fits
 
 
 class QuorumHost:
