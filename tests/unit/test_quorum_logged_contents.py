@@ -188,23 +188,40 @@ def test_a_state_that_reads_contents_from_the_log_delivers_what_one_that_holds_t
         assert logged.state.first_logged_index() == (min(live) if live else None)
 
 
-def test_a_queue_too_large_to_snapshot_says_its_log_is_not_compacted_and_when_it_is_again(caplog) -> None:
-    import logging
+
+def test_the_log_is_compacted_only_to_a_snapshot_whose_messages_have_all_been_settled_since() -> None:
+    """hutch.quorum.host._QuorumApp.checkpoint: snapshots are kept until the oldest message still
+    queued is younger than one of them; the newest such is what the log is compacted to."""
     from types import SimpleNamespace
 
     from hutch.quorum import host as qhost
 
+    log = Log(QuorumQueueState(QuorumConfig(name="q")))
     app = qhost._QuorumApp.__new__(qhost._QuorumApp)
-    machine = SimpleNamespace(messages=20_000, message_bytes=20_000 * 1024)  # 20 MiB: past what a snapshot carries
-    app.q = SimpleNamespace(name="orders", vhost="/", machine=machine)
-    app.held_back = False
-    long_log = qhost.SNAPSHOT_LOG_FACTOR * (20_000 + qhost.SNAPSHOT_MESSAGES_MIN)
-    with caplog.at_level(logging.INFO, logger="hutch.quorum"):
-        assert not app.snapshot_due(long_log - 1)  # not long enough yet: nothing to say
-        assert caplog.records == []
-        assert not app.snapshot_due(long_log) and not app.snapshot_due(long_log + 5)
-        warned = [r for r in caplog.records if r.levelno == logging.WARNING]
-        assert len(warned) == 1 and "queue 'orders' in vhost '/': its log is not compacted" in warned[0].getMessage()
-        machine.messages, machine.message_bytes = 100, 102_400
-        assert app.snapshot_due(long_log)
-        assert "its log is compacted again" in caplog.records[-1].getMessage()
+    app.q = SimpleNamespace(name="q", vhost="/", machine=log.state)
+    app.checkpoints, app._looked_at, app._take_new = qhost.deque(), 0, True
+    taken = []
+
+    def take(name):
+        return lambda: taken.append(name) or name
+
+    for i in range(5):  # indexes 1-5
+        log.apply(enq(f"m{i}"))
+    assert app.checkpoint(5, "conf", take(b"at 5")) is None  # its messages are all still queued
+    ds = delivered(log.apply(Checkout("n1/c1", prefetch=10)))  # 6
+    log.apply(Settle("n1/c1", [d.msg_id for d in ds[:3]]))  # 7: m0-m2 gone
+    (d5,) = delivered(log.apply(enq("m5")))  # 8: to c1, which has room
+    assert app.checkpoint(8, "conf", take(b"at 8")) is None  # m3 (index 4) is older than both
+    log.apply(Settle("n1/c1", [d.msg_id for d in ds[3:]]))  # 9: m3, m4 gone; m5 (index 8) is the oldest
+    app._take_new = False  # only a look: no new snapshot is taken
+    assert app.checkpoint(9, "conf", take(b"at 9")) == (5, "conf", b"at 5")
+    assert taken == [b"at 5", b"at 8"] and [c[0] for c in app.checkpoints] == [8]
+    log.apply(enq("m6"))  # 10: to c1 as well
+    log.apply(Settle("n1/c1", [d5.msg_id, d5.msg_id + 1]))  # 11: the queue is empty
+    app._take_new = True
+    assert app.checkpoint(11, "conf", take(b"at 11")) == (11, "conf", b"at 11")  # the newest, taken now
+    assert not app.checkpoints
+    for _ in range(qhost.CHECKPOINTS_MAX + 2):  # a message that stays: none is released, at most three kept
+        log.apply(enq("stays"))
+        assert app.checkpoint(log.next - 1, "conf", take(b"x")) is None
+    assert len(app.checkpoints) == qhost.CHECKPOINTS_MAX

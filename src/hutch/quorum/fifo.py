@@ -47,8 +47,11 @@ A message's content stays in the Raft log: the state keeps what it decides with 
 index, size, priority, expiry, delivery count) and the runtime reads the rest back from the
 log for a delivery or a dead letter, as RabbitMQ's quorum queues do since 3.10. So neither the
 state nor its snapshots hold bodies, and the log keeps its entries from the oldest message
-still in the queue on (`first_logged_index`); a follower that lacks them gets a snapshot with
-the contents in it (`snapshot(SNAP_PORTABLE, read)`).
+still in the queue on (`first_logged_index`). The log is compacted only to a snapshot every
+message of which has been settled since (hutch.quorum.host, `checkpoint`), so a follower sent
+that snapshot finds the content of every message it may deliver in the entries after it. A
+message restored with its content (`held`: from a snapshot with contents, `SNAP_PORTABLE`,
+which leaders sent followers before that) keeps it in memory.
 """
 
 from __future__ import annotations
@@ -1109,9 +1112,10 @@ class QuorumQueueState:
         """The whole state as canonical bytes: equal states give equal bytes in the same form.
 
         SNAP_STORED (what this member's log keeps): a message whose content is in the log is
-        named by its index, one held in memory carries it. SNAP_PORTABLE (what a leader sends a
-        follower that lacks the log): every message carries its content, `read(index)` giving
-        (exchange, routing key, properties, body) for those in the log. SNAP_DIGEST (to compare
+        named by its index, one held in memory carries it. SNAP_PORTABLE (what leaders once sent
+        a follower that lacked the log; such a snapshot is still restored): every message carries
+        its content, `read(index)` giving (exchange, routing key, properties, body) for those in
+        the log. SNAP_DIGEST (to compare
         members): no content at all, so members that hold the same messages in different places
         give equal bytes."""
         q = self.queue

@@ -43,6 +43,7 @@ touch a channel's fields itself, or name a publisher, consumer or requester by `
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -86,13 +87,10 @@ CLOCK_S = 0.5  # how often a leader lets time pass in queues with something to e
 RECENT_MAX = 1024
 SNAPSHOT_LOG_FACTOR = 4  # compact a queue's log when it is this many times longer than the queue
 SNAPSHOT_MESSAGES_MIN = 2048
-# A snapshot is one record of the node's Raft log (16 MiB at most). The snapshot a member keeps
-# names each message's log entry, but the one a follower without the log is sent carries the
-# messages' contents: a queue holding more than this many bytes of messages keeps its whole log
-# until it is shorter again (chunked snapshots are not done). Per message a snapshot adds its
-# properties and some 64 bytes of its own.
-SNAPSHOT_MESSAGE_BYTES_MAX = 12 << 20
-SNAPSHOT_BYTES_PER_MESSAGE = 64
+# Snapshots a member keeps until the log may be compacted to them (_QuorumApp.checkpoint), and
+# how many entries apart it looks whether one may be
+CHECKPOINTS_MAX = 3
+RELEASE_LOOK_ENTRIES = 2048
 
 
 # A channel's publisher state on this node (its id and per-queue sequence counters) is kept
@@ -105,6 +103,10 @@ PUBLISHERS_MAX = fifo.PUBLISHERS_TRACKED_MAX
 # its last publish was answered, so that no resend still on its way can meet a forgotten record.
 PUBLISHER_GONE_DELAY_S = 5.0
 Q_REQUEST = "q"  # the tag of this host's proposals in the peers' request table
+
+
+class ContentGone(LookupError):
+    """The content of a message named by the snapshot this node installed is not in its log."""
 
 
 class _PublisherIds:
@@ -198,7 +200,11 @@ class _QuorumApp:
         self.host = host
         self.q = q
         q.machine = fifo.QuorumQueueState(q.config)
-        self.held_back = False  # the queue is too large for a snapshot to carry (snapshot_due)
+        self.applied_index = 0
+        # snapshots taken at these indexes, oldest first, not yet compacted to: (index, membership, data)
+        self.checkpoints: deque[tuple[int, Any, bytes]] = deque()
+        self._take_new = False  # snapshot_due found a new checkpoint due
+        self._looked_at = 0  # the applied index when checkpoint() last looked for one to release
 
     def apply(self, data: bytes, index: int) -> None:
         try:
@@ -209,6 +215,7 @@ class _QuorumApp:
                       self.q.vhost, index)
             return
         effects = self.q.machine.apply(cmd, index)
+        self.applied_index = index
         host = self.host
         leading = host.is_leader(self.q)
         recent = self.q.recent
@@ -233,6 +240,7 @@ class _QuorumApp:
 
     def restore(self, data: bytes) -> None:
         self.q.machine = fifo.QuorumQueueState.restore(data)
+        self.checkpoints.clear()  # taken on the way to a state this one replaces
 
     def snapshot(self) -> bytes:
         return self.q.machine.snapshot()
@@ -242,34 +250,39 @@ class _QuorumApp:
         st = self.q.machine
         return None if st is None else st.first_logged_index()
 
-    def portable(self, data: bytes) -> bytes:
-        """A stored snapshot with every message's content in it, read from this member's log:
-        what a follower that lacks the log gets."""
-        return fifo.QuorumQueueState.restore(data).snapshot(fifo.SNAP_PORTABLE,
-                                                            lambda index: self.host.content(self.q, index))
-
     def snapshot_due(self, entries_kept: int) -> bool:
-        """A snapshot names every message of the queue: take one only when the log written since
-        the last is several times longer than the queue, so its cost stays a small part per
-        entry; and only while the queue's messages fit one snapshot with their contents, which is
-        what a follower that lacks the log is sent (`portable`)."""
+        """Time to take a snapshot (a checkpoint: the log written since the last is several
+        times longer than the queue, so its cost stays a small part per entry), or to look
+        whether one kept may be compacted to now (every RELEASE_LOOK_ENTRIES while some are)."""
         st = self.q.machine
         if st is None:
             return True
-        if entries_kept < SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN):
-            return False
-        fits = st.message_bytes + SNAPSHOT_BYTES_PER_MESSAGE * st.messages <= SNAPSHOT_MESSAGE_BYTES_MAX
-        if fits == self.held_back:  # it changed: say so, once each way
-            self.held_back = not fits
-            if fits:
-                log.info("queue '%s' in vhost '%s': its log is compacted again (%d entries kept; the queue holds "
-                         "%d messages)", self.q.name, self.q.vhost, entries_kept, st.messages)
-            else:
-                log.warning("queue '%s' in vhost '%s': its log is not compacted while the queue holds %d messages "
-                            "of %d bytes, more than one snapshot carries (%d MiB); %d entries kept so far, and the "
-                            "log grows until the queue is smaller", self.q.name, self.q.vhost, st.messages,
-                            st.message_bytes, SNAPSHOT_MESSAGE_BYTES_MAX >> 20, entries_kept)
-        return fits
+        cps = self.checkpoints
+        since = self.applied_index - cps[-1][0] if cps else entries_kept
+        self._take_new = since >= SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN)
+        return self._take_new or bool(cps) and self.applied_index - self._looked_at >= RELEASE_LOOK_ENTRIES
+
+    def checkpoint(self, index: int, conf: Any, take: Callable[[], bytes | None]) -> tuple[int, Any, bytes] | None:
+        """Take a snapshot at the applied `index` if one is due, and keep it; return the newest
+        kept whose every message has been settled since (each one still queued was enqueued
+        after it: `first_logged_index`), dropping it and the older ones, as what the log may be
+        compacted to. A follower sent that snapshot then finds the content of every message it
+        may deliver in the entries after it: snapshots hold no bodies, and a member's log keeps
+        every entry from the oldest message still queued on, as RabbitMQ's quorum queues do
+        (its release cursor)."""
+        cps = self.checkpoints
+        low = self.q.machine.first_logged_index() if self.q.machine is not None else None
+        if self._take_new or low is None:  # (nothing queued needs the log: a snapshot now is small and goes at once)
+            data = take()
+            if data is not None:
+                if len(cps) >= CHECKPOINTS_MAX:
+                    cps.pop()  # the newest gives way: the older ones are released first
+                cps.append((index, conf, data))
+        self._looked_at = index
+        chosen = None
+        while cps and (low is None or cps[0][0] < low):
+            chosen = cps.popleft()
+        return chosen
 
 
 class QuorumHost:
@@ -696,15 +709,22 @@ class QuorumHost:
         for e in effects:
             t = type(e)
             if t is fifo.Deliver:
-                out.append((node_of(e.consumer_id), self._to_consumer(q, e)))
+                try:
+                    out.append((node_of(e.consumer_id), self._to_consumer(q, e)))
+                except ContentGone:
+                    continue
             elif t is fifo.Accepted or t is fifo.Rejected:
                 out.append((node_of(e.publisher), PublishDecided(e.publisher, e.publisher_seq, t is fifo.Accepted)))
             elif t is fifo.GetResult:
                 m = e.message
-                if m is None:
+                try:
+                    content = self._content_of(q, m) if m is not None else None
+                except ContentGone:
+                    content = None
+                if content is None:
                     reply = [200, None, e.message_count, e.requester]
                 else:
-                    exchange, routing_key, props, body = self._content_of(q, m)
+                    exchange, routing_key, props, body = content
                     reply = [200, [m.msg_id, m.delivery_count, m.redelivered, exchange, routing_key, props, body],
                              e.message_count, e.requester]
             elif t is fifo.Purged or t is fifo.Deleted:
@@ -728,12 +748,18 @@ class QuorumHost:
     def content(self, q: QuorumQueue, index: int) -> tuple[str, str, bytes, bytes]:
         """(exchange, routing key, properties, body) of the message enqueued at log `index` of
         the queue's group on this node. The log keeps every entry a message in the queue still
-        needs (fifo.LoggedMessage), so one missing is a defect: LookupError."""
+        needs (fifo.LoggedMessage), so one missing is a defect (LookupError), but for one the
+        snapshot this node installed names (ContentGone): every such message was settled by an
+        entry this node is still applying, so what applying it before then asks of it (this node
+        began to lead before it caught up) was done by the leader of the time."""
         cmd = q.recent.pop(index, None)
         if cmd is not None:
             return cmd.exchange, cmd.routing_key, cmd.props, cmd.body
         data = self.raft.entry_data(q.gid, index) if self.raft is not None else None
         if data is None:
+            if self.raft is not None and index <= self.raft.snapshot_index(q.gid):
+                raise ContentGone(f"queue '{q.name}' in vhost '{q.vhost}': message at log entry {index} settled "
+                                  f"since this node's snapshot")
             raise LookupError(f"queue '{q.name}' in vhost '{q.vhost}': no log entry {index} for a message's content")
         cmd = fifo.decode_command(_dec.decode(data)[2])
         if type(cmd) is not fifo.Enqueue:
@@ -751,8 +777,13 @@ class QuorumHost:
                           props, body, d.prev_msg_id if prev_msg_id else 0)
 
     def _resent_out(self, q: QuorumQueue, r: fifo.Resent) -> ResentToConsumer:
-        return ResentToConsumer(q.gid, r.consumer_id, r.upto_msg_id,
-                                [self._to_consumer(q, d, False) for d in r.deliveries])
+        out = []
+        for d in r.deliveries:
+            try:
+                out.append(self._to_consumer(q, d, False))
+            except ContentGone:
+                continue
+        return ResentToConsumer(q.gid, r.consumer_id, r.upto_msg_id, out)
 
     def _queue_out(self, node: str, item: Outcome) -> None:
         if self._down_proposed and type(item) in _HELD_BY_CONSUMERS and (item.gid, node) in self._down_proposed:
@@ -778,7 +809,11 @@ class QuorumHost:
         if e.exchange is not None:
             entries = []
             for m in e.messages:
-                exchange, routing_key, props, body = self._content_of(q, m)
+                try:
+                    exchange, routing_key, props, body = self._content_of(q, m)
+                except ContentGone as gone:
+                    log.warning("%s: not dead-lettered again by this node (its leader of the time did)", gone)
+                    continue
                 entries.append(Entry(0, Message(exchange, routing_key, codec.route_encoding(exchange, routing_key),
                                                 props, body, m.persistent, 0, None), None))
             self.port.dead_letter(q, entries, e.reason)

@@ -382,20 +382,32 @@ class RaftGroup:
         if campaign_now and self.id in self.voters:
             self.elapsed = max(self.elapsed, self.timeout - 1)
 
-    def compact(self, index: int, data: bytes, keep_from: int | None = None) -> Snapshot:
-        """The application took a snapshot of its state at `index` (which must be the applied
-        index); record it and drop the log below it, keeping a few trailing entries, and every
-        entry from `keep_from` on (an application whose state names entries it reads back: a
-        quorum queue's messages). The runtime persists the returned snapshot itself."""
-        if index != self.applied:
-            raise ValueError(f"snapshot index {index} is not the applied index {self.applied}")
+    def compact(self, index: int, data: bytes, keep_from: int | None = None,
+                conf: ConfState | None = None) -> Snapshot:
+        """The application took a snapshot of its state at `index`: the applied index, or (with
+        `conf`, the membership at the time) an earlier one after the current snapshot, which it
+        kept until it was time to compact to it. Record it and drop the log below it, keeping a
+        few trailing entries, and every entry from `keep_from` on (an application whose state
+        names entries it reads back: a quorum queue's messages). The runtime persists the
+        returned snapshot itself."""
+        if conf is None:
+            if index != self.applied:
+                raise ValueError(f"snapshot index {index} is not the applied index {self.applied}")
+            conf = self.conf_state()
+        elif not self.storage.snapshot().meta.index < index <= self.applied:
+            raise ValueError(f"snapshot index {index} is not after the last snapshot "
+                             f"({self.storage.snapshot().meta.index}) and at most the applied index {self.applied}")
         term = self.storage.term(index)
         if term is None:
             raise ValueError(f"no term known for index {index}")
-        snap = Snapshot(SnapshotMeta(index, term, ConfState(self.voters, self.learners)), data)
+        snap = Snapshot(SnapshotMeta(index, term, conf), data)
         keep = index + 1 - self.cfg.snapshot_trailing_entries
         self.storage.create_snapshot(snap, keep if keep_from is None else min(keep, keep_from))
         return snap
+
+    def conf_state(self) -> ConfState:
+        """The membership now (a snapshot taken now carries it)."""
+        return ConfState(self.voters, self.learners)
 
     def entries_since_snapshot(self) -> int:
         """Entries applied since the last snapshot (or since the first entry the log keeps)."""

@@ -48,7 +48,7 @@ import msgspec
 
 from hutch.cluster.raftlog import RaftHostStorage, RaftLogError
 from hutch.raft import messages as rm
-from hutch.raft.group import LEADER, SNAPSHOT, NotLeader, ProposalRejected, RaftConfig, RaftError
+from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
 from hutch.server import faults
 from hutch.store import StoreClosed, StoreError
@@ -63,9 +63,12 @@ class GroupApp(Protocol):
     with a `term` attribute has it set to each entry's term before the entry is applied.
 
     An application may also have `log_needed_from() -> int | None`, the lowest index it still
-    reads entries back from (the log keeps them through compactions), and `portable(data) ->
-    bytes`, the snapshot as a follower that lacks those entries must get it (with what the
-    entries held)."""
+    reads entries back from (the log keeps them through compactions), and `checkpoint(index,
+    conf, take) -> (index, conf, data) | None`: called when `snapshot_due`, it may take a
+    snapshot at the applied `index` (`take()`: its data, or None when too large) and keep it;
+    it returns the snapshot (taken now or earlier) to compact the log to, or None for none yet. A quorum queue compacts only to a snapshot all of whose messages have
+    been settled since, so that a follower sent it finds every message it must deliver in the
+    entries after it (RabbitMQ's release cursor)."""
 
     def apply(self, data: bytes, index: int) -> None: ...
 
@@ -144,8 +147,6 @@ class RaftHost:
         self._snapshot_bytes_max = storage.log.record_bytes_max - SNAPSHOT_RECORD_SLACK_BYTES
         # groups whose snapshot was too large -> the log length at which to try again
         self._snapshot_refused: dict[Any, int] = {}
-        # gid -> (a stored snapshot, what a follower is sent of it), while a follower needs it: see _portable
-        self._portables: dict[Any, tuple[rm.Snapshot, rm.Snapshot]] = {}
 
     # ------------------------------------------------------------ the Ready loop
 
@@ -293,8 +294,6 @@ class RaftHost:
                     peer = names.get(m.to)
                     if peer is None:
                         continue
-                    if type(m) is rm.InstallSnapshot:
-                        m = self._portable(gid, m)
                     if later:
                         self._hold(gid, peer, rm.encode(m))
                     else:
@@ -303,9 +302,6 @@ class RaftHost:
         for gid, rd in groups:
             app = self.apps.get(gid)
             g = multi.groups.get(gid)
-            if gid in self._portables and (g is None or not g.progress or all(
-                    p.state != SNAPSHOT for p in g.progress.values())):
-                del self._portables[gid]  # no follower waits for it any more
             if app is None or g is None:
                 continue
             if rd.snapshot is not None and rd.snapshot.data:
@@ -329,36 +325,29 @@ class RaftHost:
         compacted = False
         for gid, app in compact:
             g = multi.groups.get(gid)
-            if g is not None:
-                try:
-                    data = app.snapshot()
-                except Exception:
-                    self._snapshot_failed(gid)
-                    return False
-                if len(data) > self._snapshot_bytes_max:
-                    self._snapshot_too_large(gid, len(data), g.entries_since_snapshot())
-                    continue
-                self._snapshot_refused.pop(gid, None)
-                needed = getattr(app, "log_needed_from", None)
-                g.compact(g.applied, data, needed() if needed is not None else None)
-                multi.touched(gid)
-                compacted = True
+            if g is None:
+                continue
+            checkpoint = getattr(app, "checkpoint", None)
+            try:
+                if checkpoint is None:
+                    data = self._take_snapshot(gid, g, app)
+                    point = None if data is None else (g.applied, None, data)
+                else:
+                    point = checkpoint(g.applied, g.conf_state(), lambda g=g, app=app, gid=gid:
+                                       self._take_snapshot(gid, g, app))
+            except Exception:
+                self._snapshot_failed(gid)
+                return False
+            if point is None:
+                continue  # none to compact to (yet)
+            index, conf, data = point
+            needed = getattr(app, "log_needed_from", None)
+            g.compact(index, data, needed() if needed is not None else None, conf)
+            multi.touched(gid)
+            compacted = True
         # a compaction's snapshot record is synced here: it is rare, and what it releases must
         # not go before the record replacing it is durable
         return not compacted or self._sync()
-
-    def _portable(self, gid: Any, m: rm.InstallSnapshot) -> rm.InstallSnapshot:
-        """The snapshot as a follower that lacks the log must get it (`GroupApp.portable`); the
-        last one made is kept, as a follower is sent the same snapshot again until it answers."""
-        app = self.apps.get(gid)
-        portable = getattr(app, "portable", None)
-        if portable is None or not m.snapshot.data:
-            return m
-        snap = m.snapshot
-        made = self._portables.get(gid)
-        if made is None or made[0] is not snap:
-            made = self._portables[gid] = (snap, rm.Snapshot(snap.meta, portable(snap.data)))
-        return rm.InstallSnapshot(m.term, m.frm, m.to, made[1])
 
     def _sync(self) -> bool:
         """One fsync of every group's log, here; False (and the node stopping) when the disk failed."""
@@ -382,6 +371,15 @@ class RaftHost:
         if not self.failed:
             self.failed = True
             self._fatal(f"Raft log failed: {e}")
+
+    def _take_snapshot(self, gid: Any, g: Any, app: GroupApp) -> bytes | None:
+        """The application's snapshot now, or None when it is too large to be one record."""
+        data = app.snapshot()
+        if len(data) > self._snapshot_bytes_max:
+            self._snapshot_too_large(gid, len(data), g.entries_since_snapshot())
+            return None
+        self._snapshot_refused.pop(gid, None)
+        return data
 
     def _snapshot_too_large(self, gid: Any, size: int, kept: int) -> None:
         """A snapshot that cannot be one record of the log: the group keeps its whole log, and
@@ -534,7 +532,6 @@ class RaftHost:
             self.multi.remove_group(gid)
         self.apps.pop(gid, None)
         self._snapshot_refused.pop(gid, None)
-        self._portables.pop(gid, None)
         self._leader_sync_on_loop.discard(gid)
         self._leading.discard(gid)
         self._leaders.pop(gid, None)
@@ -567,6 +564,11 @@ class QueueGroups:
 
     def propose(self, gid: int, data: bytes) -> bool:
         return self.host.propose(gid, data)
+
+    def snapshot_index(self, gid: int) -> int:
+        """The index of the group's snapshot on this node (0: none)."""
+        g = self.host.multi.groups.get(gid)
+        return g.storage.snapshot().meta.index if g is not None else 0
 
     def entry_data(self, gid: int, index: int) -> bytes | None:
         """The data of the group's log entry `index` on this node (None: not in the log)."""
