@@ -10,6 +10,7 @@ wherever the contents are kept. These tests play the log as a dict of index -> c
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -225,3 +226,28 @@ def test_the_log_is_compacted_only_to_a_snapshot_whose_messages_have_all_been_se
         log.apply(enq("stays"))
         assert app.checkpoint(log.next - 1, "conf", take(b"x")) is None
     assert len(app.checkpoints) == qhost.CHECKPOINTS_MAX
+
+
+def test_content_a_snapshot_named_and_that_is_gone_from_the_log_is_told_apart_from_a_defect(caplog) -> None:
+    """QuorumHost.content: a message at or below this node's snapshot whose entry is not in the
+    log was settled since (ContentGone, logged once a queue); above it, a missing entry is a
+    defect (LookupError)."""
+    import logging
+    from types import SimpleNamespace
+
+    from hutch.quorum import host as qhost
+
+    h = qhost.QuorumHost.__new__(qhost.QuorumHost)
+    h.raft = SimpleNamespace(entry_data=lambda gid, index: None, snapshot_index=lambda gid: 100)
+    h._gone_told = set()
+    q = SimpleNamespace(gid=7, name="orders", vhost="/", recent={})
+    with caplog.at_level(logging.WARNING, logger="hutch.quorum"):
+        for index in (50, 60):
+            with pytest.raises(qhost.ContentGone):
+                h.content(q, index)
+        assert len(caplog.records) == 1 and "leads before it applied" in caplog.records[0].getMessage()
+    with pytest.raises(LookupError) as defect:
+        h.content(q, 150)
+    assert type(defect.value) is LookupError
+    d = Deliver("n1/c1", 1, 0, False, "", "", b"", None, index=60)
+    assert h._resent_out(q, Resent("n1/c1", 1, (d,))).deliveries == []  # left out, not a failure

@@ -293,6 +293,7 @@ class QuorumHost:
         self.port = port
         self.raft: Any = None  # the runtime's group host (ensure_group, drop_group, leader, propose)
         self.queues: dict[int, QuorumQueue] = {}  # gid -> handle
+        self._gone_told: set[int] = set()  # queues whose ContentGone this node has logged
         self.consumers: dict[str, Any] = {}  # consumer_id -> the broker's consumer object
         # proposals waiting for an answer live in the peers' one request table (tag Q_REQUEST)
         # (publisher, seq) -> [q, env, channel, seq, session, retry, publisher ids]; bounded by the
@@ -758,6 +759,11 @@ class QuorumHost:
         data = self.raft.entry_data(q.gid, index) if self.raft is not None else None
         if data is None:
             if self.raft is not None and index <= self.raft.snapshot_index(q.gid):
+                if q.gid not in self._gone_told:  # once a queue: a catch-up may meet many
+                    self._gone_told.add(q.gid)
+                    log.warning("queue '%s' in vhost '%s': this node leads before it applied the entries after "
+                                "its snapshot; what they replay for messages settled since (from log entry %d) "
+                                "is left out, as the leader of the time carried it out", q.name, q.vhost, index)
                 raise ContentGone(f"queue '{q.name}' in vhost '{q.vhost}': message at log entry {index} settled "
                                   f"since this node's snapshot")
             raise LookupError(f"queue '{q.name}' in vhost '{q.vhost}': no log entry {index} for a message's content")
