@@ -68,6 +68,10 @@ def test_a_run_of_close_values_costs_about_a_byte_each_and_a_far_value_widens_th
     col.append(5)
     assert col.tolist()[-3:] == [5_000_000 + 2 * 99_999, 1 << 63, 5]
     assert col.memory_bytes() > 100_000 * 8
+    col.clear()  # emptied, it starts narrow again
+    for i in range(1000):
+        col.append(7 + i)
+    assert col.tolist() == [7 + i for i in range(1000)] and col.memory_bytes() < 1000 * 1.2
 
 
 def test_taking_from_the_front_frees_the_front_and_keeps_the_rest():

@@ -128,7 +128,11 @@ class DeltaColumn:
         return self.values(len(self))
 
     def clear(self) -> None:
-        del self._d[:]  # in place; the width stays what it became
+        if self._d.typecode == "b":
+            del self._d[:]  # in place: a lazy queue whose consumers keep up empties its tail per message
+        else:  # a far value widened it: start narrow again
+            self._d = array("b")
+            self._limit = 1 << 7
         del self._bases[:]
         self._i = 0
 
