@@ -14,6 +14,8 @@ from __future__ import annotations
 import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hutch.queues.classic import ClassicQueue
 from hutch.queues.message import Message
@@ -506,3 +508,24 @@ def test_losing_paging_reads_everything_back_in_order():
         publish(q, store, msg(i))
     q.set_paging(None)
     assert q.tail is None and [e.seq for e in q.state.ready()] == list(range(1, 11))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.booleans(), st.lists(st.tuples(st.integers(1, 3), st.integers(0, 2 ** 40), st.booleans(),
+                                         st.integers(0, 300)), min_size=1, max_size=900),
+       st.integers(0, 600), st.data())
+def test_a_batch_of_lookups_finds_what_the_tail_holds(gaps, appends, popped, data):
+    """find_many (a sync's batch) against a model of what was appended and not yet popped,
+    across block boundaries of the columns, with and without seq gaps and expiry times."""
+    t = PagedTail(gaps=gaps)
+    model: dict[int, tuple[int, int | None, int]] = {}
+    seq = 10
+    for step, loc, expiring, count in appends:
+        seq += step if gaps else 1
+        expires = 5_000 + seq if expiring else None
+        t.append(seq, loc | SCRATCH if count % 7 == 0 else loc, 100, expires, count)
+        model[seq] = (loc | SCRATCH if count % 7 == 0 else loc, expires, min(count, 255))
+    for s, *_ in t.pop(popped, 10 ** 12):
+        del model[s]
+    probe = data.draw(st.lists(st.integers(0, seq + 3), max_size=300).map(sorted))
+    assert t.find_many(probe) == [model.get(s) for s in probe]

@@ -133,8 +133,9 @@ class SyncJob:
         """The next `batch` messages to send, oldest first (the in-memory ones and the paged
         ones merged by seq), as they are now: what was removed meanwhile is left out."""
         entries, paged, removed, loaded = self.entries, self.paged, self.removed, self.loaded
-        out: list[Entry | tuple[int, int, int | None, int]] = []
+        out: list[Entry | int | tuple[int, int, int | None, int]] = []
         reads: list[tuple[int, int]] = []
+        lookups: list[int] = []
         taken = 0
         while taken < self.batch and self.left():
             taken += 1
@@ -152,11 +153,21 @@ class SyncJob:
             if e is not None:
                 out.append(e)
                 continue
-            found = q.tail.find(seq) if q.tail is not None else None
-            if found is not None:  # still paged: read its body, leave it on disk
-                loc, expires, count = found
-                out.append((seq, loc, expires, count))
-                reads.append((seq, loc))
+            out.append(seq)  # looked up below, with the rest of the batch's
+            lookups.append(seq)
+        if lookups:
+            found = iter(q.tail.find_many(lookups) if q.tail is not None else [None] * len(lookups))
+            resolved = []
+            for x in out:
+                if type(x) is int:
+                    got = next(found)
+                    if got is None:
+                        continue  # no longer paged (read back or gone) and not seen loaded: left out
+                    loc, expires, count = got  # still paged: read its body, leave it on disk
+                    x = (x, loc, expires, count)
+                    reads.append((x[0], loc))
+                resolved.append(x)
+            out = resolved
         msgs = iter(q.store.peek_paged(q, reads)) if reads else iter(())
         items = []
         for x in out:

@@ -208,20 +208,32 @@ class PagedTail:
     def find(self, seq: int) -> tuple[int, int | None, int] | None:
         """(location, expires_at_ms, delivery_count) of the paged message `seq`; None when it
         is not in the tail (read back since, or never paged)."""
+        return self.find_many([seq])[0]
+
+    def find_many(self, seqs: list[int]) -> list[tuple[int, int | None, int] | None]:
+        """`find` for each of `seqs` (a sync's batch, in order): the columns are read once over
+        the span they cover, not summed up to each position."""
+        out: list[tuple[int, int | None, int] | None] = [None] * len(seqs)
         if not self.count:
-            return None
+            return out
         gaps = self._seqs
         if gaps is None:
-            if not self.first_seq <= seq < self.first_seq + self.count:
-                return None
-            k = seq - self.first_seq
+            first, n = self.first_seq, self.count
+            ks = [seq - first if first <= seq < first + n else -1 for seq in seqs]
         else:
-            k = gaps.index(seq)
-            if k < 0:
-                return None
-        exp = self._expiry
-        e = 0 if exp is None else exp[k]
-        return self._locs[k], e - 1 if e else None, self._counts[self._ci + k]
+            ks = [gaps.index(seq) for seq in seqs]
+        found = [k for k in ks if k >= 0]
+        if not found:
+            return out
+        lo, hi = min(found), max(found)
+        locs = self._locs.values(hi - lo + 1, lo)
+        exp = self._expiry.values(hi - lo + 1, lo) if self._expiry is not None else None
+        counts, ci = self._counts, self._ci
+        for j, k in enumerate(ks):
+            if k >= 0:
+                e = exp[k - lo] if exp is not None else 0
+                out[j] = (locs[k - lo], e - 1 if e else None, counts[ci + k])
+        return out
 
     def _clear(self) -> None:
         self._locs.clear()  # in place: a lazy queue whose consumers keep up empties its tail per message
@@ -306,12 +318,16 @@ class PagedLevels:
         return min((t.first_seq for t in self.levels if t is not None and t.count), default=None)
 
     def find(self, seq: int) -> tuple[int, int | None, int] | None:
+        return self.find_many([seq])[0]
+
+    def find_many(self, seqs: list[int]) -> list[tuple[int, int | None, int] | None]:
+        out: list[tuple[int, int | None, int] | None] = [None] * len(seqs)
         for t in self.levels:
-            if t is not None:
-                got = t.find(seq)
-                if got is not None:
-                    return got
-        return None
+            if t is not None and t.count:
+                for j, got in enumerate(t.find_many(seqs)):
+                    if got is not None:
+                        out[j] = got
+        return out
 
     def memory_bytes(self) -> int:
         return sum(t.memory_bytes() for t in self.levels if t is not None)
