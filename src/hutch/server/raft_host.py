@@ -66,9 +66,10 @@ class GroupApp(Protocol):
     reads entries back from (the log keeps them through compactions), and `checkpoint(index,
     conf, take) -> (index, conf, data) | None`: called when `snapshot_due`, it may take a
     snapshot at the applied `index` (`take()`: its data, or None when too large) and keep it;
-    it returns the snapshot (taken now or earlier) to compact the log to, or None for none yet. A quorum queue compacts only to a snapshot all of whose messages have
-    been settled since, so that a follower sent it finds every message it must deliver in the
-    entries after it (RabbitMQ's release cursor)."""
+    it returns the snapshot (taken now or earlier) to compact the log to, or None for none yet.
+    A quorum queue compacts only to a snapshot all of whose messages have been settled since,
+    so that a follower sent it finds every message it must deliver in the entries after it
+    (RabbitMQ's release cursor)."""
 
     def apply(self, data: bytes, index: int) -> None: ...
 
