@@ -42,18 +42,22 @@ def members(cluster: HutchCluster, i: int, queue: str) -> list[dict]:
     return json.loads(p.stdout)
 
 
+def publish(cluster: HutchCluster, i: int, queue: str, bodies: list[bytes]) -> None:
+    """Declare `queue` (one member, on node i) and publish `bodies` to it with confirms."""
+    c = connect(cluster, i)
+    ch = c.channel()
+    ch.queue_declare(queue, durable=True, arguments=ONE_MEMBER)
+    ch.confirm_delivery()
+    for body in bodies:
+        ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    c.close()
+
+
 def hold_then_churn(cluster: HutchCluster, i: int, queue: str) -> tuple[pika.BlockingConnection, pika.channel.Channel]:
     """Declare `queue` with one member on node i; publish HELD messages that a consumer takes and
     holds unacknowledged, then CHURN more that another consumer takes and acknowledges. Returns
     the holder's connection and channel."""
-    pub = connect(cluster, i)
-    ch = pub.channel()
-    ch.queue_declare(queue, durable=True, arguments=ONE_MEMBER)
-    ch.confirm_delivery()
-    persistent = pika.BasicProperties(delivery_mode=2)
-    for n in range(HELD):
-        ch.basic_publish("", queue, f"held-{n}".encode(), persistent)
-    pub.close()
+    publish(cluster, i, queue, [f"held-{n}".encode() for n in range(HELD)])
     holder = connect(cluster, i)
     hch = holder.channel()
     hch.basic_qos(prefetch_count=HELD)
@@ -146,18 +150,12 @@ def test_a_queue_holding_more_than_a_snapshot_once_carried_still_has_its_log_com
     """A backlog of 16 MiB (1,024 messages of 16 KiB), then rounds of messages published while as
     many are consumed from the head: the log is compacted behind the oldest message still queued
     while the queue never holds less than 16 MiB (before, no snapshot was taken while a queue held
-    more than 12 MiB of messages, and its log grew). A snapshot is due once the log is 4 x (1,024 + 2,048) entries long, and
-    the log is compacted to it once the messages it holds are gone."""
+    more than 12 MiB of messages, and its log grew). A snapshot is due once the log is
+    4 x (1,024 + 2,048) entries long, and the log is compacted to it once its messages are gone."""
     with HutchCluster(n=3) as cluster:
         name = "qq.big"
-        c = connect(cluster, 0)
-        ch = c.channel()
-        ch.queue_declare(name, durable=True, arguments=ONE_MEMBER)
-        ch.confirm_delivery()
         size, backlog = 16 * 1024, 1024
-        for _ in range(backlog):
-            ch.basic_publish("", name, bytes(size), pika.BasicProperties(delivery_mode=2))
-        c.close()
+        publish(cluster, 0, name, [bytes(size)] * backlog)
         churned_until_compacted(cluster, 0, name, backlog, size)  # one out for one in: the queue keeps its size
         depth = cluster.api(0, f"/api/queues/%2F/{name}")
         assert depth["messages"] == backlog and depth["message_bytes"] == backlog * size
@@ -166,17 +164,10 @@ def test_a_queue_holding_more_than_a_snapshot_once_carried_still_has_its_log_com
 def test_a_member_added_after_compaction_gets_the_snapshot_and_the_entries_after_it_and_serves_them():
     with HutchCluster(n=3) as cluster:
         name = "qq.added"
-        pub = connect(cluster, 0)
-        ch = pub.channel()
-        ch.queue_declare(name, durable=True, arguments=ONE_MEMBER)
-        pub.close()
+        publish(cluster, 0, name, [])
         churned_until_compacted(cluster, 0, name, 2 * HELD)
-        pub = connect(cluster, 0)
-        ch = pub.channel()
-        ch.confirm_delivery()
-        for n in range(HELD):  # queued after the snapshot: their contents are in the entries after it
-            ch.basic_publish("", name, f"kept-{n}".encode(), pika.BasicProperties(delivery_mode=2))
-        pub.close()
+        # queued after the snapshot: their contents are in the entries after it
+        publish(cluster, 0, name, [f"kept-{n}".encode() for n in range(HELD)])
         for node in cluster.names[1:]:
             p = hutch_queues(cluster, 0, "add_member", name, node)
             assert p.returncode == 0, p.stderr
