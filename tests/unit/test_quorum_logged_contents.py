@@ -200,10 +200,11 @@ def test_the_log_is_compacted_only_to_a_snapshot_whose_messages_have_all_been_se
     log = Log(QuorumQueueState(QuorumConfig(name="q")))
     app = qhost._QuorumApp.__new__(qhost._QuorumApp)
     app.q = SimpleNamespace(name="q", vhost="/", machine=log.state)
-    app.checkpoints, app._looked_at, app._take_new = qhost.deque(), 0, True
+    app.checkpoints, app._looked_at, app._take_new, app._low = qhost.deque(), 0, True, (-1, None)
     taken = []
 
     def take(name):
+        app.applied_index = log.next - 1  # (the state was applied to directly, not through app.apply)
         return lambda: taken.append(name) or name
 
     for i in range(5):  # indexes 1-5

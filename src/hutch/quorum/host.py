@@ -205,6 +205,7 @@ class _QuorumApp:
         self.checkpoints: deque[tuple[int, Any, bytes]] = deque()
         self._take_new = False  # snapshot_due found a new checkpoint due
         self._looked_at = 0  # the applied index when checkpoint() last looked for one to release
+        self._low: tuple[int, int | None] = (-1, None)  # (applied index, first_logged_index then)
 
     def apply(self, data: bytes, index: int) -> None:
         try:
@@ -241,26 +242,37 @@ class _QuorumApp:
     def restore(self, data: bytes) -> None:
         self.q.machine = fifo.QuorumQueueState.restore(data)
         self.checkpoints.clear()  # taken on the way to a state this one replaces
+        self._low = (-1, None)
 
     def snapshot(self) -> bytes:
         return self.q.machine.snapshot()
 
     def log_needed_from(self) -> int | None:
-        """The lowest log index a message in the queue still has its content at."""
+        """The lowest log index a message in the queue still has its content at (a walk over
+        the queue: `checkpoint` has just taken it, at the same applied index)."""
         st = self.q.machine
-        return None if st is None else st.first_logged_index()
+        if st is None:
+            return None
+        at, low = self._low
+        if at != self.applied_index:
+            low = st.first_logged_index()
+            self._low = (self.applied_index, low)
+        return low
 
     def snapshot_due(self, entries_kept: int) -> bool:
         """Time to take a snapshot (a checkpoint: the log written since the last is several
         times longer than the queue, so its cost stays a small part per entry), or to look
-        whether one kept may be compacted to now (every RELEASE_LOOK_ENTRIES while some are)."""
+        whether one kept may be compacted to now (every RELEASE_LOOK_ENTRIES, or the queue's
+        length if longer, while some are)."""
         st = self.q.machine
         if st is None:
             return True
         cps = self.checkpoints
         since = self.applied_index - cps[-1][0] if cps else entries_kept
         self._take_new = since >= SNAPSHOT_LOG_FACTOR * (st.messages + SNAPSHOT_MESSAGES_MIN)
-        return self._take_new or bool(cps) and self.applied_index - self._looked_at >= RELEASE_LOOK_ENTRIES
+        # a look walks the queue (first_logged_index): as far apart as the queue is long, at least
+        look = max(RELEASE_LOOK_ENTRIES, st.messages)
+        return self._take_new or bool(cps) and self.applied_index - self._looked_at >= look
 
     def checkpoint(self, index: int, conf: Any, take: Callable[[], bytes | None]) -> tuple[int, Any, bytes] | None:
         """Take a snapshot at the applied `index` if one is due, and keep it; return the newest
@@ -271,7 +283,7 @@ class _QuorumApp:
         every entry from the oldest message still queued on, as RabbitMQ's quorum queues do
         (its release cursor)."""
         cps = self.checkpoints
-        low = self.q.machine.first_logged_index() if self.q.machine is not None else None
+        low = self.log_needed_from()
         if self._take_new or low is None:  # (nothing queued needs the log: a snapshot now is small and goes at once)
             data = take()
             if data is not None:
