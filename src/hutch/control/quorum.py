@@ -32,6 +32,7 @@ from hutch.control import changes, ops
 from hutch.control.errors import ApiError, bad_request, not_found
 from hutch.control.http import api_of, node_name_arg, read_json, requires
 from hutch.quorum import placement
+from hutch.raft.group import NOT_LEADER
 
 log = logging.getLogger("hutch.quorum")
 routes = web.RouteTableDef()
@@ -213,7 +214,9 @@ async def _move_leader(broker, q, frm: str, to: str) -> dict:
     """Ask the queue's leader to hand leadership to `to`, then wait until `to` is seen leading.
     A Raft transfer is abandoned after an election timeout (a transferee still catching up, a
     vote lost to a timing accident): while time is left, the leader of the moment is asked
-    again every TRANSFER_RETRY_S."""
+    again every TRANSFER_RETRY_S. A refusal because the node asked is not the leader (yet: a
+    queue just declared shows the node it was declared on as its leader until its first
+    election ends) is asked again soon; any other refusal of the first request is said at once."""
     row = {"vhost": q.vhost, "name": q.name, "from": frm, "to": to}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + TRANSFER_TIMEOUT_S
@@ -221,15 +224,19 @@ async def _move_leader(broker, q, frm: str, to: str) -> dict:
     while True:
         leader = q.home_node if q.home_node in q.members else frm
         answer = await _ask_transfer(broker, q, leader, to, max(0.1, deadline - loop.time()))
-        if answer is None or answer[0] != 200:
-            if not asked:  # the first request refused: say why at once
-                row.update(result="error", reason=answer[1] if answer else f"{leader} did not answer")
-                return row
+        wait = TRANSFER_RETRY_S
+        if answer is not None and answer[0] == 200:
+            if not asked:
+                asked = True
+                log.info("Rebalancing quorum queue '%s' in vhost '%s': transferring leadership from %s to %s",
+                         q.name, q.vhost, frm, to)
         elif not asked:
-            asked = True
-            log.info("Rebalancing quorum queue '%s' in vhost '%s': transferring leadership from %s to %s",
-                     q.name, q.vhost, frm, to)
-        retry_at = min(deadline, loop.time() + TRANSFER_RETRY_S)
+            why = answer[1] if answer else f"{leader} did not answer"
+            if why != NOT_LEADER or loop.time() >= deadline:
+                row.update(result="error", reason=why)
+                return row
+            wait = 0.1
+        retry_at = min(deadline, loop.time() + wait)
         while q.home_node != to and loop.time() < retry_at:
             await asyncio.sleep(0.05)
         if q.home_node == to:

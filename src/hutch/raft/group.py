@@ -79,11 +79,14 @@ class RaftError(Exception):
     pass
 
 
+NOT_LEADER = "not the leader"  # how a refusal for that reason reads (also across nodes)
+
+
 class NotLeader(RaftError):
     """Only the leader takes proposals and reads; `leader` is the known leader or None."""
 
     def __init__(self, leader: NodeId | None) -> None:
-        super().__init__(f"not the leader (leader: {leader})")
+        super().__init__(f"{NOT_LEADER} (leader: {leader})")
         self.leader = leader
 
 

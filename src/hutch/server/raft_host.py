@@ -48,7 +48,7 @@ import msgspec
 
 from hutch.cluster.raftlog import RaftHostStorage, RaftLogError
 from hutch.raft import messages as rm
-from hutch.raft.group import LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
+from hutch.raft.group import LEADER, NOT_LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
 from hutch.server import faults
 from hutch.store import StoreClosed, StoreError
@@ -604,7 +604,7 @@ class QueueGroups:
         try:
             g.transfer_leadership(self.node_id(node))
         except NotLeader:
-            return "not the leader"
+            return NOT_LEADER
         except RaftError as e:
             return str(e)
         self.host.multi.touched(gid)
@@ -615,7 +615,7 @@ class QueueGroups:
         one member. None when proposed (or already so), else why not (yet)."""
         g = self.host.multi.groups.get(gid)
         if g is None or g.role != LEADER:
-            return "not the leader"
+            return NOT_LEADER
         nid = self.node_id(node)
         self.host.names[nid] = node
         member = nid in g.voters or nid in g.learners
