@@ -71,6 +71,28 @@ def test_records_of_deleted_queues_are_not_recovered(tmp_path):
     j3.close()
 
 
+def test_a_deleted_queues_delivered_messages_leave_no_record_behind(tmp_path):
+    """Its E records go at the next start, and the V records naming them go with them: nothing
+    of a queue deleted while the node was down keeps a segment alive."""
+    j = _journal(tmp_path, segment_bytes_max=4096)
+    gone = [j.enqueue(2, "", "b", b"\x00\x00", b"b" * 100) for _ in range(60)]
+    for s in gone:
+        j.delivered(2, s)
+    j.flush()
+    j.sync()
+    j.close()
+    j = _journal(tmp_path, segment_bytes_max=4096)
+    assert j.recover([1]) == {}  # queue 2 deleted meanwhile
+    for _ in range(60):  # the active segment moves on
+        j.settled(1, j.enqueue(1, "", "a", b"\x00\x00", b"a" * 100))
+        j.flush()
+    j.sync()
+    j.collect(force=True)
+    assert j.log.live_records == 0  # every message settled or deleted, no guard left
+    assert j.log.segment_count == 1, j.log.segment_names()
+    j.close()
+
+
 def _die(j: Journal) -> None:
     """The process is gone: its files close, nothing more is written (no clean-close mark)."""
     j._stop.set()
@@ -100,9 +122,8 @@ def test_after_a_stop_without_a_clean_close_every_recovered_message_counts_as_de
 
     j = _journal(tmp_path)  # a clean close since: the crash's mark still holds for what it covered
     assert j.closed_cleanly
-    assert [(m.log_seq, m.delivered) for m in j.recover([1])[1]] == [(s, True) for s in seqs] + [(later, False)]
     refs = j.recover_refs([1])[1]
-    assert [bool(ref & REF_DELIVERED) for _s, ref in refs.items()] == [True, True, True, False]
+    assert [(s, bool(ref & REF_DELIVERED)) for s, ref in refs.items()] == [(s, True) for s in seqs] + [(later, False)]
     for s in seqs:
         j.settled(1, s)
     j.close()
@@ -146,4 +167,30 @@ def test_the_mark_of_a_crash_outlives_a_start_that_did_not_know_the_queue(tmp_pa
     j = _journal(tmp_path)
     assert j.closed_cleanly
     assert [(m.log_seq, m.delivered) for m in j.recover([1])[1]] == [(s, True)]
+    j.close()
+
+
+def test_recovery_reads_each_messages_size_expiration_and_priority_and_skips_a_malformed_one(tmp_path, caplog):
+    """Recovery reads a message record without its body: what it keeps of each is checked
+    against what was written, and a record named a message that does not parse as one is
+    reported and released, not recovered."""
+    from pamqp import commands
+
+    from hutch.amqp.codec import encode_properties
+    from hutch.broker.journal import REF_EXPIRATION, REF_PRIORITY_SHIFT, REF_SIZE_MASK, _enc
+
+    j = _journal(tmp_path, segment_bytes_max=1 << 20)
+    j.recover_refs([])
+    kinds = [(commands.Basic.Properties(), 10), (commands.Basic.Properties(expiration="60000"), 300),
+             (commands.Basic.Properties(priority=7), 70_000), (commands.Basic.Properties(priority=2, expiration="5"), 0)]
+    seqs = [j.enqueue(1, "x", "rk", encode_properties(p), b"b" * n) for p, n in kinds]
+    bad = j.log.append(_enc.encode(("E", 1, "x")))  # too short to be a message
+    j.sync()
+    j.close()
+    j = _journal(tmp_path, segment_bytes_max=1 << 20)
+    refs = j.recover_refs([1])[1]
+    assert [(s, r & REF_SIZE_MASK, bool(r & REF_EXPIRATION), r >> REF_PRIORITY_SHIFT & 0xFF) for s, r in refs.items()] \
+        == [(seqs[0], 10, False, 0), (seqs[1], 300, True, 0), (seqs[2], 70_000, False, 7), (seqs[3], 0, True, 2)]
+    assert f"malformed message record {bad} skipped" in caplog.text
+    assert not j.log.is_live(bad)
     j.close()

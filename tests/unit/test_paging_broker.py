@@ -295,12 +295,13 @@ def test_recover_refs_keeps_survivors_in_publish_order_without_their_bodies(tmp_
 def test_ref_table_settles_flags_and_refuses_seqs_out_of_order():
     from hutch.broker.journal import REF_EXPIRATION, REF_PRIORITY_SHIFT, _RefTable
     t = _RefTable()
-    t[5] = 50
-    t[7] = 70 | REF_EXPIRATION
-    t[9] = 90 | (3 << REF_PRIORITY_SHIFT)
-    t[(1 << 33) + 5] = 1024  # seqs further apart than 32 bits widen the array
+    t.add(5, 50, False, 0)
+    t.add(7, 70, True, 0)
+    t.add(9, 90, False, 3)
+    t.add((1 << 33) + 5, 1024, False, 0)  # seqs further apart than 32 bits widen the array
     with pytest.raises(ValueError):
-        t[8] = 80  # the log replays in seq order: anything else is a defect
+        t.add(8, 80, False, 0)  # the log replays in seq order: anything else is a defect
+    assert [(s, r >> REF_PRIORITY_SHIFT) for s, r in t.items()] == [(5, 0), (7, 0), (9, 3), ((1 << 33) + 5, 0)]
     assert 7 in t and t.pop(9) is True and 9 not in t and t.pop(9, "none") == "none" and 8 not in t
     t.set_delivered(5)
     assert list(t.items()) == [(5, 50 | REF_DELIVERED), (7, 70 | REF_EXPIRATION), ((1 << 33) + 5, 1024)]

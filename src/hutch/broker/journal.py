@@ -151,6 +151,22 @@ class _MirrorEnqueueRef(msgspec.Struct, array_like=True, gc=False):
 _me_ref_dec = msgspec.msgpack.Decoder(_MirrorEnqueueRef)
 
 
+class _EnqueueRef(msgspec.Struct, array_like=True, gc=False):
+    """An E record as recovery reads it: the properties (for expiration and priority) and the
+    body's extent, not the body (a msgspec.Raw view, dropped at once)."""
+
+    kind: str
+    queue_id: int
+    exchange: msgspec.Raw
+    routing_key: msgspec.Raw
+    props: bytes
+    body: msgspec.Raw
+
+
+_e_ref_dec = msgspec.msgpack.Decoder(_EnqueueRef)
+_BIN_HEADER_BYTES = {0xC4: 2, 0xC5: 3, 0xC6: 5}  # msgpack bin 8/16/32: type byte and length
+
+
 class Unreadable(Exception):
     """A stored message could not be read back: its record is corrupt, gone, or not a message."""
 
@@ -192,15 +208,18 @@ class Journal:
     compactor_thread = True  # False: nothing runs in a thread; the owner calls compact_step()
 
     def __init__(self, directory: str, segment_bytes_max: int = 64 * 1024 * 1024):
-        self.log = SegmentLog(directory, segment_bytes_max=segment_bytes_max)
-        # False after a crash or a power loss: recovery counts every message as delivered
-        self.closed_cleanly = self.log.closed_cleanly
         # (guard record seq, E seqs it protects): released once none of them is on disk
         self._guards: deque[tuple[int, list[int]]] = deque()
         self._delivered: dict[int, int] = {}  # E seq -> its V record, while the message is queued
         # a V record's messages still queued, and those settled since (the guard's E seqs once none is left)
         self._v_left: dict[int, int] = {}
         self._v_settled: dict[int, list[int]] = {}
+        # what the log's records say, gathered while the log recovers (read once), until
+        # `recover_refs` is told which queues there are
+        self._replay: _Replay | None = _Replay(self)
+        self.log = SegmentLog(directory, segment_bytes_max=segment_bytes_max, visit=self._replay.visit)
+        # False after a crash or a power loss: recovery counts every message as delivered
+        self.closed_cleanly = self.log.closed_cleanly
         # noted since the last flush: E seq -> queue id (delivered), queue id -> E seqs (settled)
         self._to_deliver: dict[int, int] = {}
         self._to_settle: dict[int, list[int]] = {}
@@ -476,28 +495,30 @@ class Journal:
     # ---------------------------------------------------------------- recovery
 
     def recover(self, live_queue_ids: Iterable[int]) -> dict[int, list[RecoveredMessage]]:
-        """Replay the log: the messages still queued, per queue id, in publish order.
-
-        Records of queues that no longer exist, and every record that only settles
-        something, are released or kept as guards so the log can shrink."""
-        found = self._replay(live_queue_ids, lambda seq, item: RecoveredMessage(seq, item[2], item[3], item[4],
-                                                                                 item[5], False), _mark_delivered,
-                             mark_below=_flag_delivered_below)
-        return {qid: list(msgs.values()) for qid, msgs in found.items()}
+        """As `recover_refs`, with every surviving message read back whole (for tests and small
+        journals; a node recovers by reference)."""
+        out: dict[int, list[RecoveredMessage]] = {}
+        for qid, refs in self.recover_refs(live_queue_ids).items():
+            items = list(refs.items())
+            msgs = self.read_enqueues([seq for seq, _ref in items])
+            out[qid] = [RecoveredMessage(seq, *m, bool(ref & REF_DELIVERED))
+                        for (seq, ref), m in zip(items, msgs, strict=True) if not isinstance(m, Unreadable)]
+        return out
 
     def recover_refs(self, live_queue_ids: Iterable[int], keep_unknown: bool = False) -> dict[int, _RefTable]:
-        """As `recover`, but without the messages: per queue id, a table of E seq -> size |
-        flags (REF_DELIVERED, REF_EXPIRATION) | priority << REF_PRIORITY_SHIFT whose `items()` come in
-        publish order. 16 bytes a
-        message while it runs, so a node can come back with a backlog far larger than its
-        memory; read the messages with `read_enqueue`.
+        """The messages still queued, per queue id, without their bodies: a table of E seq ->
+        size | flags (REF_DELIVERED, REF_EXPIRATION) | priority << REF_PRIORITY_SHIFT whose
+        `items()` come in publish order, about six bytes a message, so a node can come back with
+        a backlog far larger than its memory; read the messages with `read_enqueue`. Called
+        once, after the journal is opened (which read the log: this reads nothing more).
 
-        `keep_unknown`: the messages of queues not in `live_queue_ids` are kept, not released,
-        for `take_orphans` (the node's catalogue is behind: such a queue may be declared late).
-        They are released at a later start that does not ask for them."""
-        found = self._replay(None if keep_unknown else live_queue_ids, _ref_of, _ref_delivered, table=_RefTable,
-                             mark_below=_RefTable.flag_delivered_below)
+        Records of queues that no longer exist, and every record that only settles something,
+        are released or kept as guards so the log can shrink. `keep_unknown`: the messages of
+        queues not in `live_queue_ids` are kept, not released, for `take_orphans` (the node's
+        catalogue is behind: such a queue may be declared late). They are released at a later
+        start that does not ask for them."""
         live = set(live_queue_ids)
+        found = self._finish_recovery(None if keep_unknown else live)
         self.orphans = {qid: refs for qid, refs in found.items() if qid not in live}
         return {qid: refs for qid, refs in found.items() if qid in live}
 
@@ -505,7 +526,8 @@ class Journal:
         """The messages `recover_refs(keep_unknown=True)` kept for a queue it did not know."""
         return self.orphans.pop(queue_id, None)
 
-    def _mark_delivered_below(self, pending: dict, delivered_below: int, d_seqs: list[int], mark_below) -> list[int]:
+    def _mark_delivered_below(self, pending: dict[int, _RefTable], delivered_below: int,
+                              d_seqs: list[int]) -> list[int]:
         """Flag the recovered messages the newest D record names, or after a stop without a clean
         close all of them, writing the D record that says so. Returns the D records no longer
         needed: all but the newest. That one stays even when no queue recovered here needs it,
@@ -516,107 +538,28 @@ class Journal:
             stale = d_seqs
         else:
             stale = d_seqs[:-1]
-        marked = sum(mark_below(q, delivered_below) for q in pending.values()) if delivered_below else 0
+        marked = sum(q.flag_delivered_below(delivered_below) for q in pending.values()) if delivered_below else 0
         if marked and not self.closed_cleanly:
             log.warning("Message journal: not closed cleanly; %d recovered message(s) will be delivered as "
                         "redelivered", marked)
         return stale
 
-    def _replay(self, live_queue_ids: Iterable[int] | None, make, mark, *, mark_below, table=dict) -> dict:
-        """Every queue's surviving messages; with `live_queue_ids` None, every queue is live."""
-        live = None if live_queue_ids is None else set(live_queue_ids)
-        delivered_below, d_seqs = 0, []  # the seq the newest D record names; every D record's own
-        pending: dict[int, Any] = {}
-        settles: list[tuple[int, int, list[int]]] = []  # (record seq, queue, E seqs)
-        dead: list[int] = []
-        copies: dict[int, MirrorCopy] = {}
-        for rec in self.log.replay(views=True):  # decoded only: msgspec copies what it keeps
-            payload = rec.payload
-            if payload[1:4] == b"\xa2ME":  # a mirror copy's message: only its seqs are kept
-                try:
-                    me = _me_ref_dec.decode(payload)
-                except msgspec.DecodeError:
-                    pass  # decoded the general way below, to be reported as the others are
-                else:
-                    c = copies.get(me.copy_id)
-                    if c is None:
-                        c = copies[me.copy_id] = MirrorCopy(me.copy_id, 0, "", "", 0, 0, CopyRefs())
-                    c.items[rec.seq] = me.seq
-                    continue
-            try:
-                item = _dec.decode(payload)
-            except msgspec.DecodeError:
-                log.error("Message journal: undecodable record %d skipped", rec.seq)
-                dead.append(rec.seq)
-                continue
-            kind, qid = item[0], item[1]
-            if kind == "E":
-                if live is None or qid in live:
-                    q = pending.get(qid)
-                    if q is None:
-                        q = pending[qid] = table()
-                    q[rec.seq] = make(rec.seq, item)
-                else:
-                    dead.append(rec.seq)
-            elif kind == "V":
-                q = pending.get(qid)
-                queued: list[int] = []
-                gone: list[int] = []
-                for s in (item[2] if isinstance(item[2], list) else [item[2]]):
-                    if q is not None and s in q:
-                        mark(q, s)
-                        queued.append(s)
-                    else:
-                        gone.append(s)
-                if queued:
-                    self._v_left[rec.seq] = len(queued)
-                    self._v_settled[rec.seq] = gone
-                    for s in queued:
-                        self._delivered[s] = rec.seq
-                else:
-                    settles.append((rec.seq, qid, gone))
-            elif kind == "A" or kind == "P":
-                q = pending.get(qid)
-                seqs = item[2] if isinstance(item[2], list) else [item[2]]
-                for s in seqs:
-                    if q is not None and q.pop(s, None) is not None:
-                        dead.append(s)
-                settles.append((rec.seq, qid, list(seqs)))
-                for v, deps in self._settle_delivered(seqs):
-                    settles.append((v, qid, deps))
-            elif kind == "D":
-                d_seqs.append(rec.seq)
-                delivered_below = item[2]  # each D names a later seq than the one before
-            elif kind == "ME":  # one the mirror copy's reader above could not take
-                log.error("Message journal: malformed mirror copy record %d skipped", rec.seq)
-                dead.append(rec.seq)
-            elif kind == "MH":
-                c = copies.get(qid)
-                if c is None:
-                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, CopyRefs())
-                if c.header_seq:  # a newer header replaces the older (which the mirror released)
-                    dead.append(c.header_seq)
-                c.header_seq, c.vhost, c.name, c.queue_journal_id, c.epoch = rec.seq, item[2], item[3], item[4], item[5]
-            elif kind == "MA":
-                c = copies.get(qid)
-                if c is None:
-                    c = copies[qid] = MirrorCopy(qid, 0, "", "", 0, 0, CopyRefs())
-                if c.adopted_seq:
-                    dead.append(c.adopted_seq)
-                c.adopted_seq = rec.seq
-            elif kind == "MP":
-                c = copies.get(qid)
-                for s in item[2]:
-                    if c is not None:
-                        if c.items.pop(s, None) is not None:
-                            dead.append(s)
-                        elif s == c.header_seq:
-                            c.header_seq = 0
-                            dead.append(s)
-                        elif s == c.adopted_seq:
-                            c.adopted_seq = 0
-                            dead.append(s)
-                settles.append((rec.seq, qid, list(item[2])))
+    def _finish_recovery(self, live_queue_ids: Iterable[int] | None) -> dict[int, _RefTable]:
+        """Every queue's surviving messages, from what the log's recovery handed `_Replay`; the
+        messages of queues not in `live_queue_ids` are released (None: every queue is live).
+        Writes what recovery decided (a D record) and starts the compactor."""
+        rp = self._replay
+        if rp is None:
+            raise RuntimeError("the journal was recovered already")
+        self._replay = None
+        pending, dead, copies = rp.pending, rp.dead, rp.copies
+        if live_queue_ids is not None:
+            live = set(live_queue_ids)
+            for qid in [qid for qid in pending if qid not in live]:  # a deleted queue's remains
+                seqs = [seq for seq, _ref in pending.pop(qid).items()]
+                dead.extend(seqs)
+                for v, deps in self._settle_delivered(seqs):  # V records naming them guard them now
+                    rp.settles.append((v, qid, deps))
         self.mirror_copies = {}
         for c in copies.values():
             if not c.header_seq:  # its header was removed: the copy was dropped
@@ -633,11 +576,11 @@ class Journal:
                 if old.adopted_seq:
                     dead.append(old.adopted_seq)
             self.mirror_copies[(c.vhost, c.name)] = c
-        dead.extend(self._mark_delivered_below(pending, delivered_below, d_seqs, mark_below))
+        dead.extend(self._mark_delivered_below(pending, rp.delivered_below, rp.d_seqs))
         for s in dead:
             if self.log.is_live(s):
                 self.log.release(s)
-        for g, _qid, deps in settles:
+        for g, _qid, deps in rp.settles:
             self._guard(g, deps)
         self.collect(force=True)
         self.synced_seq = self.log.durable_seq
@@ -646,29 +589,117 @@ class Journal:
         return {qid: msgs for qid, msgs in pending.items() if msgs}
 
 
-def _mark_delivered(q: dict, e_seq: int) -> None:
-    q[e_seq].delivered = True
+class _Replay:
+    """What the journal rebuilds from its records while its log recovers (`SegmentLog`'s
+    `visit`: the log is read once, checked and replayed in one pass): every queue's surviving
+    messages as a `_RefTable`, the mirror copies, and the records found no longer needed
+    (`dead`) or guarding others (`settles`). The journal's delivered-message bookkeeping is
+    rebuilt as it goes; `Journal._finish_recovery` does the rest once the queues are known."""
 
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.delivered_below = 0  # the seq the newest D record names
+        self.d_seqs: list[int] = []  # every D record's own
+        self.pending: dict[int, _RefTable] = {}
+        self.settles: list[tuple[int, int, list[int]]] = []  # (record seq, queue, E seqs)
+        self.dead: list[int] = []
+        self.copies: dict[int, MirrorCopy] = {}
 
-def _flag_delivered_below(q: dict, below: int) -> int:
-    """`_RefTable.flag_delivered_below` for `recover`'s tables of whole messages."""
-    marked = 0
-    for e_seq, m in q.items():
-        if e_seq >= below:
-            break  # (the log replays in seq order)
-        m.delivered = True
-        marked += 1
-    return marked
+    def _copy(self, copy_id: int) -> MirrorCopy:
+        c = self.copies.get(copy_id)
+        if c is None:
+            c = self.copies[copy_id] = MirrorCopy(copy_id, 0, "", "", 0, 0, CopyRefs())
+        return c
 
-
-def _ref_of(_seq: int, item: list) -> int:
-    props = item[4]
-    return (len(item[5]) | (REF_EXPIRATION if _has_expiration(props) else 0)
-            | (_priority_of(props) << REF_PRIORITY_SHIFT))
-
-
-def _ref_delivered(q: _RefTable, e_seq: int) -> None:
-    q.set_delivered(e_seq)
+    def visit(self, seq: int, _key: int, payload: memoryview) -> None:
+        if payload[1:3] == b"\xa1E":  # a message (the most of a backlog): read without its body
+            try:
+                e = _e_ref_dec.decode(payload)
+                body = len(e.body)
+                body -= _BIN_HEADER_BYTES[payload[len(payload) - body]]
+            except (msgspec.DecodeError, KeyError):
+                pass  # decoded the general way below, to be reported as the others are
+            else:
+                q = self.pending.get(e.queue_id)
+                if q is None:
+                    q = self.pending[e.queue_id] = _RefTable()
+                props = e.props
+                q.add(seq, body, _has_expiration(props), _priority_of(props))
+                return
+        if payload[1:4] == b"\xa2ME":  # a mirror copy's message: only its seqs are kept
+            try:
+                me = _me_ref_dec.decode(payload)
+            except msgspec.DecodeError:
+                pass  # decoded the general way below, to be reported as the others are
+            else:
+                self._copy(me.copy_id).items[seq] = me.seq
+                return
+        try:
+            item = _dec.decode(payload)
+        except msgspec.DecodeError:
+            log.error("Message journal: undecodable record %d skipped", seq)
+            self.dead.append(seq)
+            return
+        kind, qid = item[0], item[1]
+        if kind == "E":  # one the reader above could not take
+            log.error("Message journal: malformed message record %d skipped", seq)
+            self.dead.append(seq)
+        elif kind == "V":
+            j = self.journal
+            q = self.pending.get(qid)
+            queued: list[int] = []
+            gone: list[int] = []
+            for s in (item[2] if isinstance(item[2], list) else [item[2]]):
+                if q is not None and s in q:
+                    q.set_delivered(s)
+                    queued.append(s)
+                else:
+                    gone.append(s)
+            if queued:
+                j._v_left[seq] = len(queued)
+                j._v_settled[seq] = gone
+                for s in queued:
+                    j._delivered[s] = seq
+            else:
+                self.settles.append((seq, qid, gone))
+        elif kind == "A" or kind == "P":
+            q = self.pending.get(qid)
+            seqs = item[2] if isinstance(item[2], list) else [item[2]]
+            for s in seqs:
+                if q is not None and q.pop(s, None) is not None:
+                    self.dead.append(s)
+            self.settles.append((seq, qid, list(seqs)))
+            for v, deps in self.journal._settle_delivered(seqs):
+                self.settles.append((v, qid, deps))
+        elif kind == "D":
+            self.d_seqs.append(seq)
+            self.delivered_below = item[2]  # each D names a later seq than the one before
+        elif kind == "ME":  # one the mirror copy's reader above could not take
+            log.error("Message journal: malformed mirror copy record %d skipped", seq)
+            self.dead.append(seq)
+        elif kind == "MH":
+            c = self._copy(qid)
+            if c.header_seq:  # a newer header replaces the older (which the mirror released)
+                self.dead.append(c.header_seq)
+            c.header_seq, c.vhost, c.name, c.queue_journal_id, c.epoch = seq, item[2], item[3], item[4], item[5]
+        elif kind == "MA":
+            c = self._copy(qid)
+            if c.adopted_seq:
+                self.dead.append(c.adopted_seq)
+            c.adopted_seq = seq
+        elif kind == "MP":
+            c = self.copies.get(qid)
+            for s in item[2]:
+                if c is not None:
+                    if c.items.pop(s, None) is not None:
+                        self.dead.append(s)
+                    elif s == c.header_seq:
+                        c.header_seq = 0
+                        self.dead.append(s)
+                    elif s == c.adopted_seq:
+                        c.adopted_seq = 0
+                        self.dead.append(s)
+            self.settles.append((seq, qid, list(item[2])))
 
 
 class _KeyedColumns:
@@ -748,14 +779,13 @@ class _RefTable(_KeyedColumns):
         super().__init__()
         self.prios: bytearray | None = None
 
-    def __setitem__(self, seq: int, ref: int) -> None:
-        self._append(seq, ref & REF_SIZE_MASK, (self._DELIVERED if ref & REF_DELIVERED else 0)
-                     | (self._EXPIRATION if ref & REF_EXPIRATION else 0))
-        prio = (ref >> REF_PRIORITY_SHIFT) & 0xFF
-        if prio and self.prios is None:
+    def add(self, seq: int, size: int, expiration: bool, priority: int) -> None:
+        """A message recovered (not delivered yet: `set_delivered`); `priority` 0 for none."""
+        self._append(seq, size, self._EXPIRATION if expiration else 0)
+        if priority and self.prios is None:
             self.prios = bytearray(len(self.keys) - 1)
         if self.prios is not None:
-            self.prios.append(prio)
+            self.prios.append(priority)
 
     def pop(self, seq: int, default: Any = None) -> Any:
         """Settle the message `seq`: True if it was here, else `default`."""

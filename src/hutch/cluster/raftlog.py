@@ -318,7 +318,10 @@ class RaftHostStorage:
     mostly-released segments."""
 
     def __init__(self, directory: str | os.PathLike, **segment_log_options) -> None:
-        self.log = SegmentLog(directory, **segment_log_options)
+        self.directory = directory
+        self._rebuilds: dict[int, _Rebuild] = {}
+        # the groups are rebuilt as the log's recovery checks each record: the log is read once
+        self.log = SegmentLog(directory, visit=self._visit, **segment_log_options)
         self.groups: dict[int, RaftLog] = {}
         # (record, the record that replaced it): released once the second is durable.
         self._retiring: deque[tuple[int, int]] = deque()
@@ -398,6 +401,17 @@ class RaftHostStorage:
 
     # -- recovery ---------------------------------------------------------------------------------
 
+    def _visit(self, seq: int, key: int, payload: memoryview) -> None:
+        try:
+            record = _decode(payload)
+        except msgspec.DecodeError as e:
+            raise RaftLogError(f"Raft log {self.directory}: record {seq} of group {key} "
+                               f"cannot be decoded: {e}") from e
+        rb = self._rebuilds.get(key)
+        if rb is None:
+            rb = self._rebuilds[key] = _Rebuild()
+        rb.apply(seq, record)
+
     def _recover(self) -> None:
         corrupt = self.log.recovery.corrupt
         if corrupt:
@@ -408,17 +422,7 @@ class RaftHostStorage:
                                f"entries it holds cannot be trusted, so this node will not serve its Raft groups. "
                                f"Restore the data directory from a good copy, or remove the node from its "
                                f"cluster (forget_cluster_node) and add it back with an empty data directory")
-        rebuilds: dict[int, _Rebuild] = {}
-        for rec in self.log.replay():
-            try:
-                record = _decode(rec.payload)
-            except msgspec.DecodeError as e:
-                raise RaftLogError(f"Raft log {self.log.directory}: record {rec.seq} of group {rec.key} "
-                                   f"cannot be decoded: {e}") from e
-            rb = rebuilds.get(rec.key)
-            if rb is None:
-                rb = rebuilds[rec.key] = _Rebuild()
-            rb.apply(rec.seq, record)
+        rebuilds, self._rebuilds = self._rebuilds, {}
         for gid, rb in rebuilds.items():
             self.groups[gid] = rb.finish(self, gid)
         # Everything replayed is durable: release what recovery found unneeded.

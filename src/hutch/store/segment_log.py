@@ -48,7 +48,7 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -259,7 +259,12 @@ class SegmentLog:
     def __init__(self, directory: str | os.PathLike, *,
                  segment_bytes_max: int = SEGMENT_BYTES_MAX_DEFAULT,
                  record_bytes_max: int | None = None,
-                 write_buffer_bytes_max: int = WRITE_BUFFER_BYTES_MAX_DEFAULT):
+                 write_buffer_bytes_max: int = WRITE_BUFFER_BYTES_MAX_DEFAULT,
+                 visit: Callable[[int, int, memoryview], None] | None = None):
+        """`visit(seq, key, payload)`: called for each record recovery finds, in seq order, as
+        it checks them, so an owner that rebuilds its state from the log reads the log once
+        (`replay()` reads it again). The payload is a view into the segment's bytes, valid
+        during the call only; the log is not usable until the constructor returns."""
         if not SEGMENT_BYTES_MAX_MIN <= segment_bytes_max <= SEGMENT_BYTES_MAX_LIMIT:
             raise ValueError(f"segment_bytes_max={segment_bytes_max} is outside "
                              f"[{SEGMENT_BYTES_MAX_MIN}, {SEGMENT_BYTES_MAX_LIMIT}]")
@@ -309,12 +314,15 @@ class SegmentLog:
         self._synced_fd = -1                 # SYNCED_FILE: how much of the active segment is on disk
         self._synced_mark = (0, 0)
         self._synced_at = 0.0
+        self._visit = visit
         try:
             self.closed_cleanly = self._take_clean_mark()
             self.recovery = self._recover()
         except BaseException:
             self._close_fds()
             raise
+        finally:
+            self._visit = None
 
     # -- recovery -----------------------------------------------------------------
 
@@ -466,6 +474,13 @@ class SegmentLog:
 
         seg = _Segment(base_seq, path, valid_end)
         seg.add_scanned(records)
+        visit = self._visit
+        if visit is not None and records:
+            view = memoryview(data)
+            header = fmt.RECORD_HEADER_BYTES
+            for seq, key, offset, length in records:
+                start = offset + header
+                visit(seq, key, view[start:start + length])
         # Records read back from the page cache after a kill -9 may not be on the disk yet:
         # make them so before anyone relies on them.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
