@@ -1,9 +1,11 @@
-"""DeltaColumn: integers kept as differences in the narrowest width, against a plain list."""
+"""DeltaColumn (integers kept as differences in the narrowest width) and KeyedColumns (entries
+under ascending keys), against a plain list and a dict."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hutch.queues.columns import BLOCK, DeltaColumn
+from hutch.queues.columns import BLOCK, DeltaColumn, KeyedColumns
 
 MASK = (1 << 64) - 1
 
@@ -82,3 +84,40 @@ def test_taking_from_the_front_frees_the_front_and_keeps_the_rest():
     assert col.memory_bytes() < 10 * BLOCK  # the hole went, in whole blocks
     assert col.tolist() == [i * 3 for i in range(7 * BLOCK + 5, 10 * BLOCK)]
     assert col[0] == (7 * BLOCK + 5) * 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("add"), st.integers(1, 3), st.integers(0, MASK), st.integers(0, 254)),
+                          st.tuples(st.just("far"), st.just(1 << 33), st.integers(0, 1000), st.just(0)),
+                          st.tuples(st.just("take"), st.integers(0, 10**6), st.just(0), st.just(0)),
+                          st.tuples(st.just("drain"), st.integers(0, 600), st.just(0), st.just(0))),
+                max_size=300),
+       st.integers(1, 8))
+def test_keyed_columns_keep_what_a_dict_keeps(ops, drop_min):
+    """Appends in key order, takes anywhere and from the front (the front dropped once it is
+    most of the columns), keys spread wider than 32 bits: a dict of key -> (value, mark) says
+    what must be there."""
+    early = type("EarlyDrops", (KeyedColumns,), {"__slots__": (), "DROP_FRONT_MIN": drop_min})  # drops come often
+    kc, model = early(), {}
+    key = 10
+    for op, a, value, mark in ops:
+        if op in ("add", "far"):
+            key += a
+            kc.append(key, value, mark)
+            model[key] = (value, mark)
+        elif op == "take" and model:
+            k = sorted(model)[a % len(model)]
+            assert kc.take(kc.index(k)) == model.pop(k)[0]
+            assert kc.index(k) == -1 and k not in kc
+        elif op == "drain":
+            for k in sorted(model)[:a]:
+                assert kc.take(kc.index(k)) == model.pop(k)[0]
+        assert len(kc) == len(model)
+    assert [(k, v, m) for _i, k, v, m in kc.entries()] == [(k, v, m) for k, (v, m) in sorted(model.items())]
+    for k in model:
+        i = kc.index(k)
+        assert i >= 0 and kc.marks[i] == model[k][1]
+    assert kc.index(key + 1) == -1 and kc.index(-5) == -1
+    kc.append(key + 1, 7)
+    with pytest.raises(ValueError):
+        kc.append(key + 1, 0)  # not above the last key, even once every entry was taken out

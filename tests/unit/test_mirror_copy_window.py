@@ -129,4 +129,4 @@ def test_a_long_copy_by_reference_costs_a_few_bytes_a_message() -> None:
     for s in range(1, 150_001):  # drained in order: the front is let go
         d.pop(s)
     assert [x[0] for x in d.items()][:2] == [150_001, 150_002] and len(d) == 50_000
-    assert len(d.runs[0].offs) < 100_000
+    assert len(d.runs[0].keys) < 100_000

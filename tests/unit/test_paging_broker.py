@@ -310,6 +310,20 @@ def test_ref_table_settles_flags_and_refuses_seqs_out_of_order():
     assert [r & REF_DELIVERED for _s, r in t.items()] == [REF_DELIVERED, REF_DELIVERED, 0]
 
 
+def test_ref_table_keeps_each_priority_with_its_message_when_its_front_is_dropped():
+    from hutch.broker.journal import REF_PRIORITY_SHIFT, _RefTable
+    t = _RefTable()
+    n = 3 * _RefTable.DROP_FRONT_MIN
+    for s in range(1, n + 1):
+        t.add(s, s, False, s % 10)
+    for s in range(1, 2 * _RefTable.DROP_FRONT_MIN + 2):  # settled oldest first: the front goes
+        assert t.pop(s) is True
+    assert len(t.keys) < n  # dropped
+    left = list(t.items())
+    assert [s for s, _r in left] == list(range(2 * _RefTable.DROP_FRONT_MIN + 2, n + 1))
+    assert all(r >> REF_PRIORITY_SHIFT == s % 10 for s, r in left)
+
+
 def test_a_queue_being_migrated_to_a_quorum_queue_keeps_late_arrivals_in_memory(broker):
     """hutch.broker.kinds moves what arrives during the source queue's deletion from memory
     (its ready entries): such a late arrival must not be paged, or it would be lost."""

@@ -84,7 +84,6 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -95,7 +94,7 @@ import msgspec
 
 from hutch.amqp import codec
 from hutch.amqp.spec import AMQPError
-from hutch.queues.columns import DeltaColumn
+from hutch.queues.columns import KeyedColumns
 from hutch.store import SegmentLog, StoreError
 
 log = logging.getLogger("hutch.journal")
@@ -702,74 +701,10 @@ class _Replay:
             self.settles.append((seq, qid, list(item[2])))
 
 
-class _KeyedColumns:
-    """Entries keyed by seqs that come in increasing order (a replay's), a few bytes each: the
-    keys as offsets from the first in an array searched by bisection (widened to 64 bits should
-    they span more than 2**32), one integer value each in a `DeltaColumn` and a flags byte each
-    (GONE once taken out)."""
-
-    GONE = 128
-
-    __slots__ = ("base", "keys", "values", "flags", "live")
-
-    def __init__(self) -> None:
-        self.base = 0
-        self.keys = array("I")
-        self.values = DeltaColumn()
-        self.flags = bytearray()
-        self.live = 0
-
-    def _append(self, key: int, value: int, flags: int = 0) -> None:
-        keys = self.keys
-        if not keys:
-            self.base = key
-        elif key - self.base <= keys[-1]:
-            raise ValueError(f"journal record {key} replayed out of order")  # the log replays in seq order
-        off = key - self.base
-        if off >= 1 << 32 and keys.typecode == "I":
-            keys = self.keys = array("Q", keys)
-        keys.append(off)
-        self.values.append(value)
-        self.flags.append(flags)
-        self.live += 1
-
-    def _index(self, key: int) -> int:
-        off = key - self.base
-        if off < 0:
-            return -1
-        i = bisect_left(self.keys, off)
-        if i < len(self.keys) and self.keys[i] == off and not self.flags[i] & self.GONE:
-            return i
-        return -1
-
-    def __contains__(self, key: int) -> bool:
-        return self._index(key) >= 0
-
-    def _take(self, key: int) -> int:
-        """Take the entry out; its index, or -1 if it is not here."""
-        i = self._index(key)
-        if i >= 0:
-            self.flags[i] |= self.GONE
-            self.live -= 1
-        return i
-
-    def __len__(self) -> int:
-        return self.live
-
-    def _live(self) -> Iterator[tuple[int, int, int, int]]:
-        """(index, key, value, flags) of each entry still here, in key order."""
-        base, gone, keys, flags = self.base, self.GONE, self.keys, self.flags
-        for start in range(0, len(keys), 65536):  # the values a slice at a time
-            for i, value in enumerate(self.values.values(65536, start), start):
-                f = flags[i]
-                if not f & gone:
-                    yield i, base + keys[i], value, f
-
-
-class _RefTable(_KeyedColumns):
+class _RefTable(KeyedColumns):
     """One queue's surviving messages during `recover_refs`, about six bytes a message instead of
-    a dict entry's hundred: E seq -> size, flags (delivered, expiration) and, once one has a
-    priority, a priority byte each."""
+    a dict entry's hundred: E seq -> size, flags (delivered, expiration) as the mark and, once
+    one has a priority, a priority byte each."""
 
     _DELIVERED, _EXPIRATION = 1, 2
 
@@ -781,63 +716,72 @@ class _RefTable(_KeyedColumns):
 
     def add(self, seq: int, size: int, expiration: bool, priority: int) -> None:
         """A message recovered (not delivered yet: `set_delivered`); `priority` 0 for none."""
-        self._append(seq, size, self._EXPIRATION if expiration else 0)
+        self.append(seq, size, self._EXPIRATION if expiration else 0)
         if priority and self.prios is None:
             self.prios = bytearray(len(self.keys) - 1)
         if self.prios is not None:
             self.prios.append(priority)
 
+    def _drop_front(self, h: int) -> None:
+        if self.prios is not None:
+            del self.prios[:h]
+        super()._drop_front(h)
+
     def pop(self, seq: int, default: Any = None) -> Any:
         """Settle the message `seq`: True if it was here, else `default`."""
-        return True if self._take(seq) >= 0 else default
+        i = self.index(seq)
+        if i < 0:
+            return default
+        self.take(i)
+        return True
 
     def flag_delivered_below(self, below: int) -> int:
         """Flag every surviving message before seq `below` delivered; how many there were."""
-        flags, gone, marked = self.flags, self.GONE, 0
-        for i in range(bisect_left(self.keys, max(below - self.base, 0))):
-            if not flags[i] & gone:
-                flags[i] |= self._DELIVERED
+        marks, gone, marked = self.marks, self.GONE, 0
+        for i in range(self.head, bisect_left(self.keys, max(below - self.base, 0))):
+            if marks[i] != gone:
+                marks[i] |= self._DELIVERED
                 marked += 1
         return marked
 
     def set_delivered(self, seq: int) -> None:
-        i = self._index(seq)
+        i = self.index(seq)
         if i >= 0:
-            self.flags[i] |= self._DELIVERED
+            self.marks[i] |= self._DELIVERED
 
     def items(self) -> Iterator[tuple[int, int]]:
         """(E seq, size | REF_DELIVERED | REF_EXPIRATION | priority << REF_PRIORITY_SHIFT) of each
         surviving message, in seq order."""
         prios = self.prios
-        for i, seq, size, f in self._live():
+        for i, seq, size, f in self.entries():
             ref = size | (REF_DELIVERED if f & self._DELIVERED else 0) | (REF_EXPIRATION if f & self._EXPIRATION else 0)
             if prios is not None:
                 ref |= prios[i] << REF_PRIORITY_SHIFT
             yield seq, ref
 
 
-class CopyRefs(_KeyedColumns):
+class CopyRefs(KeyedColumns):
     """A mirror copy's messages by reference: ME record seq -> the leader's seq of its message,
     in record order, about six bytes a message (a copy of millions is read back at boot)."""
 
     __slots__ = ()
 
     def __setitem__(self, log_seq: int, seq: int) -> None:
-        self._append(log_seq, seq)
+        self.append(log_seq, seq)
 
     def pop(self, log_seq: int, default: Any = None) -> Any:
         """Take the message out: its leader seq, or `default` if it is not here."""
-        i = self._take(log_seq)
-        return self.values[i] if i >= 0 else default
+        i = self.index(log_seq)
+        return self.take(i) if i >= 0 else default
 
     def __iter__(self) -> Iterator[int]:
         """The record seqs."""
-        for _i, log_seq, _seq, _f in self._live():
+        for _i, log_seq, _seq, _m in self.entries():
             yield log_seq
 
     def items(self) -> Iterator[tuple[int, int]]:
         """(ME record seq, leader seq) of each message, in record order."""
-        for _i, log_seq, seq, _f in self._live():
+        for _i, log_seq, seq, _m in self.entries():
             yield log_seq, seq
 
 

@@ -59,13 +59,13 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from hutch.queues.columns import DeltaColumn
+from hutch.queues.columns import KeyedColumns
 
 TOKENS_KEPT = 65536  # publish ids remembered for deduplication after a promotion
 
@@ -297,64 +297,7 @@ class MirrorEntry:
         return e
 
 
-class _Run:
-    """Entries of ascending seqs kept by reference: seqs as offsets from the first (bisected),
-    their ME records' seqs in a DeltaColumn, a delivery count byte each (GONE: it left)."""
-
-    GONE = 255
-
-    __slots__ = ("first", "offs", "logs", "counts", "live", "head")
-
-    def __init__(self, first: int) -> None:
-        self.first = first
-        self.offs = array("I")
-        self.logs = DeltaColumn()
-        self.counts = bytearray()
-        self.live = 0
-        self.head = 0  # no live entry before this index
-
-    @property
-    def last(self) -> int:
-        return self.first + self.offs[-1]
-
-    def append(self, seq: int, log_seq: int, delivery_count: int) -> None:
-        self.offs.append(seq - self.first)
-        self.logs.append(log_seq)
-        self.counts.append(min(delivery_count, self.GONE - 1))
-        self.live += 1
-
-    def find(self, seq: int) -> int:
-        off = seq - self.first
-        if not 0 <= off <= self.offs[-1]:
-            return -1
-        i = bisect_left(self.offs, off, self.head)
-        return i if i < len(self.offs) and self.offs[i] == off and self.counts[i] != self.GONE else -1
-
-    def take(self, i: int) -> int:
-        """Remove entry i; its ME record's seq."""
-        self.counts[i] = self.GONE
-        self.live -= 1
-        log_seq = self.logs[i]
-        if i == self.head:  # a backlog drained in order: let the front go once it is most of the run
-            h, counts, n = i, self.counts, len(self.offs)
-            while h < n and counts[h] == self.GONE:
-                h += 1
-            self.head = h
-            if h >= 4096 and 2 * h > n:
-                self.logs.take(h)
-                base = self.offs[h]
-                self.offs = array("I", (o - base for o in self.offs[h:]))
-                del self.counts[:h]
-                self.first += base
-                self.head = 0
-        return log_seq
-
-    def items(self) -> Iterator[tuple[int, int, int]]:
-        """(seq, ME record seq, delivery count) of each live entry, in order."""
-        first, offs, counts, gone = self.first, self.offs, self.counts, self.GONE
-        for j, log_seq in enumerate(self.logs.values(len(offs) - self.head, self.head), self.head):
-            if counts[j] != gone:
-                yield first + offs[j], log_seq, counts[j]
+_COUNT_MAX = KeyedColumns.GONE - 1  # a delivery count is kept as a mark byte: this many at most
 
 
 class OnDisk:
@@ -366,7 +309,7 @@ class OnDisk:
     __slots__ = ("runs", "firsts", "live")
 
     def __init__(self) -> None:
-        self.runs: list[_Run] = []
+        self.runs: list[KeyedColumns] = []  # keyed by seq: its ME record seq, its delivery count
         self.firsts: list[int] = []  # each run's first seq, for bisection
         self.live = 0
 
@@ -378,7 +321,7 @@ class OnDisk:
         k = bisect_right(self.firsts, seq) - 1
         if k < 0:
             return -1, -1
-        i = self.runs[k].find(seq)
+        i = self.runs[k].index(seq)
         return (k, i) if i >= 0 else (-1, -1)
 
     def __contains__(self, seq: int) -> bool:
@@ -388,18 +331,18 @@ class OnDisk:
         """Keep an entry by reference; False if its seq falls inside a run's range (the caller
         keeps it as a MirrorEntry then)."""
         k = bisect_right(self.firsts, seq) - 1
+        count = min(delivery_count, _COUNT_MAX)
         if k >= 0:
             run = self.runs[k]
-            if seq <= run.last:
+            if seq <= run.last_key:
                 return False
-            if seq - run.first < 1 << 32:
-                run.append(seq, log_seq, delivery_count)
-                self.live += 1
-                return True
-        run = _Run(seq)
+            run.append(seq, log_seq, count)
+            self.live += 1
+            return True
+        run = KeyedColumns()
         self.runs.insert(k + 1, run)
         self.firsts.insert(k + 1, seq)
-        run.append(seq, log_seq, delivery_count)
+        run.append(seq, log_seq, count)
         self.live += 1
         return True
 
@@ -407,8 +350,8 @@ class OnDisk:
         """One more delivery of the entry, if it is here."""
         k, i = self._locate(seq)
         if i >= 0:
-            counts = self.runs[k].counts
-            if counts[i] < _Run.GONE - 1:
+            counts = self.runs[k].marks
+            if counts[i] < _COUNT_MAX:
                 counts[i] += 1
 
     def pop(self, seq: int) -> int | None:
@@ -423,13 +366,15 @@ class OnDisk:
             del self.runs[k]
             del self.firsts[k]
         else:
-            self.firsts[k] = run.first
+            self.firsts[k] = run.base
         return log_seq
 
     def items(self) -> Iterator[tuple[int, int, int]]:
-        """(seq, ME record seq, delivery count) of every entry, in seq order."""
+        """(seq, ME record seq, delivery count) of every entry, in seq order (none taken out
+        meanwhile)."""
         for run in list(self.runs):
-            yield from run.items()
+            for _i, seq, log_seq, count in run.entries():
+                yield seq, log_seq, count
 
 
 class Replica:

@@ -17,7 +17,8 @@ first); what was taken is a hole at the front, compacted away when it is half of
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
 from itertools import accumulate
 
 MASK = (1 << 64) - 1
@@ -170,4 +171,94 @@ class DeltaColumn:
         return self._d.buffer_info()[1] * self._d.itemsize + self._bases.buffer_info()[1] * 8
 
 
-__all__ = ["DeltaColumn", "BLOCK"]
+class KeyedColumns:
+    """Entries under ascending integer keys, a few bytes each where a dict entry costs a
+    hundred: the keys as offsets from the first in an array searched by bisection (32-bit,
+    widened to 64 should they span more), one integer value each in a `DeltaColumn`, and a
+    mark byte each, the owner's (flags, a delivery count) but for GONE, which says the entry
+    was taken out. Entries are appended in key order and taken out anywhere; once the taken
+    ones at the front are most of it (a backlog read oldest first), they are dropped."""
+
+    GONE = 255
+    DROP_FRONT_MIN = 4096  # taken entries at the front worth dropping (one copy of the keys)
+
+    __slots__ = ("base", "keys", "values", "marks", "live", "head")
+
+    def __init__(self) -> None:
+        self.base = 0  # the key of offset 0
+        self.keys = array("I")
+        self.values = DeltaColumn()
+        self.marks = bytearray()
+        self.live = 0
+        self.head = 0  # no live entry before this index
+
+    def __len__(self) -> int:
+        return self.live
+
+    @property
+    def last_key(self) -> int:
+        """The key appended last (of columns that ever had one)."""
+        return self.base + self.keys[-1]
+
+    def append(self, key: int, value: int, mark: int = 0) -> None:
+        keys = self.keys
+        if not keys:
+            self.base = key
+        elif key - self.base <= keys[-1]:
+            raise ValueError(f"key {key} is not above the last one, {self.base + keys[-1]}")
+        off = key - self.base
+        if off >= 1 << 32 and keys.typecode == "I":
+            keys = self.keys = array("Q", keys)
+        keys.append(off)
+        self.values.append(value)
+        self.marks.append(mark)
+        self.live += 1
+
+    def index(self, key: int) -> int:
+        """The index of the live entry under `key`, or -1."""
+        keys = self.keys
+        off = key - self.base
+        if not keys or not 0 <= off <= keys[-1]:
+            return -1
+        i = bisect_left(keys, off, self.head)
+        return i if i < len(keys) and keys[i] == off and self.marks[i] != self.GONE else -1
+
+    def __contains__(self, key: int) -> bool:
+        return self.index(key) >= 0
+
+    def take(self, i: int) -> int:
+        """Take out the live entry at index i; its value. Indices move when the front is dropped."""
+        marks = self.marks
+        marks[i] = self.GONE
+        self.live -= 1
+        value = self.values[i]
+        if i == self.head:
+            h, n, gone = i, len(marks), self.GONE
+            while h < n and marks[h] == gone:
+                h += 1
+            self.head = h
+            if h >= self.DROP_FRONT_MIN and 2 * h > n:
+                self._drop_front(min(h, n - 1))  # the last entry stays: appends go above its key
+        return value
+
+    def _drop_front(self, h: int) -> None:
+        """Forget the first h entries (all taken; at least one entry stays)."""
+        self.values.take(h)
+        keys = self.keys
+        off = keys[h]
+        self.keys = array(keys.typecode, (k - off for k in keys[h:]))
+        del self.marks[:h]
+        self.base += off
+        self.head -= h
+
+    def entries(self) -> Iterator[tuple[int, int, int, int]]:
+        """(index, key, value, mark) of each live entry, in key order."""
+        base, keys, marks, gone = self.base, self.keys, self.marks, self.GONE
+        for start in range(self.head, len(keys), 65536):  # the values a slice at a time
+            for i, value in enumerate(self.values.values(65536, start), start):
+                m = marks[i]
+                if m != gone:
+                    yield i, base + keys[i], value, m
+
+
+__all__ = ["DeltaColumn", "KeyedColumns", "BLOCK"]
