@@ -9,6 +9,8 @@ wherever the contents are kept. These tests play the log as a dict of index -> c
 
 from __future__ import annotations
 
+import zlib
+
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 
 from hutch.quorum.fifo import (
     AT_LEAST_ONCE,
+    SNAP_COMPRESSED,
     SNAP_DIGEST,
     SNAP_PORTABLE,
     Checkout,
@@ -107,11 +110,29 @@ def test_the_stored_snapshot_names_log_entries_and_holds_no_body():
     for i in range(50):
         log.apply(enq(f"BODY-{i:04}"))
     data = log.state.snapshot()
-    assert b"BODY-" not in data
+    assert data[:1] == SNAP_COMPRESSED and b"BODY-" not in zlib.decompress(data[1:])
     restored = QuorumQueueState.restore(data)
     assert restored.first_logged_index() == 1 and restored.message_bytes == 50 * 9
     ds = delivered(restored.apply(Checkout("n1/c1", prefetch=100), 51))
     assert [log.body(d) for d in ds] == [f"BODY-{i:04}".encode() for i in range(50)]
+
+
+def test_a_queue_of_millions_snapshots_in_one_record_of_the_raft_log():
+    """Compressed, a stored snapshot costs a few bytes a message (about 25 before): the
+    2,000,000 messages of a backlog fit the Raft log's record limit, so its log is compacted
+    (the limit is reached at some 3,500,000)."""
+    from hutch.server.raft_host import SNAPSHOT_RECORD_SLACK_BYTES
+    from hutch.store.segment_log import RECORD_BYTES_MAX_DEFAULT
+    s = QuorumQueueState(QuorumConfig(name="q"))
+    index = 10
+    publishes = [Enqueue("", "q", PROPS, b"x" * n) for n in (1024, 1024, 1024, 17, 4000)]
+    for i in range(2_000_000):
+        index += 1 + (i % 7 == 0)  # the odd entry between publishes (a settle, a checkout)
+        s.apply(publishes[i % 5], index)
+    data = s.snapshot()
+    assert len(data) < 5 * 2_000_000 < RECORD_BYTES_MAX_DEFAULT - SNAPSHOT_RECORD_SLACK_BYTES, len(data)
+    restored = QuorumQueueState.restore(data)
+    assert restored.snapshot() == data and restored.first_logged_index() == 12
 
 
 def test_a_portable_snapshot_carries_every_content_and_its_copy_needs_no_log():

@@ -10,6 +10,8 @@ from 4.0 the delivery limit defaults to 20, and -1 restores 3.13's unlimited def
 
 from __future__ import annotations
 
+import zlib
+
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 
 from hutch.queues.effective import DEFAULT_DELIVERY_LIMIT, resolve
 from hutch.quorum.fifo import (
+    SNAP_COMPRESSED,
     Deliver,
     Enqueue,
     Get,
@@ -105,7 +108,9 @@ def test_a_version_1_snapshot_still_loads_with_its_messages_normal():
     s = QuorumQueueState(QuorumConfig(name="q"))
     for i in range(3):
         s.apply(enq(f"m{i}", priority=9 if i == 1 else 0))
-    fields = msgspec.msgpack.decode(s.snapshot())
+    stored = s.snapshot()
+    assert stored[:1] == SNAP_COMPRESSED
+    fields = msgspec.msgpack.decode(zlib.decompress(stored[1:]))
     assert fields[0] == 3
     normal_fifo, high_fifo = fields[4], fields[-2]
     v1_entries = sorted(e[:10] for e in normal_fifo + high_fifo)  # version 3 added each entry's index and size
