@@ -310,8 +310,11 @@ def test_every_intact_record_is_recovered_and_nothing_damaged_is_returned(tmp_pa
         if now[offset:offset + len(raw)] == raw:
             intact.add(seq)
 
-    with SegmentLog(image, segment_bytes_max=1024) as log:
+    visited = []  # what recovery hands its owner as it checks each record (read once)
+    with SegmentLog(image, segment_bytes_max=1024,
+                    visit=lambda seq, key, payload: visited.append((seq, key, bytes(payload)))) as log:
         recovered = {r.seq: (r.key, r.payload) for r in log.replay()}
+        assert visited == [(s, *recovered[s]) for s in sorted(recovered)]  # the same records, in seq order
         assert set(recovered) == intact
         assert all(recovered[s] == written[s] for s in recovered)  # nothing damaged comes back
         # the index (offsets only; lengths implied) finds each record beside the damage too
