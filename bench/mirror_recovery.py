@@ -18,6 +18,9 @@ Modes (`--modes`, every one in the same run):
             (`slave_nodes`, `synchronised_slave_nodes`), polled every 0.05 s.
   false     hutch with `mirroring_recover_from_disk = false`: it starts empty and gets the
             whole queue, as in RabbitMQ.
+  background  hutch as `false` (the mirror starts empty and is sent the whole queue), with
+            `ha-sync-background: true` in the policy: hutch's non-blocking synchronisation, the
+            queue serving meanwhile.
   rabbitmq  the reference: 3 private RabbitMQ 3.10 nodes (Debian's package,
             tests.support.rabbitmq_cluster), the policy set with `rabbitmqctl set_policy
             --apply-to queues`, the queue declared through node 1 (client-local master
@@ -30,8 +33,14 @@ Modes (`--modes`, every one in the same run):
             are exact. `n/a`: what does not apply (the copy read back, its CPU and RSS; the
             sync lines if the master logged none).
 
+In every mode a consumer on node 1 (prefetch 10, manual acks, paced at `--consume-rate`
+messages a second, 100 by default) takes messages from the queue from just before node 3's
+start until the mirror is synchronised: `consumer_longest_gap_s` is the longest time between
+two of its deliveries in that span (a sync that blocks the queue shows as a gap as long as the
+sync), `consumed` how many it took. `--consume-rate 0`: no consumer.
+
 `python bench/mirror_recovery.py [--messages 200000] [--more 10000] [--size 1024]
-[--modes true,false,rabbitmq] [--timeout 300]`. It
+[--modes true,false,background,rabbitmq] [--consume-rate 100] [--timeout 300]`. It
 starts and stops every node it uses, also on an error or Ctrl-C; it prints, it asserts nothing.
 """
 
@@ -61,7 +70,8 @@ from tests.support.rabbitmq_cluster import RabbitMQCluster  # noqa: E402
 
 QUEUE = "mr.bench"
 POLICY = '{"ha-mode":"all","ha-sync-mode":"automatic"}'
-MODES = ("true", "false", "rabbitmq")
+BACKGROUND_POLICY = '{"ha-mode":"all","ha-sync-mode":"automatic","ha-sync-background":true}'
+MODES = ("true", "false", "background", "rabbitmq")
 NA = "n/a"
 SYNC_LINE = re.compile(r"Synchronising: (\d+) messages to synchronise(?: \(([^)]*)\))?")
 
@@ -74,6 +84,64 @@ def publish(port: int, count: int, body: bytes) -> None:
     for _ in range(count):
         ch.basic_publish("", QUEUE, body, props)
     conn.close()
+
+
+class Consumer:
+    """A paced consumer on one node (a thread): prefetch 10, manual acks, `rate` a second; the
+    time of each delivery, until `stop()`."""
+
+    def __init__(self, port: int, rate: float) -> None:
+        self.port, self.rate = port, rate
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(30)
+
+    def _run(self) -> None:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.port, heartbeat=0))
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        pace = 1.0 / self.rate
+        self._ready.set()
+        for method, _props, _body in ch.consume(QUEUE, inactivity_timeout=0.05):
+            if self._stop.is_set():
+                break
+            if method is None:
+                continue
+            self.times.append(time.monotonic())
+            ch.basic_ack(method.delivery_tag)
+            time.sleep(pace)
+        ch.cancel()
+        conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def longest_gap(self, since: float, until: float) -> float | None:
+        """The longest time between deliveries in [since, until] (its ends count as deliveries)."""
+        ts = [since, *(t for t in self.times if since <= t <= until), until]
+        return round(max(b - a for a, b in zip(ts, ts[1:], strict=False)), 2) if until > since else None
+
+
+def consuming(port: int, rate: float) -> Consumer | None:
+    if rate <= 0:
+        return None
+    c = Consumer(port, rate)
+    c.start()
+    return c
+
+
+def consumer_figures(c: Consumer | None, t0: float, synced_s: float | None) -> dict:
+    if c is None:
+        return {"consumer_longest_gap_s": NA, "consumed": NA}
+    c.stop()
+    until = t0 + synced_s if synced_s is not None else time.monotonic()
+    return {"consumer_longest_gap_s": c.longest_gap(t0, until), "consumed": len(c.times)}
 
 
 def serves(port: int) -> bool:
@@ -214,20 +282,21 @@ def tree_rss_mib(node) -> int | None:
         return None
 
 
-def run(recover: bool, messages: int, more: int, size: int, timeout_s: float) -> dict:
+def run(mode: str, messages: int, more: int, size: int, timeout_s: float, rate: float) -> dict:
     conf_dir = Path(tempfile.mkdtemp(prefix="mr-bench-"))
     try:
-        return run_hutch(recover, conf_dir / "hutch.conf", messages, more, size, timeout_s)
+        return run_hutch(mode, conf_dir / "hutch.conf", messages, more, size, timeout_s, rate)
     finally:
         shutil.rmtree(conf_dir, ignore_errors=True)
 
 
-def run_hutch(recover: bool, conf: Path, messages: int, more: int, size: int, timeout_s: float) -> dict:
+def run_hutch(mode: str, conf: Path, messages: int, more: int, size: int, timeout_s: float, rate: float) -> dict:
+    recover = mode == "true"
     conf.write_text(f"mirroring_recover_from_disk = {'true' if recover else 'false'}\n")
     with HutchCluster(n=3, extra_args=["--config", str(conf)]) as cluster:
         subprocess.run([sys.executable, "-m", "hutch.cli.ctl", "--url",
                         f"http://127.0.0.1:{cluster.nodes[0].mgmt_port}", "set_policy", "ha-mr", "^mr\\.",
-                        POLICY], check=True, capture_output=True)
+                        BACKGROUND_POLICY if mode == "background" else POLICY], check=True, capture_output=True)
         conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.nodes[0].amqp_port))
         conn.channel().queue_declare(QUEUE, durable=True)
         conn.close()
@@ -240,6 +309,7 @@ def run_hutch(recover: bool, conf: Path, messages: int, more: int, size: int, ti
         cluster.stop(2)
         wait(lambda: third not in (queue(cluster).get("slave_nodes") or []), 120, "mirror gone")
         log_before = len(SYNC_LINE.findall(cluster.nodes[0].log()))
+        consumer = consuming(cluster.nodes[0].amqp_port, rate)
         t0 = time.monotonic()
         started = time.time()
         publisher = threading.Thread(target=publish, args=(cluster.nodes[0].amqp_port, more, body), daemon=True)
@@ -252,13 +322,14 @@ def run_hutch(recover: bool, conf: Path, messages: int, more: int, size: int, ti
             sampler.start()
         served_s, listed_s, synced_s = watch(t0, lambda: serves(cluster.nodes[2].amqp_port), lambda: queue(cluster),
                                              third, timeout_s, 0.0)
+        figures = consumer_figures(consumer, t0, synced_s)
         if recover:
             sampler.join()
         publisher.join()
         lines = SYNC_LINE.findall(cluster.nodes[0].log())[log_before:]
-        return {"mode": "true" if recover else "false", "recover_from_disk": recover,
+        return {"mode": mode, "recover_from_disk": recover,
                 "serving_after_s": served_s, "mirror_listed_after_s": listed_s,
-                "synchronised_after_s": synced_s, "sync_lines": lines,
+                "synchronised_after_s": synced_s, **figures, "sync_lines": lines,
                 "events": events([n.log() for n in cluster.nodes], MILESTONES, started),
                 "node3_cpu_s_at_copy_read_back": boot[0], "node3_rss_mib_at_copy_read_back": boot[1],
                 "rss_mib_filled": rss}
@@ -276,7 +347,7 @@ def filled(q: dict, messages: int, mirrors: list[str]) -> bool:
     return q.get("messages") == messages and set(mirrors) <= set(q.get("synchronised_slave_nodes") or [])
 
 
-def run_rabbitmq(messages: int, more: int, size: int, timeout_s: float) -> dict:
+def run_rabbitmq(messages: int, more: int, size: int, timeout_s: float, rate: float) -> dict:
     with RabbitMQCluster(n=3) as cluster:
         cluster.nodes[0].ctl("set_policy", "ha-mr", "^mr\\.", POLICY, "--apply-to", "queues")
         cluster.declare_queue(QUEUE, node=0, durable=True)
@@ -291,6 +362,7 @@ def run_rabbitmq(messages: int, more: int, size: int, timeout_s: float) -> dict:
         cluster.stop(2)
         wait(lambda: third not in rabbit_queue(cluster).get("slave_nodes", [third]), 120, "mirror gone", 0.5)
         log_before = len(SYNC_LINE.findall(rabbit_log(cluster, 0)))
+        consumer = consuming(cluster.nodes[0].amqp_port, rate)
         t0 = time.monotonic()
         started = time.time()
         publisher = threading.Thread(target=publish, args=(cluster.nodes[0].amqp_port, more, body), daemon=True)
@@ -298,11 +370,12 @@ def run_rabbitmq(messages: int, more: int, size: int, timeout_s: float) -> dict:
         publisher.start()
         served_s, listed_s, synced_s = watch(t0, lambda: serves(cluster.nodes[2].amqp_port),
                                              lambda: rabbit_queue(cluster), third, timeout_s, 0.5)
+        figures = consumer_figures(consumer, t0, synced_s)
         publisher.join()
         lines = SYNC_LINE.findall(rabbit_log(cluster, 0))[log_before:]
         return {"mode": "rabbitmq", "recover_from_disk": NA,
                 "serving_after_s": served_s, "mirror_listed_after_s": listed_s,
-                "synchronised_after_s": synced_s, "sync_lines": lines or NA,
+                "synchronised_after_s": synced_s, **figures, "sync_lines": lines or NA,
                 "events": events([rabbit_log(cluster, i) for i in range(3)],
                                  [(i, text.format(third=third), name) for i, text, name in RABBIT_MILESTONES], started),
                 "node3_cpu_s_at_copy_read_back": NA, "node3_rss_mib_at_copy_read_back": NA,
@@ -316,16 +389,19 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the mirror to be synchronised")
     ap.add_argument("--modes", default=",".join(MODES),
-                    help="mirroring_recover_from_disk values to run (true, false), and rabbitmq for RabbitMQ 3.10")
+                    help="mirroring_recover_from_disk values to run (true, false), background (false with "
+                         "non-blocking sync), and rabbitmq for RabbitMQ 3.10")
+    ap.add_argument("--consume-rate", type=float, default=100.0,
+                    help="messages a second the consumer on node 1 takes during the restart (0: no consumer)")
     a = ap.parse_args()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if unknown := [m for m in modes if m not in MODES]:
         ap.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     for mode in modes:
         if mode == "rabbitmq":
-            r = run_rabbitmq(a.messages, a.more, a.size, a.timeout)
+            r = run_rabbitmq(a.messages, a.more, a.size, a.timeout, a.consume_rate)
         else:
-            r = run(mode == "true", a.messages, a.more, a.size, a.timeout)
+            r = run(mode, a.messages, a.more, a.size, a.timeout, a.consume_rate)
         print(r, flush=True)
 
 
