@@ -124,6 +124,57 @@ def test_fast_publisher_and_slow_consumer_keep_broker_memory_bounded(own_node):
     assert growth <= 2 * n * size + 64 * MIB
 
 
+def test_a_consumer_at_its_prefetch_limit_does_not_hold_publishers_back(own_node):
+    """A backlog, and a consumer that takes messages steadily at its own pace (prefetch 10,
+    about 100 a second): a publisher's 1,000 confirms all come while the backlog is still there.
+    The consumer's client, not the broker, is what is slow, so the queue just grows, as
+    RabbitMQ's does; it is not throttled to the consumer's pace (which would mean waiting
+    for it to drain most of the backlog first)."""
+    node = own_node
+    queue = "flow.paced-consumer"
+    pub = connect(node)
+    ch = pub.channel()
+    ch.queue_declare(queue)
+    ch.confirm_delivery()
+    for _ in range(3_000):
+        ch.basic_publish("", queue, b"backlog")
+    received: list[float] = []
+    stop = threading.Event()
+
+    def consume():
+        c = connect(node)
+        cch = c.channel()
+        cch.basic_qos(prefetch_count=10)
+        for method, _props, _body in cch.consume(queue, inactivity_timeout=0.05):
+            if stop.is_set():
+                break
+            if method is not None:
+                received.append(time.monotonic())
+                cch.basic_ack(method.delivery_tag)
+                time.sleep(0.01)
+        c.close()
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(received) < 50 and time.monotonic() < deadline:  # the consumer is going
+            time.sleep(0.02)
+        assert len(received) >= 50
+        taken_before = len(received)
+        for _ in range(1_000):
+            ch.basic_publish("", queue, b"more")  # each waits for its confirm
+        taken_meanwhile = len(received) - taken_before
+        depth = ch.queue_declare(queue, passive=True).method.message_count
+    finally:
+        stop.set()
+        consumer.join(30)
+        pub.close()
+    # throttled to the consumer, the confirms would have waited for it to take some 3,000
+    assert taken_meanwhile < 1_000, taken_meanwhile
+    assert depth > 2_500, depth
+
+
 def _node_with_watermark(kind: str, headroom_bytes: int):
     """A fresh node whose memory high watermark sits `headroom_bytes` above its idle RSS
     (RabbitMQ 3.10 measures its memory use as the OS's RSS of beam.smp by default)."""

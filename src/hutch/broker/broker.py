@@ -1098,11 +1098,14 @@ class Broker:
         """Backpressure from consumers to publishers (RabbitMQ's credit flow, in effect).
 
         A queue is flow-limited while messages pile up ready behind consumers that are busy —
-        their sockets backed up, or they received messages within the last FLOW_ACTIVE_MS —
-        and sessions that publish into it are not read from until the backlog falls below
-        the low-water mark. Consumers that have gone quiet (at their prefetch limit and not
-        acknowledging) release the publishers: the queue then simply grows, up to the memory
-        alarm, so a consumer that never acknowledges can never stall a publisher for good."""
+        their sockets backed up, or one with room for more (not at its prefetch limit)
+        received messages within the last FLOW_ACTIVE_MS: the node, not the consumers'
+        clients, is what cannot keep up — and sessions that publish into it are not read from
+        until the backlog falls below the low-water mark. Consumers at their prefetch limit
+        wait for their clients' acknowledgements, however steadily those come: publishers are
+        not held back for them, and the queue simply grows (paged to disk past its window), as
+        RabbitMQ's does behind a slow consumer. So a slow or stalled consumer never throttles a
+        publisher to its own pace."""
         st = q.state
         mirror = q.mirror
         tail = q.tail
@@ -1119,9 +1122,11 @@ class Broker:
             self._flow_release(q)
 
     def _consumers_busy(self, q: ClassicQueue) -> bool:
-        if self.now_ms() - q.last_dispatch_ms < self.FLOW_ACTIVE_MS:
+        consumers = q.consumers()
+        if any(c.channel is not None and not c.channel.session.writable for c in consumers):
             return True
-        return any(c.channel is not None and not c.channel.session.writable for c in q.consumers())
+        return (self.now_ms() - q.last_dispatch_ms < self.FLOW_ACTIVE_MS
+                and not all(c.waits_for_acks() for c in consumers))
 
     def _flow_release(self, q: ClassicQueue) -> None:
         waiters, q.flow_waiters = q.flow_waiters, None

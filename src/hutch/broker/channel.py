@@ -95,6 +95,16 @@ class ChannelConsumer:
             return False
         return not (ch.global_prefetch and len(ch.unacked) >= ch.global_prefetch)
 
+    def waits_for_acks(self) -> bool:
+        """At its prefetch limit (its own or its channel's): it takes more only once its client
+        acknowledges."""
+        if self.no_ack:
+            return False
+        if self.prefetch and self.unacked >= self.prefetch:
+            return True
+        ch = self.channel
+        return bool(ch.global_prefetch and len(ch.unacked) >= ch.global_prefetch)
+
     def deliver(self, queue: ClassicQueue, entry: Entry) -> None:
         ch = self.channel
         ch.delivery_tag += 1

@@ -430,6 +430,10 @@ class ProxyConsumer:
             return False
         return self.no_ack or not self.prefetch or len(self.inflight) < self.prefetch
 
+    def waits_for_acks(self) -> bool:
+        """At its prefetch limit: it takes more only once its client acknowledges."""
+        return not self.no_ack and bool(self.prefetch) and len(self.inflight) >= self.prefetch
+
     def deliver(self, queue, entry) -> None:
         self.credit -= 1
         port = self.cluster.port
