@@ -218,6 +218,9 @@ class Broker:
         self.request_sync: Callable[[], None] = lambda: None  # set by the runtime
         self._direct_replies: dict[str, tuple[Any, str]] = {}
         self.flow_limited: set[ClassicQueue] = set()
+        # whether the node is using most of a core (set by the runtime, which measures it); True
+        # where nobody measures: publishers are then held back behind any busy consumer
+        self.saturated = True
         self._sync_waiters: deque[tuple[int, Callable, Any]] = deque()  # (log seq, fn, arg), in seq order
         self._paged_routes: dict[tuple[str, str], bytes] = {}  # encoded routes of messages read back
         self.started_ms = self.now_ms()
@@ -1098,14 +1101,18 @@ class Broker:
         """Backpressure from consumers to publishers (RabbitMQ's credit flow, in effect).
 
         A queue is flow-limited while messages pile up ready behind consumers that are busy —
-        their sockets backed up, or one with room for more (not at its prefetch limit)
-        received messages within the last FLOW_ACTIVE_MS: the node, not the consumers'
-        clients, is what cannot keep up — and sessions that publish into it are not read from
-        until the backlog falls below the low-water mark. Consumers at their prefetch limit
-        wait for their clients' acknowledgements, however steadily those come: publishers are
-        not held back for them, and the queue simply grows (paged to disk past its window), as
-        RabbitMQ's does behind a slow consumer. So a slow or stalled consumer never throttles a
-        publisher to its own pace."""
+        their sockets backed up, or they received messages within the last FLOW_ACTIVE_MS while
+        the node is the bottleneck: it is `saturated` (its runtime measures it using most of a
+        core), or a consumer with room for more (not at its prefetch limit) is not being given
+        messages fast enough — and sessions that publish into it are not read from until the
+        backlog falls below the low-water mark. So publishers are slowed to what the node can
+        deliver, as RabbitMQ's credit flow slows them to what its queue process can handle.
+        Consumers that wait for their clients' acknowledgements (all at their prefetch limit)
+        on a node with time to spare do not hold publishers back, however steadily they ack:
+        the queue simply grows (paged to disk past its window), as RabbitMQ's does behind a
+        slow consumer, rather than publishers being throttled to that consumer's pace. Nor do
+        consumers that have gone quiet (no delivery within FLOW_ACTIVE_MS): a consumer that
+        never acknowledges can never stall a publisher for good."""
         st = q.state
         mirror = q.mirror
         tail = q.tail
@@ -1126,7 +1133,7 @@ class Broker:
         if any(c.channel is not None and not c.channel.session.writable for c in consumers):
             return True
         return (self.now_ms() - q.last_dispatch_ms < self.FLOW_ACTIVE_MS
-                and not all(c.waits_for_acks() for c in consumers))
+                and (self.saturated or not all(c.waits_for_acks() for c in consumers)))
 
     def _flow_release(self, q: ClassicQueue) -> None:
         waiters, q.flow_waiters = q.flow_waiters, None

@@ -29,6 +29,7 @@ import signal
 import socket
 import ssl
 import sys
+import time
 
 import psutil
 from pamqp import commands
@@ -59,6 +60,10 @@ EXIT_STORAGE_FAILED = 74  # the node stopped because its storage failed (EX_IOER
 CLOSE_OK_WAIT_S = 3.0  # a client that started closing gets this long to answer before its socket closes
 HEARTBEAT_MIN_INTERVAL_S = 0.25  # heartbeats go out every heartbeat/2 s, never more often than this
 BROKER_TICK_S = 0.1  # the broker's expiry and flow-control tick
+# The broker's flow control holds publishers back behind consumers only while the node is the
+# bottleneck: its process used at least this share of a core over the last LOAD_WINDOW_S.
+SATURATED_CPU_SHARE = 0.75
+LOAD_WINDOW_S = 0.5
 LISTEN_BACKLOG = 1024  # pending connections each AMQP listener queues
 LISTENER_CLOSE_WAIT_S = 2.0  # closing listeners: how long to wait for each to finish
 SYNC_DRAIN_POLL_S = 0.01  # stop_app: how often to check whether the last fsync returned
@@ -218,6 +223,10 @@ class Node:
         self._tasks = TaskSet("node", log)  # closing and reopening client listeners on pause and resume
         self._total_mem = psutil.virtual_memory().total
         self.exit_code = 0  # set by fail_stop
+        # the process's CPU time, to tell the broker whether the node is saturated: a real node's
+        # only (a simulated cluster's nodes share one process; their brokers keep `saturated`)
+        self._cpu_time = time.process_time if network is None else None
+        self._load_mark = (0.0, 0.0)  # (monotonic, CPU) seconds when the window began
 
     def _schedule_run(self) -> None:
         self.loop.call_soon(self.broker.run)
@@ -514,9 +523,20 @@ class Node:
             self._request_sync()
 
     def _tick(self) -> None:
+        if self._cpu_time is not None:
+            self._measure_load()
         if self.broker.ttl_queues or self.broker.flow_limited:
             self.broker.tick()
         self._tick_task = self.loop.call_later(BROKER_TICK_S, self._tick)
+
+    def _measure_load(self) -> None:
+        """Every LOAD_WINDOW_S: whether the node used most of a core meanwhile (`Broker.saturated`)."""
+        now, cpu = self.loop.time(), self._cpu_time()
+        began, cpu_then = self._load_mark
+        if now - began >= LOAD_WINDOW_S:
+            if began:
+                self.broker.saturated = (cpu - cpu_then) / (now - began) >= SATURATED_CPU_SHARE
+            self._load_mark = (now, cpu)
 
     def _disk_check(self) -> None:
         try:
