@@ -12,6 +12,10 @@ modulo 2**64.
 
 Appends go at the end and `take` removes from the front (a queue reads its tail back oldest
 first); what was taken is a hole at the front, compacted away when it is half of the column.
+
+`KeyedColumns` builds a compact map on it for entries that arrive in key order and leave in
+any order: the journal's table of messages recovered at boot, a mirror's messages kept by
+reference.
 """
 
 from __future__ import annotations
