@@ -89,11 +89,7 @@ class ChannelConsumer:
         ch = self.channel
         if not (ch.flow_active and ch.session.writable):
             return False
-        if self.no_ack:
-            return True
-        if self.prefetch and self.unacked >= self.prefetch:
-            return False
-        return not (ch.global_prefetch and len(ch.unacked) >= ch.global_prefetch)
+        return self.no_ack or not self.waits_for_acks()
 
     def waits_for_acks(self) -> bool:
         """At its prefetch limit (its own or its channel's): it takes more only once its client

@@ -428,7 +428,7 @@ class ProxyConsumer:
     def can_take(self) -> bool:
         if self.credit <= 0 or not self.cluster.is_up(self.origin):
             return False
-        return self.no_ack or not self.prefetch or len(self.inflight) < self.prefetch
+        return not self.waits_for_acks()
 
     def waits_for_acks(self) -> bool:
         """At its prefetch limit: it takes more only once its client acknowledges."""
