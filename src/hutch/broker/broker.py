@@ -1129,11 +1129,13 @@ class Broker:
             self._flow_release(q)
 
     def _consumers_busy(self, q: ClassicQueue) -> bool:
+        recent = self.now_ms() - q.last_dispatch_ms < self.FLOW_ACTIVE_MS
+        if recent and self.saturated:
+            return True  # (the usual case under load: no walk over the consumers)
         consumers = q.consumers()
         if any(c.channel is not None and not c.channel.session.writable for c in consumers):
             return True
-        return (self.now_ms() - q.last_dispatch_ms < self.FLOW_ACTIVE_MS
-                and (self.saturated or not all(c.waits_for_acks() for c in consumers)))
+        return recent and not all(c.waits_for_acks() for c in consumers)
 
     def _flow_release(self, q: ClassicQueue) -> None:
         waiters, q.flow_waiters = q.flow_waiters, None
