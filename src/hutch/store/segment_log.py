@@ -63,6 +63,7 @@ MiB = 1024 * KiB
 SEGMENT_BYTES_MAX_DEFAULT = 64 * MiB
 RECORD_BYTES_MAX_DEFAULT = 16 * MiB
 WRITE_BUFFER_BYTES_MAX_DEFAULT = 1 * MiB
+DIRECT_WRITE_BYTES_MIN = 64 * KiB  # a record at least this large is written at once, not copied into the buffer
 READ_RUN_BYTES_MAX = 1 * MiB  # read_many: one pread covers records that lie together, up to this much
 READ_RUN_GAP_BYTES_MAX = 64 * KiB  # ... skipping at most this much between two of them
 REPLAY_WINDOW_BYTES = 4 * MiB  # replay reads a segment this much at a time
@@ -532,10 +533,10 @@ class SegmentLog:
             assert seq == seg.end_seq, (seq, seg.end_seq)
             header = fmt.encode_record_header(seq, key, payload)
             buf = self._buf
-            if len(buf) + size >= self.write_buffer_bytes_max:
-                # a record that fills the buffer goes to the OS at once, behind what the buffer
-                # holds, without being copied into it (a large record is the whole cost of a copy)
-                self._write_buffer()
+            if length >= DIRECT_WRITE_BYTES_MIN or len(buf) + size >= self.write_buffer_bytes_max:
+                # a large record, or one that fills the buffer, goes to the OS at once behind
+                # what the buffer holds (one writev), without being copied into it: for a record
+                # of a stream's batch the copy cost as much as the write
                 self._write_record(header, payload)
                 self._written_seq = seq
             else:
@@ -609,12 +610,15 @@ class SegmentLog:
         self._written_seq = self._buf_last_seq
 
     def _write_record(self, header: bytes, payload: bytes | bytearray | memoryview) -> None:
-        """Write one record straight to the active segment (the buffer is empty). Caller holds _lock."""
+        """Write what the buffer holds and then one record straight to the active segment, in
+        one writev. Caller holds _lock."""
+        buf = self._buf
         try:
-            _writev_all(self._active_fd, header, payload)
+            _writev_all(self._active_fd, (buf, header, payload) if buf else (header, payload))
         except OSError as e:
             self._fail(e, "write")
             raise StoreFailed(f"Segment log {self.directory}: write failed: {e}") from e
+        buf.clear()
 
     def _roll(self) -> None:
         """Seal the active segment and start a new one. Caller holds _lock."""
@@ -1108,11 +1112,11 @@ class SegmentLog:
         self.close()
 
 
-def _writev_all(fd: int, header: bytes, payload: bytes | bytearray | memoryview) -> None:
-    written = os.writev(fd, (header, payload))
-    if written == len(header) + len(payload):
+def _writev_all(fd: int, parts: tuple) -> None:
+    written = os.writev(fd, parts)
+    if written == sum(map(len, parts)):
         return
-    _write_all(fd, (bytes(header) + bytes(payload))[written:])  # a short write: rare
+    _write_all(fd, b"".join(parts)[written:])  # a short write: rare
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
