@@ -25,8 +25,15 @@ first (one broker runs at a time, so they never compete for the two cores):
               the end every confirmed message must have reached the consumer exactly once:
               lost = confirmed and never delivered, duplicates = delivered more than once.
 
-The table gives each figure for RabbitMQ and hutch and the ratio hutch/RabbitMQ (higher is
-better for rates, lower for times).
+Brokers (`--brokers`): `rabbitmq`; `hutch` as it comes (`stream.fsync = before_confirm`: a confirm
+waits for a majority of the stream's members to fsync the batch); `hutch-bg` with `stream.fsync =
+background` (a confirm once a majority wrote it, each member fsyncing within 0.1 s: closer to
+RabbitMQ's streams, which never fsync). Run as root, the bench writes back and drops the page
+cache before each broker starts, so that none inherits another's dirty pages or a memory already
+full of cache (on a virtual machine, pages the guest has never touched cost far more to fill).
+
+The table gives each figure for RabbitMQ and each hutch configuration, with the ratio
+hutch/RabbitMQ (higher is better for rates, lower for times).
 
     bench/streams_compare.py                     # about 10 minutes
     bench/streams_compare.py --catchup 10000000  # the goal's catch-up size (disk: ~10 GiB a replica)
@@ -43,6 +50,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,7 +81,8 @@ from hutch.lab.streamperf import (  # noqa: E402
 from hutch.streamproto import chunk as chunks  # noqa: E402
 from hutch.streamproto import frames as f  # noqa: E402
 
-BROKERS = ("rabbitmq", "hutch")
+BROKERS = ("rabbitmq", "hutch", "hutch-bg")
+HUTCH_KINDS = {"hutch": "", "hutch-bg": "stream.fsync = background\n"}  # kind -> its configuration file
 PARTS = ("throughput", "catchup", "failover")
 RABBITMQ_PLUGINS = "/usr/lib/rabbitmq/bin/rabbitmq-plugins"
 BODY_SIZE = 1024
@@ -107,15 +116,22 @@ class Broker:
         self.n = n
         self.cluster = None
         self.nodes: list = []
+        self.conf_dir: str | None = None
 
     def start(self) -> Broker:
-        if self.kind == "hutch":
+        if self.kind in HUTCH_KINDS:
+            args = []
+            if HUTCH_KINDS[self.kind]:
+                self.conf_dir = tempfile.mkdtemp(prefix="streams-compare-")
+                conf = Path(self.conf_dir) / "hutch.conf"
+                conf.write_text(HUTCH_KINDS[self.kind])
+                args = ["--config", str(conf)]
             if self.n == 1:
-                node = HutchNode(log_level="warning")
+                node = HutchNode(log_level="warning", extra_args=args)
                 self.nodes = [node]
                 node.start()
             else:
-                self.cluster = HutchCluster(n=self.n, log_level="warning")
+                self.cluster = HutchCluster(n=self.n, log_level="warning", extra_args=args)
                 self.nodes = self.cluster.nodes
                 self.cluster.start()
             self.stream_ports = [node.stream_port for node in self.nodes]
@@ -157,7 +173,7 @@ class Broker:
 
     def kill(self, i: int) -> None:
         node = self.nodes[i]
-        if self.kind == "hutch":
+        if self.kind in HUTCH_KINDS:
             node.kill()
             return
         with contextlib.suppress(ProcessLookupError):  # the script and beam.smp: its process group
@@ -170,8 +186,8 @@ class Broker:
         return [_group_peak_rss_kb(node.proc.pid) // 1024 if node.proc is not None else None for node in self.nodes]
 
     def version(self) -> str:
-        if self.kind == "hutch":
-            return "hutch"
+        if self.kind in HUTCH_KINDS:
+            return self.kind
         r = self.nodes[0].ctl("version", check=False)
         return f"RabbitMQ {r.stdout.strip()}"
 
@@ -181,6 +197,8 @@ class Broker:
         else:
             for node in self.nodes:
                 node.cleanup()
+        if self.conf_dir is not None:
+            shutil.rmtree(self.conf_dir, ignore_errors=True)
 
 
 def _group_peak_rss_kb(pgid: int) -> int:
@@ -498,7 +516,7 @@ class Failover:
         lost = sorted(pid for pid in self.confirmed if pid not in self.deliveries)
         dups = sum(1 for n in self.deliveries.values() if n > 1)
         ms = lambda t: round((t - self.t_kill_ns) / 1e6) if t else None  # noqa: E731
-        return {"killed": b.nodes[leader].name if b.kind == "hutch" else b.nodes[leader].nodename,
+        return {"killed": b.nodes[leader].name if b.kind in HUTCH_KINDS else b.nodes[leader].nodename,
                 "consumer_node": consumer_node, "confirmed_before_kill": confirmed_before,
                 "resume_ms": ms(self.first_delivery_after_ns), "first_confirm_ms": ms(self.first_confirm_after_ns),
                 "published": self.next_pid - 1, "confirmed": len(self.confirmed),
@@ -547,23 +565,26 @@ def _get(res: dict, path: tuple[str, str | None]):
 
 
 def print_table(results: dict, replicas: list[int]) -> None:
+    """RabbitMQ, then each hutch configuration measured with its ratio to RabbitMQ ("hutch-bg":
+    `stream.fsync = background`, RabbitMQ's streams' own promise)."""
+    kinds = [k for k in HUTCH_KINDS if k in results]
     for n in replicas:
         r = results.get("rabbitmq", {}).get(str(n), {})
-        h = results.get("hutch", {}).get(str(n), {})
+        hs = [results[k].get(str(n), {}) for k in kinds]
         print(f"\n{n} replica{'s' if n > 1 else ''} ({'single node' if n == 1 else f'{n}-node clusters'})")
-        print(f"  {'':44} {'RabbitMQ':>12} {'hutch':>12} {'hutch/RabbitMQ':>15}")
+        print(f"  {'':44} {'RabbitMQ':>12}" + "".join(f" {k:>12} {k + '/RabbitMQ':>18}" for k in kinds))
         for label, path, kind in ROWS:
-            rv, hv = _get(r, path), _get(h, path)
-            if rv is None and hv is None:
+            rv, hvs = _get(r, path), [_get(h, path) for h in hs]
+            if rv is None and all(hv is None for hv in hvs):
                 continue
             if kind == "loss":
-                rs = "-" if rv is None else f"{rv} / {r['failover']['duplicates']}"
-                hs = "-" if hv is None else f"{hv} / {h['failover']['duplicates']}"
-                print(f"  {label:44} {rs:>12} {hs:>12} {'':>15}")
+                cells = ["-" if v is None else f"{v} / {res['failover']['duplicates']}"
+                         for v, res in [(rv, r), *zip(hvs, hs, strict=True)]]
+                print(f"  {label:44} {cells[0]:>12}" + "".join(f" {c:>12} {'':>18}" for c in cells[1:]))
                 continue
             digits = 2 if kind == "time" and ", s " in label else 0
-            print(f"  {label:44} {fmt(rv, digits):>12} {fmt(hv, digits):>12} "
-                  f"{ratio(hv, rv) if kind != 'count' else '':>15}")
+            print(f"  {label:44} {fmt(rv, digits):>12}" + "".join(
+                f" {fmt(hv, digits):>12} {ratio(hv, rv) if kind != 'count' else '':>18}" for hv in hvs))
 
 
 def measure_broker(b: Broker, res: dict, parts: list[str], a: argparse.Namespace) -> None:
@@ -605,6 +626,8 @@ def main() -> int:
         for kind in brokers:
             res = results.setdefault(kind, {}).setdefault(str(n), {})
             print(f"== {kind}, {n} replica(s): starting", flush=True)
+            if os.geteuid() == 0:
+                drop_page_cache()
             b = Broker(kind, n).start()
             try:
                 measure_broker(b, res, parts, a)

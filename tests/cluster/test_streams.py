@@ -5,7 +5,8 @@ Replication (every member's replica has every message, and a node that is not a 
 from one), publishing with confirms through the leader's kill -9 (every confirmed message is in
 the stream once, and a consumer reading through the leader change sees offsets without a gap),
 a member that was stopped catching up, and no confirm without a majority (nor any loss once the
-members are back).
+members are back). With `stream.fsync = background` (a confirm once a majority wrote a batch, the
+fsync after it) the same through the leader's kill, and nothing lost when every node is killed.
 """
 
 from __future__ import annotations
@@ -218,8 +219,18 @@ async def _publish_through_kill(url: str, name: str, count: int, in_flight_max: 
     return outcome
 
 
-def test_publishing_through_the_leaders_kill_loses_and_duplicates_nothing():
-    with HutchCluster(n=3) as cluster:
+def fsync_args(tmp_path, mode: str) -> list[str]:
+    """`hutch server` arguments for a node with `stream.fsync = mode` (none for the default)."""
+    if mode == "before_confirm":
+        return []
+    conf = tmp_path / "hutch.conf"
+    conf.write_text(f"stream.fsync = {mode}\n")
+    return ["--config", str(conf)]
+
+
+@pytest.mark.parametrize("fsync", ["before_confirm", "background"])
+def test_publishing_through_the_leaders_kill_loses_and_duplicates_nothing(tmp_path, fsync):
+    with HutchCluster(n=3, extra_args=fsync_args(tmp_path, fsync)) as cluster:
         name = unique("sk")
         declare(cluster, 0, name, **{"x-initial-cluster-size": 3})
         wait_until(lambda: info(cluster, name, 1)["leader"] in cluster.names, 10, "a leader")
@@ -368,3 +379,21 @@ def test_without_a_majority_nothing_is_confirmed_and_nothing_is_lost_after():
         for i in range(3):
             wait_until(lambda i=i: member_end(cluster, name, i) == 15, 30, f"node {i + 1}'s replica")
             assert read_all(cluster, i, name, 15) == list(enumerate(expected))
+
+
+def test_with_fsync_in_the_background_killing_every_node_loses_no_confirmed_message(tmp_path):
+    """A confirm means a majority wrote the batch; a killed process loses nothing the OS was
+    given, so kill -9 of every member at once loses nothing confirmed."""
+    with HutchCluster(n=3, extra_args=fsync_args(tmp_path, "background")) as cluster:
+        name = unique("sb")
+        declare(cluster, 0, name, **{"x-initial-cluster-size": 3})
+        bodies = [f"m{i}".encode() for i in range(2000)]
+        publish(cluster, 0, name, bodies)  # each one confirmed
+        for i in range(3):
+            cluster.kill(i)
+        for i in range(3):
+            cluster.start_node(i, wait_healthy=i == 2)
+        wait_until(lambda: all(member_end(cluster, name, i) == len(bodies) for i in range(3)), 60,
+                   "every replica back at its end")
+        for i in range(3):
+            assert read_all(cluster, i, name, len(bodies)) == list(enumerate(bodies))

@@ -80,6 +80,14 @@ def test_mirroring_sync_background_is_a_boolean(tmp_path):
     assert "bad value for 'mirroring_sync_background'" in error_of(tmp_path, "mirroring_sync_background = soon\n")
 
 
+def test_stream_fsync_takes_its_two_modes(tmp_path):
+    assert Config().stream_fsync == "before_confirm"
+    assert load(tmp_path, "stream.fsync = background\n").stream_fsync == "background"
+    assert load(tmp_path, "stream.fsync = before_confirm\n").stream_fsync == "before_confirm"
+    msg = error_of(tmp_path, "stream.fsync = never\n")
+    assert "bad value for 'stream.fsync'" in msg and "before_confirm, background" in msg
+
+
 # ---------------------------------------------------------------- log.*
 
 

@@ -3,7 +3,9 @@ hosts of one group in this process, each with its own RaftHostStorage, their mes
 by the test. Raft thesis §10.2.1: a leader sends its entries before its own fsync, which runs
 in a worker thread, and counts itself towards a commit only once that fsync returned; a
 follower answers only for what it has fsynced; a hard state that only moves the commit index
-costs no fsync; a failed fsync in the thread stops the node as one on the loop does."""
+costs no fsync; a failed fsync in the thread stops the node as one on the loop does. A group whose
+entries count once written (streams' `stream.fsync = background`) commits without waiting for any
+fsync, and the fsync follows within `WRITTEN_SYNC_INTERVAL_S`; its votes are still fsynced first."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from hutch.cluster.raftlog import RaftHostStorage
 from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, RaftConfig
 from hutch.server import faults
-from hutch.server.raft_host import QueueGroups, RaftHost
+from hutch.server.raft_host import WRITTEN_SYNC_INTERVAL_S, QueueGroups, RaftHost
 
 GID = 5
 NAMES = {1: "n1@h", 2: "n2@h", 3: "n3@h"}
@@ -42,7 +44,7 @@ class App:
 
 
 class Node:
-    def __init__(self, nid: int, tmp_path):
+    def __init__(self, nid: int, tmp_path, entries_wait_for_fsync: bool = True):
         self.id = nid
         self.storage = RaftHostStorage(tmp_path / f"raft-{nid}")
         self.outbox: list[tuple[str, object, bytes]] = []  # sent, not yet delivered
@@ -56,7 +58,7 @@ class Node:
                              on_leadership=lambda gid, leading: None, fatal=self.fatal.append,
                              sync_in_thread=True)
         by_name = {v: k for k, v in NAMES.items()}
-        QueueGroups(self.host, by_name.__getitem__).ensure_group(GID, tuple(NAMES.values()), self.app,
+        QueueGroups(self.host, by_name.__getitem__, entries_wait_for_fsync=entries_wait_for_fsync).ensure_group(GID, tuple(NAMES.values()), self.app,
                                                                   leader_hint=NAMES[1])
 
     def _schedule(self) -> None:
@@ -78,8 +80,8 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, tmp_path):
-        self.nodes = {nid: Node(nid, tmp_path) for nid in NAMES}
+    def __init__(self, tmp_path, entries_wait_for_fsync: bool = True):
+        self.nodes = {nid: Node(nid, tmp_path, entries_wait_for_fsync) for nid in NAMES}
         self.by_name = {NAMES[nid]: n for nid, n in self.nodes.items()}
 
     def drain_all(self) -> None:
@@ -279,3 +281,65 @@ async def test_a_failed_fsync_in_the_worker_thread_stops_the_node(cluster, tmp_p
     leader.group.propose(b"m2")
     leader.host.drain()  # a failed host does nothing more
     assert leader.app.applied == []
+
+
+@pytest.fixture
+def written_cluster(tmp_path):
+    c = Cluster(tmp_path, entries_wait_for_fsync=False)
+    yield c
+    c.close()
+
+
+@on_a_loop
+async def test_a_group_counting_written_entries_commits_with_every_fsync_held_and_fsyncs_soon_after(written_cluster):
+    cluster = written_cluster
+    fsyncs_before_election = cluster.nodes[1].storage.log.fsync_count
+    leader = await cluster.elect_node_1()
+    assert leader.storage.log.fsync_count > fsyncs_before_election  # the term and the vote: fsynced all the same
+    gos = [_blocked_fsync(n) for n in cluster.nodes.values()]
+    fsyncs = {n.id: n.storage.log.fsync_count for n in cluster.nodes.values()}
+    index = leader.propose(b"m1")
+    for _ in range(3):  # AppendEntries, the answers, the commit: no fsync waited for on the way
+        for nid in cluster.nodes:
+            cluster.deliver(nid)
+        cluster.drain_all()
+    assert leader.group.commit >= index
+    assert [n.app.applied for n in cluster.nodes.values()] == [[b"m1"]] * 3
+    assert {n.id: n.storage.log.fsync_count for n in cluster.nodes.values()} == fsyncs
+    for go in gos:
+        go.set()
+    # nobody waits for it, and it comes all the same: the timer hands it to the worker thread
+    started = asyncio.get_running_loop().time()
+    await cluster.until(lambda: all(n.storage.log.fsync_count > fsyncs[n.id] for n in cluster.nodes.values())
+                        and all(n.host._syncing is None for n in cluster.nodes.values()), "the fsyncs that follow")
+    assert asyncio.get_running_loop().time() - started < WRITTEN_SYNC_INTERVAL_S + 5.0
+    assert not any(n.host._written_unsynced for n in cluster.nodes.values())
+
+
+@on_a_loop
+async def test_a_group_counting_written_entries_alone_fsyncs_nothing_on_the_loop(tmp_path):
+    n = Node(1, tmp_path, entries_wait_for_fsync=False)
+    try:
+        by_name = {v: k for k, v in NAMES.items()}
+        solo = GID + 1
+        QueueGroups(n.host, by_name.__getitem__, entries_wait_for_fsync=False).ensure_group(
+            solo, (NAMES[1],), n.app, leader_hint=NAMES[1])
+        g = n.host.multi.groups[solo]
+        for _ in range(10 * g.cfg.election_timeout_ticks):  # the bootstrap entry applied, it elects itself
+            n.host.drain()
+            if g.role == LEADER:
+                break
+            n.host.multi.tick()
+        assert g.role == LEADER
+        fsyncs = n.storage.log.fsync_count
+        index = g.propose(b"alone")
+        n.host.multi.touched(solo)
+        n.host.drain()
+        assert g.commit >= index and n.app.applied == [b"alone"]  # a one-voter group commits what it wrote
+        assert n.storage.log.fsync_count == fsyncs
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while n.storage.log.fsync_count == fsyncs:
+            assert asyncio.get_running_loop().time() < deadline, "no fsync followed"
+            await asyncio.sleep(0.01)
+    finally:
+        n.storage.close()

@@ -67,6 +67,9 @@ from hutch.store import StoreError
 log = logging.getLogger("hutch.broker")
 
 
+STREAM_FSYNC_MODES = ("before_confirm", "background")  # the values of stream.fsync (Config.stream_fsync)
+
+
 @dataclass
 class Config:
     node_name: str = "hutch@localhost"
@@ -98,6 +101,9 @@ class Config:
     stream_advertised_port: int = 0
     stream_frame_max: int = 1048576
     stream_heartbeat_s: int = 60
+    # stream.fsync: "before_confirm" (a confirm waits until a majority of a stream's members have
+    # fsynced its chunk) or "background" (until a majority wrote it, each fsyncing right after)
+    stream_fsync: str = "before_confirm"
     tls_certfile: str | None = None
     tls_keyfile: str | None = None
     tls_cacertfile: str | None = None

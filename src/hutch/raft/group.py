@@ -228,9 +228,10 @@ class RaftGroup:
         last = storage.last_index()
         self.term = hs.term
         self.vote = hs.vote
-        self.commit = max(hs.commit, snap.index)
-        if self.commit > last:
-            raise RaftInvariantError(f"commit {self.commit} beyond the last index {last} of the stored log")
+        # the commit index is volatile state (Raft §5.3): one stored beyond the log's end (a
+        # group whose entries count once written, after a power loss kept its hard state's record
+        # and not the entries before it) is learnt again from the leader
+        self.commit = min(max(hs.commit, snap.index), max(last, snap.index))
         self.applied = snap.index
         self.persisted = last
         self.voters: tuple[NodeId, ...] = snap.conf.voters

@@ -48,17 +48,27 @@ class MultiReady:
       learner). Its answers say what it holds, so its messages are held until an fsync that
       started after the write returned (and sent in the order they were made, behind any
       earlier held message of the group); its committed entries, which a majority holds
-      already, are applied at once, and it is advanced with `durable=False`."""
+      already, are applied at once, and it is advanced with `durable=False`.
 
-    __slots__ = ("groups", "leader_writes", "follower_writes", "hard", "_must_sync")
+    A group added with `entries_wait_for_fsync=False` counts its entries as its own, and
+    answers for them, once they are written: none of its writes of entries is in the sets above
+    (a term, a vote or a snapshot still is). `written_only` says that some were written, for a
+    runtime that makes them durable soon after all the same. Such a group's confirms mean that a
+    majority wrote an entry, not that it is on their disks: a process that is killed loses
+    nothing the OS was given, a machine that loses its power may lose the last writes (RabbitMQ's
+    streams, which never fsync, make the same promise)."""
+
+    __slots__ = ("groups", "leader_writes", "follower_writes", "hard", "_must_sync", "written_only")
 
     def __init__(self, groups: list[tuple[GroupId, Ready]], leader_writes: list[tuple[GroupId, int, int]],
-                 follower_writes: set[GroupId], hard: set[GroupId], must_sync: bool) -> None:
+                 follower_writes: set[GroupId], hard: set[GroupId], must_sync: bool,
+                 written_only: bool = False) -> None:
         self.groups = groups
         self.leader_writes = leader_writes
         self.follower_writes = follower_writes
         self.hard = hard
         self._must_sync = must_sync
+        self.written_only = written_only
 
     def messages(self) -> list[tuple[NodeId, GroupId, Message]]:
         return [(m.to, gid, m) for gid, rd in self.groups for m in rd.messages]
@@ -76,7 +86,7 @@ class MultiReady:
 class MultiRaft:
     """The groups hosted by one node. Inputs are routed by group id; outputs come out batched."""
 
-    __slots__ = ("node_id", "cfg", "groups", "_dirty", "groups_per_ready_max")
+    __slots__ = ("node_id", "cfg", "groups", "_dirty", "groups_per_ready_max", "_written_only")
 
     def __init__(self, node_id: NodeId, config: RaftConfig, groups_per_ready_max: int = 4096) -> None:
         self.node_id = node_id
@@ -84,18 +94,22 @@ class MultiRaft:
         self.groups: dict[GroupId, RaftGroup] = {}
         self._dirty: set[GroupId] = set()
         self.groups_per_ready_max = groups_per_ready_max
+        self._written_only: set[GroupId] = set()  # groups whose entries count once written (MultiReady)
 
-    def add_group(self, gid: GroupId, storage: LogStorage) -> RaftGroup:
+    def add_group(self, gid: GroupId, storage: LogStorage, entries_wait_for_fsync: bool = True) -> RaftGroup:
         if gid in self.groups:
             raise ValueError(f"group {gid!r} already exists")
         g = RaftGroup(self.node_id, storage, self.cfg, seed=group_seed(gid))
         self.groups[gid] = g
         self._dirty.add(gid)
+        if not entries_wait_for_fsync:
+            self._written_only.add(gid)
         return g
 
     def remove_group(self, gid: GroupId) -> None:
         del self.groups[gid]
         self._dirty.discard(gid)
+        self._written_only.discard(gid)
 
     def step(self, gid: GroupId, msg: Message) -> None:
         g = self.groups.get(gid)
@@ -131,6 +145,8 @@ class MultiRaft:
         follower_writes: set[GroupId] = set()
         hard: set[GroupId] = set()
         must_sync = False
+        written_only = False
+        lazy = self._written_only
         still: set[GroupId] = set()
         for gid in self._dirty:
             g = self.groups.get(gid)
@@ -147,14 +163,16 @@ class MultiRaft:
                     hard.add(gid)
                     must_sync = True
                 elif rd.entries:
-                    if g.role != LEADER:
+                    if gid in lazy:
+                        written_only = True
+                    elif g.role != LEADER:
                         follower_writes.add(gid)
                     elif len(g.voters) > 1:
                         leader_writes.append((gid, g.term, rd.entries[-1].index))
                     else:
                         must_sync = True
         self._dirty = still
-        return MultiReady(out, leader_writes, follower_writes, hard, must_sync) if out else None
+        return MultiReady(out, leader_writes, follower_writes, hard, must_sync, written_only) if out else None
 
     def advance(self, mr: MultiReady) -> None:
         """Advance every group of `mr`, all its writes durable."""

@@ -55,7 +55,7 @@ import re
 import socket
 from pathlib import Path
 
-from hutch.broker.broker import Config
+from hutch.broker.broker import STREAM_FSYNC_MODES, Config
 
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3,
           "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -323,6 +323,10 @@ def _apply(cfg: Config, key: str, value: str) -> None:
         cfg.stream_frame_max = parse_bytes(value)
     elif key == "stream.heartbeat":
         cfg.stream_heartbeat_s = int(value)
+    elif key == "stream.fsync":
+        if value not in STREAM_FSYNC_MODES:
+            raise ValueError(f"expected one of {', '.join(STREAM_FSYNC_MODES)}")
+        cfg.stream_fsync = value
     elif key == "ssl_options.certfile":
         cfg.tls_certfile = value
     elif key == "ssl_options.keyfile":

@@ -56,6 +56,9 @@ from hutch.store import StoreClosed, StoreError
 log = logging.getLogger("hutch.cluster")
 
 SNAPSHOT_RECORD_SLACK_BYTES = 64 << 10  # a snapshot record's meta (term, index, members) around its data
+# groups whose entries count once written (stream.fsync = background): how long their writes may
+# wait for the fsync that follows them (an fsync for other groups' sake covers them sooner)
+WRITTEN_SYNC_INTERVAL_S = 0.1
 
 
 class GroupApp(Protocol):
@@ -137,6 +140,11 @@ class RaftHost:
         self._held_syncing: list = []
         self._holding: dict[Any, int] = {}
         self._leader_sync_on_loop: set[Any] = set()  # groups whose leader fsyncs on the loop all the same
+        # entries of groups that do not wait for the fsync (`MultiReady.written_only`): written
+        # and not fsynced yet; the fsync is due (the timer fired); the timer
+        self._written_unsynced = False
+        self._written_due = False
+        self._written_timer: asyncio.TimerHandle | None = None
         self._send = send
         self._flush = flush  # what was sent leaves now (else at the end of the loop's iteration)
         self._schedule = schedule
@@ -166,12 +174,18 @@ class RaftHost:
                 self._leadership()
                 return
             if initial or not self._sync_in_thread:
-                sync_now = mr.must_sync_plainly()
+                sync_now = mr.must_sync_plainly() or mr.written_only
             else:
+                if mr.written_only:
+                    self._written_unsynced = True
+                    if self._written_timer is None:
+                        self._written_timer = asyncio.get_running_loop().call_later(WRITTEN_SYNC_INTERVAL_S,
+                                                                                    self._sync_written)
                 sync_now = mr.needs_fsync() or any(gid in self._leader_sync_on_loop for gid, _, _ in mr.leader_writes)
             if sync_now:
                 if not self._sync():
                     return  # nothing may be sent or applied on the strength of writes that may be lost
+                self._written_unsynced = False
                 self._release_held(mr.hard)
                 if not self._finish(mr.groups, initial):
                     return
@@ -193,13 +207,22 @@ class RaftHost:
         time; what is written meanwhile waits for the next, which covers every group's writes
         since (a group commit)."""
         self._unsynced.extend(leader_writes)
-        if self._syncing is not None or not (self._unsynced or self._held_next):
+        if self._syncing is not None or not (self._unsynced or self._held_next or self._written_due):
             return
+        self._written_unsynced = self._written_due = False  # this fsync covers them
         writes, self._unsynced = self._unsynced, []
         held, self._held_next = self._held_next, []
         self._held_syncing = held
         loop = asyncio.get_running_loop()
         self._syncing = loop.run_in_executor(None, self._sync_in_worker, loop, writes, held)
+
+    def _sync_written(self) -> None:
+        """The timer's turn: the fsync of entries that nobody waits for (groups whose entries
+        count once written), unless another fsync covered them since."""
+        self._written_timer = None
+        if self._written_unsynced and not self.failed and not self.storage.closed:
+            self._written_due = True
+            self._sync_later([])
 
     def _sync_in_worker(self, loop: asyncio.AbstractEventLoop, writes: list, held: list) -> None:
         """In the worker thread: the fsync, then `_synced` on the loop, called from here rather
@@ -494,7 +517,7 @@ class RaftHost:
 
     def ensure_group(self, gid: Any, member_ids: dict[int, str], app: GroupApp, campaign: bool,
                      joining: bool, log_entries: tuple[int, int] | None = None,
-                     leader_sync_on_loop: bool = False) -> None:
+                     leader_sync_on_loop: bool = False, entries_wait_for_fsync: bool = True) -> None:
         """Host group `gid` here. A new group's first members start from the same bootstrap
         entry; a member added later (`joining`) starts empty and learns everything from the
         leader. `campaign`: this node stands for election at once (alone, it wins at once).
@@ -503,7 +526,9 @@ class RaftHost:
         `leader_sync_on_loop`: its leader's entries are fsynced on the loop before they are sent,
         for an application that batches what arrives in one turn of the loop into one entry
         (streams: a loop that no longer waits for the fsync makes smaller entries, and 3-replica
-        streams published over AMQP 0-9-1 about a fifth slower)."""
+        streams published over AMQP 0-9-1 about a fifth slower).
+        `entries_wait_for_fsync=False`: its members count and acknowledge entries once written,
+        and the fsync follows in the worker thread (`MultiReady.written_only`)."""
         if gid in self.multi.groups:
             return
         if leader_sync_on_loop:
@@ -516,7 +541,7 @@ class RaftHost:
         if snap.data:
             app.restore(snap.data)
         self.apps[gid] = app
-        g = self.multi.add_group(gid, storage)
+        g = self.multi.add_group(gid, storage, entries_wait_for_fsync)
         if log_entries is not None:
             g.cfg = dataclasses.replace(g.cfg, snapshot_after_entries=log_entries[0],
                                         snapshot_trailing_entries=log_entries[1])
@@ -541,10 +566,12 @@ class RaftHost:
 class QueueGroups:
     """The quorum queues' view of this node's Raft groups (hutch.broker.quorumq calls these)."""
 
-    def __init__(self, host: RaftHost, node_id: Callable[[str], int], leader_sync_on_loop: bool = False):
+    def __init__(self, host: RaftHost, node_id: Callable[[str], int], leader_sync_on_loop: bool = False,
+                 entries_wait_for_fsync: bool = True):
         self.host = host
         self.node_id = node_id
         self.leader_sync_on_loop = leader_sync_on_loop  # see RaftHost.ensure_group
+        self.entries_wait_for_fsync = entries_wait_for_fsync
 
     def ensure_group(self, gid: int, members: tuple[str, ...], app: GroupApp, leader_hint: str = "",
                      joining: bool = False, log_entries: tuple[int, int] | None = None) -> None:
@@ -552,7 +579,7 @@ class QueueGroups:
         a member added later (`joining`) starts empty and learns everything from the leader. The
         node the queue was placed on (`leader_hint`) campaigns at once."""
         self.host.ensure_group(gid, {self.node_id(m): m for m in members}, app, leader_hint == self.host.name,
-                               joining, log_entries, self.leader_sync_on_loop)
+                               joining, log_entries, self.leader_sync_on_loop, self.entries_wait_for_fsync)
 
     def drop_group(self, gid: int) -> None:
         self.host.drop_group(gid)
