@@ -516,6 +516,35 @@ def test_a_new_segment_left_without_its_index_or_header_is_taken_as_empty(tmp_pa
         assert [c.chunk_id for c in log.iter_chunks()] == [0, 10, 20, 30, 40]
 
 
+def test_a_chunk_appended_with_its_datas_crc_is_checked_whole_on_open(tmp_path):
+    """With `split_crc` the log adds the chunk's first bytes to the CRC the caller gives for the
+    rest; on open, damage on either side of the split is found, and chunks of both kinds mix."""
+    split = 20
+    with StreamLog(tmp_path, fsync=False) as log:
+        fill(log, 2, size=100, num_records=10)  # the CRC of the bytes in order
+        for _ in range(3):
+            cid = log.next_offset
+            data = chunk_bytes(cid, 100)
+            log.append(data, cid, 10, 5_000, 1, split_crc=(split, zlib.crc32(data[split:])))
+        with pytest.raises(ValueError, match="split point"):
+            log.append(chunk_bytes(50, 100), 50, 10, 5_000, 1, split_crc=(101, 0))
+    with StreamLog(tmp_path, fsync=False) as log:
+        assert log.recovery.clean and log.next_offset == 50
+        assert [c.chunk_id for c in log.iter_chunks()] == [0, 10, 20, 30, 40]
+        last = log.last_chunk
+    for at in (3, split + 40):  # in the bytes before the split, then after it
+        copy = tmp_path.parent / f"copy-{at}"
+        shutil.copytree(tmp_path, copy)
+        with open(copy / segment_file_name(0), "r+b") as f:
+            f.seek(last.position + at)
+            b = f.read(1)
+            f.seek(last.position + at)
+            f.write(bytes([b[0] ^ 0x01]))
+        with StreamLog(copy, fsync=False) as log:
+            assert log.next_offset == 40, at
+            assert any("fails its CRC" in note for note in log.recovery.notes)
+
+
 def test_index_records_carry_their_own_crc(tmp_path):
     rec = encode_index_record(7, 1, 2, 8, 100, 3, 0xDEAD, 0, 0)
     assert len(rec) == INDEX_RECORD_BYTES
@@ -541,11 +570,12 @@ class StreamLogMachine(RuleBasedStateMachine):
         self.log.delete()
 
     @rule(size=st.integers(1, 400), num=st.integers(1, 20), ts=st.integers(0, 10_000),
-          new_epoch=st.booleans(), ctype=st.sampled_from([0, 0, 0, 1, 2]))
-    def append(self, size, num, ts, new_epoch, ctype):
+          new_epoch=st.booleans(), ctype=st.sampled_from([0, 0, 0, 1, 2]), split=st.integers(0, 60))
+    def append(self, size, num, ts, new_epoch, ctype, split):
         self.epoch += new_epoch
         data = os.urandom(size)
-        info = self.log.append(data, self.next, num, ts, self.epoch, ctype)
+        split_crc = (min(split, size), zlib.crc32(data[min(split, size):])) if split else None
+        info = self.log.append(data, self.next, num, ts, self.epoch, ctype, split_crc=split_crc)
         assert info.chunk_id == self.next
         self.chunks.append((self.next, num, ts, self.epoch, ctype, data))
         self.next += num

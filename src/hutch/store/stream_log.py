@@ -14,7 +14,10 @@ they were created for, `%020d.segment`, holding an 8-byte header and then the ch
 to back exactly as given, so a reader can hand a byte range of a segment straight to a
 socket (`segment_ranges()`, for `os.sendfile`); and per segment an `.index` file of
 fixed-size records, one per chunk, with the chunk's metadata, its place in the segment, a
-CRC-32 of the chunk and a CRC-32 of the record. Opening a log reads the index files (in
+CRC-32 of the chunk and a CRC-32 of the record. The chunk's CRC-32 runs over its bytes in order,
+or, where the record names a split point `s` (its otherwise reserved field), over the bytes
+from `s` on and then those before `s`: a writer that knows the CRC of a chunk's data (osiris's
+header carries it) adds its header to that instead of reading the data a second time. Opening a log reads the index files (in
 bulk), plus the chunks in its last `tail_check_bytes` (16 MiB) to check them against their
 CRCs. A new segment starts when the current one would pass `max_segment_bytes` (RabbitMQ's
 `x-stream-max-segment-size-bytes`).
@@ -81,7 +84,8 @@ INDEX_MAGIC = b"HSTI\x00\x00\x00\x01"
 HEADER_BYTES = 8                         # both files start with their magic
 
 # Index record, little-endian: chunk_id, timestamp, epoch, position, size, num_records,
-# chunk CRC-32, chunk_type, filter size, reserved, record CRC-32 (of the 48 bytes before it).
+# chunk CRC-32, chunk_type, filter size, the chunk CRC's split point (0: none), record CRC-32 (of
+# the 48 bytes before it).
 _INDEX_RECORD = struct.Struct("<qqqqIIIBBHI")
 INDEX_RECORD_BYTES = _INDEX_RECORD.size  # 52
 _INDEX_BODY_BYTES = INDEX_RECORD_BYTES - 4
@@ -157,6 +161,21 @@ class StreamRecoveryReport:
         return "; ".join(self.notes)
 
 
+SPLIT_MAX = 0xFFFF  # a split point is kept in 16 bits
+
+
+def chunk_crc(chunk: bytes | bytearray | memoryview, split: int = 0, tail_crc: int | None = None) -> int:
+    """The CRC-32 an index record keeps for `chunk`: of its bytes in order (`split` 0), else of
+    `chunk[split:]` (whose CRC-32 is `tail_crc` when the caller knows it) followed by
+    `chunk[:split]`."""
+    if not split:
+        return zlib.crc32(chunk)
+    with memoryview(chunk) as view:
+        if tail_crc is None:
+            tail_crc = zlib.crc32(view[split:])
+        return zlib.crc32(view[:split], tail_crc)
+
+
 def segment_file_name(first_chunk_id: int) -> str:
     return f"{first_chunk_id:020d}{SEGMENT_SUFFIX}"
 
@@ -166,9 +185,9 @@ def index_file_name(first_chunk_id: int) -> str:
 
 
 def encode_index_record(chunk_id: int, timestamp: int, epoch: int, position: int, size: int,
-                        num_records: int, chunk_crc: int, chunk_type: int, filter_size: int) -> bytes:
+                        num_records: int, chunk_crc: int, chunk_type: int, filter_size: int, split: int = 0) -> bytes:
     body = _INDEX_RECORD.pack(chunk_id, timestamp, epoch, position, size, num_records, chunk_crc,
-                              chunk_type, filter_size, 0, 0)[:_INDEX_BODY_BYTES]
+                              chunk_type, filter_size, split, 0)[:_INDEX_BODY_BYTES]
     return body + zlib.crc32(body).to_bytes(4, "little")
 
 
@@ -176,7 +195,7 @@ class _Segment:
     """The in-memory index of one segment: one array column per field, one row per chunk."""
 
     __slots__ = ("base", "seg_path", "idx_path", "size_bytes", "ids", "timestamps", "epochs",
-                 "positions", "sizes", "nums", "crcs", "types", "filter_sizes", "read_fd")
+                 "positions", "sizes", "nums", "crcs", "splits", "types", "filter_sizes", "read_fd")
 
     def __init__(self, base: int, directory: Path):
         self.base = base
@@ -189,7 +208,8 @@ class _Segment:
         self.positions = array("q")
         self.sizes = array("I")
         self.nums = array("I")
-        self.crcs = array("I")             # CRC-32 of each chunk's bytes
+        self.crcs = array("I")             # CRC-32 of each chunk's bytes (`chunk_crc`)
+        self.splits = array("H")           # ... and its split point
         self.types = bytearray()
         self.filter_sizes = bytearray()
         self.read_fd: int | None = None
@@ -213,7 +233,7 @@ class _Segment:
     def cut(self, n: int) -> None:
         """Keep the first n rows."""
         for col in (self.ids, self.timestamps, self.epochs, self.positions, self.sizes, self.nums,
-                    self.crcs, self.types, self.filter_sizes):
+                    self.crcs, self.splits, self.types, self.filter_sizes):
             del col[n:]
         self.size_bytes = self.positions[-1] + self.sizes[-1] if n else HEADER_BYTES
 
@@ -410,6 +430,7 @@ class StreamLog:
             seg.sizes = array("I", cols[4])
             seg.nums = array("I", cols[5])
             seg.crcs = array("I", cols[6])
+            seg.splits = array("H", cols[9])
             seg.types = bytearray(cols[7])
             seg.filter_sizes = bytearray(cols[8])
         seg.size_bytes = expect_pos
@@ -482,7 +503,8 @@ class StreamLog:
             first_row = seg.find(r.chunks[0].chunk_id)
             for k, c in enumerate(r.chunks):
                 begin = c.position - r.position
-                if zlib.crc32(data[begin:begin + c.size]) != seg.crcs[first_row + k]:
+                row = first_row + k
+                if chunk_crc(data[begin:begin + c.size], seg.splits[row]) != seg.crcs[row]:
                     data.release()
                     chunks_before, seg_names = self.chunk_count, set(self.segment_names())
                     size_before = self._bytes
@@ -552,10 +574,13 @@ class StreamLog:
     # -- writing ------------------------------------------------------------------------
 
     def append(self, chunk: bytes | bytearray | memoryview, chunk_id: int, num_records: int, timestamp: int,
-               epoch: int, chunk_type: int = CHUNK_TYPE_USER, filter: bytes | None = None) -> ChunkInfo:
+               epoch: int, chunk_type: int = CHUNK_TYPE_USER, filter: bytes | None = None,
+               split_crc: tuple[int, int] | None = None) -> ChunkInfo:
         """Write one chunk at the end of the log. `chunk_id` must be `next_offset`; `epoch`
         never goes down. `filter` is the chunk's filter, which osiris's chunk format carries
-        inside the chunk; the index keeps its size. Nothing is durable until `sync()`."""
+        inside the chunk; the index keeps its size. `split_crc`: (s, the CRC-32 of `chunk[s:]`)
+        when the caller knows it (an osiris chunk's data CRC), so that the chunk's CRC costs
+        only its first `s` bytes. Nothing is durable until `sync()`."""
         size = len(chunk)
         filter_size = 0 if filter is None else len(filter)
         if not 0 < size <= CHUNK_BYTES_MAX:
@@ -568,7 +593,13 @@ class StreamLog:
             raise ValueError(f"a filter has at most {FILTER_BYTES_MAX} bytes, not {filter_size}")
         if not 0 <= timestamp <= _I64_MAX or not 0 <= epoch <= _I64_MAX:
             raise ValueError("timestamp and epoch are integers in [0, 2**63)")
-        crc = zlib.crc32(chunk)
+        if split_crc is None:
+            split, crc = 0, zlib.crc32(chunk)
+        else:
+            split, tail = split_crc
+            if not 0 < split <= min(size, SPLIT_MAX):
+                raise ValueError(f"a split point is in [1, {min(size, SPLIT_MAX)}], not {split}")
+            crc = chunk_crc(chunk, split, tail)
         with self._lock:
             self._check_writable()
             seg = self._segments[-1]
@@ -586,7 +617,7 @@ class StreamLog:
                 position = seg.size_bytes
                 _write_all(self._seg_fd, chunk)
                 _write_all(self._idx_fd, encode_index_record(chunk_id, timestamp, epoch, position, size,
-                                                             num_records, crc, chunk_type, filter_size))
+                                                             num_records, crc, chunk_type, filter_size, split))
             except OSError as e:
                 raise self._fail("append", e) from e
             seg.ids.append(chunk_id)
@@ -596,6 +627,7 @@ class StreamLog:
             seg.sizes.append(size)
             seg.nums.append(num_records)
             seg.crcs.append(crc)
+            seg.splits.append(split)
             seg.types.append(chunk_type)
             seg.filter_sizes.append(filter_size)
             seg.size_bytes = position + size

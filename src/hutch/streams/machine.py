@@ -63,7 +63,7 @@ class StreamLogLike(Protocol):
     next_offset: int
 
     def append(self, chunk: bytes, chunk_id: int, num_records: int, timestamp: int, epoch: int,
-               chunk_type: int = 0) -> Any: ...
+               chunk_type: int = 0, filter: bytes | None = None, split_crc: tuple[int, int] | None = None) -> Any: ...
 
     def sync(self) -> None: ...
 
@@ -186,7 +186,7 @@ class StreamMachine:
         else:
             data = chunk.encode(records, ts, epoch, first, values, self.filter_size)
         if self.missing_from is None:
-            log.append(data, first, n, ts, epoch)
+            _append(log, data, first, n, ts, epoch)
         else:
             self.pending.append((data, first, n, ts, epoch))
         return Written(origin, req, first, n, dups)
@@ -237,7 +237,7 @@ class StreamMachine:
             end = self.pending[0][1] if self.pending else self.next_offset
             if h.first_offset != log.next_offset or h.next_offset > end:
                 continue
-            log.append(bytes(c), h.first_offset, h.num_records, h.timestamp, h.epoch)
+            log.append(bytes(c), h.first_offset, h.num_records, h.timestamp, h.epoch, split_crc=(h.data_at, h.crc))
             self.missing_from = log.next_offset
         self._close_gap()
 
@@ -260,7 +260,7 @@ class StreamMachine:
         pending = self.pending
         if pending and pending[0][1] == log.next_offset:
             for data, first, n, ts, epoch in pending:
-                log.append(data, first, n, ts, epoch)
+                _append(log, data, first, n, ts, epoch)
             pending.clear()
         if log.next_offset >= self.next_offset:
             self.missing_from = None
@@ -277,6 +277,13 @@ class StreamMachine:
 
     def writer_sequence(self, writer: str) -> int:
         return self.writers.get(writer, 0)
+
+
+def _append(log: StreamLogLike, data: bytearray, first: int, n: int, ts: int, epoch: int) -> None:
+    """Append a chunk this member encoded: its header holds its data's CRC, so the log adds the
+    header to it rather than reading the data again (`StreamLog.append`'s `split_crc`)."""
+    h = chunk.read_header(data)
+    log.append(data, first, n, ts, epoch, split_crc=(h.data_at, h.crc))
 
 
 def _take(holes: list[list[int]], p: int) -> bool:
