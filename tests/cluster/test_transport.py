@@ -9,7 +9,14 @@ import struct
 import pytest
 
 from hutch.cluster import FrameTooLarge, HandshakeFailed, HandshakeRefused, PeerCodec, PeerProtocolError
-from hutch.cluster.wire import HANDSHAKE_FRAME_SIZE_MAX, Heartbeat, Message, PeerUp, PeerVerified
+from hutch.cluster.wire import (
+    HANDSHAKE_FRAME_SIZE_MAX,
+    SPLIT_PAYLOAD_MIN,
+    Heartbeat,
+    Message,
+    PeerUp,
+    PeerVerified,
+)
 from tests.cluster import SECRET, Node, linked_pair, run, wait_until
 
 # -- the wire, without sockets --------------------------------------------------------------
@@ -106,6 +113,19 @@ def test_frame_bytes_are_as_documented():
     assert d.encode_tick() == bytes.fromhex("00000002 91 11")
 
 
+@pytest.mark.parametrize("size", [SPLIT_PAYLOAD_MIN - 1, SPLIT_PAYLOAD_MIN, 65_535, 65_536, 1 << 20])
+def test_a_large_payload_in_parts_is_the_same_frame_on_the_wire(size):
+    d, li, _ = handshake()
+    li.accept(1)
+    d.feed(li.data_to_send())
+    payload = bytes(range(256)) * (size // 256) + b"\x07" * (size % 256)
+    parts = d.encode_parts(7, payload)
+    assert b"".join(parts) == d.encode(7, payload)
+    assert (len(parts) == 2 and parts[1] is payload) == (size >= SPLIT_PAYLOAD_MIN)  # handed on, not copied
+    assert li.feed(b"".join(parts)) == [Message(7, payload)]
+    assert d.encode_parts("meta", [1, 2]) == (d.encode("meta", [1, 2]),)
+
+
 def test_frames_over_the_limit_are_refused_on_both_sides():
     d = PeerCodec("a@h", SECRET, "dialler", expected_peer="b@h", frame_size_max=1000)
     li = PeerCodec("b@h", SECRET, "listener", frame_size_max=1000)
@@ -116,6 +136,10 @@ def test_frames_over_the_limit_are_refused_on_both_sides():
     d.feed(li.data_to_send())
     with pytest.raises(FrameTooLarge, match="exceeds frame_size_max 1000"):
         d.encode("meta", b"x" * 2000)
+    big = PeerCodec("a@h", SECRET, "dialler", expected_peer="b@h", frame_size_max=SPLIT_PAYLOAD_MIN)
+    big.state = "open"
+    with pytest.raises(FrameTooLarge, match=f"exceeds frame_size_max {SPLIT_PAYLOAD_MIN}"):
+        big.encode_parts("meta", b"x" * SPLIT_PAYLOAD_MIN)
     # The receiver refuses on the length prefix alone, before buffering the body.
     with pytest.raises(FrameTooLarge, match="frame of 5000 bytes"):
         li.feed(struct.pack(">I", 5000) + b"x" * 10)

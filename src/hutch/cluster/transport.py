@@ -86,9 +86,13 @@ class _Link:
         self.closed = asyncio.Event()
         self.reader_task: asyncio.Task | None = None
 
-    def queue(self, frame: bytes) -> None:
+    def queue(self, frame: bytes, *more: bytes) -> None:
+        """Queue a frame (in parts, when `more`: they are written one after the other)."""
         self.pending.append(frame)
         self.pending_bytes += len(frame)
+        for part in more:
+            self.pending.append(part)
+            self.pending_bytes += len(part)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -101,10 +105,10 @@ class _Link:
             self.pending.clear()
             self.pending_bytes = 0
             return
-        data = b"".join(self.pending)
-        self.pending.clear()
+        pending, self.pending = self.pending, []
         self.pending_bytes = 0
-        self.writer.write(data)
+        # one gathered write (the event loop's writelines), not a joined copy of every frame
+        self.writer.writelines(pending)
         self.transport.writes += 1
 
     def buffered_bytes(self) -> int:
@@ -208,12 +212,13 @@ class PeerTransport:
         link = self._links.get(peer)
         if link is None:
             return False
-        frame = link.codec.encode(group, payload)
-        if link.buffered_bytes() + len(frame) > self.send_buffer_max_bytes:
+        parts = link.codec.encode_parts(group, payload)
+        size = sum(map(len, parts))
+        if link.buffered_bytes() + size > self.send_buffer_max_bytes:
             log.warning("Dropping a message to node %s: %d bytes already buffered (limit %d)",
                         peer, link.buffered_bytes(), self.send_buffer_max_bytes)
             return False
-        link.queue(frame)
+        link.queue(*parts)
         return True
 
     def flush(self) -> None:

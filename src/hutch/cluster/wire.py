@@ -169,6 +169,34 @@ def _proof(secret: bytes, role: bytes, dialler: str, listener: str, dialler_nonc
     return mac.digest()
 
 
+SPLIT_PAYLOAD_MIN = 64 * 1024  # a bytes payload at least this large is handed on as its own part (encode_parts)
+_EMPTY_BIN = b"\xc4\x00"
+
+
+def _bin_header(n: int) -> bytes:
+    """msgpack's header of a bin of n bytes."""
+    if n < 0x100:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n < 0x10000:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+def encode_data_parts(group: Group, payload: bytes, frame_size_max: int = FRAME_SIZE_MAX_DEFAULT) -> tuple[bytes, bytes]:
+    """The bytes of `encode_frame(Data(group, payload))` as (everything before the payload, the
+    payload itself): a large payload (a Raft message carrying a stream's batch) goes to the
+    socket as it is, not copied into a frame and then into the write."""
+    head = _encoder.encode(Data(group, b""))
+    if not head.endswith(_EMPTY_BIN):
+        raise AssertionError("a Data frame's payload is not its last field")
+    n = len(payload)
+    bin_header = _bin_header(n)
+    size = len(head) - len(_EMPTY_BIN) + len(bin_header) + n
+    if size > frame_size_max:
+        raise FrameTooLarge(f"frame of {size} bytes exceeds frame_size_max {frame_size_max}")
+    return _length.pack(size) + head[:-len(_EMPTY_BIN)] + bin_header, payload
+
+
 def encode_frame(frame: Frame, frame_size_max: int = FRAME_SIZE_MAX_DEFAULT) -> bytes:
     body = _encoder.encode(frame)
     if len(body) > frame_size_max:
@@ -242,6 +270,18 @@ class PeerCodec:
         if isinstance(group, bool) or not isinstance(group, str | int):
             raise TypeError(f"group must be a str or an int, not {type(group).__name__}")
         return encode_frame(Data(group, payload), self.frame_size_max)
+
+    def encode_parts(self, group: Group, payload: Any) -> tuple[bytes, ...]:
+        """One data frame as the parts to write one after the other: a large bytes payload is
+        a part of its own (`encode_data_parts`); the bytes are those of `encode`."""
+        if type(payload) is bytes and len(payload) >= SPLIT_PAYLOAD_MIN:
+            if self.state != "open":
+                raise PeerProtocolError(f"cannot send data before the handshake completes (state {self.state})",
+                                        self.peer)
+            if isinstance(group, bool) or not isinstance(group, str | int):
+                raise TypeError(f"group must be a str or an int, not {type(group).__name__}")
+            return encode_data_parts(group, payload, self.frame_size_max)
+        return (self.encode(group, payload),)
 
     def encode_tick(self) -> bytes:
         return encode_frame(Tick())

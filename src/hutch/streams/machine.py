@@ -58,6 +58,26 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 
+class _Write(msgspec.Struct, array_like=True):
+    """A WRITE entry as decoded for applying: its framed records are a view into the entry's
+    bytes, not a copy of them (an entry is up to 1000 KiB, applied on every member)."""
+
+    kind: int
+    origin: str
+    req: int
+    epoch: int
+    timestamp: int
+    writer: str
+    pids: list[int] | None
+    records: memoryview | list[bytes]  # framed (a view), or a list in an entry of the first format
+    filters: list[bytes | None] | None
+    count: int = -1  # the framed records' count; -1 in an entry of the first format
+
+
+_write_dec = msgspec.msgpack.Decoder(_Write)
+_FIXARRAY_MIN, _FIXARRAY_MAX = 0x90, 0x9F
+
+
 class StreamLogLike(Protocol):
     first_offset: int
     next_offset: int
@@ -122,11 +142,12 @@ class StreamMachine:
     def apply(self, data: bytes, epoch: int | None = None) -> Written | None:
         """Apply one committed entry; `epoch`: the Raft term it was committed in (the chunk's
         epoch; the entry's own field when not given)."""
-        e = _dec.decode(data)
-        if e[0] == WRITE:
+        if len(data) > 1 and _FIXARRAY_MIN <= data[0] <= _FIXARRAY_MAX and data[1] == WRITE:
+            w = _write_dec.decode(data)
             if epoch is not None:
-                e[3] = epoch
-            return self._write(e)
+                w.epoch = epoch
+            return self._write(w)
+        e = _dec.decode(data)
         if e[0] == TRACK:
             ref, offset = e[1], e[2]
             tr = self.tracking
@@ -137,10 +158,11 @@ class StreamMachine:
             return None
         raise ValueError(f"unknown stream entry kind {e[0]!r}")
 
-    def _write(self, e: list) -> Written:
-        _k, origin, req, epoch, ts, writer, pids, records, filters = e[:9]
-        framed = len(e) > 9  # records framed as a chunk's data, e[9] of them (else a list)
-        n = e[9] if framed else len(records)
+    def _write(self, w: _Write) -> Written:
+        origin, req, epoch, ts, writer, pids, records, filters = (w.origin, w.req, w.epoch, w.timestamp, w.writer,
+                                                                  w.pids, w.records, w.filters)
+        framed = w.count >= 0  # records framed as a chunk's data, w.count of them (else a list)
+        n = w.count if framed else len(records)
         dups = 0
         if writer and pids is not None:
             last = self.writers.pop(writer, -1)
