@@ -545,6 +545,23 @@ def test_a_chunk_appended_with_its_datas_crc_is_checked_whole_on_open(tmp_path):
             assert any("fails its CRC" in note for note in log.recovery.notes)
 
 
+def test_a_chunk_in_two_parts_is_stored_as_the_joined_chunk(tmp_path):
+    whole = chunk_bytes(0, 300)
+    head, rest = whole[:60], memoryview(whole)[60:]
+    with StreamLog(tmp_path / "parts", fsync=False) as log:
+        log.append((head, rest), 0, 10, 5_000, 1, split_crc=(60, zlib.crc32(rest)))
+        with pytest.raises(ValueError, match="in parts"):
+            log.append((head, rest), 10, 10, 5_000, 1, split_crc=(59, zlib.crc32(rest)))
+        with pytest.raises(ValueError, match="in parts"):
+            log.append((head, rest), 10, 10, 5_000, 1)
+    with StreamLog(tmp_path / "whole", fsync=False) as log:
+        log.append(whole, 0, 10, 5_000, 1, split_crc=(60, zlib.crc32(rest)))
+    for name in (segment_file_name(0), index_file_name(0)):
+        assert (tmp_path / "parts" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    with StreamLog(tmp_path / "parts", fsync=False) as log:
+        assert log.recovery.clean and [bytes(b) for _c, b in log.read(0, 1 << 20)] == [whole]
+
+
 def test_index_records_carry_their_own_crc(tmp_path):
     rec = encode_index_record(7, 1, 2, 8, 100, 3, 0xDEAD, 0, 0)
     assert len(rec) == INDEX_RECORD_BYTES

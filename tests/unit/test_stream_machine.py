@@ -270,6 +270,11 @@ def test_framed_records_make_the_same_chunk_and_come_back_as_they_went():
     data = chunk.frame(records)
     assert chunk.unframe(data, len(records)) == records
     assert chunk.encode_framed(data, 4, 1000, 3, 42, [b"eu"]) == chunk.encode(records, 1000, 3, 42, [b"eu"])
+    head, crc = chunk.encode_head(data, 4, 1000, 3, 42, [b"eu"])
+    whole = bytes(head) + data
+    assert whole == chunk.encode_framed(data, 4, 1000, 3, 42, [b"eu"])
+    h = chunk.check(whole)
+    assert (h.crc, h.data_at, h.num_records) == (crc, len(head), 4)
     for bad, n in ((data[:-1], 4), (data + b"\x00", 4), (data, 5), (b"\x80\x00\x00\x01x", 1)):
         with pytest.raises(chunk.ChunkError):
             chunk.unframe(bad, n)

@@ -304,7 +304,8 @@ class PeerCodec:
                         f"the limit in state {self.state} is {limit}", self.peer)
                 if len(buf) - pos - 4 < size:
                     break
-                body = bytes(buf[pos + 4:pos + 4 + size])
+                with memoryview(buf) as view:  # one copy of the frame (a bytearray slice is a copy too)
+                    body = bytes(view[pos + 4:pos + 4 + size])
                 pos += 4 + size
                 try:
                     frame = _decoder.decode(body)

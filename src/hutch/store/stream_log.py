@@ -573,15 +573,23 @@ class StreamLog:
 
     # -- writing ------------------------------------------------------------------------
 
-    def append(self, chunk: bytes | bytearray | memoryview, chunk_id: int, num_records: int, timestamp: int,
+    def append(self, chunk: bytes | bytearray | memoryview | tuple, chunk_id: int, num_records: int, timestamp: int,
                epoch: int, chunk_type: int = CHUNK_TYPE_USER, filter: bytes | None = None,
                split_crc: tuple[int, int] | None = None) -> ChunkInfo:
         """Write one chunk at the end of the log. `chunk_id` must be `next_offset`; `epoch`
         never goes down. `filter` is the chunk's filter, which osiris's chunk format carries
         inside the chunk; the index keeps its size. `split_crc`: (s, the CRC-32 of `chunk[s:]`)
         when the caller knows it (an osiris chunk's data CRC), so that the chunk's CRC costs
-        only its first `s` bytes. Nothing is durable until `sync()`."""
-        size = len(chunk)
+        only its first `s` bytes. `chunk` may be given as two parts, (head, rest), written one
+        after the other without being joined; `split_crc` is then (len(head), CRC of rest).
+        Nothing is durable until `sync()`."""
+        parts = chunk if type(chunk) is tuple else None
+        if parts is not None:
+            if len(parts) != 2 or split_crc is None or split_crc[0] != len(parts[0]):
+                raise ValueError("a chunk in parts is (head, rest), with split_crc (len(head), CRC-32 of rest)")
+            size = len(parts[0]) + len(parts[1])
+        else:
+            size = len(chunk)
         filter_size = 0 if filter is None else len(filter)
         if not 0 < size <= CHUNK_BYTES_MAX:
             raise ValueError(f"a chunk has 1 to {CHUNK_BYTES_MAX} bytes, not {size}")
@@ -599,7 +607,7 @@ class StreamLog:
             split, tail = split_crc
             if not 0 < split <= min(size, SPLIT_MAX):
                 raise ValueError(f"a split point is in [1, {min(size, SPLIT_MAX)}], not {split}")
-            crc = chunk_crc(chunk, split, tail)
+            crc = zlib.crc32(parts[0], tail) if parts is not None else chunk_crc(chunk, split, tail)
         with self._lock:
             self._check_writable()
             seg = self._segments[-1]
@@ -615,7 +623,10 @@ class StreamLog:
                     self._roll(chunk_id)
                     seg = self._segments[-1]
                 position = seg.size_bytes
-                _write_all(self._seg_fd, chunk)
+                if parts is not None:
+                    _writev_all(self._seg_fd, parts)
+                else:
+                    _write_all(self._seg_fd, chunk)
                 _write_all(self._idx_fd, encode_index_record(chunk_id, timestamp, epoch, position, size,
                                                              num_records, crc, chunk_type, filter_size, split))
             except OSError as e:
@@ -1030,6 +1041,12 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         if n == 0:
             raise OSError("write returned 0")
         written += n
+
+
+def _writev_all(fd: int, parts: tuple) -> None:
+    written = os.writev(fd, parts)
+    if written != sum(map(len, parts)):
+        _write_all(fd, memoryview(b"".join(parts))[written:])  # a short write: rare
 
 
 READ_AHEAD_BYTES = 8 << 20  # what `read` asks the kernel to fetch beyond what it read

@@ -119,21 +119,29 @@ def encode(records: Sequence[bytes], timestamp: int, epoch: int, first_offset: i
     return encode_framed(frame(records), len(records), timestamp, epoch, first_offset, filter_values, bloom_size)
 
 
-def encode_framed(data: bytes | bytearray, n: int, timestamp: int, epoch: int, first_offset: int = 0,
+def encode_framed(data: bytes | bytearray | memoryview, n: int, timestamp: int, epoch: int, first_offset: int = 0,
                   filter_values: Iterable[bytes] = (), bloom_size: int = BLOOM_SIZE_DEFAULT) -> bytearray:
-    """The chunk of `n` records already framed as its data (`frame`). It is built in one buffer,
-    its header written in place once the data's CRC is known: the data is copied once, and no
-    record is looked at (a chunk is the hot path of every stream write, on every member)."""
+    """The chunk of `n` records already framed as its data (`frame`), in one buffer."""
+    head, _crc = encode_head(data, n, timestamp, epoch, first_offset, filter_values, bloom_size)
+    head += data
+    return head
+
+
+def encode_head(data: bytes | bytearray | memoryview, n: int, timestamp: int, epoch: int, first_offset: int = 0,
+                filter_values: Iterable[bytes] = (), bloom_size: int = BLOOM_SIZE_DEFAULT) -> tuple[bytearray, int]:
+    """What goes before `data` (`n` records framed by `frame`) in its chunk: the header and the
+    filter; and the data's CRC-32, which the header holds. The chunk is the head followed by the
+    data, so a writer can hand both to the OS without joining them, and no record is looked at
+    (a chunk is the hot path of every stream write, on every member)."""
     if not 0 < n <= ENTRIES_MAX:
         raise ChunkError(f"a chunk holds 1 to {ENTRIES_MAX} records, not {n}")
     bloom = bloom_of(filter_values, bloom_size)
-    buf = bytearray().join((_NO_HEADER, bloom, data))
-    at = HEADER_SIZE + len(bloom)
-    with memoryview(buf) as view:
-        crc = zlib.crc32(view[at:])
-    HEADER.pack_into(buf, 0, MAGIC_VERSION, USER, n, n, timestamp, epoch, first_offset, crc, len(buf) - at, 0,
+    head = bytearray(_NO_HEADER)
+    head += bloom
+    crc = zlib.crc32(data)
+    HEADER.pack_into(head, 0, MAGIC_VERSION, USER, n, n, timestamp, epoch, first_offset, crc, len(data), 0,
                      len(bloom))
-    return buf
+    return head, crc
 
 
 def frame(records: Sequence[bytes]) -> bytes:
@@ -290,6 +298,7 @@ def bloom_of_chunk(chunk: bytes | memoryview, h: ChunkHeader) -> bytes | memoryv
     return chunk[HEADER_SIZE:HEADER_SIZE + h.bloom_size]
 
 
-__all__ = ["ChunkError", "ChunkHeader", "HEADER_SIZE", "read_header", "encode", "encode_framed", "frame", "unframe",
+__all__ = ["ChunkError", "ChunkHeader", "HEADER_SIZE", "read_header", "encode", "encode_framed", "encode_head", "frame",
+           "unframe",
            "with_first_offset", "check",
            "records", "sub_batch_records", "without_bloom", "bloom_of", "bloom_may_contain", "bloom_of_chunk"]

@@ -82,7 +82,7 @@ class StreamLogLike(Protocol):
     first_offset: int
     next_offset: int
 
-    def append(self, chunk: bytes, chunk_id: int, num_records: int, timestamp: int, epoch: int,
+    def append(self, chunk: bytes | tuple, chunk_id: int, num_records: int, timestamp: int, epoch: int,
                chunk_type: int = 0, filter: bytes | None = None, split_crc: tuple[int, int] | None = None) -> Any: ...
 
     def sync(self) -> None: ...
@@ -203,14 +203,14 @@ class StreamMachine:
                                      f"{log.next_offset}: the log does not hold whole applied entries")
             return Written(origin, req, first, n, dups)
         values = [f for f in filters if f] if filters else ()
-        if framed:
-            data = chunk.encode_framed(records, n, ts, epoch, first, values, self.filter_size)
+        if not framed:
+            records = chunk.frame(records)
+        head, crc = chunk.encode_head(records, n, ts, epoch, first, values, self.filter_size)
+        if self.missing_from is None:  # the chunk's head, then its records as the entry holds them
+            log.append((head, records), first, n, ts, epoch, split_crc=(len(head), crc))
         else:
-            data = chunk.encode(records, ts, epoch, first, values, self.filter_size)
-        if self.missing_from is None:
-            _append(log, data, first, n, ts, epoch)
-        else:
-            self.pending.append((data, first, n, ts, epoch))
+            head += records
+            self.pending.append((head, first, n, ts, epoch))
         return Written(origin, req, first, n, dups)
 
     def _skipped(self, writer: str, last: int, pids: list[int]) -> None:
