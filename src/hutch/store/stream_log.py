@@ -17,10 +17,10 @@ fixed-size records, one per chunk, with the chunk's metadata, its place in the s
 CRC-32 of the chunk and a CRC-32 of the record. The chunk's CRC-32 runs over its bytes in order,
 or, where the record names a split point `s` (its otherwise reserved field), over the bytes
 from `s` on and then those before `s`: a writer that knows the CRC of a chunk's data (osiris's
-header carries it) adds its header to that instead of reading the data a second time. Opening a log reads the index files (in
-bulk), plus the chunks in its last `tail_check_bytes` (16 MiB) to check them against their
-CRCs. A new segment starts when the current one would pass `max_segment_bytes` (RabbitMQ's
-`x-stream-max-segment-size-bytes`).
+header carries it) adds its header to that instead of reading the data a second time.
+Opening a log reads the index files (in bulk), plus the chunks in its last `tail_check_bytes`
+(16 MiB) to check them against their CRCs. A new segment starts when the current one would
+pass `max_segment_bytes` (RabbitMQ's `x-stream-max-segment-size-bytes`).
 
 Durability. An append writes the chunk to the segment, then its index record (two
 writes, no fsync). `sync()` fdatasyncs everything written since the last sync (group
