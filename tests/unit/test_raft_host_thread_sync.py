@@ -343,3 +343,40 @@ async def test_a_group_counting_written_entries_alone_fsyncs_nothing_on_the_loop
             await asyncio.sleep(0.01)
     finally:
         n.storage.close()
+
+
+@on_a_loop
+async def test_a_leader_alone_that_does_not_fsync_first_commits_once_the_worker_threads_fsync_returned(tmp_path):
+    """A stream of one replica (`alone_fsyncs_first=False`): its entries go to the worker thread
+    like a leader of several voters', and are committed and applied once that fsync returned."""
+    n = Node(1, tmp_path)
+    try:
+        by_name = {v: k for k, v in NAMES.items()}
+        solo = GID + 2
+        QueueGroups(n.host, by_name.__getitem__, alone_fsyncs_first=False).ensure_group(
+            solo, (NAMES[1],), n.app, leader_hint=NAMES[1])
+        g = n.host.multi.groups[solo]
+        for _ in range(10 * g.cfg.election_timeout_ticks):
+            n.host.drain()
+            await asyncio.sleep(0.01)  # the election's own entries go through the thread as well
+            if g.role == LEADER and g.commit == g.storage.last_index():
+                break
+            n.host.multi.tick()
+        assert g.role == LEADER
+        go = _blocked_fsync(n)
+        fsyncs = n.storage.log.fsync_count
+        index = g.propose(b"alone")
+        n.host.multi.touched(solo)
+        n.host.drain()
+        assert n.storage.log.fsync_count == fsyncs and g.commit < index and b"alone" not in n.app.applied
+        go.set()
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while b"alone" not in n.app.applied:
+            assert asyncio.get_running_loop().time() < deadline, "never committed"
+            await asyncio.sleep(0.001)
+            if n.scheduled:
+                n.scheduled = False
+                n.host.drain()
+        assert g.commit >= index and n.storage.log.fsync_count > fsyncs
+    finally:
+        n.storage.close()

@@ -86,7 +86,7 @@ class MultiReady:
 class MultiRaft:
     """The groups hosted by one node. Inputs are routed by group id; outputs come out batched."""
 
-    __slots__ = ("node_id", "cfg", "groups", "_dirty", "groups_per_ready_max", "_written_only")
+    __slots__ = ("node_id", "cfg", "groups", "_dirty", "groups_per_ready_max", "_written_only", "_alone_later")
 
     def __init__(self, node_id: NodeId, config: RaftConfig, groups_per_ready_max: int = 4096) -> None:
         self.node_id = node_id
@@ -95,8 +95,14 @@ class MultiRaft:
         self._dirty: set[GroupId] = set()
         self.groups_per_ready_max = groups_per_ready_max
         self._written_only: set[GroupId] = set()  # groups whose entries count once written (MultiReady)
+        self._alone_later: set[GroupId] = set()  # groups whose leader alone has its entries in leader_writes
 
-    def add_group(self, gid: GroupId, storage: LogStorage, entries_wait_for_fsync: bool = True) -> RaftGroup:
+    def add_group(self, gid: GroupId, storage: LogStorage, entries_wait_for_fsync: bool = True,
+                  alone_fsyncs_first: bool = True) -> RaftGroup:
+        """`alone_fsyncs_first=False`: the entries of a leader alone in the group go to
+        `MultiReady.leader_writes` like those of a leader of several voters (for a group whose
+        application gains from the loop going on during the fsync: a stream's next batch is
+        read meanwhile) instead of making the Ready fsync first."""
         if gid in self.groups:
             raise ValueError(f"group {gid!r} already exists")
         g = RaftGroup(self.node_id, storage, self.cfg, seed=group_seed(gid))
@@ -104,12 +110,15 @@ class MultiRaft:
         self._dirty.add(gid)
         if not entries_wait_for_fsync:
             self._written_only.add(gid)
+        if not alone_fsyncs_first:
+            self._alone_later.add(gid)
         return g
 
     def remove_group(self, gid: GroupId) -> None:
         del self.groups[gid]
         self._dirty.discard(gid)
         self._written_only.discard(gid)
+        self._alone_later.discard(gid)
 
     def step(self, gid: GroupId, msg: Message) -> None:
         g = self.groups.get(gid)
@@ -167,7 +176,7 @@ class MultiRaft:
                         written_only = True
                     elif g.role != LEADER:
                         follower_writes.add(gid)
-                    elif len(g.voters) > 1:
+                    elif len(g.voters) > 1 or gid in self._alone_later:
                         leader_writes.append((gid, g.term, rd.entries[-1].index))
                     else:
                         must_sync = True

@@ -221,7 +221,7 @@ class ClusterRuntime:
                                                                    lambda: self.cluster.catalogue.snapshot()))
         logged_at_start = storage.last_index()
         self.cluster.quorum.raft = QueueGroups(self.raft, node_id)
-        self.cluster.streams.raft = QueueGroups(self.raft, node_id, leader_sync_on_loop=True,
+        self.cluster.streams.raft = QueueGroups(self.raft, node_id, alone_fsyncs_first=False,
                                                 entries_wait_for_fsync=cfg.stream_fsync == "before_confirm")
         self._drain(initial=True)
         self.cluster.rebuild()

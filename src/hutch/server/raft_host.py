@@ -15,9 +15,9 @@ what it holds, so they are held back until that fsync returned and then sent in 
 were made; its committed entries are applied at once (a majority holds them already), so a
 delivery on a follower's node does not wait for its own disk. One fsync runs at a time and
 covers everything written before it started; what is written meanwhile waits for the next (a
-group commit). Streams' leaders are the exception (`leader_sync_on_loop`, see `ensure_group`).
-A Ready that writes a new term or vote, or installs a snapshot, or the entries of a leader
-alone in its group, is fsynced here, on the loop, first, as every Ready was before; that fsync
+group commit). A Ready that writes a new term or vote, or installs a snapshot, or the entries
+of a leader alone in its group (but a stream's: `alone_fsyncs_first`, see `ensure_group`), is
+fsynced here, on the loop, first, as every Ready was before; that fsync
 covers every earlier write, so the answers held until then leave with it, but those of the
 groups whose term, vote or snapshot it wrote, which are dropped (`_release_held`). A hard state
 that only moves the commit index is not fsynced for its own sake (`MultiReady`).
@@ -139,7 +139,6 @@ class RaftHost:
         self._held_next: list = []
         self._held_syncing: list = []
         self._holding: dict[Any, int] = {}
-        self._leader_sync_on_loop: set[Any] = set()  # groups whose leader fsyncs on the loop all the same
         # entries of groups that do not wait for the fsync (`MultiReady.written_only`): written
         # and not fsynced yet; the fsync is due (the timer fired); the timer
         self._written_unsynced = False
@@ -181,7 +180,7 @@ class RaftHost:
                     if self._written_timer is None:
                         self._written_timer = asyncio.get_running_loop().call_later(WRITTEN_SYNC_INTERVAL_S,
                                                                                     self._sync_written)
-                sync_now = mr.needs_fsync() or any(gid in self._leader_sync_on_loop for gid, _, _ in mr.leader_writes)
+                sync_now = mr.needs_fsync()
             if sync_now:
                 if not self._sync():
                     return  # nothing may be sent or applied on the strength of writes that may be lost
@@ -517,22 +516,19 @@ class RaftHost:
 
     def ensure_group(self, gid: Any, member_ids: dict[int, str], app: GroupApp, campaign: bool,
                      joining: bool, log_entries: tuple[int, int] | None = None,
-                     leader_sync_on_loop: bool = False, entries_wait_for_fsync: bool = True) -> None:
+                     alone_fsyncs_first: bool = True, entries_wait_for_fsync: bool = True) -> None:
         """Host group `gid` here. A new group's first members start from the same bootstrap
         entry; a member added later (`joining`) starts empty and learns everything from the
         leader. `campaign`: this node stands for election at once (alone, it wins at once).
         `log_entries`: (snapshot after, entries kept after a snapshot) for a group whose
         application keeps its own data and compacts sooner than the node's default.
-        `leader_sync_on_loop`: its leader's entries are fsynced on the loop before they are sent,
-        for an application that batches what arrives in one turn of the loop into one entry
-        (streams: a loop that no longer waits for the fsync makes smaller entries, and 3-replica
-        streams published over AMQP 0-9-1 about a fifth slower).
+        `alone_fsyncs_first=False`: a leader alone in the group fsyncs its entries in the worker
+        thread too, counting them once that returned, while its loop reads on (streams of one
+        replica; `MultiRaft.add_group`).
         `entries_wait_for_fsync=False`: its members count and acknowledge entries once written,
         and the fsync follows in the worker thread (`MultiReady.written_only`)."""
         if gid in self.multi.groups:
             return
-        if leader_sync_on_loop:
-            self._leader_sync_on_loop.add(gid)
         self.names.update(member_ids)
         storage = self.storage.group(gid)
         if storage.last_index() == 0 and storage.snapshot().meta.index == 0 and not joining:
@@ -541,7 +537,7 @@ class RaftHost:
         if snap.data:
             app.restore(snap.data)
         self.apps[gid] = app
-        g = self.multi.add_group(gid, storage, entries_wait_for_fsync)
+        g = self.multi.add_group(gid, storage, entries_wait_for_fsync, alone_fsyncs_first)
         if log_entries is not None:
             g.cfg = dataclasses.replace(g.cfg, snapshot_after_entries=log_entries[0],
                                         snapshot_trailing_entries=log_entries[1])
@@ -558,7 +554,6 @@ class RaftHost:
             self.multi.remove_group(gid)
         self.apps.pop(gid, None)
         self._snapshot_refused.pop(gid, None)
-        self._leader_sync_on_loop.discard(gid)
         self._leading.discard(gid)
         self._leaders.pop(gid, None)
 
@@ -566,11 +561,11 @@ class RaftHost:
 class QueueGroups:
     """The quorum queues' view of this node's Raft groups (hutch.broker.quorumq calls these)."""
 
-    def __init__(self, host: RaftHost, node_id: Callable[[str], int], leader_sync_on_loop: bool = False,
+    def __init__(self, host: RaftHost, node_id: Callable[[str], int], alone_fsyncs_first: bool = True,
                  entries_wait_for_fsync: bool = True):
         self.host = host
         self.node_id = node_id
-        self.leader_sync_on_loop = leader_sync_on_loop  # see RaftHost.ensure_group
+        self.alone_fsyncs_first = alone_fsyncs_first  # see RaftHost.ensure_group
         self.entries_wait_for_fsync = entries_wait_for_fsync
 
     def ensure_group(self, gid: int, members: tuple[str, ...], app: GroupApp, leader_hint: str = "",
@@ -579,7 +574,7 @@ class QueueGroups:
         a member added later (`joining`) starts empty and learns everything from the leader. The
         node the queue was placed on (`leader_hint`) campaigns at once."""
         self.host.ensure_group(gid, {self.node_id(m): m for m in members}, app, leader_hint == self.host.name,
-                               joining, log_entries, self.leader_sync_on_loop, self.entries_wait_for_fsync)
+                               joining, log_entries, self.alone_fsyncs_first, self.entries_wait_for_fsync)
 
     def drop_group(self, gid: int) -> None:
         self.host.drop_group(gid)
