@@ -316,21 +316,28 @@ async def test_a_group_counting_written_entries_commits_with_every_fsync_held_an
     assert not any(n.host._written_unsynced for n in cluster.nodes.values())
 
 
+async def elected_alone(n: Node, solo: int, **options):
+    """Group `solo` of node `n`'s voter alone (QueueGroups `options`), once it leads with its
+    election's entries committed (they may go through the worker thread too)."""
+    by_name = {v: k for k, v in NAMES.items()}
+    QueueGroups(n.host, by_name.__getitem__, **options).ensure_group(solo, (NAMES[1],), n.app, leader_hint=NAMES[1])
+    g = n.host.multi.groups[solo]
+    for _ in range(10 * g.cfg.election_timeout_ticks):  # the bootstrap entry applied, it elects itself
+        n.host.drain()
+        await asyncio.sleep(0.01)
+        if g.role == LEADER and g.commit == g.storage.last_index():
+            break
+        n.host.multi.tick()
+    assert g.role == LEADER
+    return g
+
+
 @on_a_loop
 async def test_a_group_counting_written_entries_alone_fsyncs_nothing_on_the_loop(tmp_path):
     n = Node(1, tmp_path, entries_wait_for_fsync=False)
     try:
-        by_name = {v: k for k, v in NAMES.items()}
         solo = GID + 1
-        QueueGroups(n.host, by_name.__getitem__, entries_wait_for_fsync=False).ensure_group(
-            solo, (NAMES[1],), n.app, leader_hint=NAMES[1])
-        g = n.host.multi.groups[solo]
-        for _ in range(10 * g.cfg.election_timeout_ticks):  # the bootstrap entry applied, it elects itself
-            n.host.drain()
-            if g.role == LEADER:
-                break
-            n.host.multi.tick()
-        assert g.role == LEADER
+        g = await elected_alone(n, solo, entries_wait_for_fsync=False)
         fsyncs = n.storage.log.fsync_count
         index = g.propose(b"alone")
         n.host.multi.touched(solo)
@@ -351,18 +358,8 @@ async def test_a_leader_alone_that_does_not_fsync_first_commits_once_the_worker_
     like a leader of several voters', and are committed and applied once that fsync returned."""
     n = Node(1, tmp_path)
     try:
-        by_name = {v: k for k, v in NAMES.items()}
         solo = GID + 2
-        QueueGroups(n.host, by_name.__getitem__, alone_fsyncs_first=False).ensure_group(
-            solo, (NAMES[1],), n.app, leader_hint=NAMES[1])
-        g = n.host.multi.groups[solo]
-        for _ in range(10 * g.cfg.election_timeout_ticks):
-            n.host.drain()
-            await asyncio.sleep(0.01)  # the election's own entries go through the thread as well
-            if g.role == LEADER and g.commit == g.storage.last_index():
-                break
-            n.host.multi.tick()
-        assert g.role == LEADER
+        g = await elected_alone(n, solo, alone_fsyncs_first=False)
         go = _blocked_fsync(n)
         fsyncs = n.storage.log.fsync_count
         index = g.propose(b"alone")
