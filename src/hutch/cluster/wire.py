@@ -264,24 +264,23 @@ class PeerCodec:
 
     def encode(self, group: Group, payload: Any) -> bytes:
         """One data frame. Raises FrameTooLarge (nothing is sent) when it would exceed the limit."""
-        if self.state != "open":
-            raise PeerProtocolError(f"cannot send data before the handshake completes (state {self.state})",
-                                    self.peer)
-        if isinstance(group, bool) or not isinstance(group, str | int):
-            raise TypeError(f"group must be a str or an int, not {type(group).__name__}")
+        self._check_data(group)
         return encode_frame(Data(group, payload), self.frame_size_max)
 
     def encode_parts(self, group: Group, payload: Any) -> tuple[bytes, ...]:
         """One data frame as the parts to write one after the other: a large bytes payload is
         a part of its own (`encode_data_parts`); the bytes are those of `encode`."""
         if type(payload) is bytes and len(payload) >= SPLIT_PAYLOAD_MIN:
-            if self.state != "open":
-                raise PeerProtocolError(f"cannot send data before the handshake completes (state {self.state})",
-                                        self.peer)
-            if isinstance(group, bool) or not isinstance(group, str | int):
-                raise TypeError(f"group must be a str or an int, not {type(group).__name__}")
+            self._check_data(group)
             return encode_data_parts(group, payload, self.frame_size_max)
         return (self.encode(group, payload),)
+
+    def _check_data(self, group: Group) -> None:
+        if self.state != "open":
+            raise PeerProtocolError(f"cannot send data before the handshake completes (state {self.state})",
+                                    self.peer)
+        if isinstance(group, bool) or not isinstance(group, str | int):
+            raise TypeError(f"group must be a str or an int, not {type(group).__name__}")
 
     def encode_tick(self) -> bytes:
         return encode_frame(Tick())

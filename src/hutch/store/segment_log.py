@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import format as fmt
+from .fileio import write_all, writev_all
 
 log = logging.getLogger("hutch.store")
 
@@ -502,7 +503,7 @@ class SegmentLog:
         path = self.directory / segment_name(base_seq)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, fmt.encode_segment_header(base_seq))
+            write_all(fd, fmt.encode_segment_header(base_seq))
         except BaseException:
             os.close(fd)
             raise
@@ -602,7 +603,7 @@ class SegmentLog:
         if not buf:
             return
         try:
-            _write_all(self._active_fd, buf)
+            write_all(self._active_fd, buf)
         except OSError as e:
             self._fail(e, "write")
             raise StoreFailed(f"Segment log {self.directory}: write failed: {e}") from e
@@ -614,7 +615,7 @@ class SegmentLog:
         one writev. Caller holds _lock."""
         buf = self._buf
         try:
-            _writev_all(self._active_fd, (buf, header, payload) if buf else (header, payload))
+            writev_all(self._active_fd, (buf, header, payload) if buf else (header, payload))
         except OSError as e:
             self._fail(e, "write")
             raise StoreFailed(f"Segment log {self.directory}: write failed: {e}") from e
@@ -998,7 +999,7 @@ class SegmentLog:
         tmp = seg.path.with_name(seg.path.name + COMPACT_SUFFIX)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, out)
+            write_all(fd, out)
             _fdatasync(fd)
         finally:
             os.close(fd)
@@ -1111,24 +1112,3 @@ class SegmentLog:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _writev_all(fd: int, parts: tuple) -> None:
-    written = os.writev(fd, parts)
-    if written == sum(map(len, parts)):
-        return
-    _write_all(fd, b"".join(parts)[written:])  # a short write: rare
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    written = os.write(fd, data)
-    if written == len(data):
-        return
-    view = memoryview(data)
-    try:
-        while written < len(data):
-            n = os.write(fd, view[written:])
-            if n == 0:
-                raise OSError("write returned 0")
-            written += n
-    finally:
-        view.release()

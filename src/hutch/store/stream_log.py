@@ -66,6 +66,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from .fileio import write_all, writev_all
+
 MAX_SEGMENT_BYTES_DEFAULT = 500_000_000  # RabbitMQ's x-stream-max-segment-size-bytes default
 CHUNK_BYTES_MAX = 0xFFFF_FFFF            # the index keeps a chunk's size as u32
 FILTER_BYTES_MAX = 255                   # osiris: filter size is one byte
@@ -624,10 +626,10 @@ class StreamLog:
                     seg = self._segments[-1]
                 position = seg.size_bytes
                 if parts is not None:
-                    _writev_all(self._seg_fd, parts)
+                    writev_all(self._seg_fd, parts)
                 else:
-                    _write_all(self._seg_fd, chunk)
-                _write_all(self._idx_fd, encode_index_record(chunk_id, timestamp, epoch, position, size,
+                    write_all(self._seg_fd, chunk)
+                write_all(self._idx_fd, encode_index_record(chunk_id, timestamp, epoch, position, size,
                                                              num_records, crc, chunk_type, filter_size, split))
             except OSError as e:
                 raise self._fail("append", e) from e
@@ -1029,24 +1031,6 @@ class StreamLog:
 
 def _chunks(n: int) -> str:
     return f"{n} chunk" if n == 1 else f"{n} chunks"
-
-
-def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    written = os.write(fd, data)
-    if written == len(data):
-        return
-    view = memoryview(data)
-    while written < len(data):
-        n = os.write(fd, view[written:])
-        if n == 0:
-            raise OSError("write returned 0")
-        written += n
-
-
-def _writev_all(fd: int, parts: tuple) -> None:
-    written = os.writev(fd, parts)
-    if written != sum(map(len, parts)):
-        _write_all(fd, memoryview(b"".join(parts))[written:])  # a short write: rare
 
 
 READ_AHEAD_BYTES = 8 << 20  # what `read` asks the kernel to fetch beyond what it read
