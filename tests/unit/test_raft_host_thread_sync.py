@@ -316,11 +316,14 @@ async def test_a_group_counting_written_entries_commits_with_every_fsync_held_an
     assert not any(n.host._written_unsynced for n in cluster.nodes.values())
 
 
-async def elected_alone(n: Node, solo: int, **options):
-    """Group `solo` of node `n`'s voter alone (QueueGroups `options`), once it leads with its
-    election's entries committed (they may go through the worker thread too)."""
+async def elected_alone(n: Node, solo: int, app: App | None = None, log_entries: tuple[int, int] | None = None,
+                        **options):
+    """Group `solo` of node `n`'s voter alone (QueueGroups `options`; its application `app`, else
+    the node's), once it leads with its election's entries committed (they may go through the
+    worker thread too)."""
     by_name = {v: k for k, v in NAMES.items()}
-    QueueGroups(n.host, by_name.__getitem__, **options).ensure_group(solo, (NAMES[1],), n.app, leader_hint=NAMES[1])
+    QueueGroups(n.host, by_name.__getitem__, **options).ensure_group(solo, (NAMES[1],), app or n.app,
+                                                                     leader_hint=NAMES[1], log_entries=log_entries)
     g = n.host.multi.groups[solo]
     for _ in range(10 * g.cfg.election_timeout_ticks):  # the bootstrap entry applied, it elects itself
         n.host.drain()
@@ -375,5 +378,54 @@ async def test_a_leader_alone_that_does_not_fsync_first_commits_once_the_worker_
                 n.scheduled = False
                 n.host.drain()
         assert g.commit >= index and n.storage.log.fsync_count > fsyncs
+    finally:
+        n.storage.close()
+
+
+class CompactingApp(App):
+    def snapshot(self) -> bytes:
+        return b"%d" % len(self.applied)
+
+    def snapshot_due(self, entries_kept: int) -> bool:
+        return True
+
+
+@on_a_loop
+async def test_a_compactions_snapshot_record_is_fsynced_in_the_worker_thread_and_releases_only_then(tmp_path):
+    """A compaction writes a snapshot record and releases the records it replaces once that one
+    is durable (`RaftHostStorage.settle`): the fsync runs in the worker thread, not on the loop
+    (a stream compacts every few dozen batches, and that fsync took its loop for tens of ms)."""
+    n = Node(1, tmp_path)
+    try:
+        solo = GID + 3
+        app = CompactingApp()
+        g = await elected_alone(n, solo, app=app, log_entries=(4, 0))
+        for i in range(6):  # past the first compaction
+            g.propose(b"e%d" % i)
+            n.host.multi.touched(solo)
+            n.host.drain()
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while n.host._syncing is not None:
+            assert asyncio.get_running_loop().time() < deadline, "the fsyncs did not end"
+            await asyncio.sleep(0.001)
+        snap_at = g.storage.snapshot().meta.index
+        fsyncs = n.storage.log.fsync_count
+        go = _blocked_fsync(n)
+        for i in range(8):  # a lone leader fsyncs its entries on the loop, applies them, compacts
+            g.propose(b"f%d" % i)
+            n.host.multi.touched(solo)
+            n.host.drain()
+            if g.storage.snapshot().meta.index > snap_at:
+                break
+        assert g.storage.snapshot().meta.index > snap_at  # compacted
+        assert n.host._syncing is not None  # the snapshot record's fsync: in the worker thread, held
+        snap_seq = g.storage._snap_seq  # the snapshot record, and the records it replaces
+        replaced = [seq for seq, by in n.storage._retiring if by == snap_seq]
+        assert replaced and n.storage.log.durable_seq < snap_seq  # not durable yet, so none released
+        go.set()
+        while n.storage.log.durable_seq < snap_seq or any(by == snap_seq for _, by in n.storage._retiring):
+            assert asyncio.get_running_loop().time() < deadline, "the replaced records were never released"
+            await asyncio.sleep(0.001)
+        assert n.storage.log.fsync_count > fsyncs and not n.fatal
     finally:
         n.storage.close()

@@ -20,7 +20,9 @@ of a leader alone in its group (but a stream's: `alone_fsyncs_first`, see `ensur
 fsynced here, on the loop, first, as every Ready was before; that fsync
 covers every earlier write, so the answers held until then leave with it, but those of the
 groups whose term, vote or snapshot it wrote, which are dropped (`_release_held`). A hard state
-that only moves the commit index is not fsynced for its own sake (`MultiReady`).
+that only moves the commit index is not fsynced for its own sake (`MultiReady`), nor is a
+compaction's snapshot record: what it replaces is released once it is durable
+(`RaftHostStorage.settle`), so it waits for the next fsync in the worker thread.
 
 It also tells its owner when a group other than the main (catalogue) group learns a leader
 or when this node starts or stops leading it: quorum queues act on that. `QueueGroups` is the
@@ -140,10 +142,12 @@ class RaftHost:
         self._held_syncing: list = []
         self._holding: dict[Any, int] = {}
         # entries of groups that do not wait for the fsync (`MultiReady.written_only`): written
-        # and not fsynced yet; the fsync is due (the timer fired); the timer
+        # and not fsynced yet; and the timer that asks for their fsync
         self._written_unsynced = False
-        self._written_due = False
         self._written_timer: asyncio.TimerHandle | None = None
+        # an fsync nobody waits for is wanted (the timer fired, or a compaction wrote a snapshot
+        # record: what it replaces is released once the fsync returned)
+        self._sync_wanted = False
         self._send = send
         self._flush = flush  # what was sent leaves now (else at the end of the loop's iteration)
         self._schedule = schedule
@@ -190,12 +194,14 @@ class RaftHost:
                     return
                 if not initial:
                     self._flush()
+                    if self._sync_wanted:
+                        self._sync_later([])
             else:
                 later = mr.follower_writes | {gid for gid, _, _ in mr.leader_writes}
                 if not self._finish(mr.groups, initial, later, mr.follower_writes):
                     return
                 self._flush()  # before the fsync is handed to the worker thread: the peers wait for these
-                if later or self._held_next:
+                if later or self._held_next or self._sync_wanted:
                     groups = self.multi.groups
                     self._sync_later([(gid, groups[gid], term, index) for gid, term, index in mr.leader_writes])
 
@@ -206,9 +212,9 @@ class RaftHost:
         time; what is written meanwhile waits for the next, which covers every group's writes
         since (a group commit)."""
         self._unsynced.extend(leader_writes)
-        if self._syncing is not None or not (self._unsynced or self._held_next or self._written_due):
+        if self._syncing is not None or not (self._unsynced or self._held_next or self._sync_wanted):
             return
-        self._written_unsynced = self._written_due = False  # this fsync covers them
+        self._written_unsynced = self._sync_wanted = False  # this fsync covers them
         writes, self._unsynced = self._unsynced, []
         held, self._held_next = self._held_next, []
         self._held_syncing = held
@@ -220,7 +226,7 @@ class RaftHost:
         count once written), unless another fsync covered them since."""
         self._written_timer = None
         if self._written_unsynced and not self.failed and not self.storage.closed:
-            self._written_due = True
+            self._sync_wanted = True
             self._sync_later([])
 
     def _sync_in_worker(self, loop: asyncio.AbstractEventLoop, writes: list, held: list) -> None:
@@ -368,9 +374,16 @@ class RaftHost:
             g.compact(index, data, needed() if needed is not None else None, conf)
             multi.touched(gid)
             compacted = True
-        # a compaction's snapshot record is synced here: it is rare, and what it releases must
-        # not go before the record replacing it is durable
-        return not compacted or self._sync()
+        if not compacted:
+            return True
+        # what a compaction's snapshot record replaces is released only once that record is
+        # durable (`RaftHostStorage.settle`), so nothing waits for its fsync: in a worker thread
+        # it follows soon (a stream compacts every SNAPSHOT_ENTRIES batches, and an fsync here,
+        # on the loop, took tens of milliseconds each time under load); else it is done here
+        if self._sync_in_thread and not initial:
+            self._sync_wanted = True
+            return True
+        return self._sync()
 
     def _sync(self) -> bool:
         """One fsync of every group's log, here; False (and the node stopping) when the disk failed."""

@@ -945,6 +945,10 @@ class StreamLog:
         return self._segments[-1].next_offset
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def synced_offset(self) -> int:
         """Every record below this offset has been fsynced."""
         return self._synced_offset

@@ -66,15 +66,28 @@ STATUS_S = 1.0  # how often a member reports a stream's extent to the nodes with
 def remove_tree(d: Path) -> None:
     """Remove a deleted replica's files without holding up the event loop: a replica of millions
     of messages is gigabytes, and unlinking them took the node's loop (and with it heartbeats and
-    every client) for over ten seconds. A worker thread does it (`run_in_executor`, which the
-    whole-cluster simulation runs inline); what a crash leaves behind goes at the next boot
-    (`StreamHost.forget_orphans`)."""
+    every client) for over ten seconds. A worker thread does it (`in_worker_thread`); what a
+    crash leaves behind goes at the next boot (`StreamHost.forget_orphans`)."""
+    in_worker_thread(lambda: shutil.rmtree(d, ignore_errors=True), lambda error: None)
+
+
+def in_worker_thread(work: Callable[[], Any], done: Callable[[BaseException | None], None]) -> None:
+    """`work()` in a worker thread, then `done(error or None)` on the loop (at once, inline,
+    where no loop runs; never when the loop closes first)."""
     try:
         loop = asyncio.get_running_loop()
-    except RuntimeError:  # no loop (a tool, a test): at once
-        shutil.rmtree(d, ignore_errors=True)
+    except RuntimeError:
+        error = None
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001 - handed to `done`
+            error = e
+        done(error)
         return
-    loop.run_in_executor(None, shutil.rmtree, d, True)
+    def finished(f: asyncio.Future) -> None:
+        if not f.cancelled():  # (cancelled: the loop is closing with the node)
+            done(f.exception())
+    loop.run_in_executor(None, work).add_done_callback(finished)
 
 
 class StreamPort(Protocol):
@@ -95,12 +108,17 @@ class StreamPort(Protocol):
 class _StreamApp:
     """The stream's replica as its Raft group's application."""
 
-    __slots__ = ("host", "q", "term")
+    __slots__ = ("host", "q", "term", "_syncing", "_synced", "_sync_error")
 
     def __init__(self, host: StreamHost, q: StreamQueue):
         self.host = host
         self.q = q
         self.term = 0  # the term of the entry being applied (set by the Raft host): the chunk's epoch
+        # a snapshot whose chunks the worker thread is fsyncing; one whose chunks it has fsynced
+        # (index, membership, data); and the error it met (raised at the next checkpoint)
+        self._syncing: tuple[int, Any, bytes] | None = None
+        self._synced: tuple[int, Any, bytes] | None = None
+        self._sync_error: BaseException | None = None
 
     def apply(self, data: bytes, index: int) -> None:
         w = self.q.machine.apply(data, self.term)
@@ -110,6 +128,7 @@ class _StreamApp:
     def restore(self, data: bytes) -> None:
         m = self.q.machine
         m.restore(data)
+        self._syncing = self._synced = None  # taken on the way to a state this one replaces
         if m.missing_from is not None:
             self.host.gap(self.q)
 
@@ -118,6 +137,39 @@ class _StreamApp:
 
     def snapshot_due(self, entries_kept: int) -> bool:
         return entries_kept >= SNAPSHOT_ENTRIES
+
+    def checkpoint(self, index: int, conf: Any, take: Callable[[], bytes | None]) -> tuple[int, Any, bytes] | None:
+        """The snapshot to compact the Raft log to: one whose chunks are durable in this
+        member's log (the entries it replaces hold the only other copy of them). A snapshot is
+        taken at the applied `index` and the chunk log fsynced in a worker thread; the
+        snapshot is returned at the first call after that fsync returned (a snapshot is due
+        every SNAPSHOT_ENTRIES batches, tens of MiB under load, and their fsync on the loop
+        took it for 30-40 ms each time). A member with a gap holds the chunks it applies
+        meanwhile in memory: its snapshot goes at once (`StreamMachine.snapshot`)."""
+        if self._sync_error is not None:
+            raise self._sync_error
+        ready, self._synced = self._synced, None
+        if self._syncing is not None:
+            return ready
+        data = take()
+        if data is None:
+            return ready
+        m = self.q.machine
+        if m.missing_from is not None:
+            return index, conf, data
+        point = self._syncing = (index, conf, data)
+        lg = m.log
+
+        def synced(error: BaseException | None) -> None:
+            if self._syncing is not point:
+                return  # restored since, or dropped
+            self._syncing = None
+            if error is None:
+                self._synced = point
+            elif self.q.log is lg and not lg.closed:
+                self._sync_error = error
+        in_worker_thread(lg.sync, synced)
+        return ready
 
 
 class _Outgoing:

@@ -19,7 +19,7 @@ reconnect or a leader change gets its confirm, and the stream keeps one copy). A
 a consumer's offset under its reference (the stream protocol's store_offset).
 
 Snapshots hold only the numbers (next offset, writers, tracked offsets): the messages are in
-the member's log, made durable before the snapshot is taken. A member that restores a snapshot
+the member's log, made durable before the Raft log is compacted to the snapshot. A member that restores a snapshot
 whose next offset is beyond its log's end has a gap; it fetches the missing chunks from
 another member (`missing_from`, `fill`) and writes the entries it applies meanwhile once the gap is
 closed. A member's log may run past what is applied: at a restart the Raft log is applied again
@@ -229,8 +229,10 @@ class StreamMachine:
     # ------------------------------------------------------------ snapshots
 
     def snapshot(self) -> bytes:
-        if self.missing_from is None:
-            self.log.sync()
+        """The numbers; the Raft log may drop the entries before it only once the log is
+        durable up to `next_offset` (`StreamLog.sync`, which the caller runs). With a gap the
+        entries applied meanwhile wait in memory, not in the log, so there is nothing to sync:
+        a restart fetches the gap again."""
         return _enc.encode([self.next_offset, list(self.writers.items()), list(self.tracking.items()),
                             self.last_epoch, self.last_timestamp, list(self.holes.items())])
 
