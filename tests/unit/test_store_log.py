@@ -219,6 +219,33 @@ def test_a_sealed_segment_whose_records_are_all_released_is_deleted(tmp_path):
         assert log.read(first_end).payload == b"s" * 60
 
 
+def test_with_unlink_in_background_a_released_segments_file_goes_in_the_logs_own_thread(tmp_path, monkeypatch):
+    """The segment leaves the log at once; its file is removed by another thread (unlinking a
+    large segment with dirty pages took the caller tens of ms), and is gone once close() returns,
+    before the clean close is recorded."""
+    unlinked_by: list[str] = []
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(".hseg"):
+            unlinked_by.append(threading.current_thread().name)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    log = SegmentLog(tmp_path, segment_bytes_max=512, unlink_in_background=True)
+    seqs = [log.append(b"s" * 60) for _ in range(30)]
+    names = log.segment_names()
+    first_end = int(names[1].split(".")[0])
+    log.release_many(list(range(1, first_end)))
+    assert log.segment_names() == names[1:] and not log.contains(1)  # out of the log at once
+    log.close()
+    assert not os.path.exists(tmp_path / names[0])
+    assert unlinked_by and threading.current_thread().name not in unlinked_by
+    with SegmentLog(tmp_path, segment_bytes_max=512) as again:
+        assert again.closed_cleanly
+        assert [r.seq for r in again.replay()] == seqs[first_end - 1:]
+
+
 def test_the_active_segment_is_never_deleted_even_when_all_released(tmp_path):
     with SegmentLog(tmp_path) as log:
         s = log.append(b"only")

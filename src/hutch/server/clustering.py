@@ -196,7 +196,7 @@ class ClusterRuntime:
         self.cluster.promotion_held = self.promotion_hold
         self.cluster.recovering = True  # until the runtime has opened the broker's storage
         raft_dir = Path(cfg.data_dir) / "raft"
-        self.host = RaftHostStorage(raft_dir)
+        self.host = RaftHostStorage(raft_dir, unlink_in_background=True)
         storage = self.host.group(CATALOGUE_GROUP)
         joined = read_cluster_file(cfg.data_dir)
         if storage.last_index() == 0 and storage.snapshot().meta.index == 0:

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import format as fmt
-from .fileio import write_all, writev_all
+from .fileio import Unlinker, write_all, writev_all
 
 log = logging.getLogger("hutch.store")
 
@@ -262,11 +262,16 @@ class SegmentLog:
                  segment_bytes_max: int = SEGMENT_BYTES_MAX_DEFAULT,
                  record_bytes_max: int | None = None,
                  write_buffer_bytes_max: int = WRITE_BUFFER_BYTES_MAX_DEFAULT,
-                 visit: Callable[[int, int, memoryview], None] | None = None):
+                 visit: Callable[[int, int, memoryview], None] | None = None,
+                 unlink_in_background: bool = False):
         """`visit(seq, key, payload)`: called for each record recovery finds, in seq order, as
         it checks them, so an owner that rebuilds its state from the log reads the log once
         (`replay()` reads it again). The payload is a view into the segment's bytes, valid
-        during the call only; the log is not usable until the constructor returns."""
+        during the call only; the log is not usable until the constructor returns.
+        `unlink_in_background`: a segment whose records are all released is removed from the
+        log at once and its file by a thread of the log's own (`fileio.Unlinker`), not by the
+        caller of `release`; a crash may leave the file, whose records then come back as live,
+        as those of a segment not deleted yet do (releases are not persisted)."""
         if not SEGMENT_BYTES_MAX_MIN <= segment_bytes_max <= SEGMENT_BYTES_MAX_LIMIT:
             raise ValueError(f"segment_bytes_max={segment_bytes_max} is outside "
                              f"[{SEGMENT_BYTES_MAX_MIN}, {SEGMENT_BYTES_MAX_LIMIT}]")
@@ -279,6 +284,7 @@ class SegmentLog:
         if write_buffer_bytes_max < 1:
             raise ValueError("write_buffer_bytes_max must be positive")
         self.directory = Path(directory)
+        self._unlinker = Unlinker(f"unlink {self.directory.name}") if unlink_in_background else None
         self.segment_bytes_max = segment_bytes_max
         self.record_bytes_max = record_bytes_max
         self.write_buffer_bytes_max = write_buffer_bytes_max
@@ -774,10 +780,13 @@ class SegmentLog:
         if seg.read_fd is not None:
             os.close(seg.read_fd)
             seg.read_fd = None
-        try:
-            os.unlink(seg.path)
-        except FileNotFoundError:
-            pass
+        if self._unlinker is not None:
+            self._unlinker.unlink(seg.path)
+        else:
+            try:
+                os.unlink(seg.path)
+            except FileNotFoundError:
+                pass
         self._dir_dirty = True
         log.debug("Segment log %s: deleted segment %s, all its records settled", self.directory, seg.path.name)
 
@@ -1064,6 +1073,8 @@ class SegmentLog:
             return
         if self._failed is None:
             self.sync()
+        if self._unlinker is not None:
+            self._unlinker.close()  # the deleted segments are gone before the clean close is recorded
         with self._compact_lock, self._sync_lock, self._lock:
             if self._closed:
                 return
