@@ -124,6 +124,14 @@ def test_a_large_payload_in_parts_is_the_same_frame_on_the_wire(size):
     assert (len(parts) == 2 and parts[1] is payload) == (size >= SPLIT_PAYLOAD_MIN)  # handed on, not copied
     assert li.feed(b"".join(parts)) == [Message(7, payload)]
     assert d.encode_parts("meta", [1, 2]) == (d.encode("meta", [1, 2]),)
+    # a Raft message as the transport sends it, [group id, message]: the message is the tail part
+    listed = [12345, payload]
+    parts = d.encode_parts("raft", listed)
+    assert b"".join(parts) == d.encode("raft", listed)
+    assert (len(parts) == 2 and parts[1] is payload) == (size >= SPLIT_PAYLOAD_MIN)
+    assert li.feed(b"".join(parts)) == [Message("raft", listed)]
+    nested = [1, [payload]]  # bytes not at the list's own end: one part
+    assert d.encode_parts("raft", nested) == (d.encode("raft", nested),)
 
 
 def test_frames_over_the_limit_are_refused_on_both_sides():

@@ -169,7 +169,7 @@ def _proof(secret: bytes, role: bytes, dialler: str, listener: str, dialler_nonc
     return mac.digest()
 
 
-SPLIT_PAYLOAD_MIN = 64 * 1024  # a bytes payload at least this large is handed on as its own part (encode_parts)
+SPLIT_PAYLOAD_MIN = 64 * 1024  # bytes at least this large at a payload's end are handed on as their own part (encode_parts)
 _EMPTY_BIN = b"\xc4\x00"
 
 
@@ -182,19 +182,24 @@ def _bin_header(n: int) -> bytes:
     return b"\xc6" + n.to_bytes(4, "big")
 
 
-def encode_data_parts(group: Group, payload: bytes, frame_size_max: int = FRAME_SIZE_MAX_DEFAULT) -> tuple[bytes, bytes]:
-    """The bytes of `encode_frame(Data(group, payload))` as (everything before the payload, the
-    payload itself): a large payload (a Raft message carrying a stream's batch) goes to the
-    socket as it is, not copied into a frame and then into the write."""
-    head = _encoder.encode(Data(group, b""))
+def encode_data_parts(group: Group, payload: Any, tail: bytes,
+                      frame_size_max: int = FRAME_SIZE_MAX_DEFAULT) -> tuple[bytes, bytes]:
+    """The bytes of `encode_frame(Data(group, payload))` as (everything before `tail`, `tail`
+    itself), where `payload` ends with `tail`: it is `tail`, or a list whose last element is
+    `tail` (a Raft message carrying a stream's batch, `[group id, message]`). A large `tail` goes
+    to the socket as it is, not copied into a frame and then into the write."""
+    if payload is tail:
+        head = _encoder.encode(Data(group, b""))
+    else:
+        head = _encoder.encode(Data(group, [*payload[:-1], b""]))
     if not head.endswith(_EMPTY_BIN):
-        raise AssertionError("a Data frame's payload is not its last field")
-    n = len(payload)
+        raise AssertionError("the split bytes are not the last thing in the frame")
+    n = len(tail)
     bin_header = _bin_header(n)
     size = len(head) - len(_EMPTY_BIN) + len(bin_header) + n
     if size > frame_size_max:
         raise FrameTooLarge(f"frame of {size} bytes exceeds frame_size_max {frame_size_max}")
-    return _length.pack(size) + head[:-len(_EMPTY_BIN)] + bin_header, payload
+    return _length.pack(size) + head[:-len(_EMPTY_BIN)] + bin_header, tail
 
 
 def encode_frame(frame: Frame, frame_size_max: int = FRAME_SIZE_MAX_DEFAULT) -> bytes:
@@ -268,11 +273,13 @@ class PeerCodec:
         return encode_frame(Data(group, payload), self.frame_size_max)
 
     def encode_parts(self, group: Group, payload: Any) -> tuple[bytes, ...]:
-        """One data frame as the parts to write one after the other: a large bytes payload is
-        a part of its own (`encode_data_parts`); the bytes are those of `encode`."""
-        if type(payload) is bytes and len(payload) >= SPLIT_PAYLOAD_MIN:
+        """One data frame as the parts to write one after the other: large bytes at the end of
+        the payload (the payload itself, or the last element of a list) are a part of their
+        own (`encode_data_parts`); the bytes are those of `encode`."""
+        tail = payload[-1] if type(payload) is list and payload else payload
+        if type(tail) is bytes and len(tail) >= SPLIT_PAYLOAD_MIN:
             self._check_data(group)
-            return encode_data_parts(group, payload, self.frame_size_max)
+            return encode_data_parts(group, payload, tail, self.frame_size_max)
         return (self.encode(group, payload),)
 
     def _check_data(self, group: Group) -> None:
