@@ -214,6 +214,22 @@ def test_rstream_publish_v1_and_v2_are_the_same_bytes():
     assert f.encode(f.PublishV2(4, [(1, "eu", b"x"), (2, "us", b"yy")])) == v2
 
 
+def test_a_publish_of_simple_messages_parses_framed_as_a_chunks_data():
+    """The broker's fast path: the messages come as views of the frame, each after its size,
+    which joined are the chunk data `chunk.frame` makes, and read as the (id, bytes) list."""
+    records = [b"a" * 100, b"", b"\x00" * 3000]
+    (cmd,) = decode_all(f.encode(f.Publish(4, [(7, records[0]), (8, records[1]), (9, records[2])])))
+    msgs = cmd.messages
+    assert type(msgs) is f.FramedMessages
+    assert msgs.pids == [7, 8, 9] and msgs.size == sum(map(len, records))
+    assert b"".join(msgs.parts) == chunk.frame(records)
+    assert chunk.records(chunk.encode(records, timestamp=1, epoch=1)) == [bytes(p[4:]) for p in msgs.parts]
+    assert msgs == [(7, records[0]), (8, records[1]), (9, records[2])] and len(msgs) == 3 and msgs[2] == (9, records[2])
+    assert cmd == f.Publish(4, list(msgs)) and f.encode(cmd) == f.encode(f.Publish(4, list(msgs)))
+    (mixed,) = decode_all(f.encode(f.Publish(4, [(1, b"a"), (2, f.SubBatch(0, 1, 5, b"\x00\x00\x00\x01x"))])))
+    assert type(mixed.messages) is list  # a sub-batch: the general form
+
+
 def _read_by_rstream(cmd: f.Command):
     return rs_decode(f.encode(cmd)[4:], version_to_decode=cmd.VERSION)
 

@@ -250,12 +250,19 @@ class StreamSession:
             self.conn.send(f.PublishError(cmd.publisher_id, errs))
             self._flush()
             return
+        msgs = cmd.messages
+        if type(msgs) is f.FramedMessages:  # the usual frame: simple messages, framed as a chunk's
+            if msgs.pids:
+                self._publish(p, msgs.pids, msgs.size, None, None, msgs)
+            else:
+                self._flush()
+            return
         pids: list[int] = []
         records: list[bytes] = []
         filters: list[bytes | None] | None = [] if v2 else None
         confirm: list[int] = []
         bad: list[tuple[int, int]] = []
-        for m in cmd.messages:
+        for m in msgs:
             if v2:
                 pid, fv, body = m
             else:
@@ -284,14 +291,19 @@ class StreamSession:
         if not records:
             self._flush()
             return
-        size = sum(map(len, records))
+        self._publish(p, confirm, sum(map(len, records)), (pids, records), filters, None)
+
+    def _publish(self, p: _Publisher, confirm: list[int], size: int, plain: tuple[list[int], list[bytes]] | None,
+                 filters: list[bytes | None] | None, framed: f.FramedMessages | None) -> None:
+        """Publishing ids `confirm` (answered together) to write to the stream, as records (`plain`:
+        their publishing ids, one per record, and the records) or as `framed`."""
         self.unconfirmed += len(confirm)
         self.unconfirmed_bytes += size
         if (self.unconfirmed >= PUBLISH_WINDOW or self.unconfirmed_bytes >= PUBLISH_WINDOW_BYTES) and not self.paused:
             self.paused = True
             self._pause(True)
         dedup = bool(p.reference)
-        pub_id = cmd.publisher_id
+        pub_id = p.id
         rec = p.record
         rec["messages_published"] = rec.get("messages_published", 0) + len(confirm)
 
@@ -313,7 +325,12 @@ class StreamSession:
             self._flush()
         # without a reference the publisher's ids are not deduplicated (as in RabbitMQ); the node
         # numbers its records itself (StreamHost.write)
-        self.streams.write(p.q, p.writer, pids if dedup else None, records, filters, written)
+        if framed is not None:
+            self.streams.write_framed(p.q, p.writer, framed.pids if dedup else None, framed.parts, len(framed),
+                                      size, written)
+        else:
+            pids, records = plain
+            self.streams.write(p.q, p.writer, pids if dedup else None, records, filters, written)
 
     def query_publisher_sequence(self, cmd: f.QueryPublisherSequence) -> None:
         q, code = self._stream(cmd.stream, "read")

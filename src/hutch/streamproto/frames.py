@@ -31,7 +31,7 @@ imports nothing but the standard library and does no I/O.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 # ---------------------------------------------------------------- keys (rabbit_stream.hrl)
@@ -467,8 +467,41 @@ class SubBatch:
                 f"{len(self.data)} bytes)")
 
 
+class FramedMessages(Sequence):
+    """A version 1 Publish frame's messages as parsed when none is a sub-batch: `pids`, and
+    `parts`, each message with its size in front of it (its bytes in the frame after the
+    publishing id: views into the frame, not copies), which is how a chunk frames its records
+    (`chunk.frame`), so a broker puts them into a chunk without looking at each message again;
+    `size` the messages' bytes. Reads as the list of (publishing id, message bytes) pairs."""
+
+    __slots__ = ("pids", "parts", "size")
+
+    def __init__(self, pids: list[int], parts: list[memoryview], size: int):
+        self.pids = pids
+        self.parts = parts
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.pids)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return list(self)[i]
+        return self.pids[i], bytes(self.parts[i][4:])
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return zip(self.pids, (bytes(p[4:]) for p in self.parts), strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"FramedMessages({list(self)!r})"
+
+
 class Publish(Command):
-    """Version 1: `messages` is a list of (publishing id, message bytes or SubBatch)."""
+    """Version 1: `messages` is a list of (publishing id, message bytes or SubBatch); as parsed,
+    a `FramedMessages` when no message is a sub-batch."""
 
     __slots__ = ("publisher_id", "messages")
     KEY = KEY_PUBLISH
@@ -496,6 +529,12 @@ class Publish(Command):
         pos += 5
         if n * 12 > end - pos:
             raise _malformed(f"{n} messages run past the frame")
+        obj = cls.__new__(cls)
+        obj.publisher_id = publisher_id
+        framed = _framed_messages(buf, pos, end, n)
+        if framed is not None:
+            obj.messages = framed
+            return obj
         messages = []
         append = messages.append
         unpack = _pid_size.unpack_from
@@ -521,10 +560,31 @@ class Publish(Command):
             pos = e
         if pos != end:
             raise _malformed(f"{end - pos} bytes left over in Publish")
-        obj = cls.__new__(cls)
-        obj.publisher_id = publisher_id
         obj.messages = messages
         return obj
+
+
+def _framed_messages(buf, pos: int, end: int, n: int) -> FramedMessages | None:
+    """Publish's `n` messages from `pos` as `FramedMessages`, or None when one is a sub-batch
+    or the frame is malformed (the general parse says how)."""
+    pids: list[int] = []
+    parts: list[memoryview] = []
+    add_pid, add_part = pids.append, parts.append
+    unpack = _pid_size.unpack_from
+    view = memoryview(buf)
+    for _ in range(n):
+        if pos + 12 > end:
+            return None
+        pid, size = unpack(buf, pos)
+        e = pos + 12 + size
+        if size & 0x80000000 or e > end:
+            return None
+        add_pid(pid)
+        add_part(view[pos + 8:e])
+        pos = e
+    if pos != end:
+        return None
+    return FramedMessages(pids, parts, sum(map(len, parts)) - 4 * n)
 
 
 class PublishV2(Command):

@@ -187,13 +187,15 @@ class _Outgoing:
 class _Batch:
     """One writer's publishes to one stream in this loop iteration: an AMQP 0-9-1 channel's
     (confirmed message by message) or a stream-protocol publisher's Publish frames (answered
-    frame by frame). They become one entry, so one chunk."""
+    frame by frame). They become one entry, so one chunk: their records are kept framed as the
+    chunk's data (`chunk.frame`), in pieces joined once."""
 
-    __slots__ = ("writer", "records", "pids", "confirms", "answers", "filters", "size")
+    __slots__ = ("writer", "parts", "count", "pids", "confirms", "answers", "filters", "size")
 
     def __init__(self, writer: str, dedup: bool) -> None:
         self.writer = writer
-        self.records: list[bytes] = []
+        self.parts: list[bytes | memoryview] = []  # the records framed, in pieces
+        self.count = 0  # records
         self.pids: list[int] | None = [] if dedup else None  # None: the writer is not deduplicated
         self.filters: list[bytes | None] | None = None  # each record's filter value, once one has one
         self.confirms: list[tuple[Any, Any, int]] = []  # (channel, session, seq)
@@ -201,14 +203,20 @@ class _Batch:
         self.size = 0  # bytes of records
 
     def add(self, pids: list[int] | None, records: list[bytes], filters: list[bytes | None] | None) -> None:
+        self.add_framed(pids, [chunks.frame(records)], len(records), sum(map(len, records)), filters)
+
+    def add_framed(self, pids: list[int] | None, parts: list, n: int, size: int,
+                   filters: list[bytes | None] | None = None) -> None:
+        """`n` records of `size` bytes, framed in `parts`."""
         if filters is not None and self.filters is None:
-            self.filters = [None] * len(self.records)
-        self.records += records
+            self.filters = [None] * self.count
+        self.parts += parts
+        self.count += n
         if self.pids is not None and pids is not None:
             self.pids += pids
         if self.filters is not None:
-            self.filters += filters if filters is not None else [None] * len(records)
-        self.size += sum(map(len, records))
+            self.filters += filters if filters is not None else [None] * n
+        self.size += size
 
 
 class StreamHost:
@@ -409,14 +417,28 @@ class StreamHost:
         numbered here instead, under its writer id (unique in the cluster), so that an entry this
         node sends again after a leader change, which the old leader may have replicated before
         it died, is stored once (`forget_writer` when the publisher goes)."""
-        if pids is None and writer:
-            last = self._writer_seqs.get((writer, q.gid), 0)
-            pids = list(range(last + 1, last + 1 + len(records)))
-            self._writer_seqs[(writer, q.gid)] = last + len(records)
+        pids = self._numbered(q, writer, pids, len(records))
         b = self._batch(q, writer, pids, sum(map(len, records)))
         b.add(pids, records, filters)
         b.answers.append(answer)
         self.port.schedule()
+
+    def write_framed(self, q: StreamQueue, writer: str, pids: list[int] | None, parts: list, n: int, size: int,
+                     answer: Callable[[sm.Written | None], None]) -> None:
+        """`write` for `n` records of `size` bytes already framed as a chunk's data, in `parts`
+        (a Publish frame's messages as parsed: `frames.FramedMessages`)."""
+        pids = self._numbered(q, writer, pids, n)
+        b = self._batch(q, writer, pids, size)
+        b.add_framed(pids, parts, n, size)
+        b.answers.append(answer)
+        self.port.schedule()
+
+    def _numbered(self, q: StreamQueue, writer: str, pids: list[int] | None, n: int) -> list[int] | None:
+        if pids is None and writer:
+            last = self._writer_seqs.get((writer, q.gid), 0)
+            pids = list(range(last + 1, last + 1 + n))
+            self._writer_seqs[(writer, q.gid)] = last + n
+        return pids
 
     def _batch(self, q: StreamQueue, writer: str, pids: list[int] | None, size: int) -> _Batch:
         """The writer's batch to the stream in this loop iteration that `size` more bytes with
@@ -425,7 +447,7 @@ class StreamHost:
         sending ids again): the machine deduplicates an entry's ids in ascending order."""
         key = (q.gid, writer)
         b = self._batches.get(key)
-        if b is not None and b.records and (
+        if b is not None and b.count and (
                 b.size + size > BATCH_BYTES_MAX or (b.pids is None) != (pids is None)
                 or (pids and b.pids and pids[0] <= b.pids[-1])):
             self._propose_batch(q, self._batches.pop(key))
@@ -446,19 +468,19 @@ class StreamHost:
         if q is None or q.deleted:
             written(None)
         else:
-            self._propose(q, b.writer, b.pids, b.records, b.filters, written)
+            self._propose(q, b.writer, b.pids, b"".join(b.parts), b.count, b.filters, written)
 
     def store_offset(self, q: StreamQueue, reference: str, offset: int) -> None:
         self._propose_raw(q, sm.track_entry(reference, offset), _ignore)
 
-    def _propose(self, q: StreamQueue, writer: str, pids: list[int] | None, records: list[bytes],
+    def _propose(self, q: StreamQueue, writer: str, pids: list[int] | None, framed: bytes, count: int,
                  filters: list[bytes | None] | None, answer: Callable[[sm.Written | None], None]) -> None:
         req = self.peers.new_id()
         epoch = 0
-        entry = sm.write_entry(self.peers.node, req, epoch, self.now_ms(), writer, pids, records, filters)
+        entry = sm.framed_write_entry(self.peers.node, req, epoch, self.now_ms(), writer, pids, framed, count, filters)
         if len(entry) > ENTRY_BYTES_MAX:
             log.warning("stream '%s' in vhost '%s': refused %d message(s) of %d bytes, over the largest "
-                        "entry a stream takes (%d bytes)", q.name, q.vhost, len(records), len(entry), ENTRY_BYTES_MAX)
+                        "entry a stream takes (%d bytes)", q.name, q.vhost, count, len(entry), ENTRY_BYTES_MAX)
             answer(None)
             return
         self._out[req] = _Outgoing(q, entry, answer, self.now_ms() / 1000 + RETRY_S)

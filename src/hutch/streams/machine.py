@@ -108,8 +108,14 @@ class Written:
 
 def write_entry(origin: str, req: int, epoch: int, timestamp: int, writer: str, pids: Sequence[int] | None,
                 records: Sequence[bytes], filters: Sequence[bytes | None] | None = None) -> bytes:
-    return _enc.encode([WRITE, origin, req, epoch, timestamp, writer, pids, chunk.frame(records), filters,
-                        len(records)])
+    return framed_write_entry(origin, req, epoch, timestamp, writer, pids, chunk.frame(records), len(records),
+                              filters)
+
+
+def framed_write_entry(origin: str, req: int, epoch: int, timestamp: int, writer: str, pids: Sequence[int] | None,
+                       framed: bytes, count: int, filters: Sequence[bytes | None] | None = None) -> bytes:
+    """A WRITE entry of `count` records already framed as a chunk's data (`chunk.frame`)."""
+    return _enc.encode([WRITE, origin, req, epoch, timestamp, writer, pids, framed, filters, count])
 
 
 def track_entry(reference: str, offset: int) -> bytes:
@@ -329,4 +335,4 @@ def _take(holes: list[list[int]], p: int) -> bool:
 
 _ID_MAX = (1 << 64) - 1
 
-__all__ = ["StreamMachine", "Written", "write_entry", "track_entry", "decode_entry", "WRITE", "TRACK"]
+__all__ = ["StreamMachine", "Written", "write_entry", "framed_write_entry", "track_entry", "decode_entry", "WRITE", "TRACK"]
