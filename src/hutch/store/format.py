@@ -28,8 +28,9 @@ carries on from the first valid record it finds there.
 from __future__ import annotations
 
 import struct
-import zlib
 from typing import NamedTuple
+
+from isal.isal_zlib import crc32
 
 FORMAT_VERSION = 1
 
@@ -50,7 +51,7 @@ SEQ_MAX = (1 << 64) - 1
 
 def encode_segment_header(base_seq: int) -> bytes:
     head = _SEGMENT_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, 0, base_seq)
-    return head + _SEGMENT_CRC.pack(zlib.crc32(head))
+    return head + _SEGMENT_CRC.pack(crc32(head))
 
 
 def decode_segment_header(data: bytes | memoryview) -> int | None:
@@ -59,7 +60,7 @@ def decode_segment_header(data: bytes | memoryview) -> int | None:
         return None
     head = bytes(data[: _SEGMENT_HEADER.size])
     (crc,) = _SEGMENT_CRC.unpack_from(data, _SEGMENT_HEADER.size)
-    if zlib.crc32(head) != crc:
+    if crc32(head) != crc:
         return None
     magic, version, _reserved, base_seq = _SEGMENT_HEADER.unpack(head)
     if magic != SEGMENT_MAGIC or version != FORMAT_VERSION:
@@ -70,7 +71,7 @@ def decode_segment_header(data: bytes | memoryview) -> int | None:
 def encode_record_header(seq: int, key: int, payload: bytes | memoryview) -> bytes:
     """The 28 bytes that go before `payload` on disk."""
     tail = _RECORD_TAIL.pack(len(payload), seq, key)
-    crc = zlib.crc32(payload, zlib.crc32(tail))
+    crc = crc32(payload, crc32(tail))
     return RECORD_MAGIC + crc.to_bytes(4, "little") + tail
 
 
@@ -102,7 +103,7 @@ def decode_record_at(data: bytes | memoryview, offset: int, record_bytes_max: in
     if magic != RECORD_MAGIC or length > record_bytes_max or end_header + length > len(data):
         return None
     view = memoryview(data)
-    if zlib.crc32(view[end_header : end_header + length], zlib.crc32(view[offset + _RECORD_CRC_FROM : end_header])) != crc:
+    if crc32(view[end_header : end_header + length], crc32(view[offset + _RECORD_CRC_FROM : end_header])) != crc:
         return None
     return ScannedRecord(seq, key, offset, length)
 
@@ -118,7 +119,7 @@ def checked_record(view: memoryview, offset: int, seq: int, length: int) -> tupl
     magic, crc, rlength, rseq, key = _RECORD_HEADER.unpack_from(view, offset)
     if magic != RECORD_MAGIC or rlength != length or rseq != seq:
         return None
-    if zlib.crc32(view[offset + _RECORD_CRC_FROM:end]) != crc:
+    if crc32(view[offset + _RECORD_CRC_FROM:end]) != crc:
         return None
     return key, view[offset + RECORD_HEADER_BYTES:end]
 
@@ -153,7 +154,7 @@ def scan_segment(data: bytes, start: int, record_bytes_max: int,
     last_seq = seq_min - 1
     pos = start
     view = memoryview(data)
-    unpack, crc32, header_bytes = _RECORD_HEADER.unpack_from, zlib.crc32, RECORD_HEADER_BYTES
+    unpack, header_bytes = _RECORD_HEADER.unpack_from, RECORD_HEADER_BYTES
     while pos < end:
         # the common case, a valid record right here, inlined (a log of millions is scanned at
         # every start); anything else goes the way of decode_record_at and the resync below

@@ -46,12 +46,13 @@ import re
 import struct
 import threading
 import time
-import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+
+from isal.isal_zlib import crc32
 
 from . import format as fmt
 from .fileio import Unlinker, write_all, writev_all
@@ -353,7 +354,7 @@ class SegmentLog:
         if len(raw) != _SYNCED.size:
             return None
         magic, base, size, crc = _SYNCED.unpack(raw)
-        if magic != _SYNCED_MAGIC or crc != zlib.crc32(raw[:_SYNCED.size - 4]):
+        if magic != _SYNCED_MAGIC or crc != crc32(raw[:_SYNCED.size - 4]):
             log.warning("Segment log %s: %s is damaged; a damaged end of the last segment will be taken for "
                         "a write torn by a crash", self.directory, SYNCED_FILE)
             return None
@@ -362,7 +363,7 @@ class SegmentLog:
     def _write_synced(self, base: int, size: int) -> None:
         """Record that `size` bytes of segment `base` are on disk (called after their fsync)."""
         head = _SYNCED_MAGIC + base.to_bytes(8, "little") + size.to_bytes(8, "little")
-        os.pwrite(self._synced_fd, head + zlib.crc32(head).to_bytes(4, "little"), 0)
+        os.pwrite(self._synced_fd, head + crc32(head).to_bytes(4, "little"), 0)
         _fdatasync(self._synced_fd)
         self._synced_at = time.monotonic()
         self._synced_mark = (base, size)

@@ -59,12 +59,13 @@ import shutil
 import struct
 import threading
 import time
-import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+
+from isal.isal_zlib import crc32
 
 from .fileio import write_all, writev_all
 
@@ -171,11 +172,11 @@ def chunk_crc(chunk: bytes | bytearray | memoryview, split: int = 0, tail_crc: i
     `chunk[split:]` (whose CRC-32 is `tail_crc` when the caller knows it) followed by
     `chunk[:split]`."""
     if not split:
-        return zlib.crc32(chunk)
+        return crc32(chunk)
     with memoryview(chunk) as view:
         if tail_crc is None:
-            tail_crc = zlib.crc32(view[split:])
-        return zlib.crc32(view[:split], tail_crc)
+            tail_crc = crc32(view[split:])
+        return crc32(view[:split], tail_crc)
 
 
 def segment_file_name(first_chunk_id: int) -> str:
@@ -190,7 +191,7 @@ def encode_index_record(chunk_id: int, timestamp: int, epoch: int, position: int
                         num_records: int, chunk_crc: int, chunk_type: int, filter_size: int, split: int = 0) -> bytes:
     body = _INDEX_RECORD.pack(chunk_id, timestamp, epoch, position, size, num_records, chunk_crc,
                               chunk_type, filter_size, split, 0)[:_INDEX_BODY_BYTES]
-    return body + zlib.crc32(body).to_bytes(4, "little")
+    return body + crc32(body).to_bytes(4, "little")
 
 
 class _Segment:
@@ -405,7 +406,6 @@ class StreamLog:
         rows = []
         why = None
         expect_id, expect_pos = base, HEADER_BYTES
-        crc32 = zlib.crc32
         for k, rec in enumerate(_INDEX_RECORD.iter_unpack(view)):
             start = k * INDEX_RECORD_BYTES
             chunk_id, _ts, _ep, pos, size, num, _ccrc, ctype, _fs, _res, rcrc = rec
@@ -604,12 +604,12 @@ class StreamLog:
         if not 0 <= timestamp <= _I64_MAX or not 0 <= epoch <= _I64_MAX:
             raise ValueError("timestamp and epoch are integers in [0, 2**63)")
         if split_crc is None:
-            split, crc = 0, zlib.crc32(chunk)
+            split, crc = 0, crc32(chunk)
         else:
             split, tail = split_crc
             if not 0 < split <= min(size, SPLIT_MAX):
                 raise ValueError(f"a split point is in [1, {min(size, SPLIT_MAX)}], not {split}")
-            crc = zlib.crc32(parts[0], tail) if parts is not None else chunk_crc(chunk, split, tail)
+            crc = crc32(parts[0], tail) if parts is not None else chunk_crc(chunk, split, tail)
         with self._lock:
             self._check_writable()
             seg = self._segments[-1]

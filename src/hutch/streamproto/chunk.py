@@ -40,6 +40,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from itertools import chain
 
+from isal.isal_zlib import crc32
+
 MAGIC_VERSION = 0x50
 USER = 0  # chunk type of user records
 HEADER = struct.Struct(">bbHIqQQIIIB3x")
@@ -138,7 +140,7 @@ def encode_head(data: bytes | bytearray | memoryview, n: int, timestamp: int, ep
     bloom = bloom_of(filter_values, bloom_size)
     head = bytearray(_NO_HEADER)
     head += bloom
-    crc = zlib.crc32(data)
+    crc = crc32(data)
     HEADER.pack_into(head, 0, MAGIC_VERSION, USER, n, n, timestamp, epoch, first_offset, crc, len(data), 0,
                      len(bloom))
     return head, crc
@@ -169,7 +171,7 @@ def check(chunk: bytes | memoryview) -> ChunkHeader:
     if len(chunk) != h.size:
         raise ChunkError(f"chunk at offset {h.first_offset}: {len(chunk)} bytes where its header says {h.size}")
     at = h.data_at
-    if zlib.crc32(chunk[at:at + h.data_length]) != h.crc:
+    if crc32(chunk[at:at + h.data_length]) != h.crc:
         raise ChunkError(f"chunk at offset {h.first_offset}: CRC mismatch")
     return h
 
@@ -267,7 +269,7 @@ def without_bloom(chunk: bytes | memoryview, h: ChunkHeader) -> bytes | memoryvi
 # ---------------------------------------------------------------- bloom filters
 
 def _positions(value: bytes, bits: int) -> tuple[int, int]:
-    h1 = zlib.crc32(value)
+    h1 = crc32(value)
     h2 = zlib.adler32(value) | 1
     return h1 % bits, (h1 + h2) % bits
 
