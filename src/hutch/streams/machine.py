@@ -19,13 +19,13 @@ reconnect or a leader change gets its confirm, and the stream keeps one copy). A
 a consumer's offset under its reference (the stream protocol's store_offset).
 
 Snapshots hold only the numbers (next offset, writers, tracked offsets): the messages are in
-the member's log, made durable before the Raft log is compacted to the snapshot. A member that restores a snapshot
-whose next offset is beyond its log's end has a gap; it fetches the missing chunks from
-another member (`missing_from`, `fill`) and writes the entries it applies meanwhile once the gap is
-closed. A member's log may run past what is applied: at a restart the Raft log is applied again
-from its snapshot (or its start) over the log the member kept, and a `WRITE` whose chunk is
-already in the log is applied to the state only (the log holds only committed entries, so the
-chunk there is the one the entry makes).
+the member's log, made durable before the Raft log is compacted to the snapshot. A member that
+restores a snapshot whose next offset is beyond its log's end has a gap; it fetches the missing
+chunks from another member (`missing_from`, `fill`) and writes the entries it applies meanwhile
+once the gap is closed. A member's log may run past what is applied: at a restart the Raft log
+is applied again from its snapshot (or its start) over the log the member kept, and a `WRITE`
+whose chunk is already in the log is applied to the state only (the log holds only committed
+entries, so the chunk there is the one the entry makes).
 
 Deduplication keeps the highest publishing id and, besides it, the ids a writer skipped (a
 bounded list of ranges, counted from 0 for a writer's first entry): an entry that overtook an
