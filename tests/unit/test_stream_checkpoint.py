@@ -14,6 +14,7 @@ import types
 import pytest
 
 from hutch.store.stream_log import StreamLog, StreamLogError
+from hutch.streams import host as streams_host
 from hutch.streams import machine as sm
 from hutch.streams.host import _StreamApp
 
@@ -116,8 +117,14 @@ def test_a_failed_fsync_is_raised_at_the_next_checkpoint(member):
     asyncio.run(run())
 
 
-def test_a_snapshot_restored_while_the_fsync_runs_drops_the_one_taken_before(member):
+def test_a_snapshot_restored_while_the_fsync_runs_drops_the_one_taken_before(member, monkeypatch):
     app, q, lg = member
+    called_back: list[BaseException | None] = []
+    real = streams_host.in_worker_thread
+
+    def in_worker_thread(work, done):
+        real(work, lambda error: (done(error), called_back.append(error)))
+    monkeypatch.setattr(streams_host, "in_worker_thread", in_worker_thread)
 
     async def run():
         write(app, 1)
@@ -126,8 +133,8 @@ def test_a_snapshot_restored_while_the_fsync_runs_drops_the_one_taken_before(mem
         leader.next_offset = 1  # the leader's state, at this member's log end
         app.restore(leader.snapshot())
         lg.go.set()
-        await until(lambda: lg.synced_offset >= 1, "the fsync")
-        await asyncio.sleep(0.01)  # its callback has run
-        assert app._synced is None and app._sync_error is None
+        await until(lambda: called_back, "the fsync and its callback")
+        assert called_back == [None] and lg.synced_offset >= 1
+        assert app._synced is None and app._sync_error is None  # the snapshot taken before is dropped
 
     asyncio.run(run())
