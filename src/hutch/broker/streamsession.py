@@ -252,10 +252,12 @@ class StreamSession:
             return
         msgs = cmd.messages
         if type(msgs) is f.FramedMessages:  # the usual frame: simple messages, framed as a chunk's
-            if msgs.pids:
-                self._publish(p, msgs.pids, msgs.size, None, None, msgs)
-            else:
+            if not msgs.pids:
                 self._flush()
+                return
+            written = self._publishing(p, msgs.pids, msgs.size)
+            self.streams.write_framed(p.q, p.writer, msgs.pids if p.reference else None, msgs.parts, len(msgs),
+                                      msgs.size, written)
             return
         pids: list[int] = []
         records: list[bytes] = []
@@ -291,18 +293,19 @@ class StreamSession:
         if not records:
             self._flush()
             return
-        self._publish(p, confirm, sum(map(len, records)), (pids, records), filters, None)
+        written = self._publishing(p, confirm, sum(map(len, records)))
+        # without a reference the publisher's ids are not deduplicated (as in RabbitMQ); the node
+        # numbers its records itself (StreamHost.write)
+        self.streams.write(p.q, p.writer, pids if p.reference else None, records, filters, written)
 
-    def _publish(self, p: _Publisher, confirm: list[int], size: int, plain: tuple[list[int], list[bytes]] | None,
-                 filters: list[bytes | None] | None, framed: f.FramedMessages | None) -> None:
-        """Publishing ids `confirm` (answered together) to write to the stream, as records (`plain`:
-        their publishing ids, one per record, and the records) or as `framed`."""
+    def _publishing(self, p: _Publisher, confirm: list[int], size: int) -> Callable[[Any], None]:
+        """Count publishing ids `confirm` (answered together) and their `size` bytes as
+        unconfirmed; the callback that answers them once the stream has them."""
         self.unconfirmed += len(confirm)
         self.unconfirmed_bytes += size
         if (self.unconfirmed >= PUBLISH_WINDOW or self.unconfirmed_bytes >= PUBLISH_WINDOW_BYTES) and not self.paused:
             self.paused = True
             self._pause(True)
-        dedup = bool(p.reference)
         pub_id = p.id
         rec = p.record
         rec["messages_published"] = rec.get("messages_published", 0) + len(confirm)
@@ -323,14 +326,7 @@ class StreamSession:
                 rec["messages_confirmed"] = rec.get("messages_confirmed", 0) + len(confirm)
                 self.conn.send(f.PublishConfirm(pub_id, confirm))
             self._flush()
-        # without a reference the publisher's ids are not deduplicated (as in RabbitMQ); the node
-        # numbers its records itself (StreamHost.write)
-        if framed is not None:
-            self.streams.write_framed(p.q, p.writer, framed.pids if dedup else None, framed.parts, len(framed),
-                                      size, written)
-        else:
-            pids, records = plain
-            self.streams.write(p.q, p.writer, pids if dedup else None, records, filters, written)
+        return written
 
     def query_publisher_sequence(self, cmd: f.QueryPublisherSequence) -> None:
         q, code = self._stream(cmd.stream, "read")

@@ -417,28 +417,22 @@ class StreamHost:
         numbered here instead, under its writer id (unique in the cluster), so that an entry this
         node sends again after a leader change, which the old leader may have replicated before
         it died, is stored once (`forget_writer` when the publisher goes)."""
-        pids = self._numbered(q, writer, pids, len(records))
-        b = self._batch(q, writer, pids, sum(map(len, records)))
-        b.add(pids, records, filters)
-        b.answers.append(answer)
-        self.port.schedule()
+        self.write_framed(q, writer, pids, [chunks.frame(records)], len(records), sum(map(len, records)), answer,
+                          filters)
 
     def write_framed(self, q: StreamQueue, writer: str, pids: list[int] | None, parts: list, n: int, size: int,
-                     answer: Callable[[sm.Written | None], None]) -> None:
+                     answer: Callable[[sm.Written | None], None],
+                     filters: list[bytes | None] | None = None) -> None:
         """`write` for `n` records of `size` bytes already framed as a chunk's data, in `parts`
         (a Publish frame's messages as parsed: `frames.FramedMessages`)."""
-        pids = self._numbered(q, writer, pids, n)
-        b = self._batch(q, writer, pids, size)
-        b.add_framed(pids, parts, n, size)
-        b.answers.append(answer)
-        self.port.schedule()
-
-    def _numbered(self, q: StreamQueue, writer: str, pids: list[int] | None, n: int) -> list[int] | None:
         if pids is None and writer:
             last = self._writer_seqs.get((writer, q.gid), 0)
             pids = list(range(last + 1, last + 1 + n))
             self._writer_seqs[(writer, q.gid)] = last + n
-        return pids
+        b = self._batch(q, writer, pids, size)
+        b.add_framed(pids, parts, n, size, filters)
+        b.answers.append(answer)
+        self.port.schedule()
 
     def _batch(self, q: StreamQueue, writer: str, pids: list[int] | None, size: int) -> _Batch:
         """The writer's batch to the stream in this loop iteration that `size` more bytes with
