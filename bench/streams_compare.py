@@ -10,7 +10,10 @@ first (one broker runs at a time, so they never compete for the two cores):
               and over the stream protocol (`hutch perf --protocol stream`: 100 messages per
               Publish frame, credit 10). Rates are the mean of the per-second samples after the
               first `WARMUP_S`. Clients connect to the node the stream was created through
-              (its leader).
+              (its leader). The stream run also gives what the disk holding the brokers' data
+              took during it (/sys/dev/block/M:m/stat), per confirmed message: a broker whose
+              writes wait for an fsync puts its copies on the disk during the run, one that never
+              fsyncs may leave some in the page cache until after it.
   catch-up    a stream filled with `--catchup` messages (default 1,000,000 so a run fits in
               minutes; 10,000,000 is the goal's figure, about 10 GiB per replica), then one
               stream-protocol consumer reads them all from `first`: the time it takes.
@@ -241,6 +244,17 @@ def steady(summary: dict, key: str) -> float:
     return sum(samples) / len(samples) if samples else summary[f"{key}_rate"]
 
 
+def disk_sectors_written(path: str) -> int | None:
+    """512-byte sectors written so far to the block device that holds `path` (Linux's
+    /sys/dev/block/M:m/stat), or None where that cannot be read."""
+    dev = os.stat(path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as fh:
+            return int(fh.read().split()[6])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def measure_throughput(b: Broker, protocol: str, duration_s: float) -> dict:
     name = f"bench-{protocol}-{uuid.uuid4().hex[:8]}"
     common = ["--size", str(BODY_SIZE), "--duration", str(duration_s), "--queue", name]
@@ -250,9 +264,15 @@ def measure_throughput(b: Broker, protocol: str, duration_s: float) -> dict:
     else:
         args = ["--protocol", "stream", "--uri", b.stream_url(0),
                 "--queue-args", json.dumps({"initial-cluster-size": b.n})]
+    disk0 = disk_sectors_written(tempfile.gettempdir())  # where the brokers keep their data
     s = perf(args + common)
+    disk1 = disk_sectors_written(tempfile.gettempdir())
     _delete(b, name)
+    # what the disk took during the run, per confirmed message: a broker that fsyncs writes its
+    # copies during the run; dirty pages that are never fsynced may be written after it
+    disk_kib = (disk1 - disk0) * 512 / 1024 / s["confirmed"] if disk0 is not None and s["confirmed"] else None
     return {"publish_rate": steady(s, "confirmed"), "consume_rate": steady(s, "received"),
+            "disk_kib_per_msg": None if disk_kib is None else round(disk_kib, 2),
             "confirm_p50_us": s["confirm_latency_us"]["p50"], "consumer_p50_us": s["consumer_latency_us"]["p50"],
             "nacked": s["nacked"], "client_cpu_us_per_msg": s["client_cpu_us_per_msg"]}
 
@@ -547,6 +567,7 @@ ROWS = [  # (label, path in a config's results, kind): a rate is better higher, 
     ("AMQP 0-9-1 consume msg/s", ("throughput_amqp", "consume_rate"), "rate"),
     ("stream publish, confirmed msg/s", ("throughput_stream", "publish_rate"), "rate"),
     ("stream consume msg/s", ("throughput_stream", "consume_rate"), "rate"),
+    ("stream publish: disk written, KiB/msg (lower)", ("throughput_stream", "disk_kib_per_msg"), "size"),
     ("catch-up from first, s (lower is better)", ("catchup", "read_s"), "time"),
     ("catch-up msg/s", ("catchup", "read_rate"), "rate"),
     ("failover: kill -9 to delivery, ms (lower)", ("failover", "resume_ms"), "time"),
@@ -582,7 +603,7 @@ def print_table(results: dict, replicas: list[int]) -> None:
                          for v, res in [(rv, r), *zip(hvs, hs, strict=True)]]
                 print(f"  {label:44} {cells[0]:>12}" + "".join(f" {c:>12} {'':>18}" for c in cells[1:]))
                 continue
-            digits = 2 if kind == "time" and ", s " in label else 0
+            digits = 2 if (kind == "time" and ", s " in label) or kind == "size" else 0
             print(f"  {label:44} {fmt(rv, digits):>12}" + "".join(
                 f" {fmt(hv, digits):>12} {ratio(hv, rv) if kind != 'count' else '':>18}" for hv in hvs))
 

@@ -429,3 +429,43 @@ async def test_a_compactions_snapshot_record_is_fsynced_in_the_worker_thread_and
         assert n.storage.log.fsync_count > fsyncs and not n.fatal
     finally:
         n.storage.close()
+
+
+@on_a_loop
+async def test_a_side_file_is_fsynced_before_the_raft_log_and_records_appended_meanwhile_are_not_durable_yet(cluster):
+    """A stream's chunk log (a side file) holds what the Raft log's records name: the worker
+    thread fsyncs it first, and a record appended while it runs (its chunk may have been
+    written after that fsync) is not counted durable by this round."""
+    leader = await cluster.elect_node_1()
+    st = leader.storage
+    order: list[tuple[str, int]] = []
+    settled: list[int] = []
+    late: list[int] = []
+
+    class Side:
+        def sync(self):
+            order.append(("side", st.log.fsync_count))
+            late.append(st.log.append(b"appended while the worker thread runs", key=99))
+
+    real_settle = st.settle
+    st.settle = lambda seq: (settled.append(seq), real_settle(seq))[1]
+    fsyncs = st.log.fsync_count
+    st.side_written(Side())
+    leader.propose(b"m1")
+    await cluster.until(lambda: st.log.fsync_count > fsyncs and settled, "the leader's fsync")
+    assert order == [("side", fsyncs)]  # once, before the Raft log's fsync
+    assert settled[0] < late[0]
+    assert st.take_side() == []
+
+
+@on_a_loop
+async def test_entries_that_count_once_written_are_with_the_os_before_the_follower_answers(written_cluster):
+    """`entries_wait_for_fsync=False`: a follower answers before its fsync, but not before its
+    log's buffer went to the OS (a killed process must lose none of what it acknowledged)."""
+    leader = await written_cluster.elect_node_1()
+    follower = written_cluster.nodes[2]
+    log_ = follower.storage.log
+    index = leader.propose(b"m1")  # a small entry: the log buffers its record
+    written_cluster.hand_over(1, 2)
+    answers = [m for m in follower.sent(rm.AppendResponse) if m.index >= index]
+    assert answers and log_.written_seq == log_.last_seq

@@ -53,6 +53,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections import deque
+from typing import Protocol
 
 import msgspec
 
@@ -106,11 +107,12 @@ class RaftLog(EntryWindow):
 
     Besides the interface it keeps, per entry, its term and the seq of the record that wrote
     it, and per record how many of its entries are still in the log, so it knows when a record
-    may go. Only the newest entries stay in memory (MEMORY_ENTRIES, MEMORY_BYTES); an older one
+    may go. Only the newest entries stay in memory (MEMORY_ENTRIES, `memory_bytes`); an older one
     is None in `_entries` and is read back from its record when asked for."""
 
     __slots__ = ("host", "group_id", "_entries", "_terms", "_seqs", "_offset", "_hs", "_hs_seq", "_snap",
-                 "_snap_seq", "_counts", "truncations", "_mem_lo", "_mem_bytes", "_cache", "reads")
+                 "_snap_seq", "_counts", "truncations", "_mem_lo", "_mem_bytes", "_cache", "reads", "codec",
+                 "memory_bytes")
 
     def __init__(self, host: RaftHostStorage, group_id: int) -> None:
         self.host = host
@@ -129,6 +131,8 @@ class RaftLog(EntryWindow):
         self._snap_seq = 0
         self._counts: dict[int, int] = {}  # entries record seq -> its entries still in the log
         self.truncations = 0
+        self.codec: EntryCodec | None = None  # how the group's records keep its entries (None: as they are)
+        self.memory_bytes = MEMORY_BYTES  # the bound of the entries kept in memory (a group may have its own)
 
     # -- LogStorage: reads ----------------------------------------------------------------------
 
@@ -181,9 +185,17 @@ class RaftLog(EntryWindow):
             if type(record) is not EntriesRecord:
                 raise RaftLogError(f"Raft log {self.host.log.directory}: record {rec.seq} of group {self.group_id} "
                                    f"holds no entries")
+            codec = self.codec
             for e in record.entries:
                 j = e.index - off
                 if first <= j < end and seqs[j] == rec.seq and entries[j] is None:
+                    if codec is not None:
+                        try:
+                            e = codec.restored(e)
+                        except RaftLogError:
+                            if e.index == index:
+                                raise
+                            continue  # one read ahead: it fails again if it is asked for
                     self._cache[e.index] = e
         got = self._cache.get(index)
         if got is None:
@@ -203,7 +215,8 @@ class RaftLog(EntryWindow):
             raise IndexError(f"append at {first} below the first index {self._offset}")
         if entries[-1].index != first + len(entries) - 1:
             raise IndexError(f"entries to append are not consecutive: {first}..{entries[-1].index}")
-        seq = self.host._write(self.group_id, EntriesRecord(entries))
+        stored = entries if self.codec is None else self.codec.appending(self, entries)
+        seq = self.host._write(self.group_id, EntriesRecord(stored))
         cut = first - self._offset
         if cut < len(self._entries):
             self.truncations += 1
@@ -221,7 +234,7 @@ class RaftLog(EntryWindow):
         for e in entries:
             size += len(e.data) + 16  # entry_size_bytes
         self._mem_bytes = size
-        if size > MEMORY_BYTES or self.last_index() - self._mem_lo >= MEMORY_ENTRIES:
+        if size > self.memory_bytes or self.last_index() - self._mem_lo >= MEMORY_ENTRIES:
             self._page_out()
 
     def _page_out(self) -> None:
@@ -231,7 +244,8 @@ class RaftLog(EntryWindow):
         lo = self._mem_lo
         last = self.last_index()
         size = self._mem_bytes
-        while lo < last and (size > MEMORY_BYTES or last - lo >= MEMORY_ENTRIES):
+        bound = self.memory_bytes
+        while lo < last and (size > bound or last - lo >= MEMORY_ENTRIES):
             size -= len(entries[lo - off].data) + 16
             entries[lo - off] = None
             lo += 1
@@ -250,6 +264,8 @@ class RaftLog(EntryWindow):
         self._hs, self._hs_seq = hs, seq
 
     def install_snapshot(self, snap: Snapshot) -> None:
+        if self.codec is not None:
+            self.codec.replacing()
         index = snap.meta.index
         seq = self.host._write(self.group_id, SnapshotRecord(snap, index + 1, index))
         self._drop(0, len(self._entries), seq)
@@ -274,6 +290,23 @@ class RaftLog(EntryWindow):
         self._offset = keep_from
         self._mem_lo = max(self._mem_lo, keep_from)
         self._new_snapshot(snap, seq)
+
+    def cut_after(self, index: int) -> None:
+        """Drop the entries after `index` (entries this node wrote but cannot read back whole
+        after a crash: never acknowledged, so as good as never written). Recorded as a snapshot
+        record of the snapshot the group has, whose window ends at `index`."""
+        if not self._offset - 1 <= index < self.last_index():
+            raise IndexError(f"cut after {index} outside log [{self._offset}, {self.last_index()}]")
+        seq = self.host._write(self.group_id, SnapshotRecord(self._snap, self._offset, index))
+        n = index + 1 - self._offset
+        self.truncations += 1
+        self._drop(n, len(self._entries), seq)
+        self._forget(n, len(self._entries))
+        del self._entries[n:]
+        del self._terms[n:]
+        del self._seqs[n:]
+        self._mem_lo = min(self._mem_lo, index + 1)
+        self._new_snapshot(self._snap, seq)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -310,6 +343,25 @@ class RaftLog(EntryWindow):
         return sorted(out)
 
 
+class SideFile(Protocol):
+    def sync(self) -> None: ...
+
+
+class EntryCodec(Protocol):
+    """How a group's records keep its entries, when not as they are (a stream's Raft log keeps
+    a batch without its records once they are in the stream's own log: `hutch.streams.ahead`)."""
+
+    def appending(self, log: RaftLog, entries: list[Entry]) -> list[Entry]:
+        """`entries` are about to be appended (the log still holds any they replace): the
+        entries as their record is to keep them."""
+
+    def restored(self, entry: Entry) -> Entry:
+        """An entry as its record kept it, made whole."""
+
+    def replacing(self) -> None:
+        """The whole log is about to be replaced by a snapshot from the leader."""
+
+
 class RaftHostStorage:
     """The node's Raft log: one `SegmentLog` in `directory`, one `RaftLog` per group.
 
@@ -327,6 +379,9 @@ class RaftHostStorage:
         self._retiring: deque[tuple[int, int]] = deque()
         self.released_count = 0
         self.closed = False
+        # files that hold what this log's records name (a stream's chunk log), written since they
+        # were last handed to an fsync: fsynced before the log itself (`take_side`, `sync`)
+        self._side: dict[int, SideFile] = {}
         try:
             self._recover()
         except BaseException:
@@ -357,11 +412,28 @@ class RaftHostStorage:
     # -- durability and compaction ----------------------------------------------------------------
 
     def sync(self) -> int:
-        """Make every record written so far durable (one fsync for all groups); release the
-        records that are no longer needed. Returns the durable seq."""
+        """Make every record written so far durable (one fsync for all groups), the files its
+        records name first; release the records that are no longer needed. Returns the durable
+        seq."""
+        for f in self.take_side():
+            f.sync()
         durable = self.log.sync()
         self.settle(durable)
         return durable
+
+    def side_written(self, f: SideFile) -> None:
+        """`f` was written: records appended from now on may name what it holds, so the next
+        fsync of this log fsyncs `f` first."""
+        self._side[id(f)] = f
+
+    def take_side(self) -> list[SideFile]:
+        """The side files written since the last call, to fsync before this log (a runtime that
+        fsyncs in a worker thread calls this on the owning thread, and claims durable only the
+        records appended by then: `log.last_seq`)."""
+        if not self._side:
+            return []
+        side, self._side = list(self._side.values()), {}
+        return side
 
     def settle(self, durable_seq: int) -> None:
         """Release what became releasable now that `durable_seq` is durable (for a runtime that

@@ -180,6 +180,15 @@ class RaftHost:
                 sync_now = mr.must_sync_plainly() or mr.written_only
             else:
                 if mr.written_only:
+                    # "written" is the OS's: the log's buffer goes to it before any answer or
+                    # commit counts these entries (a killed process then loses none of them)
+                    try:
+                        self.storage.log.flush()
+                    except StoreClosed:
+                        return
+                    except StoreError as e:
+                        self._storage_failed(e)
+                        return
                     self._written_unsynced = True
                     if self._written_timer is None:
                         self._written_timer = asyncio.get_running_loop().call_later(WRITTEN_SYNC_INTERVAL_S,
@@ -218,8 +227,13 @@ class RaftHost:
         writes, self._unsynced = self._unsynced, []
         held, self._held_next = self._held_next, []
         self._held_syncing = held
+        # the files the records name (streams' chunk logs) are fsynced first, and only the
+        # records appended by now count as durable: a record appended while the worker runs may
+        # name a chunk written after that chunk log's fsync
+        side = self.storage.take_side()
+        upto = self.storage.log.last_seq if side else None
         loop = asyncio.get_running_loop()
-        self._syncing = loop.run_in_executor(None, self._sync_in_worker, loop, writes, held)
+        self._syncing = loop.run_in_executor(None, self._sync_in_worker, loop, writes, held, side, upto)
 
     def _sync_written(self) -> None:
         """The timer's turn: the fsync of entries that nobody waits for (groups whose entries
@@ -229,13 +243,18 @@ class RaftHost:
             self._sync_wanted = True
             self._sync_later([])
 
-    def _sync_in_worker(self, loop: asyncio.AbstractEventLoop, writes: list, held: list) -> None:
+    def _sync_in_worker(self, loop: asyncio.AbstractEventLoop, writes: list, held: list, side: list,
+                        upto: int | None) -> None:
         """In the worker thread: the fsync, then `_synced` on the loop, called from here rather
         than as the executor future's callback (that would take the loop one more iteration, on
         every commit's path)."""
         seq, error = 0, None
         try:
+            for f in side:
+                f.sync()
             seq = self._thread_sync()
+            if upto is not None and upto < seq:
+                seq = upto
         except BaseException as e:  # noqa: BLE001 - handed to the loop, which stops the node
             error = e
         try:
@@ -549,6 +568,13 @@ class RaftHost:
         snap = storage.snapshot()
         if snap.data:
             app.restore(snap.data)
+        attach = getattr(app, "attach", None)  # an application that keeps what its entries hold itself
+        if attach is not None:
+            try:
+                attach(storage)
+            except (StoreError, RaftLogError) as e:
+                self._storage_failed(e)
+                return
         self.apps[gid] = app
         g = self.multi.add_group(gid, storage, entries_wait_for_fsync, alone_fsyncs_first)
         if log_entries is not None:
@@ -600,6 +626,11 @@ class QueueGroups:
 
     def propose(self, gid: int, data: bytes) -> bool:
         return self.host.propose(gid, data)
+
+    def applied_index(self, gid: int) -> int | None:
+        """The index of the group's last applied entry on this node (None: no such group here)."""
+        g = self.host.multi.groups.get(gid)
+        return g.applied if g is not None else None
 
     def snapshot_index(self, gid: int) -> int:
         """The index of the group's snapshot on this node (0: none)."""

@@ -39,6 +39,7 @@ from hutch.cluster.raftlog import ENTRY_BYTES_MAX
 from hutch.store.stream_log import StreamLog, StreamLogError
 from hutch.streamproto import chunk as chunks
 from hutch.streams import machine as sm
+from hutch.streams.ahead import AheadWriter
 from hutch.streams.config import StreamArgumentError, StreamConfig, stream_config
 from hutch.streams.handle import StreamQueue
 
@@ -124,6 +125,15 @@ class _StreamApp:
         w = self.q.machine.apply(data, self.term)
         if w is not None:
             self.host.written(self.q, w)
+
+    def attach(self, storage: Any) -> None:
+        """The group's Raft log, as recovered: the replica writes each batch's chunk as it
+        enters it (`AheadWriter`)."""
+        q = self.q
+        host = self.host
+        AheadWriter(lambda: (q.machine, q.log) if q.machine is not None and q.log is not None else None,
+                    lambda: host.raft.applied_index(q.gid) if host.raft is not None else None,
+                    f"'{q.name}' in vhost '{q.vhost}'").attach(storage)
 
     def restore(self, data: bytes) -> None:
         m = self.q.machine

@@ -33,6 +33,13 @@ earlier one of the same writer (the earlier one was lost with a leader, or propo
 leader was known, and resent after the later one was committed) leaves the earlier ids as a
 hole, and when they come they are written, not taken for duplicates.
 
+A member may also write an entry's chunk before the entry is committed, as soon as it is in
+its Raft log (`hutch.streams.ahead`): numbering and deduplicating an entry depends only on the
+entries before it, which are the same on every member holding it. Such a member's log runs
+ahead of its applied state; readers stop at the applied state (`committed`), and applying the
+entry finds its chunk there. The Raft log's record of such an entry then holds it without its
+records (`reference_entry`): `full_entry` makes it whole again from the chunk.
+
 Must never: read a clock (times are in the entries), talk to peers, or import from
 `hutch.broker` or above.
 """
@@ -49,6 +56,7 @@ from hutch.streamproto import chunk
 
 WRITE = 0
 TRACK = 1
+REF = 2  # a WRITE as a Raft log record keeps it when its chunk holds all its records (never proposed)
 WRITERS_MAX = 4096  # writers remembered per stream (least recently written forgotten first)
 TRACKED_MAX = 16384  # consumer references with a stored offset per stream
 HOLES_MAX = 64  # ranges of publishing ids skipped, remembered per writer (the lowest forgotten first)
@@ -69,7 +77,8 @@ class _Write(msgspec.Struct, array_like=True):
     timestamp: int
     writer: str
     pids: list[int] | None
-    records: memoryview | list[bytes]  # framed (a view), or a list in an entry of the first format
+    # framed (a view), or a list in an entry of the first format; None for a reference entry
+    records: memoryview | list[bytes] | None
     filters: list[bytes | None] | None
     count: int = -1  # the framed records' count; -1 in an entry of the first format
 
@@ -91,16 +100,18 @@ class StreamLogLike(Protocol):
 class Written:
     """What applying a WRITE did, for the leader to confirm to the publisher's node: `first`
     the offset of its first written record (None when all were duplicates), `written` and
-    `duplicates` the counts."""
+    `duplicates` the counts; `crc` the CRC-32 of its chunk's data when this call wrote the
+    chunk (0 otherwise)."""
 
-    __slots__ = ("origin", "req", "first", "written", "duplicates")
+    __slots__ = ("origin", "req", "first", "written", "duplicates", "crc")
 
-    def __init__(self, origin: str, req: int, first: int | None, written: int, duplicates: int):
+    def __init__(self, origin: str, req: int, first: int | None, written: int, duplicates: int, crc: int = 0):
         self.origin = origin
         self.req = req
         self.first = first
         self.written = written
         self.duplicates = duplicates
+        self.crc = crc
 
     def __repr__(self) -> str:
         return f"Written({self.origin}, {self.req}, first={self.first}, {self.written}+{self.duplicates} dup)"
@@ -126,6 +137,39 @@ def decode_entry(data: bytes) -> list:
     return _dec.decode(data)
 
 
+def is_write(data: bytes) -> bool:
+    return len(data) > 1 and _FIXARRAY_MIN <= data[0] <= _FIXARRAY_MAX and data[1] == WRITE
+
+
+def is_reference(data: bytes) -> bool:
+    return len(data) > 1 and _FIXARRAY_MIN <= data[0] <= _FIXARRAY_MAX and data[1] == REF
+
+
+def reference_entry(data: bytes, first: int, crc: int) -> bytes:
+    """The WRITE entry `data` without its records, which are all in the chunk at offset `first`
+    whose data has CRC-32 `crc` (what a Raft log record keeps of it)."""
+    w = _write_dec.decode(data)
+    return _enc.encode([REF, w.origin, w.req, w.epoch, w.timestamp, w.writer, w.pids, w.filters, w.count,
+                        first, crc])
+
+
+def full_entry(ref: bytes, stored: bytes | memoryview) -> bytes:
+    """The WRITE entry that `reference_entry` made `ref` of, from the chunk it names as stored
+    (ValueError, or `chunk.ChunkError`, when `stored` is not that chunk)."""
+    _kind, origin, req, epoch, ts, writer, pids, filters, count, first, crc = _dec.decode(ref)
+    h = chunk.read_header(stored)
+    if h.first_offset != first or h.num_records != count or h.crc != crc:
+        raise ValueError(f"the chunk at offset {h.first_offset} ({h.num_records} records, data CRC {h.crc:#010x}) is "
+                         f"not the one the entry names (offset {first}, {count} records, data CRC {crc:#010x})")
+    at = h.data_at
+    return framed_write_entry(origin, req, epoch, ts, writer, pids, stored[at:at + h.data_length], count, filters)
+
+
+def reference_offset(ref: bytes) -> int:
+    """The offset of the chunk a reference entry names."""
+    return _dec.decode(ref)[9]
+
+
 class StreamMachine:
     """The applied state of one member's replica (see the module docstring)."""
 
@@ -145,6 +189,18 @@ class StreamMachine:
 
     # ------------------------------------------------------------ applying
 
+    def clone(self) -> StreamMachine:
+        """A machine over the same log with this one's state (a member's writer that runs
+        ahead of what is applied, `hutch.streams.ahead`)."""
+        m = StreamMachine(self.log, self.filter_size)
+        m.next_offset = self.next_offset
+        m.writers = dict(self.writers)
+        m.holes = {w: [list(r) for r in ranges] for w, ranges in self.holes.items()}
+        m.tracking = dict(self.tracking)
+        m.last_epoch = self.last_epoch
+        m.last_timestamp = self.last_timestamp
+        return m
+
     def apply(self, data: bytes, epoch: int | None = None) -> Written | None:
         """Apply one committed entry; `epoch`: the Raft term it was committed in (the chunk's
         epoch; the entry's own field when not given)."""
@@ -154,6 +210,10 @@ class StreamMachine:
                 w.epoch = epoch
             return self._write(w)
         e = _dec.decode(data)
+        if e[0] == REF:  # a WRITE whose chunk is in the log already (or went with retention)
+            _kind, origin, req, e_epoch, ts, writer, pids, filters, count, _first, _crc = e
+            return self._write(_Write(WRITE, origin, req, e_epoch if epoch is None else epoch, ts, writer, pids,
+                                      None, filters, count))
         if e[0] == TRACK:
             ref, offset = e[1], e[2]
             tr = self.tracking
@@ -182,6 +242,9 @@ class StreamMachine:
                 if holes == []:
                     del self.holes[writer]
                 dups = n - len(keep)
+                if records is None:
+                    raise ValueError(f"a reference entry of writer {writer!r} holds {dups} record(s) this "
+                                     f"member already has: its state is not the one the entry was written in")
                 if framed:
                     records, framed = chunk.unframe(records, n), False
                 records = [records[i] for i in keep]
@@ -203,11 +266,14 @@ class StreamMachine:
         self.last_epoch = epoch
         self.last_timestamp = ts
         log = self.log
-        if first < log.next_offset:  # applied again over the member's own log (a restart): the chunk is there
+        if first < log.next_offset:  # written ahead, or applied again over the member's own log (a restart)
             if first + n > log.next_offset:
                 raise AssertionError(f"stream entry for offsets {first}..{first + n - 1} ends past the log's end "
                                      f"{log.next_offset}: the log does not hold whole applied entries")
             return Written(origin, req, first, n, dups)
+        if records is None:
+            raise ValueError(f"the chunk of a reference entry (offsets {first}..{first + n - 1}) is not in the log, "
+                             f"which ends at {log.next_offset}")
         values = [f for f in filters if f] if filters else ()
         if not framed:
             records = chunk.frame(records)
@@ -217,7 +283,7 @@ class StreamMachine:
         else:
             head += records
             self.pending.append((head, first, n, ts, epoch))
-        return Written(origin, req, first, n, dups)
+        return Written(origin, req, first, n, dups, crc)
 
     def _skipped(self, writer: str, last: int, pids: list[int]) -> None:
         """Remember the ids above `last` that the ascending new ids `pids` skip."""
@@ -299,8 +365,10 @@ class StreamMachine:
 
     @property
     def committed(self) -> int:
-        """The end of what readers on this member may read (its contiguous log)."""
-        return self.log.next_offset
+        """The end of what readers on this member may read: its contiguous log, up to what is
+        applied (the log may hold chunks of entries not yet committed)."""
+        end = self.log.next_offset
+        return end if end < self.next_offset else self.next_offset
 
     def stored_offset(self, reference: str) -> int | None:
         return self.tracking.get(reference)
@@ -335,4 +403,5 @@ def _take(holes: list[list[int]], p: int) -> bool:
 
 _ID_MAX = (1 << 64) - 1
 
-__all__ = ["StreamMachine", "Written", "write_entry", "framed_write_entry", "track_entry", "decode_entry", "WRITE", "TRACK"]
+__all__ = ["StreamMachine", "Written", "write_entry", "framed_write_entry", "track_entry", "decode_entry", "is_write",
+           "is_reference", "reference_entry", "full_entry", "reference_offset", "WRITE", "TRACK", "REF"]
