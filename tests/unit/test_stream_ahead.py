@@ -73,6 +73,12 @@ class Replica:
         self.host.close()
         self.lg.close()
 
+    def __enter__(self) -> Replica:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 @pytest.fixture
 def rep(tmp_path):
@@ -149,20 +155,14 @@ def test_a_record_that_survived_a_crash_without_its_chunk_is_cut_from_the_raft_l
     r.host.sync()
     r.lg.truncate(1)  # the chunks of entries 2 and 3 were not on the disk yet
     r.close()
-    again = Replica(tmp_path)
-    try:
+    with Replica(tmp_path) as again:
         assert again.storage.last_index() == 1
         assert again.lg.next_offset == 1
         again.append(3, 2, write(4, [4]))  # the log goes on from there
         assert [w.first for w in again.apply_to(2)] == [0, 1]
         assert again.stored() == [BODY + b"1", BODY + b"4"]
-    finally:
-        again.close()
-    once_more = Replica(tmp_path)  # the cut is in the log itself
-    try:
+    with Replica(tmp_path) as once_more:  # the cut is in the log itself
         assert once_more.storage.last_index() == 2 and once_more.lg.next_offset == 2
-    finally:
-        once_more.close()
 
 
 def test_chunks_whose_records_did_not_survive_a_crash_are_cut_from_the_chunk_log(tmp_path):
@@ -171,11 +171,8 @@ def test_chunks_whose_records_did_not_survive_a_crash_are_cut_from_the_chunk_log
     r.host.sync()
     r.lg.append(chunk.encode([b"lost"], 1001, 2, 1), 1, 1, 1001, 2)  # written ahead; its record was lost
     r.close()
-    again = Replica(tmp_path)
-    try:
+    with Replica(tmp_path) as again:
         assert again.storage.last_index() == 1 and again.lg.next_offset == 1
-    finally:
-        again.close()
 
 
 def test_a_restart_applies_entries_over_the_chunks_written_ahead(tmp_path):
@@ -184,18 +181,14 @@ def test_a_restart_applies_entries_over_the_chunks_written_ahead(tmp_path):
     r.apply_to(1)
     r.host.sync()
     r.close()
-    again = Replica(tmp_path)  # applied state starts empty: the whole Raft log is applied again
-    try:
+    with Replica(tmp_path) as again:  # applied state starts empty: the whole Raft log is applied again
         assert again.lg.next_offset == 3 and again.m.committed == 0
         assert [w.first for w in again.apply_to(2)] == [0, 2]
         assert again.lg.chunk_count == 2 and again.m.committed == 3
-    finally:
-        again.close()
 
 
 def test_an_entry_whose_chunk_retention_removed_reads_back_as_its_reference_and_applies(tmp_path):
-    r = Replica(tmp_path, segment_bytes=400)  # a chunk a segment
-    try:
+    with Replica(tmp_path, segment_bytes=400) as r:  # a chunk a segment
         r.append(2, 1, write(1, [1]), write(2, [2]), write(3, [3]))
         assert r.lg.retain(max_bytes=1) == 2 and r.lg.first_offset == 2  # before any snapshot
         r.storage.memory_bytes = 0
@@ -204,8 +197,6 @@ def test_an_entry_whose_chunk_retention_removed_reads_back_as_its_reference_and_
         assert sm.is_reference(e1.data) and sm.is_reference(e2.data) and not sm.is_reference(e3.data)
         assert [(w.first, w.written) for w in r.apply_to(4)] == [(0, 1), (1, 1), (2, 1), (3, 1)]
         assert r.m.writer_sequence("w") == 4 and r.stored() == [BODY + b"3", BODY + b"4"]
-    finally:
-        r.close()
 
 
 def test_reference_entries_are_the_write_entries_without_their_records():
@@ -220,8 +211,7 @@ def test_reference_entries_are_the_write_entries_without_their_records():
 
 
 def test_a_follower_sent_an_entry_whose_chunk_every_other_member_removed_starts_its_log_after_it(tmp_path):
-    r = Replica(tmp_path)
-    try:
+    with Replica(tmp_path) as r:
         r.append(2, 1, write(1, [1, 2]))
         r.apply_to(1)
         # the leader reads entry 2 back as a reference: its chunk (offsets 2..4) is gone everywhere
@@ -230,5 +220,3 @@ def test_a_follower_sent_an_entry_whose_chunk_every_other_member_removed_starts_
         assert (r.lg.first_offset, r.lg.next_offset) == (5, 6)
         assert [w.first for w in r.apply_to(3)] == [2, 5]
         assert r.stored() == [BODY + b"6"] and r.m.writer_sequence("w") == 6
-    finally:
-        r.close()

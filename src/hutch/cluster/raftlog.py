@@ -217,15 +217,8 @@ class RaftLog(EntryWindow):
             raise IndexError(f"entries to append are not consecutive: {first}..{entries[-1].index}")
         stored = entries if self.codec is None else self.codec.appending(self, entries)
         seq = self.host._write(self.group_id, EntriesRecord(stored))
-        cut = first - self._offset
-        if cut < len(self._entries):
-            self.truncations += 1
-            self._drop(cut, len(self._entries), seq)
-            self._forget(cut, len(self._entries))
-            del self._entries[cut:]
-            del self._terms[cut:]
-            del self._seqs[cut:]
-            self._mem_lo = min(self._mem_lo, first)
+        if first <= self.last_index():
+            self._cut_from(first, seq)
         self._entries.extend(entries)
         self._terms.extend([e.term for e in entries])
         self._seqs.extend([seq] * len(entries))
@@ -298,15 +291,19 @@ class RaftLog(EntryWindow):
         if not self._offset - 1 <= index < self.last_index():
             raise IndexError(f"cut after {index} outside log [{self._offset}, {self.last_index()}]")
         seq = self.host._write(self.group_id, SnapshotRecord(self._snap, self._offset, index))
-        n = index + 1 - self._offset
-        self.truncations += 1
-        self._drop(n, len(self._entries), seq)
-        self._forget(n, len(self._entries))
-        del self._entries[n:]
-        del self._terms[n:]
-        del self._seqs[n:]
-        self._mem_lo = min(self._mem_lo, index + 1)
+        self._cut_from(index + 1, seq)
         self._new_snapshot(self._snap, seq)
+
+    def _cut_from(self, index: int, by_seq: int) -> None:
+        """The entries from `index` on leave the log because of record `by_seq`."""
+        cut = index - self._offset
+        self.truncations += 1
+        self._drop(cut, len(self._entries), by_seq)
+        self._forget(cut, len(self._entries))
+        del self._entries[cut:]
+        del self._terms[cut:]
+        del self._seqs[cut:]
+        self._mem_lo = min(self._mem_lo, index)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
