@@ -220,3 +220,15 @@ def test_a_follower_sent_an_entry_whose_chunk_every_other_member_removed_starts_
         assert (r.lg.first_offset, r.lg.next_offset) == (5, 6)
         assert [w.first for w in r.apply_to(3)] == [2, 5]
         assert r.stored() == [BODY + b"6"] and r.m.writer_sequence("w") == 6
+
+
+def test_an_entry_after_a_snapshot_not_yet_restored_is_not_written_ahead(rep):
+    """The leader's snapshot is in the Raft log, but the machine restores it only at the Raft
+    host's next pass: an entry appended meanwhile must not be numbered from the old state."""
+    rep.append(2, 1, write(1, [1]), write(2, [2]))
+    rep.apply_to(1)
+    leader = sm.StreamMachine(rep.lg)
+    leader.next_offset = 10
+    rep.storage.install_snapshot(Snapshot(SnapshotMeta(index=20, term=3), leader.snapshot()))
+    rep.append(3, 21, write(3, [3]))  # before the machine restored the snapshot
+    assert rep.lg.next_offset == 1 and not sm.is_reference(rep.records()[-1][1])

@@ -182,10 +182,11 @@ class AheadWriter:
     def _start(self, storage: RaftLog, m: sm.StreamMachine, lg: Any, upto: int) -> sm.StreamMachine | None:
         """`ahead` from the applied state carried over the log's entries below `upto` (their chunks
         written where they are not yet), the chunk log cut back to its end; None when this member
-        cannot write ahead now (it is closing a gap)."""
+        cannot write ahead now: it is closing a gap, or has installed a snapshot from the leader
+        that its machine has not restored yet (the Raft host restores it at its next pass)."""
         applied = self.applied()
-        if m.missing_from is not None or applied is None:
-            return None
+        if m.missing_from is not None or applied is None or applied < storage.snapshot().meta.index:
+            return None  # closing a gap, or a snapshot from the leader not restored into `m` yet
         a = m.clone()
         lo = max(applied + 1, storage.first_index())
         if lo < upto:

@@ -137,10 +137,6 @@ def decode_entry(data: bytes) -> list:
     return _dec.decode(data)
 
 
-def is_write(data: bytes) -> bool:
-    return len(data) > 1 and _FIXARRAY_MIN <= data[0] <= _FIXARRAY_MAX and data[1] == WRITE
-
-
 def is_reference(data: bytes) -> bool:
     return len(data) > 1 and _FIXARRAY_MIN <= data[0] <= _FIXARRAY_MAX and data[1] == REF
 
@@ -403,5 +399,5 @@ def _take(holes: list[list[int]], p: int) -> bool:
 
 _ID_MAX = (1 << 64) - 1
 
-__all__ = ["StreamMachine", "Written", "write_entry", "framed_write_entry", "track_entry", "decode_entry", "is_write",
+__all__ = ["StreamMachine", "Written", "write_entry", "framed_write_entry", "track_entry", "decode_entry",
            "is_reference", "reference_entry", "full_entry", "reference_offset", "WRITE", "TRACK", "REF"]
