@@ -63,6 +63,10 @@ _ALL = 1 << 62
 RAFT_MEMORY_BYTES = 64 << 20
 
 
+class ChunkNotThere(RaftLogError):
+    """An entry's record names a chunk that the chunk log does not hold (as named)."""
+
+
 class AheadWriter:
     """One stream replica's `raftlog.EntryCodec` (see the module docstring). `replica()` gives
     the replica's applied machine and its chunk log (None when closed); `applied()` the Raft
@@ -95,9 +99,10 @@ class AheadWriter:
         for index in range(max(first, storage.first_index()), storage.last_index() + 1):
             try:
                 e = storage.entries(index, index + 1, _ALL)[0]
-            except RaftLogError as err:
+            except ChunkNotThere as err:
                 log.warning("stream %s: entry %d of its Raft log names a chunk that did not survive a crash (%s); "
-                            "the log is cut before it (an entry that was never acknowledged)", self.name, index, err)
+                            "the log is cut before it (an entry whose chunk was not yet fsynced)", self.name, index,
+                            err)
                 storage.cut_after(index - 1)
                 break
             self._apply(a, e)
@@ -147,7 +152,10 @@ class AheadWriter:
             if not got or got[0][0].chunk_id != offset:
                 raise ValueError(f"no chunk at offset {offset} (the log ends at {lg.next_offset})")
             return Entry(entry.term, entry.index, entry.kind, sm.full_entry(data, got[0][1]))
-        except (ValueError, ChunkError, StreamLogError, OSError) as e:
+        except (ValueError, ChunkError) as e:
+            raise ChunkNotThere(f"stream {self.name}: entry {entry.index} cannot be read back from its chunk: "
+                                f"{e}") from e
+        except (StreamLogError, OSError) as e:
             raise RaftLogError(f"stream {self.name}: entry {entry.index} cannot be read back from its chunk: "
                                f"{e}") from e
 
@@ -231,4 +239,4 @@ class AheadWriter:
                                f"{err}") from err
 
 
-__all__ = ["AheadWriter"]
+__all__ = ["AheadWriter", "ChunkNotThere"]
