@@ -72,14 +72,13 @@ class AheadWriter:
     the replica's applied machine and its chunk log (None when closed); `applied()` the Raft
     group's applied index (None before the group exists)."""
 
-    __slots__ = ("replica", "applied", "name", "storage", "ahead")
+    __slots__ = ("replica", "applied", "name", "ahead")
 
     def __init__(self, replica: Callable[[], tuple[sm.StreamMachine, Any] | None], applied: Callable[[], int | None],
                  name: str):
         self.replica = replica
         self.applied = applied
         self.name = name
-        self.storage: RaftLog | None = None
         self.ahead: sm.StreamMachine | None = None
 
     # -- the Raft log's side --------------------------------------------------------------------
@@ -87,7 +86,6 @@ class AheadWriter:
     def attach(self, storage: RaftLog) -> None:
         """Take over the group's log as recovered (before the group starts): make the chunk log
         and the Raft log end together, and write ahead from here."""
-        self.storage = storage
         storage.codec = self
         storage.memory_bytes = RAFT_MEMORY_BYTES
         rep = self.replica()
