@@ -74,7 +74,8 @@ class GroupApp(Protocol):
     it returns the snapshot (taken now or earlier) to compact the log to, or None for none yet.
     A quorum queue compacts only to a snapshot all of whose messages have been settled since,
     so that a follower sent it finds every message it must deliver in the entries after it
-    (RabbitMQ's release cursor)."""
+    (RabbitMQ's release cursor). And `attach(storage)`: called with the group's recovered
+    `RaftLog` before the group starts (a stream sets its `codec` there: `hutch.streams.ahead`)."""
 
     def apply(self, data: bytes, index: int) -> None: ...
 

@@ -92,23 +92,8 @@ class AheadWriter:
         if rep is None or rep[0].missing_from is not None:
             return
         m, lg = rep
-        a = m.clone()
-        first = storage.snapshot().meta.index + 1
-        for index in range(max(first, storage.first_index()), storage.last_index() + 1):
-            try:
-                e = storage.entries(index, index + 1, _ALL)[0]
-            except ChunkNotThere as err:
-                log.warning("stream %s: entry %d of its Raft log names a chunk that did not survive a crash (%s); "
-                            "the log is cut before it (an entry whose chunk was not yet fsynced)", self.name, index,
-                            err)
-                storage.cut_after(index - 1)
-                break
-            self._apply(a, e)
-        if lg.next_offset > a.next_offset:
-            log.info("stream %s: removing chunks from offset %d, past the end of its Raft log", self.name,
-                     a.next_offset)
-            self._truncate(lg, a.next_offset)
-        self.ahead = a
+        self.ahead = self._carried(storage, m, lg, storage.snapshot().meta.index + 1, storage.last_index() + 1,
+                                   recovering=True)
 
     def appending(self, storage: RaftLog, entries: list[Entry]) -> list[Entry]:
         rep = self.replica()
@@ -193,12 +178,30 @@ class AheadWriter:
         applied = self.applied()
         if m.missing_from is not None or applied is None or applied < storage.snapshot().meta.index:
             return None  # closing a gap, or a snapshot from the leader not restored into `m` yet
+        return self._carried(storage, m, lg, applied + 1, upto, recovering=False)
+
+    def _carried(self, storage: RaftLog, m: sm.StreamMachine, lg: Any, lo: int, hi: int,
+                 recovering: bool) -> sm.StreamMachine:
+        """A clone of `m` carried over the log's entries [lo, hi) (their chunks written where
+        they are not yet), the chunk log cut back to its end. `recovering` (at start): an entry
+        whose chunk did not survive a crash ends the Raft log before it."""
         a = m.clone()
-        lo = max(applied + 1, storage.first_index())
-        if lo < upto:
-            for e in storage.entries(lo, upto, _ALL):
-                self._apply(a, e)
+        for index in range(max(lo, storage.first_index()), hi):
+            try:
+                e = storage.entries(index, index + 1, _ALL)[0]  # read ahead: one read for many
+            except ChunkNotThere as err:
+                if not recovering:
+                    raise
+                log.warning("stream %s: entry %d of its Raft log names a chunk that did not survive a crash (%s); "
+                            "the log is cut before it (an entry whose chunk was not yet fsynced)", self.name, index,
+                            err)
+                storage.cut_after(index - 1)
+                break
+            self._apply(a, e)
         if lg.next_offset > a.next_offset:
+            if recovering:
+                log.info("stream %s: removing chunks from offset %d, past the end of its Raft log", self.name,
+                         a.next_offset)
             self._truncate(lg, a.next_offset)
         return a
 
