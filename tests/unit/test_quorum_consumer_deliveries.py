@@ -21,7 +21,7 @@ from hutch.cluster import catalogue as cat
 from hutch.cluster.peers import Peers
 from hutch.queues.message import Message
 from hutch.quorum import fifo
-from hutch.quorum.handle import QuorumQueue
+from hutch.quorum.handle import SETTLE_HOLD_MS, QuorumQueue
 from hutch.quorum.host import (
     COUNTED_PROPS_MAX,
     RESEND_ASK_AGAIN_S,
@@ -64,6 +64,8 @@ class _Consumer:
 class _Port:
     def __init__(self):
         self.t_ms = 1_800_000_000_000
+        self.timers = True
+        self.wakes: list[tuple] = []  # (queue, when) the handle asked to be made dirty again
 
     def now_ms(self) -> int:
         return self.t_ms
@@ -73,6 +75,13 @@ class _Port:
 
     def dirty(self, q) -> None:
         pass
+
+    def wake_after(self, q, delay_ms: int) -> bool:
+        """The broker's timer: the test fires it (`Link.wake`); `timers` False: none."""
+        if not self.timers:
+            return False
+        self.wakes.append((q, self.t_ms + delay_ms))
+        return True
 
     def schedule(self) -> None:
         pass
@@ -159,7 +168,15 @@ class Link:
             self.q.settle(msg_id)
         c.unacked = 0
         self.q.flush()
+        self.wake()
         self.arrive(self.proposals())
+
+    def wake(self) -> None:
+        """The wake-ups asked for fire: time moves to each, and the queue is flushed then."""
+        wakes, self.port.wakes = self.port.wakes, []
+        for q, when in wakes:
+            self.port.t_ms = max(self.port.t_ms, when)
+            q.flush()
 
 
 _outcomes = msgspec.msgpack.Decoder(list[Outcome])
@@ -445,3 +462,87 @@ def test_nothing_is_delivered_to_a_node_whose_nodedown_is_proposed_and_not_yet_a
     link.arrive(link.sent_to_consumer())  # it names the delivery never sent: the node asks for it
     link.arrive(link.proposals())
     assert c.got == [(b"m1", True)]  # delivered once, after the NodeUp, flagged
+
+
+# -- acks, a few at a time (the handle's paragraph "Acks, a few at a time")
+
+def _commands(link: Link) -> list:
+    """The consumer's node's proposals so far, decoded (not applied)."""
+    return [fifo.decode_command(msgspec.msgpack.decode(m[2])[2]) for m in link.to_n1]
+
+
+def _delivered(link: Link, c: _Consumer, n: int) -> None:
+    link.arrive(link.publish(*[b"m%d" % i for i in range(n)]))
+    assert len(c.got) == n
+
+
+def test_acks_wait_on_the_consumers_node_and_go_as_one_settle_when_due():
+    link = Link()
+    c = link.consume(prefetch=100)
+    _delivered(link, c, 5)
+    for msg_id in list(link.q._owner):
+        link.q.settle(msg_id)
+        c.unacked -= 1
+        link.q.flush()  # one loop iteration per ack
+        link.port.t_ms += 1
+    assert _commands(link) == []  # held
+    assert [when for _q, when in link.port.wakes] == [link.port.t_ms - 5 + SETTLE_HOLD_MS]
+    link.wake()
+    cmds = _commands(link)
+    assert len(cmds) == 1 and isinstance(cmds[0], fifo.Settle) and len(cmds[0].msg_ids) == 5
+    link.arrive(link.proposals())
+    assert link.state.messages == 0
+
+
+def test_acks_that_could_hold_the_consumer_back_go_at_once():
+    # what its node has given the consumer and not yet proposed as settled (acked or not) must
+    # stay under half its prefetch for acks to wait: prefetch 1 never waits
+    for prefetch, delivered, held in ((1, 1, False), (10, 5, False), (10, 4, True), (0, 50, True)):
+        link = Link()
+        c = link.consume(prefetch=prefetch)
+        if not prefetch:
+            c.can_take = lambda: True
+        _delivered(link, c, delivered)
+        for msg_id in sorted(link.q._owner):
+            link.q.settle(msg_id)
+            c.unacked -= 1
+            link.q.flush()
+        assert (_commands(link) == []) is held, (prefetch, delivered)
+
+
+def test_a_reject_proposes_the_held_acks_before_it_in_order():
+    link = Link()
+    c = link.consume(prefetch=100)
+    _delivered(link, c, 3)
+    first, second, third = sorted(link.q._owner)
+    link.q.settle(first)
+    link.q.flush()
+    assert _commands(link) == []
+    link.q.requeue(second)
+    link.q.settle(third)
+    link.q.flush()
+    cmds = _commands(link)
+    assert [type(x) for x in cmds] == [fifo.Settle, fifo.Return]
+    assert sorted(cmds[0].msg_ids) == [first, third] and cmds[1].msg_ids == [second]
+
+
+def test_any_other_proposal_takes_the_held_acks_first():
+    link = Link()
+    c = link.consume(prefetch=100)
+    _delivered(link, c, 2)
+    for msg_id in sorted(link.q._owner):
+        link.q.settle(msg_id)
+    link.q.flush()
+    assert _commands(link) == []
+    link.q.remove_consumer(c)  # the cancel
+    assert [type(x) for x in _commands(link)] == [fifo.Settle, fifo.Cancel]
+
+
+def test_without_a_timer_acks_are_never_held():
+    link = Link()
+    link.port.timers = False
+    c = link.consume(prefetch=100)
+    _delivered(link, c, 1)
+    link.q.settle(next(iter(link.q._owner)))
+    link.q.flush()
+    assert [type(x) for x in _commands(link)] == [fifo.Settle]

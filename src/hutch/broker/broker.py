@@ -198,9 +198,12 @@ _PERM_INDEX = {"configure": 0, "write": 1, "read": 2}
 
 class Broker:
     def __init__(self, config: Config, schedule: Callable[[], None] | None = None,
-                 clock_ms: Callable[[], int] | None = None):
+                 clock_ms: Callable[[], int] | None = None,
+                 call_later: Callable[[float, Callable[[], None]], Any] | None = None):
         self.config = config
         self._schedule_cb = schedule or (lambda: None)
+        # the loop's timer (delay in s, callback); None: the broker has no timers of its own
+        self.call_later = call_later
         self.now_ms = clock_ms or (lambda: int(time.monotonic() * 1000))
         self.vhosts: dict[str, VHost] = {}
         self.users: dict[str, User] = {}

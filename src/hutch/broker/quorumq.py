@@ -60,6 +60,18 @@ class BrokerQuorumPort:
     def dirty(self, q: QuorumQueue) -> None:
         self.broker.dirty_queues.add(q)
 
+    def wake_after(self, q: QuorumQueue, delay_ms: int) -> bool:
+        """Make `q` dirty again in `delay_ms` (False: this broker has no timer)."""
+        b = self.broker
+        if b.call_later is None:
+            return False
+
+        def wake() -> None:
+            b.dirty_queues.add(q)
+            b.schedule()
+        b.call_later(delay_ms / 1000, wake)
+        return True
+
     def delete_queue(self, vhost: str, name: str) -> None:
         self.cl.submit(cat.DeleteQueue(vhost, name), lambda _r: None)
 

@@ -21,6 +21,19 @@ prefetch and no more, so a busy consumer never holds messages an idle one could 
 dispatch, as the work-queue pattern with prefetch 1 relies on). The ahead is a multiple of the
 prefetch (8, within 64..1,024).
 
+Acks, a few at a time. Each settle the leader applies is a Raft round: an AppendEntries to
+every follower, an fsync on each member, the answers. Proposed one per ack, a consumer keeping
+up with a steady publisher doubles the rounds, and a publish that arrives while a settle's
+round is under way waits behind it for its fsync. So the acks of one iteration are not
+proposed at once: they wait here, up to SETTLE_HOLD_MS, and go together, with the first
+proposal of anything else to the queue, or as soon as they might hold a consumer back: its
+acks waiting here and its unacknowledged deliveries reach half its prefetch (a consumer with
+prefetch 1 never waits), or a command's worth of ids is collected. The state machine counts a
+message as checked out until its settle is applied, so the bound keeps the consumer's credit
+there. What waits is lost with the node if it crashes, as acks on their way are: those
+messages come back with `redelivered` set. Returns and discards are never held, and propose
+everything held before them.
+
 Missed deliveries. Each delivery names the one made to the same consumer before it
 (`prev_msg_id`). One that names a delivery this node never had shows a gap: it and the ones
 after it wait here (`_gaps`) while the host asks the leader for what is checked out to the
@@ -57,6 +70,9 @@ from hutch.queues.handle import (
 from hutch.quorum import fifo
 
 IDS_PER_COMMAND_MAX = min(1000, fifo.MSG_IDS_PER_COMMAND_MAX)  # msg ids per settle/return/discard
+# Acks wait on the consumer's node at most this long to be proposed together (see the module's
+# paragraph "Acks, a few at a time").
+SETTLE_HOLD_MS = 20
 # Deliveries a consumer with a prefetch may have on its way beyond it, held on its node until
 # its channel can take them (see the module's paragraph): CREDIT_AHEAD_PER_PREFETCH times its
 # prefetch, within [CREDIT_AHEAD_MIN, CREDIT_AHEAD_MAX]. Each holds a message body in memory,
@@ -75,6 +91,7 @@ QUORUM = register(QueueType("quorum", (SINGLE_ACTIVE_CONSUMER, REPLICATED)))
 
 class PortOps(Protocol):
     def dirty(self, q: Any) -> None: ...
+    def wake_after(self, q: Any, delay_ms: int) -> bool: ...
     def new_stats(self) -> Any: ...
     def deliver(self, consumer: Any, q: Any, msg_id: int, delivery_count: int, redelivered: bool,
                 route: bytes, props: bytes, body: bytes) -> None: ...
@@ -138,6 +155,8 @@ class QuorumQueue(GroupHandle):
         self.local_consumers: dict[str, Any] = {}
         self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
         self._ops: dict[tuple[str, str], list[int]] = {}
+        self._ops_due_ms: int | None = None  # when the acks in _ops must be proposed at the latest
+        self._wake_due_ms = 0  # the wake-up asked of the port (dirty again then)
         # consumer id -> deliveries its channel could not take yet, oldest first; at most
         # credit_ahead(prefetch) each (the state machine's credit for it is its prefetch plus that)
         self._held: dict[str, deque[tuple]] = {}
@@ -199,8 +218,42 @@ class QuorumQueue(GroupHandle):
         self._op(msg_id, "d")
 
     def flush(self) -> None:
+        """The loop iteration's flush: held deliveries the channels can take now go out, and
+        the acks, nacks and rejects collected are proposed, acks perhaps later (`_hold_acks`)."""
         if self._held:
             self._release_held()
+        if self._ops and not self._hold_acks():
+            self.flush_all()
+
+    def _hold_acks(self) -> bool:
+        """Whether the acks collected may wait (the module's paragraph "Acks, a few at a time");
+        the port is asked to make the queue dirty again when they are due."""
+        now = self.host.now_ms()
+        due = self._ops_due_ms
+        if due is None:
+            due = self._ops_due_ms = now + SETTLE_HOLD_MS
+        if now >= due:
+            return False
+        held = 0
+        consumers = self.local_consumers
+        for (owner, op), ids in self._ops.items():
+            if op != "a":
+                return False
+            c = consumers.get(owner)
+            if c is not None and c.prefetch and 2 * (len(ids) + c.unacked) >= c.prefetch:
+                return False
+            held += len(ids)
+        if held >= IDS_PER_COMMAND_MAX:
+            return False
+        if self._wake_due_ms != due:
+            if not self.host.port.wake_after(self, due - now):
+                return False
+            self._wake_due_ms = due
+        return True
+
+    def flush_all(self) -> None:
+        """Propose every ack, nack and reject collected, in the order they came."""
+        self._ops_due_ms = None
         if self._ops:
             ops, self._ops = self._ops, {}
             make = {"a": fifo.Settle, "r": fifo.Return, "d": fifo.Discard}
@@ -319,7 +372,7 @@ class QuorumQueue(GroupHandle):
         held = self._held.pop(c.ref, None)
         gap = self._gaps.pop(c.ref, None)
         requeue = c.channel.closed
-        self.flush()
+        self.flush_all()
         ids = [h[0] for h in held or ()] + sorted(gap.waiting if gap is not None else ())
         if ids and not requeue:  # never reached the client: back to the queue (Cancel keeps the rest)
             for i in range(0, len(ids), IDS_PER_COMMAND_MAX):

@@ -317,7 +317,8 @@ class Node:
         if not self.config.cluster_nodes:
             # a standalone node is a cluster of one (joining nodes start that way too)
             self.config.cluster_nodes = [f"{self.config.node_name}:{self.config.peer_port}"]
-        self.broker = Broker(self.config, schedule=self._schedule_run, clock_ms=self.clock.now_ms)
+        self.broker = Broker(self.config, schedule=self._schedule_run, clock_ms=self.clock.now_ms,
+                             call_later=self.loop.call_later)
         self._sync_running = False
         self.broker.request_sync = self._request_sync
         if self.http is not None:
