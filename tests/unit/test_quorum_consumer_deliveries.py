@@ -65,7 +65,8 @@ class _Port:
     def __init__(self):
         self.t_ms = 1_800_000_000_000
         self.timers = True
-        self.wakes: list[tuple] = []  # (queue, when) the handle asked to be made dirty again
+        self.wakes: list[tuple] = []  # (callback, when) the handle asked the timer for
+        self.dirty_queues: list = []
 
     def now_ms(self) -> int:
         return self.t_ms
@@ -74,13 +75,13 @@ class _Port:
         return 15_000
 
     def dirty(self, q) -> None:
-        pass
+        self.dirty_queues.append(q)
 
-    def wake_after(self, q, delay_ms: int) -> bool:
+    def call_later(self, delay_ms: int, fn) -> bool:
         """The broker's timer: the test fires it (`Link.wake`); `timers` False: none."""
         if not self.timers:
             return False
-        self.wakes.append((q, self.t_ms + delay_ms))
+        self.wakes.append((fn, self.t_ms + delay_ms))
         return True
 
     def schedule(self) -> None:
@@ -172,10 +173,14 @@ class Link:
         self.arrive(self.proposals())
 
     def wake(self) -> None:
-        """The wake-ups asked for fire: time moves to each, and the queue is flushed then."""
+        """The timers asked for fire, time moving to each; the broker's run then flushes the
+        queues they made dirty."""
         wakes, self.port.wakes = self.port.wakes, []
-        for q, when in wakes:
+        for fn, when in wakes:
             self.port.t_ms = max(self.port.t_ms, when)
+            fn()
+        dirty, self.port.dirty_queues = self.port.dirty_queues, []
+        for q in dict.fromkeys(dirty):
             q.flush()
 
 
@@ -486,7 +491,7 @@ def test_acks_wait_on_the_consumers_node_and_go_as_one_settle_when_due():
         link.q.flush()  # one loop iteration per ack
         link.port.t_ms += 1
     assert _commands(link) == []  # held
-    assert [when for _q, when in link.port.wakes] == [link.port.t_ms - 5 + SETTLE_HOLD_MS]
+    assert [when for _fn, when in link.port.wakes] == [link.port.t_ms - 5 + SETTLE_HOLD_MS]
     link.wake()
     cmds = _commands(link)
     assert len(cmds) == 1 and isinstance(cmds[0], fifo.Settle) and len(cmds[0].msg_ids) == 5
@@ -536,6 +541,22 @@ def test_any_other_proposal_takes_the_held_acks_first():
     assert _commands(link) == []
     link.q.remove_consumer(c)  # the cancel
     assert [type(x) for x in _commands(link)] == [fifo.Settle, fifo.Cancel]
+
+
+def test_held_acks_go_when_the_timer_fires_even_if_the_clock_was_set_back():
+    link = Link()
+    c = link.consume(prefetch=100)
+    _delivered(link, c, 1)
+    link.q.settle(next(iter(link.q._owner)))
+    link.q.flush()
+    assert _commands(link) == []
+    (fn, _when), = link.port.wakes
+    link.port.wakes.clear()
+    link.port.t_ms -= 60_000  # the node's clock went back a minute meanwhile
+    fn()
+    for q in link.port.dirty_queues:
+        q.flush()
+    assert [type(x) for x in _commands(link)] == [fifo.Settle]
 
 
 def test_without_a_timer_acks_are_never_held():

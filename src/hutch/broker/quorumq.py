@@ -10,6 +10,7 @@ Must never: decide anything about a quorum queue (what to propose, to whom, when
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from hutch.amqp.spec import precondition_failed
@@ -60,16 +61,12 @@ class BrokerQuorumPort:
     def dirty(self, q: QuorumQueue) -> None:
         self.broker.dirty_queues.add(q)
 
-    def wake_after(self, q: QuorumQueue, delay_ms: int) -> bool:
-        """Make `q` dirty again in `delay_ms` (False: this broker has no timer)."""
-        b = self.broker
-        if b.call_later is None:
+    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> bool:
+        """Call `fn` in `delay_ms` (False: this broker has no timer)."""
+        later = self.broker.call_later
+        if later is None:
             return False
-
-        def wake() -> None:
-            b.dirty_queues.add(q)
-            b.schedule()
-        b.call_later(delay_ms / 1000, wake)
+        later(delay_ms / 1000, fn)
         return True
 
     def delete_queue(self, vhost: str, name: str) -> None:

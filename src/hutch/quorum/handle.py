@@ -91,7 +91,8 @@ QUORUM = register(QueueType("quorum", (SINGLE_ACTIVE_CONSUMER, REPLICATED)))
 
 class PortOps(Protocol):
     def dirty(self, q: Any) -> None: ...
-    def wake_after(self, q: Any, delay_ms: int) -> bool: ...
+    def schedule(self) -> None: ...
+    def call_later(self, delay_ms: int, fn: Callable[[], None]) -> bool: ...
     def new_stats(self) -> Any: ...
     def deliver(self, consumer: Any, q: Any, msg_id: int, delivery_count: int, redelivered: bool,
                 route: bytes, props: bytes, body: bytes) -> None: ...
@@ -156,7 +157,7 @@ class QuorumQueue(GroupHandle):
         self._owner: dict[int, str] = {}  # msg_id -> the consumer or requester it went to
         self._ops: dict[tuple[str, str], list[int]] = {}
         self._ops_due_ms: int | None = None  # when the acks in _ops must be proposed at the latest
-        self._wake_due_ms = 0  # the wake-up asked of the port (dirty again then)
+        self._wake_due_ms = 0  # when the port is to call _acks_due
         # consumer id -> deliveries its channel could not take yet, oldest first; at most
         # credit_ahead(prefetch) each (the state machine's credit for it is its prefetch plus that)
         self._held: dict[str, deque[tuple]] = {}
@@ -227,7 +228,7 @@ class QuorumQueue(GroupHandle):
 
     def _hold_acks(self) -> bool:
         """Whether the acks collected may wait (the module's paragraph "Acks, a few at a time");
-        the port is asked to make the queue dirty again when they are due."""
+        the port is asked to call `_acks_due` when they are due."""
         now = self.host.now_ms()
         due = self._ops_due_ms
         if due is None:
@@ -246,10 +247,18 @@ class QuorumQueue(GroupHandle):
         if held >= IDS_PER_COMMAND_MAX:
             return False
         if self._wake_due_ms != due:
-            if not self.host.port.wake_after(self, due - now):
+            if not self.host.port.call_later(due - now, self._acks_due):
                 return False
             self._wake_due_ms = due
         return True
+
+    def _acks_due(self) -> None:
+        """The port's timer: the acks waiting go at the next flush (whatever the node's clock
+        says by then: it may have been set back)."""
+        if self._ops_due_ms is not None and not self.deleted:
+            self._ops_due_ms = 0
+            self.host.port.dirty(self)
+            self.host.port.schedule()
 
     def flush_all(self) -> None:
         """Propose every ack, nack and reject collected, in the order they came."""
