@@ -476,15 +476,20 @@ def _commands(link: Link) -> list:
     return [fifo.decode_command(msgspec.msgpack.decode(m[2])[2]) for m in link.to_n1]
 
 
-def _delivered(link: Link, c: _Consumer, n: int) -> None:
+def _delivered(prefetch: int, n: int, timers: bool = True) -> tuple[Link, _Consumer]:
+    """A consumer with this prefetch on the consumer's node, given n messages."""
+    link = Link()
+    link.port.timers = timers
+    c = link.consume(prefetch=prefetch)
+    if not prefetch:
+        c.can_take = lambda: True
     link.arrive(link.publish(*[b"m%d" % i for i in range(n)]))
     assert len(c.got) == n
+    return link, c
 
 
 def test_acks_wait_on_the_consumers_node_and_go_as_one_settle_when_due():
-    link = Link()
-    c = link.consume(prefetch=100)
-    _delivered(link, c, 5)
+    link, c = _delivered(100, 5)
     for msg_id in list(link.q._owner):
         link.q.settle(msg_id)
         c.unacked -= 1
@@ -503,11 +508,7 @@ def test_acks_that_could_hold_the_consumer_back_go_at_once():
     # what its node has given the consumer and not yet proposed as settled (acked or not) must
     # stay under half its prefetch for acks to wait: prefetch 1 never waits
     for prefetch, delivered, held in ((1, 1, False), (10, 5, False), (10, 4, True), (0, 50, True)):
-        link = Link()
-        c = link.consume(prefetch=prefetch)
-        if not prefetch:
-            c.can_take = lambda: True
-        _delivered(link, c, delivered)
+        link, c = _delivered(prefetch, delivered)
         for msg_id in sorted(link.q._owner):
             link.q.settle(msg_id)
             c.unacked -= 1
@@ -516,9 +517,7 @@ def test_acks_that_could_hold_the_consumer_back_go_at_once():
 
 
 def test_a_reject_proposes_the_held_acks_before_it_in_order():
-    link = Link()
-    c = link.consume(prefetch=100)
-    _delivered(link, c, 3)
+    link, c = _delivered(100, 3)
     first, second, third = sorted(link.q._owner)
     link.q.settle(first)
     link.q.flush()
@@ -532,9 +531,7 @@ def test_a_reject_proposes_the_held_acks_before_it_in_order():
 
 
 def test_any_other_proposal_takes_the_held_acks_first():
-    link = Link()
-    c = link.consume(prefetch=100)
-    _delivered(link, c, 2)
+    link, c = _delivered(100, 2)
     for msg_id in sorted(link.q._owner):
         link.q.settle(msg_id)
     link.q.flush()
@@ -544,9 +541,7 @@ def test_any_other_proposal_takes_the_held_acks_first():
 
 
 def test_held_acks_go_when_the_timer_fires_even_if_the_clock_was_set_back():
-    link = Link()
-    c = link.consume(prefetch=100)
-    _delivered(link, c, 1)
+    link, _c = _delivered(100, 1)
     link.q.settle(next(iter(link.q._owner)))
     link.q.flush()
     assert _commands(link) == []
@@ -560,10 +555,7 @@ def test_held_acks_go_when_the_timer_fires_even_if_the_clock_was_set_back():
 
 
 def test_without_a_timer_acks_are_never_held():
-    link = Link()
-    link.port.timers = False
-    c = link.consume(prefetch=100)
-    _delivered(link, c, 1)
+    link, _c = _delivered(100, 1, timers=False)
     link.q.settle(next(iter(link.q._owner)))
     link.q.flush()
     assert [type(x) for x in _commands(link)] == [fifo.Settle]
