@@ -347,3 +347,41 @@ def test_hutchctl_lists_quorum_queues_with_type_leader_members_online(cluster):
     (row,) = [r for r in json.loads(p.stdout) if r["name"] == "qq.listed"]
     assert row["type"] == "quorum" and row["leader"] in cluster.names
     assert sorted(row["members"]) == sorted(cluster.names) == sorted(row["online"])
+
+
+def test_acks_from_another_node_are_applied_on_their_own_and_a_close_right_after_them_gives_back_none(cluster):
+    """A consumer's acks wait on its node and go to the leader together (docs/quorum.md,
+    "Performance"): with nothing else happening on the queue they are still applied, and a
+    connection closed right after its acks gives back only the messages it had not acked."""
+    q = "qq.acks-later"
+    conn0 = connect(cluster, 0)
+    try:
+        ch0 = conn0.channel()
+        ch0.confirm_delivery()
+        ch0.queue_declare(q, durable=True, arguments=QUORUM)
+        for i in range(20):
+            ch0.basic_publish("", q, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    finally:
+        conn0.close()
+    conn2 = connect(cluster, 2)
+    ch2 = conn2.channel()
+    ch2.basic_qos(prefetch_count=100)
+    tags: list[int] = []
+    ch2.basic_consume(q, lambda _c, m, _p, _b: tags.append(m.delivery_tag))
+    wait_until(lambda: conn2.process_data_events(0.05) or len(tags) == 20, 10, "20 deliveries on node 3")
+    for tag in tags[:5]:  # 5 acked, 15 unacknowledged: under half the prefetch, so the acks wait
+        ch2.basic_ack(tag)
+
+    def counts() -> tuple[int, int]:
+        info = queue_info(cluster, q)
+        return info["messages_ready"], info["messages_unacknowledged"]
+    wait_until(lambda: conn2.process_data_events(0.05) or counts() == (0, 15), 5, "the 5 acks applied")
+    for tag in tags[5:12]:
+        ch2.basic_ack(tag)
+    conn2.close()  # at once: the 7 acks still wait on node 3 when the channel closes
+    wait_until(lambda: counts() == (8, 0), 10, "the 8 never acked back in the queue")
+    conn1 = connect(cluster, 1)
+    try:
+        assert sorted(int(b) for b in consume_all(conn1, q, 8)) == list(range(12, 20))
+    finally:
+        conn1.close()
