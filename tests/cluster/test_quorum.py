@@ -378,7 +378,7 @@ def test_acks_from_another_node_are_applied_on_their_own_and_a_close_right_after
     wait_until(lambda: conn2.process_data_events(0.05) or counts() == (0, 15), 5, "the 5 acks applied")
     for tag in tags[5:12]:
         ch2.basic_ack(tag)
-    conn2.close()  # at once: the 7 acks still wait on node 3 when the channel closes
+    conn2.close()  # at once: the 7 acks are most likely still waiting on node 3 when the channel closes
     wait_until(lambda: counts() == (8, 0), 10, "the 8 never acked back in the queue")
     conn1 = connect(cluster, 1)
     try:

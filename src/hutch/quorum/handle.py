@@ -31,8 +31,8 @@ acks waiting here and its unacknowledged deliveries reach half its prefetch (a c
 prefetch 1 never waits), or a command's worth of ids is collected. The state machine counts a
 message as checked out until its settle is applied, so the bound keeps the consumer's credit
 there. What waits is lost with the node if it crashes, as acks on their way are: those
-messages come back with `redelivered` set. Returns and discards are never held, and propose
-everything held before them.
+messages come back with `redelivered` set. Returns and discards never wait: one collected sends
+the acks waiting with it.
 
 Missed deliveries. Each delivery names the one made to the same consumer before it
 (`prev_msg_id`). One that names a delivery this node never had shows a gap: it and the ones
@@ -254,14 +254,16 @@ class QuorumQueue(GroupHandle):
 
     def _acks_due(self) -> None:
         """The port's timer: the acks waiting go at the next flush (whatever the node's clock
-        says by then: it may have been set back)."""
+        says by then: it may have been set back). A timer asked for acks that went earlier may
+        send later ones before their time: that only shortens their wait."""
         if self._ops_due_ms is not None and not self.deleted:
             self._ops_due_ms = 0
             self.host.port.dirty(self)
             self.host.port.schedule()
 
     def flush_all(self) -> None:
-        """Propose every ack, nack and reject collected, in the order they came."""
+        """Propose every ack, nack and reject collected: one command per consumer and kind, in
+        the order each first came (the messages are distinct, so their order does not matter)."""
         self._ops_due_ms = None
         if self._ops:
             ops, self._ops = self._ops, {}
