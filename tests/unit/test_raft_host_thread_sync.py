@@ -20,6 +20,7 @@ from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, RaftConfig
 from hutch.server import faults
 from hutch.server.raft_host import WRITTEN_SYNC_INTERVAL_S, QueueGroups, RaftHost
+from hutch.server.worker import WorkerThread
 
 GID = 5
 NAMES = {1: "n1@h", 2: "n2@h", 3: "n3@h"}
@@ -44,8 +45,10 @@ class App:
 
 
 class Node:
-    def __init__(self, nid: int, tmp_path, entries_wait_for_fsync: bool = True):
+    def __init__(self, nid: int, tmp_path, entries_wait_for_fsync: bool = True, own_thread: bool = False):
         self.id = nid
+        # the node's own fsync thread (a real node's), or the loop's default executor
+        self.worker = WorkerThread(f"raft-fsync-{nid}") if own_thread else None
         self.storage = RaftHostStorage(tmp_path / f"raft-{nid}")
         self.outbox: list[tuple[str, object, bytes]] = []  # sent, not yet delivered
         self.fatal: list[str] = []
@@ -56,7 +59,7 @@ class Node:
                              dict(NAMES), 0, send=lambda peer, gid, data: self.outbox.append((peer, gid, data)),
                              schedule=self._schedule, on_leader_known=lambda gid: None,
                              on_leadership=lambda gid, leading: None, fatal=self.fatal.append,
-                             sync_in_thread=True)
+                             sync_in_thread=True, worker=self.worker)
         by_name = {v: k for k, v in NAMES.items()}
         QueueGroups(self.host, by_name.__getitem__, entries_wait_for_fsync=entries_wait_for_fsync).ensure_group(GID, tuple(NAMES.values()), self.app,
                                                                   leader_hint=NAMES[1])
@@ -80,8 +83,8 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, tmp_path, entries_wait_for_fsync: bool = True):
-        self.nodes = {nid: Node(nid, tmp_path, entries_wait_for_fsync) for nid in NAMES}
+    def __init__(self, tmp_path, entries_wait_for_fsync: bool = True, own_thread: bool = False):
+        self.nodes = {nid: Node(nid, tmp_path, entries_wait_for_fsync, own_thread) for nid in NAMES}
         self.by_name = {NAMES[nid]: n for nid, n in self.nodes.items()}
 
     def drain_all(self) -> None:
@@ -127,7 +130,7 @@ class Cluster:
         while True:
             moved = sum(self.deliver(nid) for nid in self.nodes)
             self.drain_all()
-            busy = any(n.host._syncing is not None for n in self.nodes.values())
+            busy = any(n.host._syncing for n in self.nodes.values())
             if not moved and not busy and not any(n.outbox for n in self.nodes.values()):
                 return
             if asyncio.get_running_loop().time() > deadline:
@@ -147,20 +150,23 @@ class Cluster:
 
     def close(self) -> None:
         for n in self.nodes.values():
+            if n.worker is not None:
+                n.worker.close()
             n.storage.close()
 
 
 def on_a_loop(test):
-    """Run an async test on a fresh event loop (whose default executor runs the fsyncs)."""
+    """Run an async test on a fresh event loop (whose default executor runs the fsyncs, unless
+    the nodes have their own thread)."""
     @functools.wraps(test)
     def run(*args, **kwargs):
         asyncio.run(test(*args, **kwargs))
     return run
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
+@pytest.fixture(params=["default executor", "own thread"])
+def cluster(tmp_path, request):
+    c = Cluster(tmp_path, own_thread=request.param == "own thread")
     yield c
     c.close()
 
@@ -173,7 +179,7 @@ async def test_a_leader_sends_its_entries_before_its_own_fsync_and_counts_itself
     index = leader.propose(b"m1")
     sent = leader.sent(rm.AppendEntries)
     assert {m.to for m in sent if m.entries and m.entries[-1].index == index} == {2, 3}  # before the fsync
-    assert leader.storage.log.fsync_count == fsyncs and leader.host._syncing is not None
+    assert leader.storage.log.fsync_count == fsyncs and leader.host._syncing
     assert g.progress[1].match < index  # not counted as the leader's own yet
     await cluster.until(lambda: g.progress[1].match >= index, "the leader's fsync")
     assert leader.storage.log.fsync_count > fsyncs
@@ -204,7 +210,7 @@ async def test_a_follower_answers_only_once_its_fsync_in_the_worker_thread_retur
     fsyncs = follower.storage.log.fsync_count
     cluster.hand_over(1, 2)
     await asyncio.sleep(0.05)
-    assert follower.host._syncing is not None and not follower.sent(rm.AppendResponse)  # held
+    assert follower.host._syncing and not follower.sent(rm.AppendResponse)  # held
     go.set()
     await cluster.until(lambda: follower.sent(rm.AppendResponse), "the follower's answer")
     assert max(m.index for m in follower.sent(rm.AppendResponse)) >= index
@@ -243,7 +249,7 @@ async def test_an_answer_held_across_a_new_term_is_dropped_and_the_vote_leaves_a
     assert votes and votes[-1].granted and g.term == vote.term
     go.set()
     await asyncio.sleep(0.1)
-    await cluster.until(lambda: follower.host._syncing is None, "the blocked fsync")
+    await cluster.until(lambda: not follower.host._syncing, "the blocked fsync")
     # the answer made in the old term never leaves: the same fsync wrote the new term
     assert not [m for m in follower.sent(rm.AppendResponse) if m.term < vote.term]
     assert follower.host._holding == {} and follower.host._held_next == []
@@ -283,9 +289,9 @@ async def test_a_failed_fsync_in_the_worker_thread_stops_the_node(cluster, tmp_p
     assert leader.app.applied == []
 
 
-@pytest.fixture
-def written_cluster(tmp_path):
-    c = Cluster(tmp_path, entries_wait_for_fsync=False)
+@pytest.fixture(params=["default executor", "own thread"])
+def written_cluster(tmp_path, request):
+    c = Cluster(tmp_path, entries_wait_for_fsync=False, own_thread=request.param == "own thread")
     yield c
     c.close()
 
@@ -311,7 +317,7 @@ async def test_a_group_counting_written_entries_commits_with_every_fsync_held_an
     # nobody waits for it, and it comes all the same: the timer hands it to the worker thread
     started = asyncio.get_running_loop().time()
     await cluster.until(lambda: all(n.storage.log.fsync_count > fsyncs[n.id] for n in cluster.nodes.values())
-                        and all(n.host._syncing is None for n in cluster.nodes.values()), "the fsyncs that follow")
+                        and all(not n.host._syncing for n in cluster.nodes.values()), "the fsyncs that follow")
     assert asyncio.get_running_loop().time() - started < WRITTEN_SYNC_INTERVAL_S + 5.0
     assert not any(n.host._written_unsynced for n in cluster.nodes.values())
 
@@ -405,7 +411,7 @@ async def test_a_compactions_snapshot_record_is_fsynced_in_the_worker_thread_and
             n.host.multi.touched(solo)
             n.host.drain()
         deadline = asyncio.get_running_loop().time() + WAIT_S
-        while n.host._syncing is not None:
+        while n.host._syncing:
             assert asyncio.get_running_loop().time() < deadline, "the fsyncs did not end"
             await asyncio.sleep(0.001)
         snap_at = g.storage.snapshot().meta.index
@@ -418,7 +424,7 @@ async def test_a_compactions_snapshot_record_is_fsynced_in_the_worker_thread_and
             if g.storage.snapshot().meta.index > snap_at:
                 break
         assert g.storage.snapshot().meta.index > snap_at  # compacted
-        assert n.host._syncing is not None  # the snapshot record's fsync: in the worker thread, held
+        assert n.host._syncing  # the snapshot record's fsync: in the worker thread, held
         snap_seq = g.storage._snap_seq  # the snapshot record, and the records it replaces
         replaced = [seq for seq, by in n.storage._retiring if by == snap_seq]
         assert replaced and n.storage.log.durable_seq < snap_seq  # not durable yet, so none released

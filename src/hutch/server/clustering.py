@@ -57,6 +57,7 @@ from hutch.server.cluster_file import read_cluster_file
 from hutch.server.partitions import partitioned_from
 from hutch.server.raft_host import CallbackApp, QueueGroups, RaftHost
 from hutch.server.tasks import TaskSet
+from hutch.server.worker import WorkerThread
 
 log = logging.getLogger("hutch.cluster")
 
@@ -138,18 +139,22 @@ def load_secret(path: str | None) -> bytes:
 
 class ClusterRuntime:
     def __init__(self, config: Config, broker: Broker, on_partition: Callable[[set[str], list[str], bool], None],
-                 fatal: Callable[[str], None] = lambda reason: None, network: Any = asyncio):
+                 fatal: Callable[[str], None] = lambda reason: None, network: Any = asyncio,
+                 worker: WorkerThread | None = None):
         """`on_partition(reachable members, members, partial)` runs whenever a peer comes up or
         goes down, or a partial partition is detected (the node's pause_minority /
         pause_if_all_down handling; `partial`: detected, and not every member is reachable yet);
         `fatal(reason)` when this node's
-        Raft state cannot be trusted any more (a failed fsync, an entry that failed to apply)."""
+        Raft state cannot be trusted any more (a failed fsync, an entry that failed to apply).
+        `worker`: the thread the Raft log's fsyncs run in (a real node's; None: the loop's
+        default executor, which a simulated node's loop runs inline)."""
         cfg = config
         self.cfg = cfg
         self.broker = broker
         self.on_partition = on_partition
         self.fatal = fatal
         self.network = network  # the peer transport's sockets (hutch.cluster.transport)
+        self.worker = worker
         self.transport: PeerTransport | None = None  # from `start`
         self.caught_up = False  # at start: every entry this node's log held was applied
         self.name = cfg.node_name
@@ -215,7 +220,7 @@ class ClusterRuntime:
                              send=self._send_raft, schedule=self._schedule,
                              on_leader_known=self._group_leader_known,
                              on_leadership=self._group_leadership,
-                             fatal=self.fatal, sync_in_thread=True, flush=self._flush_raft)
+                             fatal=self.fatal, sync_in_thread=True, flush=self._flush_raft, worker=self.worker)
         self.multi = self.raft.multi
         self.group = self.raft.add_main_group(storage, CallbackApp(self._apply_catalogue, self._restore_catalogue,
                                                                    lambda: self.cluster.catalogue.snapshot()))
@@ -362,6 +367,8 @@ class ClusterRuntime:
         except OSError as e:  # a failing disk: what was not synced is not claimed durable
             log.error("Raft log could not be synced at stop: %s", e)
         self.host.close()
+        if self.worker is not None:
+            self.worker.close()
 
     # ------------------------------------------------------------ members and addresses
 

@@ -6,8 +6,9 @@
 entries are handed to that group's application (`GroupApp`), then the groups advance, and a
 group whose log grew long enough is compacted behind a snapshot of its application.
 
-The fsync runs in a worker thread (`sync_in_thread`, the runtime's choice), so that the event
-loop serves clients meanwhile; what may go ahead of it is `MultiReady`'s to say. A leader's
+The fsync runs in a worker thread (`sync_in_thread`, the runtime's choice: a real node's own
+`hutch.server.worker.WorkerThread`, else the loop's default executor), so that the event loop
+serves clients meanwhile; what may go ahead of it is `MultiReady`'s to say. A leader's
 entries (Raft thesis §10.2.1): its AppendEntries leave at once, its Ready is applied and
 advanced, and the leader counts those entries as its own towards a commit
 (`RaftGroup.persisted_to`) only once the fsync returned. A follower's entries: its answers say
@@ -53,6 +54,7 @@ from hutch.raft import messages as rm
 from hutch.raft.group import LEADER, NOT_LEADER, NotLeader, ProposalRejected, RaftConfig, RaftError
 from hutch.raft.multi import MultiRaft
 from hutch.server import faults
+from hutch.server.worker import WorkerThread
 from hutch.store import StoreClosed, StoreError
 
 log = logging.getLogger("hutch.cluster")
@@ -122,7 +124,7 @@ class RaftHost:
                  main_gid: Any, send: Callable[[str, Any, bytes], None], schedule: Callable[[], None],
                  on_leader_known: Callable[[Any], None], on_leadership: Callable[[Any, bool], None],
                  fatal: Callable[[str], None] = lambda reason: None, sync_in_thread: bool = False,
-                 flush: Callable[[], None] = lambda: None):
+                 flush: Callable[[], None] = lambda: None, worker: WorkerThread | None = None):
         self.id = my_id
         self.name = my_name
         self.storage = storage
@@ -135,7 +137,9 @@ class RaftHost:
         # True: a leader's entries are fsynced in a worker thread while the loop goes on (see the
         # module's doc); False: every Ready that writes is fsynced in `drain`, on the loop
         self._sync_in_thread = sync_in_thread
-        self._syncing: asyncio.Future | None = None  # that fsync, while it runs
+        # the thread those fsyncs run in (hutch.server.worker); None: the loop's default executor
+        self._worker = worker
+        self._syncing = False  # that fsync, while it runs
         self._unsynced: list = []  # (group id, group, term, index): leader entries for the next one
         # followers' messages waiting for an fsync, (group id, group, peer, data) in the order made:
         # for the next fsync, and for the one running; and how many each group has held
@@ -222,7 +226,7 @@ class RaftHost:
         time; what is written meanwhile waits for the next, which covers every group's writes
         since (a group commit)."""
         self._unsynced.extend(leader_writes)
-        if self._syncing is not None or not (self._unsynced or self._held_next or self._sync_wanted):
+        if self._syncing or not (self._unsynced or self._held_next or self._sync_wanted):
             return
         self._written_unsynced = self._sync_wanted = False  # this fsync covers them
         writes, self._unsynced = self._unsynced, []
@@ -234,7 +238,11 @@ class RaftHost:
         side = self.storage.take_side()
         upto = self.storage.log.last_seq if side else None
         loop = asyncio.get_running_loop()
-        self._syncing = loop.run_in_executor(None, self._sync_in_worker, loop, writes, held, side, upto)
+        self._syncing = True
+        if self._worker is not None:
+            self._worker.submit(self._sync_in_worker, loop, writes, held, side, upto)
+        else:
+            loop.run_in_executor(None, self._sync_in_worker, loop, writes, held, side, upto)
 
     def _sync_written(self) -> None:
         """The timer's turn: the fsync of entries that nobody waits for (groups whose entries
@@ -271,7 +279,7 @@ class RaftHost:
     def _synced(self, seq: int, error: BaseException | None, writes: list, held: list) -> None:
         """On the loop, once the worker thread's fsync returned (`seq`, the log's durable seq) or
         failed (`error`)."""
-        self._syncing = None
+        self._syncing = False
         if self.failed or self.storage.closed:
             return  # failed before, or the node stopped (and synced and closed the log itself)
         if isinstance(error, StoreClosed):

@@ -53,6 +53,7 @@ from hutch.server.clustering import ClusterRuntime
 from hutch.server.partitions import PAUSING_MODES, pause_reason, should_pause
 from hutch.server.stream_listener import StreamListener
 from hutch.server.tasks import TaskSet
+from hutch.server.worker import WorkerThread
 
 log = logging.getLogger("hutch.node")
 
@@ -328,8 +329,10 @@ class Node:
         self.broker.request_sync = self._request_sync
         if self.http is not None:
             self.http.app[API].broker = self.broker
+        # a real node's Raft log is fsynced in a thread of its own (hutch.server.worker)
+        worker = WorkerThread("raft-fsync") if self.network is None else None
         self.clustering = ClusterRuntime(self.config, self.broker, self.partition_changed, self.fail_stop,
-                                         network=self.network or asyncio)
+                                         network=self.network or asyncio, worker=worker)
         await self.clustering.start()
         self._wire_node_info()
         # a catalogue still behind may declare some of this node's queues late: their messages wait
