@@ -78,8 +78,8 @@ SYNC_DRAIN_POLLS = 100  # ... and how many times (a second in all) before closin
 GC_THRESHOLDS = (10_000, 50, 10)
 # How long a thread waiting for the GIL lets the loop's thread run on before asking for it
 # (Python's default 5 ms). The Raft host's fsync thread hands each fsync's result back to the
-# loop through the GIL; at 1,000 msg/s on a quorum queue 1 ms gave a narrower confirm tail
-# (p99 2.70-3.44 ms against 2.49-4.53 ms in six alternated pairs, docs/performance.md).
+# loop through the GIL; at 1,000 msg/s on a quorum queue 1 ms gave a narrower confirm tail in
+# one series of six alternated pairs and no difference in a later one (docs/performance.md).
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
