@@ -142,7 +142,8 @@ def chunk_bodies(chunk: bytes) -> list[bytes]:
 
 
 def publish_chunks(c: Raw, stream: str, batches: list[list[str]], publisher_id: int = 9) -> None:
-    """Each batch in its own publish frame, confirmed before the next goes (one chunk each)."""
+    """Each batch in its own publish frame, confirmed before the next goes (one chunk each on
+    hutch; RabbitMQ's writer may split a batch over two chunks)."""
     assert c.call(f.DeclarePublisher(c.cid(), publisher_id, "", stream)).code == f.OK
     pid = 0
     for batch in batches:
