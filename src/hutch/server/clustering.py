@@ -147,7 +147,7 @@ class ClusterRuntime:
         `fatal(reason)` when this node's
         Raft state cannot be trusted any more (a failed fsync, an entry that failed to apply).
         `worker`: the thread the Raft log's fsyncs run in (a real node's; None: the loop's
-        default executor, which a simulated node's loop runs inline)."""
+        default executor, which a simulated node's loop runs inline); `stop` closes it."""
         cfg = config
         self.cfg = cfg
         self.broker = broker
